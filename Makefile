@@ -1,0 +1,44 @@
+# layerwise: `make run` sets everything up and runs the main job; `make test` runs the tests.
+# Both create .venv and install the locked dependency set first (once; again when it changes).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test install lock lint bench clean
+
+run: $(STAMP)
+	$(BIN)/layerwise models
+	$(BIN)/layerwise graph vgg16 --cluster p100x16
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "layerwise needs Python >= 3.11 (found $$($(PYTHON) --version)); set PYTHON=python3.11"; exit 2; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+# Re-resolve the pinned ranges in pyproject.toml and write the full lock (run after editing them).
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet -e '.[dev]'
+	{ echo "# Full resolved dependency set; \`make install\` installs exactly this. Regenerate with \`make lock\`."; \
+	  .lock-venv/bin/python -m pip freeze --all --exclude-editable | grep -v -i -E '^(layerwise|pip)==' | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.tmp
+	mv requirements.lock.tmp requirements.lock && rm -rf .lock-venv
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_graph.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

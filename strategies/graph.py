@@ -1,0 +1,579 @@
+"""nn.Module -> LayerGraph: the DAG of layers that search, cost model and runtime work on.
+
+torch.fx traces the module; shapes are propagated under FakeTensorMode (DESIGN 3.7: a real
+ShapeProp would run the forward and move BatchNorm's running stats). Each fx node becomes a
+layer with its kind, output shape, parameter shapes, forward FLOPs and, for conv/pool, the
+geometry the cost model and the halo exchange need.
+
+Fusion (Jia et al. 2018 treat these as part of the layer that produces their input): an
+elementwise op with one input (BatchNorm, ReLU and other activations, Dropout, Identity, scalar
+arithmetic) is fused into its producer when that producer has no other consumer and is not the
+network input. Fused ops keep their names and order in `Layer.fused`; the producer's output
+shape does not change. Everything else (conv, linear, pool, add, concat, flatten) is a layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import operator
+import traceback
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.shape_prop import ShapeProp
+
+from strategies.errors import GraphError
+
+LayerKind = Literal[
+    "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten"
+]
+
+BYTES_PER_ELEMENT = 4  # fp32 training, the setting of every paper layerwise implements
+
+_ELEMENTWISE_MODULES: dict[type[nn.Module], float] = {
+    # module type -> forward FLOPs per output element (BatchNorm: normalise + affine)
+    nn.BatchNorm1d: 4.0,
+    nn.BatchNorm2d: 4.0,
+    nn.ReLU: 1.0,
+    nn.ReLU6: 1.0,
+    nn.LeakyReLU: 1.0,
+    nn.ELU: 1.0,
+    nn.GELU: 1.0,
+    nn.SiLU: 1.0,
+    nn.Sigmoid: 1.0,
+    nn.Tanh: 1.0,
+    nn.Hardswish: 1.0,
+    nn.Dropout: 1.0,
+    nn.Dropout2d: 1.0,
+    nn.Identity: 0.0,
+}
+_ELEMENTWISE_FUNCTIONS: dict[Any, str] = {
+    F.relu: "relu",
+    torch.relu: "relu",
+    F.relu6: "relu6",
+    F.leaky_relu: "leaky_relu",
+    F.gelu: "gelu",
+    F.silu: "silu",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    torch.tanh: "tanh",
+    F.dropout: "dropout",
+}
+_ELEMENTWISE_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous"}
+_BINARY_FUNCTIONS: dict[Any, str] = {
+    operator.add: "add",
+    operator.iadd: "add",
+    torch.add: "add",
+    operator.sub: "sub",
+    torch.sub: "sub",
+    operator.mul: "mul",
+    operator.imul: "mul",
+    torch.mul: "mul",
+}
+_BINARY_METHODS = {"add": "add", "add_": "add", "sub": "sub", "mul": "mul", "mul_": "mul"}
+_POOL_FUNCTIONS: dict[Any, str] = {F.max_pool2d: "max_pool2d", F.avg_pool2d: "avg_pool2d"}
+_ADAPTIVE_POOL_FUNCTIONS: dict[Any, str] = {
+    F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
+    F.adaptive_max_pool2d: "adaptive_max_pool2d",
+}
+
+
+class Geometry(BaseModel):
+    """Sliding-window geometry of a conv or pool layer: what an output tile needs of its input."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    ceil_mode: bool = False
+
+
+class FusedOp(BaseModel):
+    """An elementwise op executed as part of the layer it follows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    op: str
+    target: str
+    flops_per_element: float
+
+
+class Layer(BaseModel):
+    """One node of the layer graph; shapes include the batch dimension."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: LayerKind
+    op: str
+    target: str
+    inputs: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shape: tuple[int, ...]
+    param_shapes: dict[str, tuple[int, ...]]
+    flops: int
+    geometry: Geometry | None = None
+    concat_dim: int | None = None
+    fused: tuple[FusedOp, ...] = ()
+
+    @property
+    def param_count(self) -> int:
+        return sum(_numel(shape) for shape in self.param_shapes.values())
+
+    @property
+    def output_bytes(self) -> int:
+        return _numel(self.output_shape) * BYTES_PER_ELEMENT
+
+    @property
+    def label(self) -> str:
+        """Op name with fused ops, e.g. `Conv2d+BatchNorm2d+ReLU`."""
+        return "+".join([self.op, *(f.op for f in self.fused)])
+
+
+class LayerGraph(BaseModel):
+    """A CNN as a DAG of layers in topological order (inputs before consumers)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    input_shape: tuple[int, ...]
+    layers: tuple[Layer, ...]
+    outputs: tuple[str, ...]
+
+    @cached_property
+    def by_name(self) -> dict[str, Layer]:
+        return {layer.name: layer for layer in self.layers}
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[str, ...]]:
+        users: dict[str, list[str]] = {layer.name: [] for layer in self.layers}
+        for layer in self.layers:
+            for source in layer.inputs:
+                users[source].append(layer.name)
+        return {name: tuple(names) for name, names in users.items()}
+
+    @property
+    def edges(self) -> list[tuple[str, str]]:
+        """(producer, consumer) pairs; a layer reading the same tensor twice gives one edge."""
+        return [(src, layer.name) for layer in self.layers for src in dict.fromkeys(layer.inputs)]
+
+    @property
+    def param_count(self) -> int:
+        return sum(layer.param_count for layer in self.layers)
+
+    @property
+    def flops(self) -> int:
+        return sum(layer.flops for layer in self.layers)
+
+    @property
+    def batch(self) -> int:
+        return self.input_shape[0]
+
+    @cached_property
+    def structure_hash(self) -> str:
+        """Identity of the network's structure, independent of batch size and weights.
+
+        Two models with the same hash have the same layers, shapes (per sample), geometry and
+        edges, so a profile or a strategy made for one applies to the other.
+        """
+        canonical = [
+            [
+                layer.name,
+                layer.kind,
+                layer.label,
+                list(layer.inputs),
+                [list(shape[1:]) for shape in layer.input_shapes],
+                list(layer.output_shape[1:]),
+                sorted((key, list(shape)) for key, shape in layer.param_shapes.items()),
+                layer.geometry.model_dump() if layer.geometry else None,
+                layer.concat_dim,
+            ]
+            for layer in self.layers
+        ]
+        text = json.dumps([canonical, list(self.outputs)], separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    if len(value) == 1:
+        return (value[0], value[0])
+    return (int(value[0]), int(value[1]))
+
+
+def _call_arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    """The fx nodes whose tensors feed this node, in argument order, flattening lists (cat)."""
+    found: list[fx.Node] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, fx.Node):
+            if "tensor_meta" in value.meta:
+                found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    for arg in node.args:
+        visit(arg)
+    for arg in node.kwargs.values():
+        visit(arg)
+    return found
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    meta = node.meta.get("tensor_meta")
+    if meta is None or not hasattr(meta, "shape"):
+        raise GraphError(
+            f"fx node '{node.name}' ({node.format_node()}) does not produce one tensor; "
+            "layerwise supports modules whose layers each return a single tensor"
+        )
+    return tuple(int(size) for size in meta.shape)
+
+
+def _param_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in module.named_parameters(recurse=False)}
+
+
+class _Raw(BaseModel):
+    """A layer before fusion: mutable while the builder merges elementwise ops into it."""
+
+    name: str
+    kind: LayerKind
+    op: str
+    target: str
+    inputs: list[str]
+    input_shapes: list[tuple[int, ...]]
+    output_shape: tuple[int, ...]
+    param_shapes: dict[str, tuple[int, ...]]
+    flops: int
+    geometry: Geometry | None = None
+    concat_dim: int | None = None
+    fused: list[FusedOp] = []
+    elementwise_flops_per_element: float = 0.0
+
+
+class _Builder:
+    """Classifies traced fx nodes into layers and fuses elementwise ops into their producers."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.modules = dict(gm.named_modules())
+
+    def layer_for(self, node: fx.Node) -> _Raw:
+        shape = _shape(node)
+        sources = _tensor_inputs(node)
+        inputs = [s.name for s in sources]
+        input_shapes = [_shape(s) for s in sources]
+        common = {
+            "name": node.name,
+            "inputs": inputs,
+            "input_shapes": input_shapes,
+            "output_shape": shape,
+        }
+        if node.op == "placeholder":
+            return _Raw(kind="input", op="input", target=str(node.target), param_shapes={},
+                        flops=0, **common)
+        if node.op == "call_module":
+            return self._module_layer(node, common)
+        if node.op == "call_function":
+            return self._function_layer(node, common)
+        if node.op == "call_method":
+            return self._method_layer(node, common)
+        raise self._unsupported(node)
+
+    def _module_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
+        module = self.modules[str(node.target)]
+        target = str(node.target)
+        op = type(module).__name__
+        params = _param_shapes(module)
+        out = _numel(common["output_shape"])
+        if isinstance(module, nn.Conv2d):
+            geometry = Geometry(
+                kernel=_pair(module.kernel_size),
+                stride=_pair(module.stride),
+                padding=_pair(module.padding),  # type: ignore[arg-type]
+                dilation=_pair(module.dilation),
+                groups=module.groups,
+            )
+            if isinstance(module.padding, str) or module.padding_mode != "zeros":
+                raise GraphError(
+                    f"layer '{node.name}' ({target}): only numeric zero padding is supported "
+                    f"(got padding={module.padding!r}, padding_mode={module.padding_mode!r})"
+                )
+            macs_per_output = (module.in_channels // module.groups) * _numel(geometry.kernel)
+            flops = 2 * out * macs_per_output + (out if module.bias is not None else 0)
+            return _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
+                        geometry=geometry, **common)
+        if isinstance(module, nn.Linear):
+            flops = 2 * out * module.in_features + (out if module.bias is not None else 0)
+            return _Raw(kind="linear", op=op, target=target, param_shapes=params, flops=flops,
+                        **common)
+        if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
+            dilation = module.dilation if isinstance(module, nn.MaxPool2d) else 1
+            if isinstance(module, nn.AvgPool2d) and not module.count_include_pad:
+                op = f"{op}(count_include_pad=False)"
+            geometry = Geometry(
+                kernel=_pair(module.kernel_size),
+                stride=_pair(module.stride or module.kernel_size),
+                padding=_pair(module.padding),
+                dilation=_pair(dilation),
+                ceil_mode=module.ceil_mode,
+            )
+            return _Raw(kind="pool", op=op, target=target, param_shapes={},
+                        flops=out * _numel(geometry.kernel), geometry=geometry, **common)
+        if isinstance(module, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+            return _Raw(kind="adaptive_pool", op=op, target=target, param_shapes={},
+                        flops=_numel(common["input_shapes"][0]), **common)
+        if isinstance(module, nn.Flatten):
+            return self._flatten(node, common, op, target, module.start_dim, module.end_dim)
+        for module_type, per_element in _ELEMENTWISE_MODULES.items():
+            if type(module) is module_type:
+                return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                            flops=int(per_element * out),
+                            elementwise_flops_per_element=per_element, **common)
+        raise self._unsupported(node, f"module type {op}")
+
+    def _function_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
+        fn = node.target
+        name = getattr(fn, "__name__", str(fn))
+        out = _numel(common["output_shape"])
+        if fn in _POOL_FUNCTIONS:
+            kernel = _pair(_call_arg(node, 1, "kernel_size", None))
+            stride = _call_arg(node, 2, "stride", None)
+            geometry = Geometry(
+                kernel=kernel,
+                stride=_pair(stride) if stride else kernel,
+                padding=_pair(_call_arg(node, 3, "padding", 0)),
+                dilation=_pair(_call_arg(node, 4, "dilation", 1))
+                if fn is F.max_pool2d else (1, 1),
+                ceil_mode=bool(_call_arg(node, 5 if fn is F.max_pool2d else 4, "ceil_mode",
+                                         False)),
+            )
+            return _Raw(kind="pool", op=_POOL_FUNCTIONS[fn], target=name, param_shapes={},
+                        flops=out * _numel(kernel), geometry=geometry, **common)
+        if fn in _ADAPTIVE_POOL_FUNCTIONS:
+            return _Raw(kind="adaptive_pool", op=_ADAPTIVE_POOL_FUNCTIONS[fn], target=name,
+                        param_shapes={}, flops=_numel(common["input_shapes"][0]), **common)
+        if fn is torch.flatten:
+            start = _call_arg(node, 1, "start_dim", 0)
+            end = _call_arg(node, 2, "end_dim", -1)
+            return self._flatten(node, common, "flatten", name, start, end)
+        if fn is torch.cat:
+            dim = _call_arg(node, 1, "dim", 0)
+            rank = len(common["output_shape"])
+            return _Raw(kind="concat", op="cat", target=name, param_shapes={}, flops=0,
+                        concat_dim=dim % rank, **common)
+        if fn in _BINARY_FUNCTIONS:
+            return self._binary_or_scalar(node, common, _BINARY_FUNCTIONS[fn], name)
+        if fn in _ELEMENTWISE_FUNCTIONS:
+            return _Raw(kind="elementwise", op=_ELEMENTWISE_FUNCTIONS[fn], target=name,
+                        param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
+        raise self._unsupported(node, f"function {name}")
+
+    def _method_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
+        method = str(node.target)
+        out = _numel(common["output_shape"])
+        if method == "flatten":
+            start = _call_arg(node, 1, "start_dim", 0)
+            end = _call_arg(node, 2, "end_dim", -1)
+            return self._flatten(node, common, "flatten", method, start, end)
+        if method in ("view", "reshape"):
+            in_shape = common["input_shapes"][0]
+            out_shape = common["output_shape"]
+            if len(out_shape) == 2 and out_shape[0] == in_shape[0]:
+                return self._flatten(node, common, method, method, 1, -1)
+            raise self._unsupported(node, f"{method} to {out_shape} (only (N, -1) flattening)")
+        if method in _BINARY_METHODS:
+            return self._binary_or_scalar(node, common, _BINARY_METHODS[method], method)
+        if method in _ELEMENTWISE_METHODS:
+            return _Raw(kind="elementwise", op=method.rstrip("_"), target=method,
+                        param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
+        raise self._unsupported(node, f"method .{method}()")
+
+    def _flatten(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
+                 start: int, end: int) -> _Raw:
+        in_rank = len(common["input_shapes"][0])
+        if start % in_rank != 1 or end % in_rank != in_rank - 1:
+            raise self._unsupported(node, f"{op}(start_dim={start}, end_dim={end}); only "
+                                    "flattening every dim after the batch is supported")
+        return _Raw(kind="flatten", op=op, target=target, param_shapes={}, flops=0, **common)
+
+    def _binary_or_scalar(self, node: fx.Node, common: dict[str, Any], op: str,
+                          target: str) -> _Raw:
+        out = _numel(common["output_shape"])
+        if len(common["inputs"]) == 2:
+            if any(shape != common["output_shape"] for shape in common["input_shapes"]):
+                raise self._unsupported(node, f"{op} with broadcasting "
+                                        f"{common['input_shapes']} -> {common['output_shape']}")
+            return _Raw(kind="add", op=op, target=target, param_shapes={}, flops=out, **common)
+        if len(common["inputs"]) == 1:
+            return _Raw(kind="elementwise", op=f"{op}_scalar", target=target, param_shapes={},
+                        flops=out, elementwise_flops_per_element=1.0, **common)
+        raise self._unsupported(node, f"{op} of {len(common['inputs'])} tensors")
+
+    def _unsupported(self, node: fx.Node, what: str | None = None) -> GraphError:
+        described = what or f"{node.op} {node.target}"
+        return GraphError(
+            f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
+            "Conv2d, Linear, pooling, BatchNorm, activations, dropout, add, cat and flatten"
+        )
+
+
+def _fuse(raw_layers: list[_Raw], users: dict[str, int]) -> tuple[list[_Raw], dict[str, str]]:
+    """Merge single-input elementwise layers into a producer they alone consume.
+
+    Returns the kept layers and the map from each fused layer's name to the layer that holds it.
+    """
+    by_name = {layer.name: layer for layer in raw_layers}
+    holder: dict[str, str] = {}
+    kept: list[_Raw] = []
+    for layer in raw_layers:
+        inputs = [holder.get(name, name) for name in layer.inputs]
+        layer.inputs = inputs
+        if layer.kind == "elementwise" and len(inputs) == 1:
+            producer = by_name[inputs[0]]
+            original_input = layer.name
+            if producer.kind != "input" and users[producer.name] == 1:
+                producer.fused.append(
+                    FusedOp(name=layer.name, op=layer.op, target=layer.target,
+                            flops_per_element=layer.elementwise_flops_per_element)
+                )
+                producer.flops += layer.flops
+                producer.param_shapes.update(
+                    {f"{layer.target}.{key}": shape for key, shape in layer.param_shapes.items()}
+                )
+                users[producer.name] = users[original_input]
+                holder[original_input] = producer.name
+                continue
+        kept.append(layer)
+    return kept, holder
+
+
+def _failing_call(error: BaseException) -> str:
+    """The innermost frame of the user's own code in a traceback (not torch's)."""
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith(torch_dir) and f.filename != __file__]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}: `{frame.line}`"
+
+
+def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = None) -> LayerGraph:
+    """Trace `model` in training mode and build its LayerGraph for one input of `input_shape`.
+
+    Works on modules whose parameters live on the meta device (planning big models without
+    allocating them) as well as on real ones; neither parameters nor buffers are changed.
+    """
+    label = name or type(model).__name__
+    was_training = model.training
+    model.train()
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as error:  # fx raises many types; all mean "not traceable"
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise GraphError(
+            f"torch.fx cannot trace model '{label}'{_failing_call(error)}: "
+            f"{type(error).__name__}: {first_line}; rewrite data-dependent Python control flow "
+            "or wrap that call with torch.fx.wrap"
+        ) from error
+    finally:
+        model.train(was_training)
+
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    # Meta tensors carry shapes only, so a meta module propagates as is (about 3x faster);
+    # a real module runs on fake copies so its BatchNorm statistics stay untouched.
+    fake_mode = None if device.type == "meta" else FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # ShapeProp prints its own traceback
+            ShapeProp(gm, fake_mode=fake_mode).propagate(torch.empty(input_shape, device=device))
+    except Exception as error:
+        cause = error.__cause__ or error
+        raise GraphError(
+            f"model '{label}' fails on input {tuple(input_shape)}: {type(cause).__name__}: "
+            f"{str(cause).strip().splitlines()[0] if str(cause).strip() else ''}; check the "
+            "image size and channel count"
+        ) from error
+    return _build(gm, tuple(input_shape), label)
+
+
+def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> LayerGraph:
+    builder = _Builder(gm)
+    raw_layers: list[_Raw] = []
+    output_nodes: list[str] = []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            output_nodes = [s.name for s in _tensor_inputs(node)]
+            continue
+        if node.op == "get_attr":
+            raise builder._unsupported(node, f"direct use of parameter or buffer {node.target}")
+        if "tensor_meta" not in node.meta:
+            raise builder._unsupported(node)
+        raw_layers.append(builder.layer_for(node))
+    users = {layer.name: 0 for layer in raw_layers}
+    for layer in raw_layers:
+        for source in dict.fromkeys(layer.inputs):
+            users[source] += 1
+    for name in output_nodes:
+        users[name] += 1
+    kept, holder = _fuse(raw_layers, users)
+    layers = tuple(
+        Layer(
+            name=raw.name, kind=raw.kind, op=raw.op, target=raw.target,
+            inputs=tuple(raw.inputs), input_shapes=tuple(raw.input_shapes),
+            output_shape=raw.output_shape, param_shapes=raw.param_shapes, flops=raw.flops,
+            geometry=raw.geometry, concat_dim=raw.concat_dim, fused=tuple(raw.fused),
+        )
+        for raw in kept
+    )
+    outputs = tuple(dict.fromkeys(holder.get(name, name) for name in output_nodes))
+    return LayerGraph(model=label, input_shape=input_shape, layers=layers, outputs=outputs)
+
+
+def build_graph(
+    model: str,
+    batch: int = 1,
+    image_size: int | None = None,
+    num_classes: int | None = None,
+    in_channels: int | None = None,
+) -> LayerGraph:
+    """Build a zoo model (or `package.module:factory`) on the meta device and trace it."""
+    from strategies.models import build_model, input_shape
+
+    if batch < 1:
+        raise GraphError(f"batch must be >= 1 (got {batch})")
+    module = build_model(
+        model, num_classes=num_classes, image_size=image_size, in_channels=in_channels,
+        device="meta",
+    )
+    shape = input_shape(model, batch, image_size, in_channels)
+    return trace(module, shape, name=model)
+

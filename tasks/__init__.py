@@ -1,0 +1,1 @@
+"""Prefect tasks: thin adapters from the domain core (`strategies`) to the pipeline."""
