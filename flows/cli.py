@@ -13,17 +13,19 @@ request) prints one line to stderr and exits with code 2.
 
 from __future__ import annotations
 
-import functools
-import json
 import sys
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from strategies.errors import LayerwiseError
+from flows.console import (
+    DEFAULT_BATCH_PER_DEVICE,
+    console,
+    human_count,
+    print_json,
+    user_errors,
+)
 
 app = typer.Typer(
     help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",
@@ -35,39 +37,6 @@ clusters_app = typer.Typer(
     help="List cluster presets, or show one as YAML.", invoke_without_command=True
 )
 app.add_typer(clusters_app, name="clusters")
-
-console = Console(width=None if sys.stdout.isatty() else 160)
-error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
-Command = TypeVar("Command", bound=Callable[..., Any])
-
-DEFAULT_BATCH_PER_DEVICE = 32  # Jia et al. 2018 train with 32 images per GPU
-
-
-def user_errors(command: Command) -> Command:
-    """Turn a LayerwiseError into one line on stderr and exit code 2 (no traceback)."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except LayerwiseError as error:
-            error_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
-            raise typer.Exit(code=2) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def print_json(document: Any) -> None:
-    sys.stdout.write(json.dumps(document, indent=2) + "\n")
-
-
-def human_count(value: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f}{unit}"
-    return f"{value:g}"
-
 
 @app.command()
 @user_errors

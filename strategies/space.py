@@ -208,6 +208,11 @@ def check_config(layer: Layer, config: ParallelConfig, devices: int) -> None:
     sizes = dim_sizes(layer)
     splittable = parallel_dims(layer)
     for dim, degree in zip(DIMS, config.degrees, strict=True):
+        if degree & (degree - 1):
+            raise ConfigError(
+                f"layer '{layer.name}': degree {degree} along {dim} is not a power of two "
+                f"(config {config.text})"
+            )
         if degree > 1 and dim not in splittable:
             raise ConfigError(
                 f"layer '{layer.name}' ({layer.label}) cannot be split along {dim}: "

@@ -1,0 +1,46 @@
+"""Shared pieces of the `layerwise` commands: consoles, one-line errors, number formatting."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from strategies.errors import LayerwiseError
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+DEFAULT_BATCH_PER_DEVICE = 32  # Jia et al. 2018 train with 32 images per GPU
+
+
+def user_errors(command: Command) -> Command:
+    """Turn a LayerwiseError into one line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except LayerwiseError as error:
+            error_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+
+
+def human_count(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return f"{value:g}"

@@ -1,0 +1,236 @@
+"""Exact search for the optimal layer-wise strategy (Jia et al. 2018, Algorithm 1).
+
+The graph's nodes carry a cost vector (t_c + t_s per config) and its edges a cost matrix (t_x
+per pair of configs). Eliminations shrink it while keeping the optimum:
+- node elimination (Eq. 2): a node j with one in-edge (i, j) and one out-edge (j, k) becomes
+  an edge (i, k) with cost(c_i, c_k) = min over c_j of t(e1) + node(j) + t(e2); keep the argmin;
+- edge elimination (Eq. 3): two edges with the same endpoints become one, costs added;
+- a node with a single neighbour (the network input, the last layer, a side branch) folds
+  into that neighbour's vector by the same min rule.
+They alternate until nothing applies; the K nodes left (K <= 1 for every network in the zoo)
+are solved exactly: exhaustively for K <= 2, otherwise by variable elimination (dynamic
+programming over the tree decomposition that the elimination order defines). Undoing the
+eliminations in reverse recovers every layer's config. Our own code: no library implements
+this min-plus elimination over tensors of configurations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from strategies.cost import Breakdown, CostModel
+from strategies.errors import LayerwiseError
+from strategies.space import ParallelConfig
+
+_CHUNK_ELEMENTS = 8_000_000  # cap on one (C_i x C_j x C_k) min-plus block
+_MAX_FACTOR_ELEMENTS = 50_000_000  # refuse variable elimination factors larger than this
+
+
+class SearchError(LayerwiseError):
+    """The final graph is too entangled for an exact search within memory."""
+
+
+class SearchResult(BaseModel):
+    """The optimal strategy and how it was found."""
+
+    model_config = ConfigDict(frozen=True)
+
+    assignment: dict[str, ParallelConfig]
+    predicted: Breakdown
+    search_seconds: float
+    search_method: str
+    final_graph_nodes: int
+    nodes_eliminated: int
+    edges_eliminated: int
+
+
+@dataclass
+class Solution:
+    """Config index per node, the optimal total cost, and the elimination statistics."""
+
+    choice: dict[str, int]
+    cost: float
+    final_nodes: int
+    nodes_eliminated: int
+    edges_eliminated: int
+    method: str
+
+
+@dataclass
+class _Graph:
+    nodes: dict[str, np.ndarray]
+    edges: dict[tuple[str, str], np.ndarray]
+    succ: dict[str, set[str]] = field(default_factory=dict)
+    pred: dict[str, set[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.succ = {name: set() for name in self.nodes}
+        self.pred = {name: set() for name in self.nodes}
+        for u, v in self.edges:
+            self.succ[u].add(v)
+            self.pred[v].add(u)
+
+    def add_edge(self, u: str, v: str, cost: np.ndarray) -> bool:
+        """Add an edge; returns True when it merged with an existing one (Eq. 3)."""
+        if (u, v) in self.edges:
+            self.edges[(u, v)] = self.edges[(u, v)] + cost
+            return True
+        self.edges[(u, v)] = cost
+        self.succ[u].add(v)
+        self.pred[v].add(u)
+        return False
+
+    def remove(self, node: str) -> None:
+        for v in self.succ.pop(node):
+            self.pred[v].discard(node)
+            del self.edges[(node, v)]
+        for u in self.pred.pop(node):
+            self.succ[u].discard(node)
+            del self.edges[(u, node)]
+        del self.nodes[node]
+
+
+def _min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """out[i, k] = min_j left[i, j] + right[j, k], with the argmin j, in bounded memory."""
+    rows = max(1, _CHUNK_ELEMENTS // max(1, left.shape[1] * right.shape[1]))
+    best = np.empty((left.shape[0], right.shape[1]))
+    arg = np.empty((left.shape[0], right.shape[1]), dtype=np.int64)
+    for start in range(0, left.shape[0], rows):
+        block = left[start:start + rows, :, None] + right[None, :, :]
+        arg[start:start + rows] = block.argmin(axis=1)
+        best[start:start + rows] = np.take_along_axis(
+            block, arg[start:start + rows, None, :], axis=1)[:, 0, :]
+    return best, arg
+
+
+def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
+          order: list[str] | None = None) -> Solution:
+    """Minimise sum(node[v][c_v]) + sum(edge[u, v][c_u, c_v]) exactly.
+
+    `order` (default: insertion order of `nodes`) fixes which eliminable node goes first, so
+    results are deterministic.
+    """
+    graph = _Graph(dict(nodes), dict(edges))
+    undo: list[tuple[str, str, tuple[str, ...], np.ndarray]] = []
+    nodes_eliminated = edges_eliminated = 0
+    sequence = order or list(nodes)
+    changed = True
+    while changed:
+        changed = False
+        for j in sequence:
+            if j not in graph.nodes or len(graph.nodes) == 1:
+                continue
+            preds, succs = graph.pred[j], graph.succ[j]
+            cost_j = graph.nodes[j]
+            if len(preds) == 1 and len(succs) == 1:
+                (i,), (k,) = preds, succs
+                left = graph.edges[(i, j)] + cost_j[None, :]
+                merged_cost, arg = _min_plus(left, graph.edges[(j, k)])
+                graph.remove(j)
+                edges_eliminated += graph.add_edge(i, k, merged_cost)
+                undo.append(("pair", j, (i, k), arg))
+            elif len(preds) + len(succs) == 1:
+                (other,) = preds or succs
+                matrix = graph.edges[(other, j)] if preds else graph.edges[(j, other)].T
+                total = matrix + cost_j[None, :]
+                arg = total.argmin(axis=1)
+                graph.nodes[other] = graph.nodes[other] + total[np.arange(len(arg)), arg]
+                graph.remove(j)
+                undo.append(("single", j, (other,), arg))
+            elif not preds and not succs:
+                continue
+            else:
+                continue
+            nodes_eliminated += 1
+            changed = True
+    final_nodes = len(graph.nodes)
+    choice, cost, method = _solve_final(graph)
+    for kind, j, neighbours, arg in reversed(undo):
+        if kind == "pair":
+            choice[j] = int(arg[choice[neighbours[0]], choice[neighbours[1]]])
+        else:
+            choice[j] = int(arg[choice[neighbours[0]]])
+    return Solution(choice=choice, cost=cost, final_nodes=final_nodes,
+                    nodes_eliminated=nodes_eliminated, edges_eliminated=edges_eliminated,
+                    method=method)
+
+
+def _neighbourhood(factors: list[tuple[tuple[str, ...], np.ndarray]], var: str) -> int:
+    """Number of variables sharing a factor with `var` (min-degree elimination order)."""
+    return len({v for scope, _ in factors if var in scope for v in scope})
+
+
+def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str]:
+    """Exact minimum of what elimination left: variable elimination, min-degree order."""
+    factors: list[tuple[tuple[str, ...], np.ndarray]] = [
+        ((name,), cost) for name, cost in graph.nodes.items()
+    ] + [((u, v), cost) for (u, v), cost in graph.edges.items()]
+    remaining = list(graph.nodes)
+    trace: list[tuple[str, tuple[str, ...], np.ndarray]] = []
+    total = 0.0
+    while remaining:
+        var = min(remaining, key=lambda name: _neighbourhood(factors, name))
+        touching = [(scope, cost) for scope, cost in factors if var in scope]
+        factors = [(scope, cost) for scope, cost in factors if var not in scope]
+        scope = tuple(dict.fromkeys(v for s, _ in touching for v in s if v != var))
+        sizes = {v: c.shape[s.index(v)] for s, c in touching for v in s}
+        elements = int(np.prod([sizes[v] for v in (*scope, var)]))
+        if elements > _MAX_FACTOR_ELEMENTS:
+            raise SearchError(
+                f"the graph left after elimination needs a table of {elements:,} entries "
+                f"around '{var}'; use fewer devices or --placement origin"
+            )
+        joint = np.zeros([sizes[v] for v in (*scope, var)])
+        axes = {v: n for n, v in enumerate((*scope, var))}
+        for s, cost in touching:
+            shape = [1] * len(axes)
+            for v, size in zip(s, cost.shape, strict=True):
+                shape[axes[v]] = size
+            order = sorted(range(len(s)), key=lambda n: axes[s[n]])
+            joint = joint + cost.transpose(order).reshape(shape)
+        arg = joint.argmin(axis=-1)
+        best = joint.min(axis=-1)
+        trace.append((var, scope, arg))
+        remaining.remove(var)
+        if scope:
+            factors.append((scope, best))
+        else:
+            total += float(best)
+    choice: dict[str, int] = {}
+    for var, scope, arg in reversed(trace):
+        choice[var] = int(arg[tuple(choice[v] for v in scope)])
+    method = ("elimination+exhaustive" if len(graph.nodes) <= 2
+              else "elimination+variable-elimination")
+    return choice, total, method
+
+
+def optimal_strategy(cost_model: CostModel,
+                     progress: Callable[[str], None] | None = None) -> SearchResult:
+    """Build every node vector and edge matrix of `cost_model`, solve, and evaluate."""
+    started = time.perf_counter()
+    graph = cost_model.graph
+    report = progress or (lambda _message: None)
+    report("costing layers")
+    nodes = {layer.name: cost_model.node_seconds(layer) for layer in graph.layers}
+    report("costing edges")
+    edges = {
+        (u, v): cost_model.edge(graph.by_name[u], graph.by_name[v])[0] for u, v in graph.edges
+    }
+    report("eliminating")
+    solution = solve(nodes, edges, order=[layer.name for layer in graph.layers])
+    assignment = {
+        layer.name: cost_model.configs[layer.name][solution.choice[layer.name]]
+        for layer in graph.layers
+    }
+    elapsed = time.perf_counter() - started
+    return SearchResult(
+        assignment=assignment, predicted=cost_model.evaluate(assignment),
+        search_seconds=elapsed, search_method=solution.method,
+        final_graph_nodes=solution.final_nodes, nodes_eliminated=solution.nodes_eliminated,
+        edges_eliminated=solution.edges_eliminated,
+    )

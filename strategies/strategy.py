@@ -1,0 +1,101 @@
+"""The Strategy contract: one ParallelConfig per layer, as JSON that `layerwise train` takes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from strategies.cost import Breakdown
+from strategies.errors import ConfigError
+from strategies.files import write_atomic
+from strategies.graph import LayerGraph
+from strategies.space import ParallelConfig, check_config
+
+SCHEMA_VERSION = 1
+
+
+class LayerChoice(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    config: str  # compact text form, e.g. "n4c1h2w1@0-7"
+
+
+class Strategy(BaseModel):
+    """A strategy for one model structure, batch and device count, with its predicted cost."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    model: str
+    structure_hash: str
+    input_shape: tuple[int, ...]
+    devices: int
+    cluster: str
+    cost_source: str
+    layers: tuple[LayerChoice, ...]
+    predicted: Breakdown
+
+    @classmethod
+    def from_assignment(cls, name: str, graph: LayerGraph, devices: int, cluster: str,
+                        cost_source: str, assignment: dict[str, ParallelConfig],
+                        predicted: Breakdown) -> Strategy:
+        return cls(
+            name=name, model=graph.model, structure_hash=graph.structure_hash,
+            input_shape=graph.input_shape, devices=devices, cluster=cluster,
+            cost_source=cost_source,
+            layers=tuple(LayerChoice(name=layer.name, config=assignment[layer.name].text)
+                         for layer in graph.layers),
+            predicted=predicted,
+        )
+
+    def assignment(self) -> dict[str, ParallelConfig]:
+        return {choice.name: ParallelConfig.parse(choice.config) for choice in self.layers}
+
+    def check_against(self, graph: LayerGraph, devices: int) -> dict[str, ParallelConfig]:
+        """The per-layer configs, after checking they fit `graph` on `devices` devices."""
+        if self.structure_hash != graph.structure_hash:
+            raise ConfigError(
+                f"strategy '{self.name}' was made for {self.model} with structure "
+                f"{self.structure_hash}, not {graph.model} ({graph.structure_hash}); run "
+                "layerwise search again for this model and input size"
+            )
+        assignment = self.assignment()
+        names = {layer.name for layer in graph.layers}
+        unknown = sorted(set(assignment) - names)
+        missing = [layer.name for layer in graph.layers if layer.name not in assignment]
+        if unknown or missing:
+            raise ConfigError(
+                f"strategy '{self.name}' does not match the model's layers: unknown "
+                f"{unknown[:5]}, missing {missing[:5]}"
+            )
+        for layer in graph.layers:
+            check_config(layer, assignment[layer.name], devices)
+        return assignment
+
+    def save(self, path: str | Path) -> Path:
+        return write_atomic(path, self.model_dump_json(indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Strategy:
+        source = Path(path)
+        try:
+            data = json.loads(source.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"strategy file {source} does not exist") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"cannot read strategy file {source}: {error}") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                f"strategy file {source} is not valid JSON (line {error.lineno}, column "
+                f"{error.colno}: {error.msg})"
+            ) from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "top level"
+            raise ConfigError(f"strategy file {source}: {where}: {first['msg']}") from None
