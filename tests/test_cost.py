@@ -1,0 +1,186 @@
+"""Cost model: bytes counted by hand and by a naive tile-by-tile count, sync, compute."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from strategies.cluster import load_cluster
+from strategies.cost import AnalyticCompute, CostModel
+from strategies.errors import ConfigError
+from strategies.graph import build_graph, trace
+from strategies.space import ParallelConfig, enumerate_configs
+from strategies.tiles import as_4d, needed_range, output_ranges
+
+P = ParallelConfig.parse
+CLUSTER = load_cluster("p100x16")
+
+
+def model_for(graph, devices: int, cluster=CLUSTER) -> CostModel:
+    return CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
+
+
+def test_halo_rows_after_a_sample_split_are_exactly_the_rows_you_can_count():
+    batch, channels, height, width = 4, 5, 8, 8
+    graph = trace(nn.Sequential(nn.Conv2d(3, channels, 1), nn.Conv2d(channels, 6, 3, padding=1)),
+                  (batch, 3, height, width))
+    producer, consumer = graph.layers[1], graph.layers[2]
+    seconds, moved = model_for(graph, 2).edge(producer, consumer, [P("n2c1h1w1@0-1")],
+                                              [P("n1c1h2w1@0-1")])
+    # device 0 computes rows 0-3 of every sample: it needs input rows 0-4 (one halo row) of
+    # samples 2-3, which device 1 holds; device 1 symmetrically needs rows 3-7 of samples 0-1
+    rows_needed = height // 2 + 1
+    forward = 2 * (batch // 2) * channels * rows_needed * width
+    assert moved[0, 0] == 2 * forward * 4  # activations forward + their gradients backward
+    assert seconds[0, 0] > 0
+
+
+def test_same_device_overlaps_are_free():
+    graph = build_graph("tiny_cnn", batch=8, image_size=8)
+    conv = graph.layers[1]  # the first 3x3 conv, fed by the network input
+    config = P("n2c1h2w1@0-3")
+    cost = model_for(graph, 4)
+    seconds, moved = cost.edge(graph.layers[0], conv, [config], [config])
+    only_halo = moved[0, 0]
+    samples_only = cost.edge(graph.layers[0], conv, [P("n4c1h1w1@0-3")],
+                             [P("n4c1h1w1@0-3")])[1][0, 0]
+    assert samples_only == 0 and only_halo > 0
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_data_parallel_ring_sync_is_2_p_minus_1_over_p_of_the_weights_per_device(devices):
+    graph = build_graph("alexnet", batch=32 * devices, image_size=32, num_classes=10)
+    cost = model_for(graph, devices)
+    for layer in graph.layers:
+        if not layer.param_count:
+            continue
+        config = ParallelConfig(n=devices, devices=tuple(range(devices)))
+        _, moved = cost.sync(layer, [config])
+        per_device = moved[0] / devices
+        assert per_device == 2 * (devices - 1) / devices * layer.param_count * 4
+        assert cost.sync(layer, [ParallelConfig(c=devices, devices=tuple(range(devices)))])[
+            1][0] == 0  # channel-split weights are sharded: nothing to reduce
+
+
+def test_vgg16_first_fc_layer_syncs_far_more_than_a_channel_split_transfers():
+    """Jia et al. 2018, Fig. 2: 2 devices, 32 images per device."""
+    graph = build_graph("vgg16", batch=64)
+    cost = model_for(graph, 2)
+    fc = graph.by_name["classifier_0"]
+    _, synced = cost.sync(fc, [P("n2c1h1w1@0-1")])
+    assert synced[0] / 2 == pytest.approx(400e6, rel=0.05)  # about 400 MB per device
+    _, transferred = cost.edge(graph.by_name["flatten"], fc, [P("n2c1h1w1@0-1")],
+                               [P("n1c2h1w1@0-1")])
+    assert synced[0] / 2 > 10 * transferred[0, 0]
+
+
+def test_parameter_server_moves_as_much_as_a_ring_but_takes_longer():
+    graph = build_graph("vgg16", batch=128)
+    ring = model_for(graph, 4)
+    server = model_for(graph, 4, CLUSTER.model_copy(update={"sync": "parameter_server"}))
+    fc = graph.by_name["classifier_3"]
+    config = [P("n4c1h1w1@0-3")]
+    assert ring.sync(fc, config)[1][0] == server.sync(fc, config)[1][0]
+    assert server.sync(fc, config)[0][0] > ring.sync(fc, config)[0][0]
+
+
+def naive_edge_elements(producer, consumer, pconf, qconf) -> int:
+    """Elements moved forward, by looping over every pair of tiles on different devices."""
+    input_index = consumer.inputs.index(producer.name)
+    moved = 0
+    p_tiles = list(pconf.tiles())
+    for q_index, q_device in qconf.tiles():
+        needed = []
+        for dim in range(4):
+            out = output_ranges(consumer, dim, qconf.degrees[dim])[q_index[dim]]
+            needed.append(needed_range(consumer, input_index, dim, out))
+        for p_index, p_device in p_tiles:
+            if p_device == q_device:
+                continue
+            volume = 1
+            for dim in range(4):
+                have = output_ranges(producer, dim, pconf.degrees[dim])[p_index[dim]]
+                volume *= max(0, min(have[1], needed[dim][1]) - max(have[0], needed[dim][0]))
+            moved += volume
+    return moved
+
+
+class _Zoo(nn.Module):
+    """Strided, padded, dilated, grouped convs, pooling, a concat and an FC head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)
+        self.side = nn.Conv2d(8, 4, 1)
+        self.adaptive = nn.AdaptiveAvgPool2d(3)
+        self.fc = nn.Linear(12 * 9, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.grouped(x)
+        z = torch.cat([self.pool(y), self.pool(self.side(x))], 1)
+        return self.fc(torch.flatten(self.adaptive(z), 1))
+
+
+ZOO_GRAPH = trace(_Zoo(), (4, 3, 22, 18))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), devices=st.sampled_from([2, 4, 8]))
+def test_vectorised_bytes_equal_a_naive_tile_by_tile_count(seed, devices):
+    rng = random.Random(seed)
+    cost = model_for(ZOO_GRAPH, devices)
+    producer, consumer = rng.choice([
+        (ZOO_GRAPH.by_name[u], ZOO_GRAPH.by_name[v]) for u, v in ZOO_GRAPH.edges
+    ])
+    pconfs = rng.sample(enumerate_configs(producer, devices), 3)
+    qconfs = rng.sample(enumerate_configs(consumer, devices), 3)
+    _, moved = cost.edge(producer, consumer, pconfs, qconfs)
+    for row, pconf in enumerate(pconfs):
+        for column, qconf in enumerate(qconfs):
+            expected = 2 * naive_edge_elements(producer, consumer, pconf, qconf) * 4
+            assert moved[row, column] == expected, (producer.name, consumer.name, pconf, qconf)
+
+
+def test_search_space_matrices_match_single_pair_evaluation():
+    cost = model_for(ZOO_GRAPH, 4)
+    producer, consumer = ZOO_GRAPH.by_name["stem"], ZOO_GRAPH.by_name["grouped"]
+    seconds, moved = cost.edge(producer, consumer)
+    pconfs, qconfs = cost.configs["stem"], cost.configs["grouped"]
+    for row, column in [(0, 0), (3, 17), (len(pconfs) - 1, len(qconfs) - 1)]:
+        one_seconds, one_moved = cost.edge(producer, consumer, [pconfs[row]], [qconfs[column]])
+        assert one_moved[0, 0] == moved[row, column]
+        assert one_seconds[0, 0] == pytest.approx(seconds[row, column])
+
+
+def test_analytic_compute_scales_with_the_tile():
+    graph = build_graph("vgg16", batch=64)
+    cost = model_for(graph, 4)
+    conv = graph.by_name["features_2"]
+    whole, half, quarter = cost.compute_seconds(
+        conv, [P("n1c1h1w1@0"), P("n2c1h1w1@0-1"), P("n4c1h1w1@0-3")])
+    assert whole == pytest.approx(2 * half, rel=1e-6)
+    assert half == pytest.approx(2 * quarter, rel=1e-6)
+
+
+def test_more_devices_than_the_cluster_has_is_a_clear_error():
+    with pytest.raises(ConfigError, match="has 8 devices, fewer than the 16 asked"):
+        CostModel(build_graph("tiny_cnn"), load_cluster("k20x8"), 16,
+                  AnalyticCompute(load_cluster("k20x8")))
+
+
+def test_evaluate_names_missing_layers():
+    graph = build_graph("tiny_cnn", batch=4)
+    with pytest.raises(ConfigError, match="no config for layer"):
+        model_for(graph, 2).evaluate({})
+
+
+def test_as_4d_pads_two_dimensional_shapes():
+    assert as_4d((8, 10)) == (8, 10, 1, 1)
