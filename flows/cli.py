@@ -200,5 +200,14 @@ def clusters_show(
     sys.stdout.write(load_cluster(name).to_yaml())
 
 
+def _register_commands() -> None:
+    from flows import cli_plan
+
+    cli_plan.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     app()

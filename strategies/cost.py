@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -32,6 +32,9 @@ from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from strategies.space import ParallelConfig, check_config, enumerate_configs
 from strategies.tiles import TileWork, as_4d, largest_tile, needed_range, output_ranges
+
+if TYPE_CHECKING:
+    from strategies.profile import Profile
 
 Placement = Literal["origin", "aligned"]
 
@@ -84,6 +87,20 @@ class AnalyticCompute:
         elements = out_elements + sum(_volume(s) for s in tile.input_shapes) + tile.param_elements
         memory = elements * BYTES_PER_ELEMENT * passes
         return max(flops / self.flops_per_second, memory / self.bytes_per_second)
+
+
+class ProfiledCompute:
+    """t_c measured by `layerwise profile`: the median forward + backward time of the tile."""
+
+    name = "profile"
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+
+    def tile_seconds(self, layer: Layer, tile: TileWork) -> float:
+        if layer.kind == "input":
+            return 0.0
+        return self.profile.tile_seconds(layer.name, tile.key)
 
 
 def _volume(shape: Sequence[int]) -> int:

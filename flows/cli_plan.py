@@ -1,0 +1,277 @@
+"""Planning commands: search for the optimal layer-wise strategy, replay the paper.
+
+    layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
+    layerwise search inception_v3 --devices 16 --cluster p100x16 --analytic --json
+    layerwise search resnet18 --devices 4 --cluster local --image-size 32 --save s.json
+    layerwise reproduce optcnn
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from flows.console import DEFAULT_BATCH_PER_DEVICE, console, print_json, user_errors
+
+SEARCH_SCHEMA_VERSION = 1
+PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
+PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
+PAPER_DEVICES = (1, 2, 4, 8, 16)
+
+
+def _compute_source(graph: Any, cluster: Any, profile: Path | None, analytic: bool,
+                    device_count: int) -> Any:
+    from strategies.cost import AnalyticCompute, ProfiledCompute
+    from strategies.errors import LayerwiseError
+
+    if analytic and profile:
+        raise LayerwiseError("give either --profile FILE or --analytic, not both")
+    if analytic:
+        return AnalyticCompute(cluster)
+    if profile is None:
+        raise LayerwiseError(
+            f"no cost source: run `layerwise profile {graph.model} --devices {device_count}` "
+            "and pass --profile FILE, or plan with --analytic (roofline on the cluster's device)"
+        )
+    from strategies.profile import Profile
+
+    loaded = Profile.load(profile)
+    loaded.check_matches(graph, graph.batch)
+    return ProfiledCompute(loaded)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The optimal strategy and the costed baselines for one model, cluster and device count."""
+
+    graph: Any  # LayerGraph
+    cluster: str
+    devices: int
+    cost_source: str
+    placement: str
+    search: Any  # SearchResult
+    strategies: dict[str, Any]  # name -> Strategy, "layerwise" first
+
+    def document(self) -> dict[str, Any]:
+        """The `layerwise search --json` contract."""
+        return {
+            "schema_version": SEARCH_SCHEMA_VERSION,
+            "model": self.graph.model,
+            "structure_hash": self.graph.structure_hash,
+            "devices": self.devices,
+            "cluster": self.cluster,
+            "batch": self.graph.batch,
+            "cost_source": self.cost_source,
+            "placement": self.placement,
+            "search_seconds": self.search.search_seconds,
+            "search_method": self.search.search_method,
+            "final_graph_nodes": self.search.final_graph_nodes,
+            "nodes_eliminated": self.search.nodes_eliminated,
+            "edges_eliminated": self.search.edges_eliminated,
+            "strategies": {
+                name: {
+                    **strategy.predicted.model_dump(),
+                    "samples_per_second": self.graph.batch / strategy.predicted.step_seconds,
+                    "layers": [choice.model_dump() for choice in strategy.layers],
+                }
+                for name, strategy in self.strategies.items()
+            },
+        }
+
+
+def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
+         image_size: int | None, classes: int | None, in_channels: int | None,
+         profile: Path | None, analytic: bool, baselines: list[str], placement: str) -> Plan:
+    """Search the optimal strategy and cost the baselines."""
+    from strategies.baselines import BASELINES, baseline
+    from strategies.cluster import load_cluster
+    from strategies.cost import CostModel
+    from strategies.errors import LayerwiseError
+    from strategies.graph import build_graph
+    from strategies.search import optimal_strategy
+    from strategies.strategy import Strategy
+
+    unknown = sorted(set(baselines) - set(BASELINES))
+    if unknown:
+        raise LayerwiseError(
+            f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}"
+        )
+    if placement not in ("origin", "aligned"):
+        raise LayerwiseError(f"--placement must be origin or aligned (got {placement})")
+    cluster = load_cluster(cluster_name)
+    graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
+                        num_classes=classes, in_channels=in_channels)
+    compute = _compute_source(graph, cluster, profile, analytic, devices)
+    cost = CostModel(graph, cluster, devices, compute, placement=placement)  # type: ignore[arg-type]
+    result = optimal_strategy(cost)
+    strategies = {"layerwise": Strategy.from_assignment(
+        "layerwise", graph, devices, cluster.name, compute.name, result.assignment,
+        result.predicted)}
+    for name in baselines:
+        assignment = baseline(name, graph, devices)
+        strategies[name] = Strategy.from_assignment(
+            name, graph, devices, cluster.name, compute.name, assignment,
+            cost.evaluate(assignment))
+    return Plan(graph=graph, cluster=cluster.name, devices=devices, cost_source=compute.name,
+                placement=placement, search=result, strategies=strategies)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `search` and `reproduce` to the CLI."""
+
+    @app.command()
+    @user_errors
+    def search(
+        model: Annotated[str, typer.Argument(help="Zoo name or package.module:factory.")],
+        devices: Annotated[int, typer.Option(help="Number of devices to plan for.")],
+        cluster: Annotated[str, typer.Option(help="Cluster preset name or YAML path.")],
+        profile: Annotated[
+            Path | None, typer.Option(help="Profile JSON from `layerwise profile` (t_c).")
+        ] = None,
+        analytic: Annotated[
+            bool, typer.Option(help="t_c from a roofline on the cluster's device instead.")
+        ] = False,
+        batch_per_device: Annotated[int, typer.Option(help="Images per device.")] = (
+            DEFAULT_BATCH_PER_DEVICE),
+        image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
+        classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
+        in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
+        baselines: Annotated[
+            str, typer.Option(help="Comma-separated: data, model, owt, spatial_h, spatial_w.")
+        ] = "data,model,owt",
+        placement: Annotated[
+            str, typer.Option(help="origin: every layer's devices start at 0 (fast); aligned: "
+                                   "any aligned block (exact over the whole space, slower).")
+        ] = "origin",
+        save: Annotated[
+            Path | None, typer.Option(help="Write the layer-wise strategy JSON here.")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """Find the optimal layer-wise strategy and compare it with the baselines."""
+        names = [name.strip() for name in baselines.split(",") if name.strip()]
+        with _status("searching", as_json):
+            result = plan(
+                model, devices, cluster, batch_per_device=batch_per_device,
+                image_size=image_size, classes=classes, in_channels=in_channels,
+                profile=profile, analytic=analytic, baselines=names, placement=placement)
+        if save:
+            result.strategies["layerwise"].save(save)
+        if as_json:
+            print_json(result.document())
+            return
+        _print_plan(result)
+        if save:
+            console.print(f"saved the layer-wise strategy to {save}")
+
+    @app.command()
+    @user_errors
+    def reproduce(
+        experiment: Annotated[str, typer.Argument(help="Which paper: optcnn.")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """Replay a paper's experiment in simulation (optcnn: Jia et al., ICML 2018, Fig. 7)."""
+        from strategies.errors import LayerwiseError
+
+        if experiment != "optcnn":
+            raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn")
+        rows = []
+        vgg_strategy = None
+        with _status("replaying", as_json) as status:
+            for model in PAPER_MODELS:
+                for devices in PAPER_DEVICES:
+                    if status is not None:
+                        status.update(f"replaying {model} on {devices} GPUs")
+                    document = plan(
+                        model, devices, "p100x16", batch_per_device=DEFAULT_BATCH_PER_DEVICE,
+                        image_size=None, classes=None, in_channels=None, profile=None,
+                        analytic=True, baselines=["data", "model", "owt"], placement="origin",
+                    ).document()
+                    for name in PAPER_STRATEGIES:
+                        entry = document["strategies"][name]
+                        rows.append({
+                            "model": model, "devices": devices, "strategy": name,
+                            "images_per_second": entry["samples_per_second"],
+                            "gb_per_step": (entry["transfer_bytes"] + entry["sync_bytes"]) / 1e9,
+                            "step_seconds": entry["step_seconds"],
+                        })
+                    if model == "vgg16" and devices == 4:
+                        vgg_strategy = document["strategies"]["layerwise"]["layers"]
+        if as_json:
+            print_json({"schema_version": 1, "experiment": "optcnn", "cluster": "p100x16",
+                        "batch_per_device": DEFAULT_BATCH_PER_DEVICE, "cost_source": "analytic",
+                        "rows": rows, "vgg16_4_gpus_layerwise": vgg_strategy})
+            return
+        _print_reproduction(rows, vgg_strategy or [])
+
+
+def _status(message: str, quiet: bool) -> contextlib.AbstractContextManager[Any]:
+    """A spinner on the terminal; nothing when the output is JSON for a script."""
+    return contextlib.nullcontext() if quiet else console.status(message, spinner="dots")
+
+
+def _print_plan(result: Plan) -> None:
+    graph = result.graph
+    document = result.document()
+    console.print(
+        f"{document['model']} on {document['devices']} devices of {document['cluster']}, batch "
+        f"{document['batch']}, t_c from {document['cost_source']}"
+    )
+    table = Table(title="predicted cost per training step", title_justify="left")
+    for column in ("strategy", "step ms", "compute ms", "transfer ms", "sync ms",
+                   "transfer MB", "sync MB", "images/s", "vs data"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    data_step = document["strategies"].get("data", {}).get("step_seconds")
+    for name, entry in document["strategies"].items():
+        table.add_row(
+            name, f"{entry['step_seconds'] * 1e3:.2f}", f"{entry['compute_seconds'] * 1e3:.2f}",
+            f"{entry['transfer_seconds'] * 1e3:.2f}", f"{entry['sync_seconds'] * 1e3:.2f}",
+            f"{entry['transfer_bytes'] / 1e6:.1f}", f"{entry['sync_bytes'] / 1e6:.1f}",
+            f"{entry['samples_per_second']:,.0f}",
+            f"{data_step / entry['step_seconds']:.2f}x" if data_step else "",
+        )
+    console.print(table)
+    layers = Table(title="layer-wise strategy", title_justify="left")
+    for column in ("layer", "type", "output", "config"):
+        layers.add_column(column)
+    for choice in document["strategies"]["layerwise"]["layers"]:
+        layer = graph.by_name[choice["name"]]
+        layers.add_row(layer.name, layer.label, "x".join(map(str, layer.output_shape)),
+                       choice["config"])
+    console.print(layers)
+    console.print(
+        f"search took {document['search_seconds']:.3f} s ({document['search_method']}, "
+        f"{document['nodes_eliminated']} nodes and {document['edges_eliminated']} edges "
+        f"eliminated, final graph {document['final_graph_nodes']} node(s), placement "
+        f"{document['placement']})"
+    )
+
+
+def _print_reproduction(rows: list[dict[str, Any]], vgg_strategy: list[dict[str, str]]) -> None:
+    console.print("Jia et al. 2018 in simulation: p100x16, 32 images per GPU, analytic t_c")
+    for metric, title, fmt in (
+        ("images_per_second", "predicted training throughput (images/s)", "{:,.0f}"),
+        ("gb_per_step", "data moved per step (GB, transfer + sync)", "{:.3f}"),
+    ):
+        table = Table(title=title, title_justify="left")
+        table.add_column("model")
+        table.add_column("strategy")
+        for devices in PAPER_DEVICES:
+            table.add_column(f"{devices} GPU" + ("s" if devices > 1 else ""), justify="right")
+        for model in PAPER_MODELS:
+            for strategy in PAPER_STRATEGIES:
+                values = [fmt.format(r[metric]) for r in rows
+                          if r["model"] == model and r["strategy"] == strategy]
+                table.add_row(model, strategy, *values)
+        console.print(table)
+    strategy_table = Table(title="layer-wise strategy for VGG-16 on 4 GPUs", title_justify="left")
+    strategy_table.add_column("layer")
+    strategy_table.add_column("config")
+    for choice in vgg_strategy:
+        strategy_table.add_row(choice["name"], choice["config"])
+    console.print(strategy_table)

@@ -1,0 +1,105 @@
+"""`layerwise search` and `layerwise reproduce` as a user and a script read them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from strategies.errors import ConfigError
+from strategies.graph import build_graph
+from strategies.space import ParallelConfig
+from strategies.strategy import Strategy
+
+runner = CliRunner()
+SEARCH = ("search", "tiny_cnn", "--devices", "4", "--cluster", "p100x16", "--analytic",
+          "--batch-per-device", "4")
+
+
+def one_line_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_search_json_follows_the_contract():
+    result = runner.invoke(app, [*SEARCH, "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    for key in ("schema_version", "model", "devices", "cluster", "cost_source",
+                "search_seconds", "search_method", "final_graph_nodes", "strategies"):
+        assert key in document
+    assert document["cost_source"] == "analytic" and document["devices"] == 4
+    assert set(document["strategies"]) == {"layerwise", "data", "model", "owt"}
+    graph = build_graph("tiny_cnn", batch=16)
+    best = document["strategies"]["layerwise"]["step_seconds"]
+    for entry in document["strategies"].values():
+        assert entry["step_seconds"] == pytest.approx(
+            entry["compute_seconds"] + entry["transfer_seconds"] + entry["sync_seconds"])
+        assert isinstance(entry["transfer_bytes"], int) and isinstance(entry["sync_bytes"], int)
+        assert [layer["name"] for layer in entry["layers"]] == [lay.name for lay in graph.layers]
+        for layer in entry["layers"]:
+            ParallelConfig.parse(layer["config"])
+        assert best <= entry["step_seconds"] * (1 + 1e-9)
+
+
+def test_search_saves_a_strategy_that_loads_and_fits_the_model(tmp_path):
+    path = tmp_path / "strategy.json"
+    result = runner.invoke(app, [*SEARCH, "--save", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "layer-wise strategy" in result.stdout and "saved" in result.stdout
+    strategy = Strategy.load(path)
+    graph = build_graph("tiny_cnn", batch=16)
+    assignment = strategy.check_against(graph, 4)
+    assert set(assignment) == {layer.name for layer in graph.layers}
+    with pytest.raises(ConfigError, match="made for tiny_cnn"):
+        strategy.check_against(build_graph("lenet5", batch=16), 4)
+
+
+def test_strategy_file_errors_are_one_line(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        Strategy.load(broken)
+    with pytest.raises(ConfigError, match="does not exist"):
+        Strategy.load(tmp_path / "missing.json")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"name": "x"}))
+    with pytest.raises(ConfigError, match="wrong.json: model"):
+        Strategy.load(wrong)
+
+
+def test_search_needs_a_cost_source():
+    result = runner.invoke(app, ["search", "tiny_cnn", "--devices", "2", "--cluster", "local"])
+    one_line_error(result, "layerwise profile tiny_cnn --devices 2", "--analytic")
+
+
+def test_search_rejects_bad_requests():
+    one_line_error(runner.invoke(app, [*SEARCH, "--baselines", "data,pipeline"]),
+                   "unknown baseline(s) pipeline")
+    one_line_error(runner.invoke(app, [*SEARCH, "--placement", "random"]), "--placement")
+    one_line_error(
+        runner.invoke(app, ["search", "tiny_cnn", "--devices", "16", "--cluster", "k20x8",
+                            "--analytic"]), "has 8 devices")
+
+
+def test_reproduce_optcnn_covers_the_papers_grid():
+    result = runner.invoke(app, ["reproduce", "optcnn", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    rows = document["rows"]
+    assert len(rows) == 3 * 5 * 4
+    for model in ("alexnet", "vgg16", "inception_v3"):
+        for devices in (1, 2, 4, 8, 16):
+            cell = {r["strategy"]: r for r in rows
+                    if r["model"] == model and r["devices"] == devices}
+            best = cell["layerwise"]["images_per_second"]
+            assert all(best >= r["images_per_second"] * (1 - 1e-9) for r in cell.values())
+    vgg = {layer["name"]: layer["config"] for layer in document["vgg16_4_gpus_layerwise"]}
+    assert vgg["features_0"] == "n4c1h1w1@0-3"
+    assert ParallelConfig.parse(vgg["classifier_0"]).c > 1
+    one_line_error(runner.invoke(app, ["reproduce", "alexnet2012"]), "available: optcnn")
