@@ -6,6 +6,10 @@
     layerwise graph mypkg.nets:make_net --image-size 64 --classes 10
     layerwise clusters
     layerwise clusters show k20x8
+    layerwise profile resnet18 --devices 4 --image-size 32
+    layerwise calibrate --nproc 2
+    layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
+    layerwise reproduce optcnn
 
 Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
 request) prints one line to stderr and exits with code 2.
@@ -201,8 +205,9 @@ def clusters_show(
 
 
 def _register_commands() -> None:
-    from flows import cli_plan
+    from flows import cli_measure, cli_plan
 
+    cli_measure.register(app)
     cli_plan.register(app)
 
 

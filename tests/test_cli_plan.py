@@ -103,3 +103,22 @@ def test_reproduce_optcnn_covers_the_papers_grid():
     assert vgg["features_0"] == "n4c1h1w1@0-3"
     assert ParallelConfig.parse(vgg["classifier_0"]).c > 1
     one_line_error(runner.invoke(app, ["reproduce", "alexnet2012"]), "available: optcnn")
+
+
+def test_profile_then_search_with_measured_costs(tmp_path):
+    profile = tmp_path / "tiny.json"
+    made = runner.invoke(app, ["profile", "tiny_cnn", "--devices", "2", "--batch-per-device", "2",
+                               "--image-size", "8", "--repeats", "1", "--warmup", "0",
+                               "--threads", "1", "--out", str(profile)])
+    assert made.exit_code == 0, made.output
+    result = runner.invoke(app, ["search", "tiny_cnn", "--devices", "2", "--batch-per-device",
+                                 "2", "--image-size", "8", "--cluster", "local", "--profile",
+                                 str(profile), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["cost_source"] == "profile"
+    assert document["strategies"]["layerwise"]["compute_seconds"] > 0
+    mismatch = runner.invoke(app, ["search", "tiny_cnn", "--devices", "2", "--batch-per-device",
+                                   "4", "--image-size", "8", "--cluster", "local", "--profile",
+                                   str(profile)])
+    one_line_error(mismatch, "batch 4", "layerwise profile tiny_cnn")

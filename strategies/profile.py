@@ -1,0 +1,737 @@
+"""Measured compute time of every layer tile: t_c of Jia et al. 2018, section 3 and Eq. 1.
+
+t_c(l, c) is the forward + backward time of the largest tile of layer `l` under config `c`
+(devices run their tiles at once, so the largest one sets the pace). Jia et al. MEASURE it by
+running the layer in that configuration; so does this module: for each distinct tile of each
+layer it builds real tensors of the tile's shapes (`tiles.largest_tile`: the output box and
+the needed input boxes, halos included), runs the layer's own operation on them (conv with the
+tile's weight shard, pooling, linear, add, concat, flatten, elementwise) followed by its fused
+ops (BatchNorm in training mode, activations, dropout), then the backward pass, and keeps the
+median time. Values do not change the time, so the tensors are fresh random ones made from the
+layer's parameter shapes: the model's weights are never needed (a meta-device model works).
+
+Many configs share a tile (`TileWork.key`): each distinct key of each layer is measured once.
+A `Profile` holds the medians, layer name -> tile key -> seconds, with the identity of what was
+measured (model structure, global batch, device, torch version, dtype). It is stored as JSON
+under data/profiles/, named so that a different model, batch, device or torch version gets its
+own file; `profile_graph(existing=...)` extends a profile with only the tiles it lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from strategies.errors import LayerwiseError
+from strategies.files import write_atomic
+from strategies.graph import Layer, LayerGraph
+from strategies.space import ParallelConfig, enumerate_configs
+from strategies.tiles import TileWork, as_4d, largest_tile
+
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "DEFAULT_REPEATS",
+    "DEFAULT_WARMUP",
+    "PROFILE_DIR",
+    "SCHEMA_VERSION",
+    "Profile",
+    "TileProgram",
+    "build_tile",
+    "default_profile_path",
+    "device_name",
+    "measure_tile",
+    "missing_tiles",
+    "profile_graph",
+    "profile_key",
+    "resolve_device",
+    "run_tile",
+    "tile_plan",
+    "total_seconds",
+]
+
+SCHEMA_VERSION = 1
+PROFILE_DIR = Path("data") / "profiles"
+DTYPE = "float32"  # fp32 training, as in every paper layerwise implements
+
+# Repetitions per tile. CPU runs are slow and steady, GPU runs fast and noisier.
+DEFAULT_WARMUP = {"cpu": 1, "cuda": 5}
+DEFAULT_REPEATS = {"cpu": 3, "cuda": 10}
+# Stop repeating a tile once its timed runs add up to this: big tiles are stable, and a CPU
+# profile of ResNet-18 must finish in minutes.
+DEFAULT_BUDGET_S = 0.2
+
+DROPOUT_P = 0.5  # FusedOp does not carry p; the time of dropout does not depend on it
+
+ProgressCallback = Callable[[int, int, str], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# The stored profile
+# ---------------------------------------------------------------------------------------------
+
+
+class Profile(BaseModel):
+    """Median forward + backward seconds of each distinct tile of each layer of one model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    model: str
+    structure_hash: str
+    input_shape: tuple[int, ...]
+    device_name: str
+    device_type: Literal["cpu", "cuda"]
+    torch_version: str
+    dtype: str = DTYPE
+    batch: int
+    devices: int
+    threads: int
+    method: str
+    warmup: int
+    repeats: int
+    seconds: dict[str, dict[str, float]]
+    created: str
+
+    @property
+    def key(self) -> str:
+        """The file-name key of this profile (see `profile_key`)."""
+        return _key(self.model, self.structure_hash, self.device_name, self.dtype, self.batch,
+                    self.torch_version)
+
+    @property
+    def tile_count(self) -> int:
+        return sum(len(tiles) for tiles in self.seconds.values())
+
+    def tile_seconds(self, layer_name: str, tile_key: str) -> float:
+        """The measured t_c of one tile; LayerwiseError (one line) when it was not measured."""
+        tiles = self.seconds.get(layer_name)
+        if tiles is None:
+            raise LayerwiseError(
+                f"profile of {self.model} (batch {self.batch}, {self.device_name}) has no layer "
+                f"'{layer_name}'; {self._rerun_hint()}"
+            )
+        seconds = tiles.get(tile_key)
+        if seconds is None:
+            raise LayerwiseError(
+                f"profile of {self.model} (batch {self.batch}, {self.device_name}) has no time "
+                f"for layer '{layer_name}' tile {tile_key} (it covers configs on up to "
+                f"{self.devices} devices); {self._rerun_hint()}"
+            )
+        return seconds
+
+    def compute_seconds(self, layer: Layer, config: ParallelConfig) -> float:
+        """t_c(layer, config): the time of the config's largest tile (0 for the input)."""
+        if layer.kind == "input":
+            return 0.0
+        return self.tile_seconds(layer.name, largest_tile(layer, config).key)
+
+    def check_matches(self, graph: LayerGraph, batch: int | None = None,
+                      source: str | Path | None = None) -> None:
+        """LayerwiseError (one line) unless this profile was made for `graph` at `batch`."""
+        batch = graph.batch if batch is None else batch
+        if self.structure_hash == graph.structure_hash and self.batch == batch:
+            return
+        where = f"profile {source}" if source is not None else "the profile"
+        raise LayerwiseError(
+            f"{where} was made for model {self.model} (structure {self.structure_hash}, batch "
+            f"{self.batch}); this run needs {graph.model} (structure {graph.structure_hash}, "
+            f"batch {batch}); rerun {_profile_command(graph.model, graph.input_shape, batch)}"
+        )
+
+    def check_device(self, name: str, torch_version: str, dtype: str = DTYPE,
+                     source: str | Path | None = None) -> None:
+        """LayerwiseError unless this profile was measured on `name` with this torch and dtype."""
+        here = (name, torch_version, dtype)
+        there = (self.device_name, self.torch_version, self.dtype)
+        if here == there:
+            return
+        where = f"profile {source}" if source is not None else "the profile"
+        raise LayerwiseError(
+            f"{where} was measured on {there[0]} with torch {there[1]} ({there[2]}); this "
+            f"machine is {here[0]} with torch {here[1]} ({here[2]}); profile again with --force "
+            "or write to another --out file"
+        )
+
+    def _rerun_hint(self) -> str:
+        return (f"profile again with {_profile_command(self.model, self.input_shape, self.batch)} "
+                "using the device count of this search")
+
+    def save(self, path: str | Path) -> Path:
+        """Write this profile as JSON, atomically."""
+        return write_atomic(path, self.model_dump_json(indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """Read a profile written by `save`; LayerwiseError (one line) on any problem."""
+        path = Path(path)
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise LayerwiseError(f"profile {path} {what}; make one with `layerwise profile`")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            reason = " ".join(str(error).split())
+            raise LayerwiseError(
+                f"profile {path} is not valid JSON ({reason}); delete it or profile again with "
+                "--force"
+            ) from None
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            raise LayerwiseError(
+                f"profile {path} has schema_version {version!r}, this layerwise reads "
+                f"{SCHEMA_VERSION}; profile again with --force"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            location = ".".join(str(part) for part in first["loc"])
+            raise LayerwiseError(
+                f"profile {path}: {location}: {first['msg']}; profile again with --force"
+            ) from None
+
+
+def _profile_command(model: str, input_shape: Sequence[int], batch: int) -> str:
+    size = f" --image-size {input_shape[2]}" if len(input_shape) == 4 else ""
+    channels = f" --in-channels {input_shape[1]}" if len(input_shape) >= 2 else ""
+    return (f"`layerwise profile {model} --devices N --batch-per-device B{size}{channels}` "
+            f"with N*B = {batch}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Where profiles live
+# ---------------------------------------------------------------------------------------------
+
+
+def _safe(text: str, limit: int = 48) -> str:
+    """Lower-case file-name-safe text: runs of anything but letters, digits, '.', '_' -> '-'."""
+    cleaned = re.sub(r"[^a-z0-9._]+", "-", text.lower()).strip("-.")
+    return cleaned[:limit].rstrip("-.") or "unknown"
+
+
+def _key(model: str, structure_hash: str, device: str, dtype: str, batch: int,
+         torch_version: str) -> str:
+    return (f"{_safe(model)}-{structure_hash}-{_safe(device, 40)}-{dtype}-b{batch}"
+            f"-torch{_safe(torch_version, 24)}")
+
+
+def profile_key(graph: LayerGraph, device_name: str, dtype: str = DTYPE,
+                batch: int | None = None, torch_version: str | None = None) -> str:
+    """File-name key: model, structure hash, device, dtype, global batch and torch version.
+
+    Anything that changes a tile's time changes the key, so a new device or torch upgrade
+    profiles again instead of reusing stale numbers.
+    """
+    return _key(graph.model, graph.structure_hash, device_name, dtype,
+                graph.batch if batch is None else batch, torch_version or torch.__version__)
+
+
+def default_profile_path(graph: LayerGraph, device_name: str, dtype: str = DTYPE,
+                         batch: int | None = None, *, torch_version: str | None = None,
+                         root: str | Path | None = None) -> Path:
+    """data/profiles/<key>.json under `root` (default: the current directory)."""
+    base = Path(root) if root is not None else Path()
+    key = profile_key(graph, device_name, dtype, batch, torch_version)
+    return base / PROFILE_DIR / f"{key}.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# The device
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`device`, or cuda when available else cpu; LayerwiseError for an unusable one."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise LayerwiseError(f"unknown device '{device}': use cpu or cuda") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise LayerwiseError(
+            f"device '{device}' requested but this torch ({torch.__version__}) sees no CUDA "
+            "device; use --device cpu"
+        )
+    if resolved.type not in ("cpu", "cuda"):
+        raise LayerwiseError(f"device '{device}' is not supported: use cpu or cuda")
+    return resolved
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    """The GPU's name, or the CPU model (from /proc/cpuinfo where it exists)."""
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        return torch.cuda.get_device_name(resolved)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name") and ":" in line:
+                return " ".join(line.split(":", 1)[1].split())
+    return platform.processor() or "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# One tile: the layer's computation on tensors of the tile's shapes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileProgram:
+    """Leaf tensors of one tile and the forward computation that produces its output."""
+
+    inputs: tuple[torch.Tensor, ...]
+    params: dict[str, torch.Tensor]
+    compute: Callable[[Sequence[torch.Tensor], Mapping[str, torch.Tensor]], torch.Tensor]
+
+    def forward(self) -> torch.Tensor:
+        return self.compute(self.inputs, self.params)
+
+    @property
+    def leaves(self) -> list[torch.Tensor]:
+        """Tensors whose gradient backprop computes: the tile's weights and activation inputs."""
+        tensors = [*self.inputs, *self.params.values()]
+        return [tensor for tensor in tensors if tensor.requires_grad]
+
+
+def _tile_channels(tile: TileWork) -> int:
+    return as_4d(tile.output_shape)[1]
+
+
+def _conv_groups(layer: Layer, tile: TileWork) -> tuple[int, int]:
+    """(groups the tile spans, weight rows it computes) for a conv layer's tile.
+
+    A channel range that ends inside a group computes whole groups' worth of rows per group
+    and keeps the first `channels` of them (rare: only grouped convs with uneven splits).
+    """
+    geometry = layer.geometry
+    channels = _tile_channels(tile)
+    if geometry is None or geometry.groups == 1:
+        return 1, channels
+    in_per_group = layer.param_shapes["weight"][1]
+    groups = max(as_4d(tile.input_shapes[0])[1] // in_per_group, 1)
+    return groups, groups * -(-channels // groups)
+
+
+def _tile_param_shapes(layer: Layer, tile: TileWork) -> dict[str, tuple[int, ...]]:
+    """Each parameter's shard on the tile's device: dim 0 cut to the tile's output channels.
+
+    Conv/linear weights and biases and fused BatchNorm's affine vectors all run along the
+    output channels (Jia et al. 2018: a channel split shards the weights); anything else is
+    replicated.
+    """
+    out_channels = as_4d(layer.output_shape)[1]
+    channels = _tile_channels(tile)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in layer.param_shapes.items():
+        if shape and shape[0] == out_channels:
+            shape = (channels, *shape[1:])
+        shapes[name] = shape
+    if layer.kind == "conv" and "weight" in shapes:
+        _, rows = _conv_groups(layer, tile)
+        shapes["weight"] = (rows, *shapes["weight"][1:])
+    return shapes
+
+
+def _pad_to_window(x: torch.Tensor, layer: Layer, out_hw: Sequence[int]) -> torch.Tensor:
+    """Zero-pad (or crop) the needed box so a padding-0 window op gives exactly `out_hw`.
+
+    The needed box holds the halo rows/columns that exist; what is missing is the layer's own
+    padding at the border (put first, up to the layer's padding, then at the end: ceil_mode).
+    """
+    geometry = layer.geometry
+    assert geometry is not None
+    pads: list[int] = []
+    for axis in (1, 0):  # F.pad lists the last dim (w) first
+        size = x.shape[2 + axis]
+        span = geometry.dilation[axis] * (geometry.kernel[axis] - 1) + 1
+        required = (out_hw[axis] - 1) * geometry.stride[axis] + span
+        if size > required:
+            x = x.narrow(2 + axis, 0, required)
+        missing = max(required - size, 0)
+        before = min(geometry.padding[axis], missing)
+        pads.extend((before, missing - before))
+    return F.pad(x, pads) if any(pads) else x
+
+
+def _conv(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+    geometry = layer.geometry
+    assert geometry is not None
+    channels = _tile_channels(tile)
+    groups, rows = _conv_groups(layer, tile)
+
+    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
+        x = _pad_to_window(inputs[0], layer, tile.output_shape[2:])
+        weight, bias = params["weight"], params.get("bias")
+        fused_bias = bias if rows == channels else None
+        y = F.conv2d(x, weight, fused_bias, stride=geometry.stride, padding=0,
+                     dilation=geometry.dilation, groups=groups)
+        if rows != channels:
+            y = y[:, :channels]
+            if bias is not None:
+                y = y + bias.view(1, -1, 1, 1)
+        return y
+
+    return compute
+
+
+def _pool(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+    geometry = layer.geometry
+    assert geometry is not None
+    is_max = "max" in layer.op.lower()
+
+    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
+        x = _pad_to_window(inputs[0], layer, tile.output_shape[2:])
+        if is_max:
+            return F.max_pool2d(x, geometry.kernel, geometry.stride, 0, geometry.dilation)
+        return F.avg_pool2d(x, geometry.kernel, geometry.stride, 0)
+
+    return compute
+
+
+def _adaptive_pool(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+    size = tuple(tile.output_shape[2:])
+    pool = F.adaptive_max_pool2d if "max" in layer.op.lower() else F.adaptive_avg_pool2d
+    return lambda inputs, params: pool(inputs[0], size)
+
+
+def _linear(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
+        x = inputs[0].flatten(1) if len(tile.output_shape) == 2 else inputs[0]
+        return F.linear(x, params["weight"], params.get("bias"))
+
+    return compute
+
+
+def _binary(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+    combine = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}.get(layer.op)
+    if combine is None:
+        raise LayerwiseError(f"cannot profile layer '{layer.name}': binary op '{layer.op}' is "
+                             "not add, sub or mul")
+    return lambda inputs, params: combine(inputs[0], inputs[1])
+
+
+def _batch_norm(x: torch.Tensor, weight: torch.Tensor | None,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """BatchNorm in training mode; one value per channel cannot be normalised, use stats."""
+    if x.numel() // max(x.shape[1], 1) > 1:
+        return F.batch_norm(x, None, None, weight, bias, training=True)
+    channels = x.shape[1]
+    mean = torch.zeros(channels, device=x.device)
+    var = torch.ones(channels, device=x.device)
+    return F.batch_norm(x, mean, var, weight, bias, training=False)
+
+
+def _dropout2d(x: torch.Tensor) -> torch.Tensor:
+    return F.dropout2d(x, DROPOUT_P, True) if x.dim() == 4 else F.dropout(x, DROPOUT_P, True)
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "leaky_relu": F.leaky_relu,
+    "elu": F.elu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "hardswish": F.hardswish,
+    "dropout": lambda x: F.dropout(x, DROPOUT_P, True),
+    "dropout2d": _dropout2d,
+    "identity": lambda x: x,
+    "contiguous": lambda x: x.contiguous(),
+    "add_scalar": lambda x: x + 1.0,
+    "sub_scalar": lambda x: x - 1.0,
+    "mul_scalar": lambda x: x * 2.0,
+}
+# nn module class name -> the functional name above
+_MODULE_OPS = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "ELU": "elu",
+               "GELU": "gelu", "SiLU": "silu", "Sigmoid": "sigmoid", "Tanh": "tanh",
+               "Hardswish": "hardswish", "Dropout": "dropout", "Dropout2d": "dropout2d",
+               "Identity": "identity"}
+
+
+def _elementwise(op: str, layer: Layer) -> Callable[..., torch.Tensor]:
+    """The function of a one-input elementwise op: (tensor, weight, bias) -> tensor."""
+    if op in ("BatchNorm1d", "BatchNorm2d"):
+        return _batch_norm
+    activation = _ACTIVATIONS.get(_MODULE_OPS.get(op, op))
+    if activation is None:
+        raise LayerwiseError(f"cannot profile layer '{layer.name}': no tile runner for "
+                             f"elementwise op '{op}'")
+    return lambda x, weight, bias: activation(x)
+
+
+def _main_op(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+    kind = layer.kind
+    if kind == "conv":
+        return _conv(layer, tile)
+    if kind == "pool":
+        return _pool(layer, tile)
+    if kind == "adaptive_pool":
+        return _adaptive_pool(layer, tile)
+    if kind == "linear":
+        return _linear(layer, tile)
+    if kind == "add":
+        return _binary(layer, tile)
+    if kind == "concat":
+        dim = layer.concat_dim if layer.concat_dim is not None else 1
+        return lambda inputs, params: torch.cat(list(inputs), dim=dim)
+    if kind == "flatten":
+        shape = tile.output_shape
+        return lambda inputs, params: inputs[0].reshape(shape)
+    if kind == "elementwise":
+        apply = _elementwise(layer.op, layer)
+        return lambda inputs, params: apply(inputs[0], params.get("weight"), params.get("bias"))
+    raise LayerwiseError(f"cannot profile layer '{layer.name}' of kind '{kind}'")
+
+
+def _tile_compute(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+    """The layer's operation on the tile, then its fused ops in order."""
+    main = _main_op(layer, tile)
+    fused = [(_elementwise(op.op, layer), op.target) for op in layer.fused]
+
+    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
+        y = main(inputs, params)
+        for apply, target in fused:
+            y = apply(y, params.get(f"{target}.weight"), params.get(f"{target}.bias"))
+        return y
+
+    return compute
+
+
+def build_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu",
+               needs_input_grad: Sequence[bool] | None = None, seed: int = 0) -> TileProgram:
+    """Random leaf tensors of the tile's input and weight-shard shapes, and its computation.
+
+    `needs_input_grad` says per input whether backprop computes its gradient (False for the
+    network's input images); default: all inputs. Weights always need their gradient.
+    """
+    if layer.kind == "input":
+        raise LayerwiseError(f"layer '{layer.name}' is the network input: nothing to run")
+    grads = tuple(needs_input_grad) if needs_input_grad is not None else (True,) * len(
+        tile.input_shapes)
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.device(device)
+
+    def leaf(shape: Sequence[int], requires_grad: bool) -> torch.Tensor:
+        values = torch.randn(tuple(shape), generator=generator, dtype=torch.float32)
+        return values.to(target).requires_grad_(requires_grad)
+
+    inputs = tuple(leaf(shape, grad) for shape, grad in zip(tile.input_shapes, grads,
+                                                            strict=True))
+    params = {name: leaf(shape, True) for name, shape in _tile_param_shapes(layer, tile).items()}
+    return TileProgram(inputs=inputs, params=params, compute=_tile_compute(layer, tile))
+
+
+def run_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu") -> torch.Tensor:
+    """The tile's forward output (its shape is exactly `tile.output_shape`)."""
+    return build_tile(layer, tile, device).forward()
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+def _step(program: TileProgram, grad_output: torch.Tensor) -> None:
+    """One forward + backward of the tile; gradients returned, not accumulated into .grad."""
+    output = program.forward()
+    leaves = program.leaves
+    if leaves and output.requires_grad:
+        torch.autograd.grad(output, leaves, grad_output, allow_unused=True)
+
+
+def _cpu_times(step: Callable[[], None], repeats: int, budget_s: float) -> list[float]:
+    times: list[float] = []
+    while len(times) < repeats and (not times or sum(times) < budget_s):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _cuda_times(step: Callable[[], None], repeats: int, budget_s: float,
+                device: torch.device) -> list[float]:
+    times: list[float] = []
+    torch.cuda.synchronize(device)
+    while len(times) < repeats and (not times or sum(times) < budget_s):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000.0)  # elapsed_time is in ms
+    return times
+
+
+def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu",
+                 warmup: int | None = None, repeats: int | None = None,
+                 budget_s: float = DEFAULT_BUDGET_S,
+                 needs_input_grad: Sequence[bool] | None = None,
+                 threads: int | None = None) -> float:
+    """Median seconds of one forward + backward of `tile` of `layer` on `device`.
+
+    `warmup` untimed runs first (stopping early once they use up `budget_s`), then up to
+    `repeats` timed runs, stopping once the timed ones add up to `budget_s` (at least one).
+    CUDA is timed with CUDA events, CPU with time.perf_counter, with `threads` torch threads
+    when given. The input layer takes 0 s.
+    """
+    if layer.kind == "input":
+        return 0.0
+    target = torch.device(device)
+    kind = "cuda" if target.type == "cuda" else "cpu"
+    warmup = DEFAULT_WARMUP[kind] if warmup is None else warmup
+    repeats = DEFAULT_REPEATS[kind] if repeats is None else repeats
+    if repeats < 1 or warmup < 0:
+        raise LayerwiseError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+    program = build_tile(layer, tile, target, needs_input_grad)
+    grad_output = torch.randn(tile.output_shape, generator=torch.Generator().manual_seed(1))
+    grad_output = grad_output.to(target)
+
+    def step() -> None:
+        _step(program, grad_output)
+
+    with _threads(threads):
+        if kind == "cuda":
+            _cuda_times(step, warmup, budget_s, target)
+            times = _cuda_times(step, repeats, budget_s, target)
+        else:
+            _cpu_times(step, warmup, budget_s)
+            times = _cpu_times(step, repeats, budget_s)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole graph
+# ---------------------------------------------------------------------------------------------
+
+
+def tile_plan(graph: LayerGraph, devices: int,
+              configs: Mapping[str, Sequence[ParallelConfig]] | None = None,
+              ) -> dict[str, dict[str, TileWork]]:
+    """Layer name -> distinct tile key -> tile, over the layer's configs (default: all)."""
+    plan: dict[str, dict[str, TileWork]] = {}
+    for layer in graph.layers:
+        chosen = configs.get(layer.name) if configs is not None else None
+        layer_configs = chosen if chosen is not None else enumerate_configs(layer, devices)
+        tiles: dict[str, TileWork] = {}
+        for config in layer_configs:
+            tile = largest_tile(layer, config)
+            tiles.setdefault(tile.key, tile)
+        plan[layer.name] = tiles
+    return plan
+
+
+def missing_tiles(plan: Mapping[str, Mapping[str, TileWork]],
+                  existing: Profile | None) -> dict[str, dict[str, TileWork]]:
+    """The tiles of `plan` that `existing` has no time for (every tile without one)."""
+    known = existing.seconds if existing is not None else {}
+    return {
+        name: {key: tile for key, tile in tiles.items() if key not in known.get(name, {})}
+        for name, tiles in plan.items()
+    }
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `count` for the block (unchanged when None)."""
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def profile_graph(
+    graph: LayerGraph,
+    devices: int,
+    configs: Mapping[str, Sequence[ParallelConfig]] | None = None,
+    device: str | torch.device = "cpu",
+    warmup: int | None = None,
+    repeats: int | None = None,
+    progress: ProgressCallback | None = None,
+    existing: Profile | None = None,
+    threads: int | None = None,
+    budget_s: float = DEFAULT_BUDGET_S,
+) -> Profile:
+    """Measure t_c of every distinct tile of every layer that `existing` lacks.
+
+    `configs` maps layer names to the configs to cover (a layer not in it: all of
+    `enumerate_configs(layer, devices)`). Input layers get 0 s without running anything.
+    `progress(done_layers, total_layers, layer_name)` is called after each layer. With nothing
+    left to measure, `existing` itself is returned.
+    """
+    target = resolve_device(device)
+    kind: Literal["cpu", "cuda"] = "cuda" if target.type == "cuda" else "cpu"
+    name = device_name(target)
+    if existing is not None:
+        existing.check_matches(graph)
+        existing.check_device(name, torch.__version__)
+    warmup = DEFAULT_WARMUP[kind] if warmup is None else warmup
+    repeats = DEFAULT_REPEATS[kind] if repeats is None else repeats
+    if repeats < 1 or warmup < 0:
+        raise LayerwiseError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+    if threads is not None and threads < 1:
+        raise LayerwiseError(f"threads must be >= 1 (got {threads})")
+    plan = tile_plan(graph, devices, configs)
+    todo = missing_tiles(plan, existing)
+    producers = graph.by_name
+    known = existing.seconds if existing is not None else {}
+    seconds = {layer: dict(tiles) for layer, tiles in known.items()}
+    rng_devices = [target.index or 0] if kind == "cuda" else []
+    with _threads(threads), torch.random.fork_rng(devices=rng_devices):
+        torch.manual_seed(0)  # dropout masks: the same inputs on every run
+        for done, layer in enumerate(graph.layers, start=1):
+            grads = [producers[source].kind != "input" for source in layer.inputs]
+            layer_seconds = seconds.setdefault(layer.name, {})
+            for key, tile in todo[layer.name].items():
+                if layer.kind == "input":
+                    layer_seconds[key] = 0.0
+                    continue
+                layer_seconds[key] = measure_tile(layer, tile, target, warmup, repeats,
+                                                  budget_s, grads)
+            if progress is not None:
+                progress(done, len(graph.layers), layer.name)
+        thread_count = torch.get_num_threads()
+    if existing is not None and not any(todo.values()):
+        return existing
+    return Profile(
+        model=graph.model,
+        structure_hash=graph.structure_hash,
+        input_shape=graph.input_shape,
+        device_name=name,
+        device_type=kind,
+        torch_version=torch.__version__,
+        batch=graph.batch,
+        devices=max(devices, existing.devices if existing else 0),
+        threads=thread_count,
+        method="cuda-events" if kind == "cuda" else "monotonic-median",
+        warmup=warmup,
+        repeats=repeats,
+        seconds=seconds,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def total_seconds(profile: Profile, layer_name: str) -> float:
+    """Sum of the measured times of a layer's tiles (what the CLI summary shows)."""
+    return math.fsum(profile.seconds.get(layer_name, {}).values())

@@ -1,0 +1,369 @@
+"""Tile profiling: every layer kind runs on its tile's shapes, profiles cover every config,
+reuse measures nothing twice, files round-trip, and `layerwise profile` works as a user runs it.
+Real torch everywhere; timings are only checked to be positive (tests never assert speed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import typer
+from torch import nn
+from typer.testing import CliRunner
+
+from flows.cli_measure import register
+from strategies.errors import LayerwiseError
+from strategies.graph import build_graph, trace
+from strategies.profile import (
+    Profile,
+    build_tile,
+    default_profile_path,
+    device_name,
+    measure_tile,
+    missing_tiles,
+    profile_graph,
+    profile_key,
+    run_tile,
+    tile_plan,
+)
+from strategies.space import ParallelConfig, enumerate_configs
+from strategies.tiles import largest_tile
+
+FAST = {"warmup": 0, "repeats": 1, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_graph("tiny_cnn", batch=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tiny):
+    calls: list[tuple[int, int, str]] = []
+    profile = profile_graph(tiny, 2, progress=lambda *call: calls.append(call), **FAST)
+    return profile, calls
+
+
+def _some_configs(layer, devices=4):
+    """One config per distinct degree tuple: sample, channel, height and width splits."""
+    chosen: dict[tuple[int, int, int, int], ParallelConfig] = {}
+    for config in enumerate_configs(layer, devices):
+        chosen.setdefault(config.degrees, config)
+    return list(chosen.values())
+
+
+class _Odd(nn.Module):
+    """Kinds tiny_cnn lacks: grouped conv, concat, unfused elementwise, ceil-mode avg pool,
+    BatchNorm1d after a linear layer, dilation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.depthwise = nn.Conv2d(8, 16, 3, padding=2, dilation=2, groups=4, bias=False)
+        self.pool = nn.AvgPool2d(3, stride=2, ceil_mode=True)
+        self.fc = nn.Linear(24 * 5 * 5, 12)
+        self.bn = nn.BatchNorm1d(12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.sigmoid(x)  # producer is the input: stays its own elementwise layer
+        a = self.stem(x)
+        b = self.depthwise(a)
+        x = self.pool(torch.cat([a, b], 1))
+        return self.bn(self.fc(torch.flatten(x, 1)))
+
+
+def test_every_tiny_cnn_layer_runs_on_its_tiles(tiny):
+    kinds = set()
+    for layer in tiny.layers:
+        if layer.kind == "input":
+            continue
+        kinds.add(layer.kind)
+        for config in _some_configs(layer):
+            tile = largest_tile(layer, config)
+            assert tuple(run_tile(layer, tile).shape) == tile.output_shape, (layer.name, config)
+        split = _some_configs(layer)[-1]
+        assert measure_tile(layer, largest_tile(layer, split), **FAST) > 0
+    assert kinds == {"conv", "pool", "adaptive_pool", "add", "flatten", "linear"}
+
+
+def test_grouped_conv_concat_and_elementwise_tiles_have_the_tile_shape():
+    graph = trace(_Odd(), (4, 3, 10, 10), name="odd")
+    kinds = {layer.kind for layer in graph.layers}
+    assert {"elementwise", "concat", "conv", "pool", "linear", "flatten"} <= kinds
+    depthwise = graph.by_name["depthwise"]
+    assert depthwise.geometry.groups == 4 and depthwise.geometry.dilation == (2, 2)
+    for layer in graph.layers:
+        if layer.kind == "input":
+            continue
+        for config in enumerate_configs(layer, 8):
+            tile = largest_tile(layer, config)
+            assert tuple(run_tile(layer, tile).shape) == tile.output_shape, (layer.name, config)
+    fc = graph.by_name["fc"]
+    assert [op.op for op in fc.fused] == ["BatchNorm1d"]
+    one_sample = largest_tile(fc, ParallelConfig(n=4, devices=(0, 1, 2, 3)))
+    assert measure_tile(fc, one_sample, **FAST) > 0  # BatchNorm of a single sample still runs
+
+
+def _conv_only(layer):
+    return layer.model_copy(update={"fused": ()})
+
+
+@pytest.mark.parametrize("text", ["n1c1h2w2@0-3", "n2c2h1w1@0-3", "n1c1h4w1@0-3"])
+def test_a_conv_tile_computes_the_same_values_as_the_full_layer(tiny, text):
+    layer = _conv_only(tiny.by_name["conv2"])  # 3x3, stride 2, padding 1
+    config = ParallelConfig.parse(text)
+    tile = largest_tile(layer, config)
+    program = build_tile(layer, tile)
+    generator = torch.Generator().manual_seed(3)
+    full_input = torch.randn(layer.input_shapes[0], generator=generator)
+    full_weight = torch.randn(layer.param_shapes["weight"], generator=generator)
+    n, c, h, w = tile.output_shape
+    in_n, in_c, in_h, in_w = tile.input_shapes[0]
+    with torch.no_grad():
+        program.inputs[0].copy_(full_input[:in_n, :in_c, :in_h, :in_w])
+        program.params["weight"].copy_(full_weight[:c])
+        expected = torch.nn.functional.conv2d(full_input, full_weight, stride=2, padding=1)
+        assert torch.allclose(program.forward(), expected[:n, :c, :h, :w], atol=1e-5)
+
+
+def test_profile_covers_every_config_of_every_layer(tiny, tiny_profile):
+    profile, calls = tiny_profile
+    assert [call[2] for call in calls] == [layer.name for layer in tiny.layers]
+    assert [call[:2] for call in calls] == [(i, len(tiny.layers))
+                                           for i in range(1, len(tiny.layers) + 1)]
+    measured = 0
+    for layer in tiny.layers:
+        configs = enumerate_configs(layer, 2)
+        distinct = {largest_tile(layer, config).key for config in configs}
+        assert set(profile.seconds[layer.name]) == distinct, layer.name
+        for config in configs:
+            seconds = profile.compute_seconds(layer, config)
+            assert seconds == 0 if layer.kind == "input" else seconds > 0
+        measured += len(distinct) if layer.kind != "input" else 0
+    plan = tile_plan(tiny, 2)
+    assert measured == sum(len(tiles) for name, tiles in plan.items() if name != "x")
+    assert profile.tile_count == sum(len(tiles) for tiles in plan.values())
+    assert profile.batch == 8 and profile.devices == 2
+    assert profile.structure_hash == tiny.structure_hash
+    assert profile.device_type == "cpu" and profile.method == "monotonic-median"
+    assert profile.device_name == device_name("cpu")
+
+
+def test_reusing_a_complete_profile_measures_nothing(tiny, tiny_profile):
+    profile, _ = tiny_profile
+    assert all(not tiles for tiles in missing_tiles(tile_plan(tiny, 2), profile).values())
+    calls: list[str] = []
+    again = profile_graph(tiny, 2, existing=profile, progress=lambda *c: calls.append(c[2]),
+                          **FAST)
+    assert again is profile
+    assert len(calls) == len(tiny.layers)
+
+
+def test_reuse_measures_only_the_missing_tiles(tiny, tiny_profile):
+    profile, _ = tiny_profile
+    seconds = {name: dict(tiles) for name, tiles in profile.seconds.items()}
+    dropped = seconds.pop("block_conv1")
+    partial = profile.model_copy(update={"seconds": seconds})
+    missing = missing_tiles(tile_plan(tiny, 2), partial)
+    assert {name for name, tiles in missing.items() if tiles} == {"block_conv1"}
+    extended = profile_graph(tiny, 2, existing=partial, **FAST)
+    assert set(extended.seconds["block_conv1"]) == set(dropped)
+    for name, tiles in seconds.items():
+        assert extended.seconds[name] == tiles  # the very same floats: reused, not re-measured
+
+
+def test_given_configs_limit_what_is_measured(tiny):
+    layer = tiny.by_name["fc"]
+    only = ParallelConfig(n=1, c=2, devices=(0, 1))
+    configs = {name: [] for name in tiny.by_name} | {"fc": [only]}
+    profile = profile_graph(tiny, 2, configs=configs, **FAST)
+    assert {name for name, tiles in profile.seconds.items() if tiles} == {"fc"}
+    assert profile.compute_seconds(layer, only) > 0
+    with pytest.raises(LayerwiseError, match="layerwise profile"):
+        profile.compute_seconds(layer, ParallelConfig(n=2, devices=(0, 1)))
+
+
+def test_save_and_load_round_trip(tmp_path, tiny_profile):
+    profile, _ = tiny_profile
+    path = profile.save(tmp_path / "deep" / "p.json")
+    assert Profile.load(path) == profile
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_check_matches_rejects_other_structure_and_batch(tiny, tiny_profile):
+    profile, _ = tiny_profile
+    profile.check_matches(tiny)
+    other_batch = build_graph("tiny_cnn", batch=16)
+    with pytest.raises(LayerwiseError) as error:
+        profile.check_matches(other_batch, source="data/profiles/x.json")
+    message = str(error.value)
+    assert "profile data/profiles/x.json was made for model tiny_cnn" in message
+    assert "batch 8" in message and "batch 16" in message and "\n" not in message
+    other_model = build_graph("lenet5", batch=8)
+    with pytest.raises(LayerwiseError, match=other_model.structure_hash):
+        profile.check_matches(other_model)
+    with pytest.raises(LayerwiseError, match="layerwise profile lenet5"):
+        profile.check_matches(other_model)
+    with pytest.raises(LayerwiseError, match="batch 16"):
+        profile.check_matches(tiny, batch=16)
+
+
+def test_check_device_rejects_another_torch(tiny_profile):
+    profile, _ = tiny_profile
+    profile.check_device(profile.device_name, torch.__version__)
+    with pytest.raises(LayerwiseError, match="torch 9.9"):
+        profile.check_device(profile.device_name, "9.9")
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    ("{not json", "not valid JSON"),
+    ('{"schema_version": 7}', "schema_version 7"),
+    ("[1, 2]", "schema_version None"),
+    ('{"schema_version": 1, "model": "m"}', "profile again"),
+])
+def test_bad_profile_files_give_one_line_errors(tmp_path, content, fragment):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    with pytest.raises(LayerwiseError) as error:
+        Profile.load(path)
+    assert fragment in str(error.value) and str(path) in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_missing_profile_file(tmp_path):
+    with pytest.raises(LayerwiseError, match="does not exist"):
+        Profile.load(tmp_path / "nothing.json")
+
+
+def test_missing_tile_names_the_layer_and_the_fix(tiny_profile):
+    profile, _ = tiny_profile
+    with pytest.raises(LayerwiseError) as error:
+        profile.tile_seconds("conv1", "1x2x3")
+    message = str(error.value)
+    assert "'conv1'" in message and "1x2x3" in message and "layerwise profile tiny_cnn" in message
+    with pytest.raises(LayerwiseError, match="no layer 'nope'"):
+        profile.tile_seconds("nope", "1x2x3")
+
+
+def test_profile_paths_separate_model_batch_device_and_torch(tmp_path, tiny):
+    path = default_profile_path(tiny, "AMD EPYC 7B13 64-Core", root=tmp_path)
+    assert path.parent == tmp_path / "data" / "profiles"
+    assert path.name.startswith(f"tiny_cnn-{tiny.structure_hash}-amd-epyc-7b13-64-core-float32-b8")
+    assert path.suffix == ".json"
+    assert profile_key(tiny, "x", batch=16) != profile_key(tiny, "x")
+    assert profile_key(tiny, "x", torch_version="9.9") != profile_key(tiny, "x")
+    assert profile_key(tiny, "y") != profile_key(tiny, "x")
+    user = build_graph("tiny_cnn", batch=8).model_copy(update={"model": "pkg.mod:make"})
+    assert "/" not in profile_key(user, "GPU / x") and ":" not in profile_key(user, "x")
+
+
+def test_profile_key_of_a_profile_is_its_default_file_name(tiny, tiny_profile):
+    profile, _ = tiny_profile
+    assert profile.key == profile_key(tiny, profile.device_name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tiles_are_timed_with_events(tiny):
+    profile = profile_graph(tiny, 2, device="cuda")
+    assert profile.device_type == "cuda" and profile.method == "cuda-events"
+    assert profile.device_name == torch.cuda.get_device_name()
+    layer = tiny.by_name["conv1"]
+    assert profile.compute_seconds(layer, ParallelConfig(n=2, devices=(0, 1))) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# layerwise profile
+# ---------------------------------------------------------------------------------------------
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+    @app.callback()
+    def main() -> None:
+        """Test harness: a fresh app with only the measurement commands."""
+
+    register(app)
+    return app
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(_cli(), list(args))
+
+
+PROFILE_ARGS = ("profile", "tiny_cnn", "--devices", "2", "--batch-per-device", "2",
+                "--image-size", "16", "--repeats", "1", "--warmup", "0", "--threads", "1")
+
+
+def test_cli_profile_writes_a_profile_and_reuses_it(tmp_path):
+    out = tmp_path / "tmp" / "p.json"
+    first = _invoke(*PROFILE_ARGS, "--out", str(out))
+    assert first.exit_code == 0, first.output
+    profile = Profile.load(out)
+    graph = build_graph("tiny_cnn", batch=4, image_size=16)
+    profile.check_matches(graph)
+    tiles = sum(len(t) for name, t in tile_plan(graph, 2).items() if name != "x")
+    assert f"{tiles} tiles to measure" in first.stdout
+    assert "reused 0 tiles" in first.stdout and str(out) in first.stdout
+    assert "block_conv1" in first.stdout
+
+    second = _invoke(*PROFILE_ARGS, "--out", str(out), "--json")
+    assert second.exit_code == 0, second.output
+    document = json.loads(second.stdout)
+    assert document["reused"] == tiles and document["measured"] == 0
+    assert Profile.load(out) == profile
+
+    wider = _invoke(*PROFILE_ARGS, "--out", str(out), "--devices", "4", "--batch-per-device",
+                    "1")
+    assert wider.exit_code == 0, wider.output
+    assert f"reused {tiles} tiles" in wider.stdout
+
+
+def test_cli_profile_default_path_is_under_data_profiles(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = _invoke(*PROFILE_ARGS, "--json")
+    assert result.exit_code == 0, result.output
+    path = tmp_path / json.loads(result.stdout)["path"]
+    graph = build_graph("tiny_cnn", batch=4, image_size=16)
+    assert path == default_profile_path(graph, device_name("cpu"), root=tmp_path)
+    assert Profile.load(path).batch == 4
+
+
+def test_cli_profile_rejects_a_profile_of_another_batch(tmp_path):
+    out = tmp_path / "p.json"
+    assert _invoke(*PROFILE_ARGS, "--out", str(out)).exit_code == 0
+    result = _invoke(*PROFILE_ARGS, "--out", str(out), "--batch-per-device", "3")
+    assert result.exit_code == 2
+    assert "batch 4" in result.stderr and "batch 6" in result.stderr
+    forced = _invoke(*PROFILE_ARGS, "--out", str(out), "--batch-per-device", "3", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert Profile.load(out).batch == 6
+
+
+def _assert_one_line_error(result, fragment: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert fragment in lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cli_profile_cuda_without_cuda_is_one_line(tmp_path):
+    result = _invoke(*PROFILE_ARGS, "--out", str(tmp_path / "p.json"), "--device", "cuda")
+    _assert_one_line_error(result, "--device cpu")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_cli_profile_bad_numbers_are_one_line(tmp_path):
+    _assert_one_line_error(_invoke("profile", "tiny_cnn", "--devices", "0"), "--devices")
+    _assert_one_line_error(_invoke(*PROFILE_ARGS, "--repeats", "0",
+                                   "--out", str(tmp_path / "p.json")), "repeats")
+    _assert_one_line_error(_invoke("profile", "no_such_net", "--devices", "2"), "no_such_net")
+
+
+def test_cli_profile_help_explains_the_command():
+    result = _invoke("profile", "--help")
+    assert result.exit_code == 0
+    assert "forward+backward" in result.stdout and "--batch-per-device" in result.stdout
