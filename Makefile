@@ -12,6 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 run: $(STAMP)
 	$(BIN)/layerwise models
 	$(BIN)/layerwise graph vgg16 --cluster p100x16
+	$(BIN)/layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
