@@ -11,12 +11,17 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from flows.console import DEFAULT_BATCH_PER_DEVICE, console, print_json, user_errors
+
+if TYPE_CHECKING:
+    from strategies.graph import LayerGraph
+    from strategies.search import SearchResult
+    from strategies.strategy import Strategy
 
 SEARCH_SCHEMA_VERSION = 1
 PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
@@ -49,13 +54,13 @@ def _compute_source(graph: Any, cluster: Any, profile: Path | None, analytic: bo
 class Plan:
     """The optimal strategy and the costed baselines for one model, cluster and device count."""
 
-    graph: Any  # LayerGraph
+    graph: LayerGraph
     cluster: str
     devices: int
     cost_source: str
     placement: str
-    search: Any  # SearchResult
-    strategies: dict[str, Any]  # name -> Strategy, "layerwise" first
+    search: SearchResult
+    strategies: dict[str, Strategy]  # "layerwise" first, then the baselines
 
     def document(self) -> dict[str, Any]:
         """The `layerwise search --json` contract."""

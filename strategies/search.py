@@ -142,8 +142,6 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
                 graph.nodes[other] = graph.nodes[other] + total[np.arange(len(arg)), arg]
                 graph.remove(j)
                 undo.append(("single", j, (other,), arg))
-            elif not preds and not succs:
-                continue
             else:
                 continue
             nodes_eliminated += 1
