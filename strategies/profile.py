@@ -20,7 +20,6 @@ own file; `profile_graph(existing=...)` extends a profile with only the tiles it
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import platform
 import re
@@ -34,10 +33,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from strategies.errors import LayerwiseError
-from strategies.files import write_atomic
+from strategies.files import read_json_model, write_atomic
 from strategies.graph import Layer, LayerGraph
 from strategies.space import ParallelConfig, enumerate_configs
 from strategies.tiles import TileWork, as_4d, largest_tile
@@ -177,32 +176,8 @@ class Profile(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> Profile:
         """Read a profile written by `save`; LayerwiseError (one line) on any problem."""
-        path = Path(path)
-        if not path.is_file():
-            what = "is a directory" if path.is_dir() else "does not exist"
-            raise LayerwiseError(f"profile {path} {what}; make one with `layerwise profile`")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            reason = " ".join(str(error).split())
-            raise LayerwiseError(
-                f"profile {path} is not valid JSON ({reason}); delete it or profile again with "
-                "--force"
-            ) from None
-        version = data.get("schema_version") if isinstance(data, dict) else None
-        if version != SCHEMA_VERSION:
-            raise LayerwiseError(
-                f"profile {path} has schema_version {version!r}, this layerwise reads "
-                f"{SCHEMA_VERSION}; profile again with --force"
-            )
-        try:
-            return cls.model_validate(data)
-        except ValidationError as error:
-            first = error.errors()[0]
-            location = ".".join(str(part) for part in first["loc"])
-            raise LayerwiseError(
-                f"profile {path}: {location}: {first['msg']}; profile again with --force"
-            ) from None
+        return read_json_model(cls, path, "profile",
+                               "make one with `layerwise profile` (or profile again with --force)")
 
 
 def _profile_command(model: str, input_shape: Sequence[int], batch: int) -> str:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from strategies.cost import Breakdown
 from strategies.errors import ConfigError
-from strategies.files import write_atomic
+from strategies.files import read_json_model, write_atomic
 from strategies.graph import LayerGraph
 from strategies.space import ParallelConfig, check_config
 
@@ -81,21 +80,6 @@ class Strategy(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> Strategy:
-        source = Path(path)
-        try:
-            data = json.loads(source.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"strategy file {source} does not exist") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise ConfigError(f"cannot read strategy file {source}: {error}") from None
-        except json.JSONDecodeError as error:
-            raise ConfigError(
-                f"strategy file {source} is not valid JSON (line {error.lineno}, column "
-                f"{error.colno}: {error.msg})"
-            ) from None
-        try:
-            return cls.model_validate(data)
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "top level"
-            raise ConfigError(f"strategy file {source}: {where}: {first['msg']}") from None
+        return read_json_model(cls, path, "strategy file",
+                               "write one with `layerwise search ... --save FILE`",
+                               error=ConfigError)
