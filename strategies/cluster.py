@@ -364,11 +364,6 @@ class Cluster(_Spec):
         node = self.node_of(device)
         return node // self.racks.nodes_per_rack if self.racks is not None else 0
 
-    def group_of(self, device: int) -> int | None:
-        """The global index of `device`'s group, or None when the cluster has no groups."""
-        d = self._device(device)
-        return d // self.groups.size if self.groups is not None else None
-
     def link(self, a: int, b: int) -> Link | None:
         """The link between devices `a` and `b`; None when a == b (no transfer needed)."""
         a, b = self._device(a), self._device(b)

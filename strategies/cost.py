@@ -165,9 +165,6 @@ class CostModel:
             for layer in self.graph.layers
         }
 
-    def check(self, layer: Layer, config: ParallelConfig) -> None:
-        check_config(layer, config, self.devices)
-
     # ---- t_c and t_s per layer ---------------------------------------------------------
 
     def tile(self, layer: Layer, config: ParallelConfig) -> TileWork:
@@ -309,7 +306,7 @@ class CostModel:
                               + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
         for layer in self.graph.layers:
             config = assignment[layer.name]
-            self.check(layer, config)
+            check_config(layer, config, self.devices)
             compute += float(self.compute_seconds(layer, [config])[0])
             seconds, moved = self.sync(layer, [config])
             sync += float(seconds[0])

@@ -134,10 +134,6 @@ class Layer(BaseModel):
         return sum(_numel(shape) for shape in self.param_shapes.values())
 
     @property
-    def output_bytes(self) -> int:
-        return _numel(self.output_shape) * BYTES_PER_ELEMENT
-
-    @property
     def label(self) -> str:
         """Op name with fused ops, e.g. `Conv2d+BatchNorm2d+ReLU`."""
         return "+".join([self.op, *(f.op for f in self.fused)])

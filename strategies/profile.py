@@ -132,12 +132,6 @@ class Profile(BaseModel):
             )
         return seconds
 
-    def compute_seconds(self, layer: Layer, config: ParallelConfig) -> float:
-        """t_c(layer, config): the time of the config's largest tile (0 for the input)."""
-        if layer.kind == "input":
-            return 0.0
-        return self.tile_seconds(layer.name, largest_tile(layer, config).key)
-
     def check_matches(self, graph: LayerGraph, batch: int | None = None,
                       source: str | Path | None = None) -> None:
         """LayerwiseError (one line) unless this profile was made for `graph` at `batch`."""

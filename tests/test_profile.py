@@ -13,6 +13,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from flows.cli_measure import register
+from strategies.cost import ProfiledCompute
 from strategies.errors import LayerwiseError
 from strategies.graph import build_graph, trace
 from strategies.profile import (
@@ -31,6 +32,11 @@ from strategies.space import ParallelConfig, enumerate_configs
 from strategies.tiles import largest_tile
 
 FAST = {"warmup": 0, "repeats": 1, "threads": 1}
+
+
+def t_c(profile, layer, config) -> float:
+    """The cost model's t_c for one config, read from `profile`."""
+    return ProfiledCompute(profile).tile_seconds(layer, largest_tile(layer, config))
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +144,7 @@ def test_profile_covers_every_config_of_every_layer(tiny, tiny_profile):
         distinct = {largest_tile(layer, config).key for config in configs}
         assert set(profile.seconds[layer.name]) == distinct, layer.name
         for config in configs:
-            seconds = profile.compute_seconds(layer, config)
+            seconds = t_c(profile, layer, config)
             assert seconds == 0 if layer.kind == "input" else seconds > 0
         measured += len(distinct) if layer.kind != "input" else 0
     plan = tile_plan(tiny, 2)
@@ -179,9 +185,9 @@ def test_given_configs_limit_what_is_measured(tiny):
     configs = {name: [] for name in tiny.by_name} | {"fc": [only]}
     profile = profile_graph(tiny, 2, configs=configs, **FAST)
     assert {name for name, tiles in profile.seconds.items() if tiles} == {"fc"}
-    assert profile.compute_seconds(layer, only) > 0
+    assert t_c(profile, layer, only) > 0
     with pytest.raises(LayerwiseError, match="layerwise profile"):
-        profile.compute_seconds(layer, ParallelConfig(n=2, devices=(0, 1)))
+        t_c(profile, layer, ParallelConfig(n=2, devices=(0, 1)))
 
 
 def test_save_and_load_round_trip(tmp_path, tiny_profile):
@@ -270,7 +276,7 @@ def test_cuda_tiles_are_timed_with_events(tiny):
     assert profile.device_type == "cuda" and profile.method == "cuda-events"
     assert profile.device_name == torch.cuda.get_device_name()
     layer = tiny.by_name["conv1"]
-    assert profile.compute_seconds(layer, ParallelConfig(n=2, devices=(0, 1))) > 0
+    assert t_c(profile, layer, ParallelConfig(n=2, devices=(0, 1))) > 0
 
 
 # ---------------------------------------------------------------------------------------------
