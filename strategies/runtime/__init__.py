@@ -1,0 +1,1 @@
+"""Execute a layer-wise Strategy on torch.distributed."""

@@ -1,0 +1,122 @@
+"""The torch.distributed calls of one rank, and the bytes each of them sends.
+
+One `Communicator` owns the rank's process groups (torchtitan's rule: no global group state
+beyond init) and a `ByteCounter` keyed by (layer, category):
+- transfer: activations and their gradients moved between layers (point-to-point);
+- sync: all-reduces of replicated weights' gradients and of BatchNorm batch statistics;
+- loss: per-sample scalars of the cross-entropy over channel-split scores, and the step's loss.
+All-reduces are counted as the ring algorithm (gloo's and NCCL's for large messages) sends
+them: the buffer cut in r chunks, every rank sends r-1 chunks to reduce-scatter and r-1 to
+all-gather, so a group sends 2(r-1) times the buffer in all (cost.py's t_s bytes).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from strategies.space import tile_range
+
+Category = str  # "transfer" | "sync" | "loss"
+
+
+def ring_bytes(elements: int, element_size: int, group_size: int, position: int) -> int:
+    """Bytes rank `position` of a ring all-reduce of `elements` sends (both phases).
+
+    It sends every chunk but one in each phase: all but chunk position+1 in reduce-scatter and
+    all but chunk position+2 in all-gather (mod r); summed over the ring, 2(r-1) buffers.
+    """
+    if group_size == 1:
+        return 0
+    chunks = [tile_range(elements, group_size, i) for i in range(group_size)]
+    skipped = sum(chunks[(position + shift) % group_size][1]
+                  - chunks[(position + shift) % group_size][0] for shift in (1, 2))
+    return (2 * elements - skipped) * element_size
+
+
+class ByteCounter:
+    """Bytes this rank sent, per (layer, category), since the last reset."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, Category], int] = defaultdict(int)
+
+    def add(self, layer: str, category: Category, nbytes: int) -> None:
+        if nbytes:
+            self.counts[(layer, category)] += nbytes
+
+    def total(self, category: Category) -> int:
+        return sum(n for (_, kind), n in self.counts.items() if kind == category)
+
+    def reset(self) -> dict[tuple[str, Category], int]:
+        counts, self.counts = dict(self.counts), defaultdict(int)
+        return counts
+
+
+class Communicator:
+    """Point-to-point exchanges and group all-reduces of one rank, with byte counts.
+
+    With world 1 nothing is initialised and every call is local. Groups must be listed in the
+    same order on every rank (`StrategyPlan.groups`): creating a group is collective.
+    """
+
+    def __init__(self, rank: int, world: int, groups: Sequence[tuple[int, ...]]) -> None:
+        self.rank = rank
+        self.world = world
+        self.counter = ByteCounter()
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
+        everyone = tuple(range(world))
+        self._groups[everyone] = None  # the default group
+        for group in groups:
+            if group != everyone:
+                created = dist.new_group(list(group))
+                if self.rank in group:
+                    self._groups[group] = created
+
+    def exchange(self, sends: Sequence[tuple[int, torch.Tensor]],
+                 receives: Sequence[tuple[int, torch.Tensor]], tag: int,
+                 layer: str, category: Category = "transfer") -> None:
+        """Send each (peer, tensor) and fill each (peer, buffer); returns when all are done."""
+        if not sends and not receives:
+            return
+        operations = [dist.P2POp(dist.isend, tensor, peer, tag=tag) for peer, tensor in sends]
+        operations += [dist.P2POp(dist.irecv, buffer, peer, tag=tag)
+                       for peer, buffer in receives]
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+        for _, tensor in sends:
+            self.counter.add(layer, category, tensor.numel() * tensor.element_size())
+
+    def all_reduce(self, tensor: torch.Tensor, group: tuple[int, ...],
+                   counted_as: tuple[str, Category] | None,
+                   op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+        """Reduce `tensor` in place over `group` (this rank must be in it).
+
+        `counted_as` names the (layer, category) its bytes go to; None when the caller counts
+        the parts of a bucket itself (`count_ring`).
+        """
+        if len(group) == 1:
+            return tensor
+        dist.all_reduce(tensor, op=op, group=self._groups[group])
+        if counted_as is not None:
+            self.count_ring(*counted_as, tensor.numel(), tensor.element_size(), group)
+        return tensor
+
+    def count_ring(self, layer: str, category: Category, elements: int, element_size: int,
+                   group: tuple[int, ...]) -> None:
+        """Count a ring all-reduce of `elements` that ran inside a larger bucket."""
+        self.counter.add(layer, category,
+                         ring_bytes(elements, element_size, len(group), group.index(self.rank)))
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def init_distributed(backend: str, timeout_seconds: float) -> tuple[int, int]:
+    """Join the torchrun job from its environment; returns (rank, world size)."""
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds))
+    return dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,139 @@
+"""Run training cases on N gloo processes and on one plain module, for the equivalence tests.
+
+One launch of N processes runs many cases in sequence (starting processes costs seconds;
+a case costs milliseconds). Each case: a model, a strategy (layer name -> config text), a
+global batch and a few SGD steps on seeded random data. The plain module trains on the same
+global batches in the parent; the tests compare losses, parameters and buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+import torch.nn.functional as F
+
+from strategies.graph import build_graph
+from strategies.models import build_model
+from strategies.runtime.comm import Communicator
+from strategies.runtime.executor import LayerwiseModel
+from strategies.runtime.plan import build_plan
+from strategies.space import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    strategy: dict[str, str]
+    batch: int
+    image_size: int = 32
+    num_classes: int = 10
+    steps: int = 2
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    double: bool = False  # fp64: rounding too small to flip a max-pool tie or a ReLU
+
+
+@dataclass
+class Outcome:
+    losses: list[float]
+    state: dict[str, torch.Tensor]
+    bytes_by_rank: list[dict[tuple[str, str], int]] = field(default_factory=list)
+
+
+def batches(case: Case, in_channels: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batches of every step, from their own generator (not the global one)."""
+    generator = torch.Generator().manual_seed(1000 + case.seed)
+    shape = (case.batch, in_channels, case.image_size, case.image_size)
+    return [(torch.randn(shape, generator=generator),
+             torch.randint(0, case.num_classes, (case.batch,), generator=generator))
+            for _ in range(case.steps)]
+
+
+def _module(case: Case) -> torch.nn.Module:
+    torch.set_default_dtype(torch.float64 if case.double else torch.float32)
+    torch.manual_seed(case.seed)
+    return build_model(case.model, num_classes=case.num_classes, image_size=case.image_size)
+
+
+def _optimizer(case: Case, parameters) -> torch.optim.Optimizer:
+    return torch.optim.SGD(list(parameters), lr=case.lr, momentum=case.momentum,
+                           weight_decay=case.weight_decay)
+
+
+def reference(case: Case) -> Outcome:
+    """The plain module on one process, mean cross-entropy over the global batch."""
+    graph = build_graph(case.model, case.batch, case.image_size, case.num_classes)
+    module = _module(case)
+    try:
+        optimizer = _optimizer(case, module.parameters())
+        losses = []
+        for inputs, targets in batches(case, graph.input_shape[1]):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(module(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return Outcome(losses=losses, state={k: v.detach().clone()
+                                         for k, v in module.state_dict().items()})
+
+
+def _run_case(case: Case, rank: int, world: int) -> Outcome | None:
+    graph = build_graph(case.model, case.batch, case.image_size, case.num_classes)
+    assignment = {name: ParallelConfig.parse(text) for name, text in case.strategy.items()}
+    plan = build_plan(graph, assignment, world)
+    comm = Communicator(rank, world, plan.groups())
+    model = LayerwiseModel(_module(case), plan, comm)
+    optimizer = _optimizer(case, model.parameters())
+    losses = []
+    step_bytes = {}
+    for inputs, targets in batches(case, graph.input_shape[1]):
+        optimizer.zero_grad()
+        comm.counter.reset()
+        losses.append(float(model.forward_backward(inputs, targets)))
+        step_bytes = comm.counter.reset()
+        optimizer.step()
+    state = model.full_state_dict()
+    gathered: list[dict | None] = [None] * world
+    dist.all_gather_object(gathered, step_bytes)
+    if rank != 0:
+        return None
+    assert state is not None
+    return Outcome(losses=losses, state=state, bytes_by_rank=[g or {} for g in gathered])
+
+
+def _worker(rank: int, world: int, port: int, cases: list[Case], out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        outcomes = [_run_case(case, rank, world) for case in cases]
+        if rank == 0:
+            torch.save(outcomes, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run_distributed(cases: list[Case], world: int) -> list[Outcome]:
+    """Run every case on `world` gloo processes; the outcomes as rank 0 assembled them."""
+    with tempfile.TemporaryDirectory(prefix="layerwise-test-") as folder:
+        out = os.path.join(folder, "outcomes.pt")
+        torch_mp.start_processes(_worker, args=(world, _free_port(), cases, out), nprocs=world,
+                                 join=True, start_method="forkserver")
+        return torch.load(Path(out), weights_only=False)
