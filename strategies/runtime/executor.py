@@ -93,6 +93,9 @@ class LayerwiseModel:
         self.graph_module = fx.symbolic_trace(module)
         self.nodes = {node.name: node for node in self.graph_module.graph.nodes}
         self.batch = plan.graph.batch
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.dtype = first.dtype if first is not None else torch.get_default_dtype()
         self._check_modules()
         full_state = module.state_dict()
         self.states: dict[str, _LayerState] = {}
@@ -106,7 +109,6 @@ class LayerwiseModel:
             self.states[layer_plan.layer.name] = state
         self._plan_of_target = {target: layer_plan for layer_plan in plan.layers
                                 for target in self._module_targets(layer_plan.layer)}
-        self._by_key = {shard.key: shard for shard in self.shards()}
         self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
         self._dropouts = [node for node in self.graph_module.graph.nodes
                           if self._dropout_probability(node) is not None]
@@ -156,16 +158,26 @@ class LayerwiseModel:
         return shards
 
     def parameters(self) -> Iterator[nn.Parameter]:
-        for state in self.states.values():
-            for shards in state.modules.values():
-                for shard in shards.values():
-                    if isinstance(shard.tensor, nn.Parameter):
-                        yield shard.tensor
+        for _, parameter in self.named_parameters():
+            yield parameter
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's weight shards, named by the plain module's state-dict keys."""
+        for shard in self.shards():
+            if isinstance(shard.tensor, nn.Parameter):
+                yield shard.key, shard.tensor
+
+    def parameter_keys(self) -> list[str]:
+        """State-dict keys of every weight of the model (held by some rank), in order."""
+        return [key for key, _ in self.graph_module.named_parameters()]
 
     def shards(self) -> Iterator[_Shard]:
         for state in self.states.values():
             for shards in state.modules.values():
                 yield from shards.values()
+
+    def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, device=self.device, dtype=self.dtype)
 
     # ---- one training step -----------------------------------------------------------------
 
@@ -201,7 +213,8 @@ class LayerwiseModel:
             assert probability is not None
             shape = self._holder(node.name).output_shape
             self._masks[node.name] = dropout_mask(shape, probability,
-                                                  self._is_feature_dropout(node))
+                                                  self._is_feature_dropout(node), self.device,
+                                                  self.dtype)
 
     def _holder(self, name: str) -> Layer:
         """The layer that runs fx node `name` (itself, or the layer it is fused into)."""
@@ -251,12 +264,12 @@ class LayerwiseModel:
             self.comm.exchange(sends, [], tag=_tag(index, input_plan.index, 0),
                                layer=self.plan.layers[index].layer.name)
             return producer.output  # the tile itself: no copy
-        receives = [(p.source, torch.empty(shape_of(p.box))) for p in pieces if p.remote]
+        receives = [(p.source, self._empty(shape_of(p.box))) for p in pieces if p.remote]
         self.comm.exchange(sends, receives, tag=_tag(index, input_plan.index, 0),
                            layer=self.plan.layers[index].layer.name)
         if needed is None:
             return None
-        box = torch.empty(shape_of(needed))
+        box = self._empty(shape_of(needed))
         received = iter(buffer for _, buffer in receives)
         for piece in pieces:
             if piece.remote:
@@ -400,7 +413,7 @@ class LayerwiseModel:
         output = self.plan.output
         state = self.states.get(output.layer.name)
         if state is None:
-            return torch.zeros(())
+            return self._empty(()).zero_()
         assert state.output is not None
         (n0, n1), (c0, _), _, _ = state.box
         scores = _native(state.output, output.layer)
@@ -460,7 +473,7 @@ class LayerwiseModel:
                     local.append((piece, part))
         producer = self.states.get(input_plan.producer)
         incoming = input_plan.sends_from(self.rank)
-        receives = [(p.target, torch.empty(shape_of(p.box))) for p in incoming]
+        receives = [(p.target, self._empty(shape_of(p.box))) for p in incoming]
         self.comm.exchange(sends, receives, tag=_tag(index, input_plan.index, 1),
                            layer=self.plan.layers[index].layer.name)
         if producer is None:
@@ -470,7 +483,7 @@ class LayerwiseModel:
         for piece, part in [*local, *((p, b) for p, (_, b) in zip(incoming, receives,
                                                                    strict=True))]:
             if total is None:
-                total = torch.zeros(shape_of(producer.box))
+                total = self._empty(shape_of(producer.box)).zero_()
                 gradients[input_plan.producer] = total
             total[local_slices(piece.box, producer.box)] += part
 
@@ -503,26 +516,40 @@ class LayerwiseModel:
     # ---- whole state ---------------------------------------------------------------------
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The plain module's state_dict assembled on rank 0 (None on the other ranks)."""
-        shapes = {key: tensor.shape for key, tensor in self.graph_module.state_dict().items()}
-        result = {key: torch.empty(shape) for key, shape in shapes.items()} if self.rank == 0 \
-            else {}
+        """The plain module's state_dict assembled on rank 0, on the CPU (None elsewhere)."""
+        return self.gather({shard.key: shard.tensor.detach() for shard in self.shards()})
+
+    def gather(self, shards: dict[str, torch.Tensor],
+               keys: list[str] | None = None) -> dict[str, torch.Tensor] | None:
+        """Full tensors on rank 0 (CPU) from each rank's shards, keyed by state-dict key.
+
+        `shards` holds this rank's part of each of `keys` it holds (its weights and buffers,
+        or the optimizer's momentum of its weights); `keys` (all state-dict keys by default)
+        must be the same on every rank. Returns None on the other ranks.
+        """
+        empty = self.graph_module.state_dict()  # meta tensors: shapes and dtypes
+        if keys is not None:
+            empty = {key: empty[key] for key in keys}
+        shapes = {key: tensor.shape for key, tensor in empty.items()}
+        result = {key: torch.empty(tensor.shape, dtype=tensor.dtype)
+                  for key, tensor in empty.items()}
         sends, receives, arrivals = [], [], []
         for tag, (key, owner, start, stop) in enumerate(self._shard_table(shapes)):
-            mine = self._by_key.get(key) if owner == self.rank else None
             if self.rank == 0 and owner == 0:
-                assert mine is not None
-                _place(result[key], start, stop, mine.tensor.detach())
+                _place(result[key], start, stop, shards[key].cpu())
             elif self.rank == 0:
-                buffer = torch.empty((stop - start, *shapes[key][1:]) if shapes[key] else ())
+                shape = (stop - start, *shapes[key][1:]) if shapes[key] else ()
+                buffer = torch.empty(shape, dtype=empty[key].dtype, device=self.device)
                 receives.append((owner, buffer, tag))
                 arrivals.append((key, start, stop, buffer))
-            elif mine is not None:
-                sends.append((0, mine.tensor.detach().contiguous(), tag))
+            elif owner == self.rank:
+                sends.append((0, shards[key].contiguous(), tag))
         _exchange_tagged(sends, receives)
+        if self.rank != 0:
+            return None
         for key, start, stop, buffer in arrivals:
-            _place(result[key], start, stop, buffer)
-        return result if self.rank == 0 else None
+            _place(result[key], start, stop, buffer.cpu())
+        return result
 
     def _shard_table(self, shapes: dict[str, torch.Size]) -> list[tuple[str, int, int, int]]:
         """(key, owner device, start, stop) of every shard of every state-dict entry.
@@ -544,9 +571,14 @@ class LayerwiseModel:
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Overwrite this rank's shards with their part of a full state_dict."""
         with torch.no_grad():
-            for shard in self.shards():
-                full = state[shard.key]
-                shard.tensor.copy_(full[shard.start:shard.stop] if shard.sliced else full)
+            for shard, part in zip(self.shards(), self.scatter(state).values(), strict=True):
+                shard.tensor.copy_(part)
+
+    def scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's part of each full tensor (of the keys in `full`), on its device."""
+        return {shard.key: (full[shard.key][shard.start:shard.stop] if shard.sliced
+                            else full[shard.key]).to(self.device, shard.tensor.dtype)
+                for shard in self.shards() if shard.key in full}
 
 
 def _place(full: torch.Tensor, start: int, stop: int, part: torch.Tensor) -> None:

@@ -98,11 +98,12 @@ def sharded_cross_entropy(scores: torch.Tensor, targets: torch.Tensor, class_sta
     return per_sample.sum() / (batch * group_size)
 
 
-def dropout_mask(shape: tuple[int, ...], p: float, features: bool) -> torch.Tensor:
+def dropout_mask(shape: tuple[int, ...], p: float, features: bool, device: torch.device,
+                 dtype: torch.dtype) -> torch.Tensor:
     """The scaled mask torch's dropout would draw next from the global generator.
 
     F.dropout draws bernoulli(1 - p) over the input and multiplies by mask / (1 - p);
     dropout2d draws one value per (sample, channel).
     """
     mask_shape = (*shape[:2], *([1] * (len(shape) - 2))) if features else shape
-    return torch.empty(mask_shape).bernoulli_(1 - p) / (1 - p)
+    return torch.empty(mask_shape, device=device, dtype=dtype).bernoulli_(1 - p) / (1 - p)
