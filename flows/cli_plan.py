@@ -19,6 +19,7 @@ from rich.table import Table
 from flows.console import DEFAULT_BATCH_PER_DEVICE, console, print_json, user_errors
 
 if TYPE_CHECKING:
+    from strategies.cost import CostModel
     from strategies.graph import LayerGraph
     from strategies.search import SearchResult
     from strategies.strategy import Strategy
@@ -89,41 +90,68 @@ class Plan:
         }
 
 
+def cost_model(graph: LayerGraph, cluster_name: str, devices: int, profile: Path | None,
+               analytic: bool, placement: str = "origin") -> CostModel:
+    """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the roofline."""
+    from strategies.cluster import load_cluster
+    from strategies.cost import CostModel
+    from strategies.errors import LayerwiseError
+
+    if placement not in ("origin", "aligned"):
+        raise LayerwiseError(f"--placement must be origin or aligned (got {placement})")
+    cluster = load_cluster(cluster_name)
+    compute = _compute_source(graph, cluster, profile, analytic, devices)
+    return CostModel(graph, cluster, devices, compute, placement=placement)  # type: ignore[arg-type]
+
+
+def searched_strategy(cost: CostModel) -> tuple[Strategy, SearchResult]:
+    """The optimal layer-wise strategy under `cost`, and how the search went."""
+    from strategies.search import optimal_strategy
+    from strategies.strategy import Strategy
+
+    result = optimal_strategy(cost)
+    strategy = Strategy.from_assignment(
+        "layerwise", cost.graph, cost.devices, cost.cluster.name, cost.compute.name,
+        result.assignment, result.predicted)
+    return strategy, result
+
+
+def baseline_strategy(cost: CostModel, name: str) -> Strategy:
+    """A baseline (strategies.baselines) on `cost`'s devices, with its predicted cost."""
+    from strategies.baselines import BASELINES, baseline
+    from strategies.errors import LayerwiseError
+    from strategies.strategy import Strategy
+
+    if name not in BASELINES:
+        raise LayerwiseError(f"unknown baseline '{name}'; choose from {', '.join(BASELINES)}")
+    assignment = baseline(name, cost.graph, cost.devices)
+    return Strategy.from_assignment(name, cost.graph, cost.devices, cost.cluster.name,
+                                    cost.compute.name, assignment, cost.evaluate(assignment))
+
+
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
          image_size: int | None, classes: int | None, in_channels: int | None,
          profile: Path | None, analytic: bool, baselines: list[str], placement: str) -> Plan:
     """Search the optimal strategy and cost the baselines."""
-    from strategies.baselines import BASELINES, baseline
-    from strategies.cluster import load_cluster
-    from strategies.cost import CostModel
+    from strategies.baselines import BASELINES
     from strategies.errors import LayerwiseError
     from strategies.graph import build_graph
-    from strategies.search import optimal_strategy
-    from strategies.strategy import Strategy
 
     unknown = sorted(set(baselines) - set(BASELINES))
     if unknown:
         raise LayerwiseError(
             f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}"
         )
-    if placement not in ("origin", "aligned"):
-        raise LayerwiseError(f"--placement must be origin or aligned (got {placement})")
-    cluster = load_cluster(cluster_name)
     graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
                         num_classes=classes, in_channels=in_channels)
-    compute = _compute_source(graph, cluster, profile, analytic, devices)
-    cost = CostModel(graph, cluster, devices, compute, placement=placement)  # type: ignore[arg-type]
-    result = optimal_strategy(cost)
-    strategies = {"layerwise": Strategy.from_assignment(
-        "layerwise", graph, devices, cluster.name, compute.name, result.assignment,
-        result.predicted)}
+    cost = cost_model(graph, cluster_name, devices, profile, analytic, placement)
+    best, result = searched_strategy(cost)
+    strategies = {"layerwise": best}
     for name in baselines:
-        assignment = baseline(name, graph, devices)
-        strategies[name] = Strategy.from_assignment(
-            name, graph, devices, cluster.name, compute.name, assignment,
-            cost.evaluate(assignment))
-    return Plan(graph=graph, cluster=cluster.name, devices=devices, cost_source=compute.name,
-                placement=placement, search=result, strategies=strategies)
+        strategies[name] = baseline_strategy(cost, name)
+    return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
+                cost_source=cost.compute.name, placement=placement, search=result,
+                strategies=strategies)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,13 +5,17 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   once), from a measured `Profile` or from a roofline on the cluster's device (`--analytic`).
 - t_x(e, c_i, c_j): every consumer tile needs a box of its input (tiles.py); the parts of that
   box held by producer tiles on OTHER devices move. Bytes are counted exactly, forward
-  (activations) and backward (their gradients, the same regions the other way). Devices
+  (activations) and backward (their gradients, the same regions the other way; the network
+  input has no gradient, so its edges move forward only). Devices
   receive at once, each over the slowest link between it and the devices it receives from,
   paying the link latency per message; t_x is the slowest device, forward plus backward.
 - t_s(l, c): gradients of weights replicated by n/h/w splits are reduced within each replica
   group (the tiles that share a channel index): ring all-reduce (alpha-beta; 2(r-1) chunks of
   1/r of the shard per device) or the paper's parameter-server round trip, as the cluster says.
-  A channel split shards the weights, which then need no sync.
+  A channel split shards the weights, which then need no sync. A BatchNorm under an n/h/w
+  split also reduces its batch statistics in the group (SyncBatchNorm semantics, so the result
+  does not depend on the split): four all-reduces of the group's channels per step, which the
+  paper's model leaves out and the runtime's byte count includes.
 
 Why our own code: the box overlaps factor per dimension (along each dim the needed range of a
 tile depends only on its index along that dim), so the whole C_i x C_j matrix of an edge is a
@@ -178,26 +182,34 @@ class CostModel:
 
     def sync(self, layer: Layer,
              configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, bytes) of gradient synchronisation for each config."""
+        """(seconds, bytes) of gradient and batch-statistics synchronisation for each config."""
         seconds = np.zeros(len(configs))
         total_bytes = np.zeros(len(configs), dtype=np.int64)
-        if not layer.param_count:
+        norms = _batch_norms(layer)
+        if not layer.param_count and not norms:
             return seconds, total_bytes
         out_channels = as_4d(layer.output_shape)[1]
+        # SyncBatchNorm: per BatchNorm, two all-reduces of C_shard values forward (mean, then
+        # squared deviation) and their two gradients backward
+        statistics = 4 * norms
         for row, config in enumerate(configs):
             replicas = config.size // config.c
             if replicas == 1:
                 continue
             # every device of a ring sends 2(r-1) chunks of 1/r of its shard; the shards of
             # all groups add up to the layer's weights; the parameter server moves as much
-            total_bytes[row] = 2 * (replicas - 1) * layer.param_count * BYTES_PER_ELEMENT
+            reduced = layer.param_count + statistics * out_channels
+            total_bytes[row] = 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
             worst = 0.0
             for c_index, (c_start, c_stop) in enumerate(output_ranges(layer, 1, config.c)):
                 shard = layer.param_count * (c_stop - c_start) // out_channels
                 group = [device for index, device in config.tiles() if index[1] == c_index]
                 link = self.cluster.slowest_link(group)
                 assert link is not None  # a group of r > 1 devices has a slowest link
-                worst = max(worst, self._sync_seconds(shard, replicas, link))
+                group_seconds = statistics * self._sync_seconds(c_stop - c_start, replicas, link)
+                if shard:
+                    group_seconds += self._sync_seconds(shard, replicas, link)
+                worst = max(worst, group_seconds)
             seconds[row] = worst
         return seconds, total_bytes
 
@@ -278,6 +290,7 @@ class CostModel:
         ptab, p_per_byte, p_latency = self._table(producer, producer_configs)
         qtab, q_per_byte, q_latency = self._table(consumer, consumer_configs)
         need = tables.need(qtab)  # (Q, D) needed elements of each consumer tile
+        passes = 1 if producer.kind == "input" else 2  # forward, and backward unless input
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
         rows = max(1, _CHUNK_ELEMENTS // max(1, len(qconfs) * self.devices))
@@ -290,8 +303,10 @@ class CostModel:
                        + received_from * p_latency[part, None, :]).max(axis=2)
             backward = (backward_remote * BYTES_PER_ELEMENT * q_per_byte[None, :, :]
                         + sent_to * q_latency[None, :, :]).max(axis=2)
+            if producer.kind == "input":  # the network input needs no gradient
+                backward = np.zeros_like(backward)
             seconds[part] = forward + backward
-            elements[part] = 2 * forward_remote.sum(axis=2)
+            elements[part] = passes * forward_remote.sum(axis=2)
         return seconds, elements * BYTES_PER_ELEMENT
 
     # ---- a whole strategy --------------------------------------------------------------
@@ -323,6 +338,12 @@ class CostModel:
             transfer_seconds=transfer, sync_seconds=sync, transfer_bytes=transfer_bytes,
             sync_bytes=sync_bytes,
         )
+
+
+def _batch_norms(layer: Layer) -> int:
+    """BatchNorms a layer runs (fused into it, or the layer itself)."""
+    ops = [layer.op, *(fused.op for fused in layer.fused)]
+    return sum(op.startswith("BatchNorm") for op in ops)
 
 
 def _layer_key(layer: Layer) -> tuple[object, ...]:

@@ -64,8 +64,12 @@ def _module(case: Case) -> torch.nn.Module:
     return build_model(case.model, num_classes=case.num_classes, image_size=case.image_size)
 
 
-def _optimizer(case: Case, parameters) -> torch.optim.Optimizer:
-    return torch.optim.SGD(list(parameters), lr=case.lr, momentum=case.momentum,
+def _optimizer(case: Case, parameters) -> torch.optim.Optimizer | None:
+    """SGD over the parameters; None for a rank that holds no weights under the strategy."""
+    held = list(parameters)
+    if not held:
+        return None
+    return torch.optim.SGD(held, lr=case.lr, momentum=case.momentum,
                            weight_decay=case.weight_decay)
 
 
@@ -75,6 +79,7 @@ def reference(case: Case) -> Outcome:
     module = _module(case)
     try:
         optimizer = _optimizer(case, module.parameters())
+        assert optimizer is not None
         losses = []
         for inputs, targets in batches(case, graph.input_shape[1]):
             optimizer.zero_grad()
@@ -98,11 +103,12 @@ def _run_case(case: Case, rank: int, world: int) -> Outcome | None:
     losses = []
     step_bytes = {}
     for inputs, targets in batches(case, graph.input_shape[1]):
-        optimizer.zero_grad()
         comm.counter.reset()
         losses.append(float(model.forward_backward(inputs, targets)))
         step_bytes = comm.counter.reset()
-        optimizer.step()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad()
     state = model.full_state_dict()
     gathered: list[dict | None] = [None] * world
     dist.all_gather_object(gathered, step_bytes)
@@ -132,6 +138,8 @@ def _free_port() -> int:
 
 def run_distributed(cases: list[Case], world: int) -> list[Outcome]:
     """Run every case on `world` gloo processes; the outcomes as rank 0 assembled them."""
+    context = torch_mp.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # torch and layerwise imported once
     with tempfile.TemporaryDirectory(prefix="layerwise-test-") as folder:
         out = os.path.join(folder, "outcomes.pt")
         torch_mp.start_processes(_worker, args=(world, _free_port(), cases, out), nprocs=world,

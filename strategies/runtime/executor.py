@@ -38,7 +38,6 @@ from strategies.runtime.plan import (
     StrategyPlan,
     local_slices,
     shape_of,
-    volume,
 )
 from strategies.tiles import as_4d
 
@@ -630,12 +629,3 @@ def _pool_mode(layer: Layer, node: fx.Node) -> tuple[str, bool]:
     if node.op == "call_module":
         return "avg", "count_include_pad=False" not in layer.op
     return "avg", bool(_argument(node, 5, "count_include_pad", True))
-
-
-def transfer_elements(plan: StrategyPlan) -> int:
-    """Elements that cross devices in one forward pass (the backward moves as many)."""
-    return sum(input_plan.remote_elements for layer_plan in plan.layers
-               for input_plan in layer_plan.inputs)
-
-
-__all__ = ["LayerwiseModel", "transfer_elements", "volume"]

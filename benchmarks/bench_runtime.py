@@ -1,0 +1,214 @@
+"""The runtime against torch's DDP, and the cost model's predictions against measured steps.
+
+    .venv/bin/python benchmarks/bench_runtime.py                     # resnet18, 2 processes
+    .venv/bin/python benchmarks/bench_runtime.py --model lenet5 --nproc 2 --steps 20
+
+All runs happen side by side in this one invocation, on the same model, global batch and data,
+each in fresh processes (gloo on CPU, NCCL on CUDA when there are enough GPUs) so that peak
+memory is its own:
+- `one process`: the plain module, one process (the memory baseline);
+- `DDP`: torch's DistributedDataParallel (the throughput baseline);
+- `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
+  strategy searched with a profile of this machine and a calibration of its links.
+Printed per run: median step time, samples/s, the ratio to DDP, the cost model's predicted step
+time (profile + calibration) and measured/predicted, and the peak RSS (CPU) or peak allocated
+memory (CUDA) per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from strategies.baselines import baseline
+from strategies.calibrate import calibrate, calibrated_cluster
+from strategies.cost import CostModel, ProfiledCompute
+from strategies.graph import build_graph
+from strategies.models import build_model
+from strategies.profile import profile_graph
+from strategies.runtime.comm import Communicator
+from strategies.runtime.executor import LayerwiseModel
+from strategies.runtime.plan import build_plan
+from strategies.search import optimal_strategy
+from strategies.space import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Job:
+    model: str
+    image_size: int
+    batch: int  # global
+    steps: int
+    warmup: int
+    mode: str  # "single", "ddp" or "layerwise"
+    strategy: dict[str, str]
+    threads: int
+    cuda: bool
+
+
+def _batches(job: Job, in_channels: int, device: torch.device,
+             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    shape = (job.batch, in_channels, job.image_size, job.image_size)
+    return [(torch.randn(shape, generator=generator).to(device),
+             torch.randint(0, 10, (job.batch,), generator=generator).to(device))
+            for _ in range(job.warmup + job.steps)]
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step_function(job: Job, rank: int, world: int, device: torch.device):  # noqa: ANN202
+    """One training step of the job's mode on this rank, as a closure over (inputs, targets)."""
+    torch.manual_seed(0)
+    module = build_model(job.model, num_classes=10, image_size=job.image_size, device=device)
+    if job.mode == "layerwise":
+        graph = build_graph(job.model, job.batch, job.image_size, 10)
+        assignment = {name: ParallelConfig.parse(text) for name, text in job.strategy.items()}
+        plan = build_plan(graph, assignment, world)
+        model = LayerwiseModel(module, plan, Communicator(rank, world, plan.groups()))
+        held = list(model.parameters())
+        optimizer = torch.optim.SGD(held, lr=0.01, momentum=0.9) if held else None
+
+        def layerwise_step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+            model.forward_backward(inputs, targets)
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad()
+        return layerwise_step
+    if job.mode == "ddp":
+        module = torch.nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    share = slice(rank * job.batch // world, (rank + 1) * job.batch // world)
+
+    def plain_step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        loss = F.cross_entropy(module(inputs[share]), targets[share])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return plain_step
+
+
+def _worker(rank: int, world: int, port: int, job: Job, out: str) -> None:
+    torch.set_num_threads(job.threads)
+    device = torch.device("cuda", rank) if job.cuda else torch.device("cpu")
+    if job.cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if job.cuda else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        step = _step_function(job, rank, world, device)
+        times = []
+        channels = build_graph(job.model, 1, job.image_size, 10).input_shape[1]
+        for index, (inputs, targets) in enumerate(_batches(job, channels, device)):
+            dist.barrier()
+            _synchronize(device)
+            started = time.perf_counter()
+            step(inputs, targets)
+            _synchronize(device)
+            if index >= job.warmup:
+                times.append(time.perf_counter() - started)
+        memories: list[int | None] = [None] * world
+        dist.all_gather_object(memories, _peak_memory(device))
+        if rank == 0:
+            torch.save({"median": statistics.median(times), "memory": memories}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run(job: Job, world: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="layerwise-bench-") as folder:
+        out = os.path.join(folder, "result.pt")
+        torch_mp.start_processes(_worker, args=(world, _free_port(), job, out), nprocs=world,
+                                 join=True, start_method="spawn")
+        return torch.load(Path(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--batch-per-device", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    console = Console(width=132)
+    world = args.nproc
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    threads = max(1, (os.cpu_count() or 1) // world)
+    batch = args.batch_per_device * world
+    graph = build_graph(args.model, batch, args.image_size, 10)
+
+    console.print(f"calibrating {world} {'nccl' if cuda else 'gloo'} processes ...")
+    cluster = calibrated_cluster(calibrate(world, "nccl" if cuda else "gloo", quick=True))
+    console.print(f"profiling {args.model} on {world} devices ({threads} threads) ...")
+    profile = profile_graph(graph, world, device="cuda" if cuda else "cpu", threads=threads)
+    cost = CostModel(graph, cluster, world, ProfiledCompute(profile))
+    strategies = {"data": baseline("data", graph, world), "owt": baseline("owt", graph, world),
+                  "layerwise": optimal_strategy(cost).assignment}
+
+    def job(mode: str, strategy: dict[str, ParallelConfig] | None = None) -> Job:
+        texts = {name: config.text for name, config in (strategy or {}).items()}
+        return Job(model=args.model, image_size=args.image_size, batch=batch,
+                   steps=args.steps, warmup=args.warmup, mode=mode, strategy=texts,
+                   threads=threads, cuda=cuda)
+
+    rows = [("one process", run(job("single"), 1), None),
+            ("DDP", run(job("ddp"), world), None)]
+    for name, assignment in strategies.items():
+        predicted = cost.evaluate(assignment).step_seconds
+        rows.append((name, run(job("layerwise", assignment), world), predicted))
+
+    ddp_seconds = float(rows[1][1]["median"])  # type: ignore[arg-type]
+    single_memory = rows[0][1]["memory"][0]  # type: ignore[index]
+    table = Table(title=f"{args.model}, {args.image_size}px, global batch {batch}, {world} "
+                        f"{'GPUs (nccl)' if cuda else 'CPU processes (gloo)'}")
+    for column in ("run", "step ms", "samples/s", "vs DDP", "predicted ms", "measured/pred",
+                   "peak MB per rank", "memory vs 1 proc"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for name, result, predicted in rows:
+        seconds = float(result["median"])  # type: ignore[arg-type]
+        memory = [m / 2**20 for m in result["memory"]]  # type: ignore[union-attr]
+        table.add_row(
+            name, f"{seconds * 1e3:.1f}", f"{batch / seconds:.0f}",
+            f"{ddp_seconds / seconds:.2f}",
+            f"{predicted * 1e3:.1f}" if predicted else "",
+            f"{seconds / predicted:.2f}" if predicted else "",
+            " / ".join(f"{m:.0f}" for m in memory),
+            f"{max(memory) * 2**20 / single_memory:.2f}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

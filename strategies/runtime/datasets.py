@@ -1,0 +1,199 @@
+"""Training data for `layerwise train`, and the global batches every rank draws alike.
+
+- digits: scikit-learn's handwritten digits as the DVC `prepare` stage wrote them
+  (data/prepared/digits/{train,val}.npz, `tasks/data.py`): 1 channel, 10 classes, the image
+  size params.yaml sets.
+- synthetic: a seeded image-classification task at any size, class count and channel count, so
+  every zoo model can train anywhere without a download. Each class has one fixed smooth random
+  prototype (low-resolution noise upsampled); a sample is its class's prototype shifted by a few
+  pixels plus per-pixel noise. Samples are generated from (seed, split, index) when a batch asks
+  for them, so a 224-px dataset costs no memory and sample i is the same in every process.
+
+Every rank builds the same global batch (the runtime slices its own tiles), and a resumed run
+must see the batches an uninterrupted one would: `GlobalBatches.batch_at(step)` depends only on
+the seed and the step (a per-epoch permutation from `default_rng(seed + epoch)`, the last partial
+batch dropped).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from strategies.errors import LayerwiseError
+
+DATASETS: tuple[str, ...] = ("digits", "synthetic")
+DEFAULT_ROOT = Path("data") / "prepared"
+SYNTHETIC_TRAIN_SAMPLES = 4096
+SYNTHETIC_VAL_SAMPLES = 1024
+_PROTOTYPE_GRID = 4  # prototypes are 4x4 noise upsampled: smooth, so shifts keep them close
+_NOISE = 0.8  # per-pixel noise against prototypes of unit standard deviation
+_PREPARE_FIX = "run `dvc repro prepare` (or `python -m tasks.data`) from the project root"
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a prepared dataset fixes about the model's input and output."""
+
+    image_size: int
+    classes: int
+    channels: int
+
+
+class Split(Protocol):
+    """Samples addressed by index: x float32 (n, C, S, S), y int64 (n,)."""
+
+    def __len__(self) -> int: ...
+
+    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class ArraySplit:
+    """A split held in memory (the prepared digits are small)."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[indices], self.y[indices]
+
+
+@dataclass(frozen=True)
+class SyntheticSplit:
+    """`count` samples generated on demand from the class prototypes and their own seed."""
+
+    prototypes: np.ndarray  # (classes, C, S, S), zero mean and unit std each
+    count: int
+    seed: int
+    stream: int  # 0 train, 1 validation: disjoint sample seeds
+
+    def __len__(self) -> int:
+        return self.count
+
+    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        samples = [self._sample(int(index)) for index in indices]
+        return (np.stack([x for x, _ in samples]),
+                np.array([y for _, y in samples], dtype=np.int64))
+
+    def _sample(self, index: int) -> tuple[np.ndarray, int]:
+        rng = np.random.default_rng([self.seed, self.stream, index])
+        classes, _, size, _ = self.prototypes.shape
+        label = int(rng.integers(classes))
+        reach = max(1, size // 8)
+        shift = rng.integers(-reach, reach + 1, size=2)
+        image = np.roll(self.prototypes[label], tuple(shift), axis=(1, 2))
+        return image + _NOISE * rng.standard_normal(image.shape, dtype=np.float32), label
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    spec: ImageSpec
+    train: Split
+    val: Split
+
+
+def prepared_spec(name: str, root: Path = DEFAULT_ROOT) -> ImageSpec | None:
+    """The input a prepared dataset fixes (None for synthetic, which fits any model)."""
+    if name == "synthetic":
+        return None
+    if name != "digits":
+        raise LayerwiseError(f"unknown dataset '{name}'; choose from {', '.join(DATASETS)}")
+    meta_path = root / "digits" / "meta.json"
+    if not meta_path.is_file():
+        raise LayerwiseError(f"the digits dataset is not prepared ({meta_path} is missing); "
+                             f"{_PREPARE_FIX}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        return ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
+                         channels=int(meta["channels"]))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: {error}); "
+                             f"{_PREPARE_FIX} again") from None
+
+
+def load_dataset(name: str, image_size: int, num_classes: int, in_channels: int, seed: int,
+                 root: Path = DEFAULT_ROOT) -> Dataset:
+    """The train and validation splits of `name` for a model with this input and class count."""
+    wanted = ImageSpec(image_size=image_size, classes=num_classes, channels=in_channels)
+    fixed = prepared_spec(name, root)
+    if fixed is None:
+        prototypes = synthetic_prototypes(wanted, seed)
+        return Dataset(name=name, spec=wanted,
+                       train=SyntheticSplit(prototypes, SYNTHETIC_TRAIN_SAMPLES, seed, 0),
+                       val=SyntheticSplit(prototypes, SYNTHETIC_VAL_SAMPLES, seed, 1))
+    _check_fits(name, fixed, wanted)
+    folder = root / name
+    return Dataset(name=name, spec=fixed, train=_load_npz(folder / "train.npz"),
+                   val=_load_npz(folder / "val.npz"))
+
+
+def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
+    if fixed.channels != wanted.channels:
+        raise LayerwiseError(f"{name} images have {fixed.channels} channel(s) but the model takes "
+                             f"{wanted.channels}; pass --in-channels {fixed.channels}")
+    if fixed.image_size != wanted.image_size:
+        raise LayerwiseError(
+            f"{name} was prepared at {fixed.image_size}x{fixed.image_size} but the model takes "
+            f"{wanted.image_size}x{wanted.image_size}; pass --image-size {fixed.image_size}, or "
+            f"set prepare.image_size: {wanted.image_size} in params.yaml and {_PREPARE_FIX}")
+    if fixed.classes != wanted.classes:
+        raise LayerwiseError(f"{name} has {fixed.classes} classes but the model outputs "
+                             f"{wanted.classes}; pass --classes {fixed.classes}")
+
+
+def _load_npz(path: Path) -> ArraySplit:
+    if not path.is_file():
+        raise LayerwiseError(f"{path} is missing; {_PREPARE_FIX}")
+    with np.load(path) as arrays:
+        return ArraySplit(x=arrays["x"].astype(np.float32), y=arrays["y"].astype(np.int64))
+
+
+def synthetic_prototypes(spec: ImageSpec, seed: int) -> np.ndarray:
+    """One smooth random image per class, each with zero mean and unit standard deviation."""
+    rng = np.random.default_rng([seed, 2])
+    grid = min(_PROTOTYPE_GRID, spec.image_size)
+    coarse = torch.from_numpy(rng.standard_normal((spec.classes, spec.channels, grid, grid)))
+    smooth = F.interpolate(coarse, size=(spec.image_size, spec.image_size), mode="bicubic",
+                           align_corners=False).numpy()
+    centred = smooth - smooth.mean(axis=(1, 2, 3), keepdims=True)
+    scaled = centred / np.maximum(centred.std(axis=(1, 2, 3), keepdims=True), 1e-6)
+    return scaled.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class GlobalBatches:
+    """The global batch of every step: the same on every rank and across a resume."""
+
+    split: Split
+    batch: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if len(self.split) < self.batch:
+            raise LayerwiseError(
+                f"the training split has {len(self.split)} samples, fewer than the global batch "
+                f"of {self.batch}; use a smaller --batch-per-device or fewer processes")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.split) // self.batch
+
+    def indices_at(self, step: int) -> np.ndarray:
+        """Sample indices of step `step` (1-based, as RunResult numbers steps)."""
+        epoch, position = divmod(step - 1, self.steps_per_epoch)
+        order = np.random.default_rng(self.seed + epoch).permutation(len(self.split))
+        return order[position * self.batch:(position + 1) * self.batch]
+
+    def batch_at(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.split.take(self.indices_at(step))

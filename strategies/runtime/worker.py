@@ -1,0 +1,314 @@
+"""One rank of `layerwise train`: the torchrun entry point.
+
+    python -m torch.distributed.run --nproc-per-node 2 --max-restarts 0 \\
+        -m strategies.runtime.worker --out runs/RUN --steps 100 [--checkpoint-every 50] \\
+        [--timeout 120] [--resume]
+
+`layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
+model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer
+graph it checked them against, so that no worker pays seconds to trace the model under fake
+tensors again), then starts exactly this command (with `--nnodes --node-rank --rdzv-endpoint`
+for several machines, which then share runs/RUN).
+Each rank builds the same module from the same seed, keeps its shards (`LayerwiseModel`) and
+trains on the same global batches with SGD. Rank 0 prints one line per step,
+`LAYERWISE_PROGRESS {"step": .., "steps": .., "loss": .., "seconds": ..}`, for the launcher;
+writes checkpoint.pt every `--checkpoint-every` steps and at the end; and finally writes
+model.pt (the plain module's state_dict) and result.json (`RunResult`).
+
+CPU processes use gloo; with a GPU per local process, rank r uses cuda:LOCAL_RANK and NCCL.
+Every collective times out after `--timeout` seconds, so a dead peer ends the run instead of
+hanging it. Any error writes runs/RUN/errors/rank{R}.json (rank, time, one-line error) before
+the process exits non-zero; the launcher reports the earliest one.
+
+Fault drill: LAYERWISE_FAULT="RANK:STEP" makes rank RANK raise RuntimeError("injected fault")
+right after step STEP (after that step's checkpoint, if any); "RANK:STEP:exit" makes it leave
+with os._exit(13) instead, as a killed process would, without writing an error file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import resource
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from strategies.errors import LayerwiseError
+from strategies.files import atomic_path, write_atomic
+from strategies.graph import LayerGraph
+from strategies.models import build_model
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from strategies.runtime.comm import Category, Communicator, init_distributed
+from strategies.runtime.datasets import GlobalBatches, load_dataset
+from strategies.runtime.executor import LayerwiseModel
+from strategies.runtime.plan import build_plan
+from strategies.runtime.result import (
+    ByteCounts,
+    RunResult,
+    StepRecord,
+    TrainSettings,
+)
+from strategies.strategy import Strategy
+
+PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
+FAULT_VARIABLE = "LAYERWISE_FAULT"
+KILLED_EXIT_CODE = 13
+STRATEGY_FILE = "strategy.json"
+SETTINGS_FILE = "train.json"
+GRAPH_FILE = "graph.json"
+MODEL_FILE = "model.pt"
+RESULT_FILE = "result.json"
+ERRORS_DIR = "errors"
+DEFAULT_TIMEOUT_SECONDS = 120.0
+DEFAULT_CHECKPOINT_EVERY = 100
+
+_SOURCE_LOCATION = re.compile(r"^\[[^\]]*:\d+\]\s*")  # gloo's "[.../pair.cc:553] " prefix
+
+StepBytes = dict[tuple[str, Category], int]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A drill: `rank` fails right after `step`, by raising or by exiting like a killed process."""
+
+    rank: int
+    step: int
+    exit: bool
+
+    @classmethod
+    def from_environment(cls) -> Fault | None:
+        text = os.environ.get(FAULT_VARIABLE, "").strip()
+        if not text:
+            return None
+        parts = text.split(":")
+        try:
+            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "exit"):
+                raise ValueError(text)
+            return cls(rank=int(parts[0]), step=int(parts[1]), exit=len(parts) == 3)
+        except ValueError:
+            raise LayerwiseError(f"{FAULT_VARIABLE}={text!r}: write RANK:STEP or "
+                                 "RANK:STEP:exit, e.g. 1:3") from None
+
+    def fire(self, rank: int, step: int) -> None:
+        if (rank, step) != (self.rank, self.step):
+            return
+        if self.exit:
+            os._exit(KILLED_EXIT_CODE)
+        raise RuntimeError(f"injected fault after step {step} ({FAULT_VARIABLE}="
+                           f"{self.rank}:{self.step})")
+
+
+@dataclass
+class Run:
+    """One rank's share of the run and what it needs each step."""
+
+    settings: TrainSettings
+    strategy: Strategy
+    model: LayerwiseModel
+    optimizer: torch.optim.Optimizer | None  # None on a rank that holds no weights
+    batches: GlobalBatches
+    device: torch.device
+    backend: str
+
+    @property
+    def rank(self) -> int:
+        return self.model.rank
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m strategies.runtime.worker",
+        description="One rank of a layer-wise training run (start it with torchrun).")
+    parser.add_argument("--out", type=Path, required=True,
+                        help=f"run folder holding {STRATEGY_FILE} and {SETTINGS_FILE}")
+    parser.add_argument("--steps", type=_positive, required=True,
+                        help="train until this step (the launcher turns --epochs into steps)")
+    parser.add_argument("--checkpoint-every", type=_positive, default=DEFAULT_CHECKPOINT_EVERY,
+                        help="steps between checkpoints (one is written at the end too)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
+                        help="seconds a collective may wait for its peers")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"continue from the run folder's {CHECKPOINT_NAME}")
+    return parser.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        train(args)
+    except BaseException as error:
+        record_failure(args.out, rank, error)
+        raise
+    dist.destroy_process_group()
+
+
+def record_failure(out: Path, rank: int, error: BaseException) -> None:
+    """errors/rank{R}.json: the launcher names the rank whose error came first (the cause)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = _SOURCE_LOCATION.sub("", lines[0]) if lines else "no message"
+    failure = {"rank": rank, "time": time.time(), "error": f"{type(error).__name__}: {message}"}
+    write_atomic(out / ERRORS_DIR / f"rank{rank}.json", json.dumps(failure) + "\n")
+
+
+def train(args: argparse.Namespace) -> None:
+    """Train until --steps, checkpointing; rank 0 writes model.pt and result.json at the end."""
+    fault = Fault.from_environment()
+    run = start(args.out, args.timeout)
+    checkpoint = args.out / CHECKPOINT_NAME
+    done, records = (load_checkpoint(checkpoint, run.model, run.optimizer) if args.resume
+                     else (0, []))
+    if done >= args.steps:
+        raise LayerwiseError(f"the checkpoint is at step {done}: ask for more steps")
+    step_bytes: StepBytes = {}
+    state = None
+    for step in range(done + 1, args.steps + 1):
+        record, step_bytes = train_step(run, step)
+        records.append(record)
+        if run.rank == 0:
+            report_progress(record, args.steps)
+        if step % args.checkpoint_every == 0 or step == args.steps:
+            state = save_checkpoint(checkpoint, run.model, run.optimizer, step, records)
+        if fault is not None:
+            fault.fire(run.rank, step)
+    result = gather_result(run, records, step_bytes, done)
+    if state is not None and result is not None:
+        with atomic_path(args.out / MODEL_FILE) as temporary:
+            torch.save(state, temporary)
+        result.save(args.out / RESULT_FILE)
+
+
+def start(out: Path, timeout: float) -> Run:
+    """Join the job and build this rank's model, optimizer and batches."""
+    settings = TrainSettings.load(out / SETTINGS_FILE)
+    strategy = Strategy.load(out / STRATEGY_FILE)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    device, backend = choose_device(local_rank, local_world)
+    rank, world = init_distributed(backend, timeout)
+    if world != settings.world:
+        raise LayerwiseError(f"{out / SETTINGS_FILE} is for {settings.world} processes, "
+                             f"torchrun started {world}")
+    graph = LayerGraph.model_validate_json((out / GRAPH_FILE).read_text(encoding="utf-8"))
+    plan = build_plan(graph, strategy.check_against(graph, world), world)
+    comm = Communicator(rank, world, plan.groups())
+    torch.manual_seed(settings.seed)  # same weights on every rank; dropout draws follow
+    module = build_model(settings.model, num_classes=settings.classes,
+                         image_size=settings.image_size, in_channels=settings.in_channels)
+    model = LayerwiseModel(module.to(device), plan, comm)
+    weights = list(model.parameters())
+    optimizer = torch.optim.SGD(weights, lr=settings.lr, momentum=settings.momentum,
+                                weight_decay=settings.weight_decay) if weights else None
+    data = load_dataset(settings.dataset, settings.image_size, settings.classes,
+                        settings.in_channels, settings.seed, Path(settings.data_root))
+    batches = GlobalBatches(data.train, settings.global_batch, settings.seed)
+    return Run(settings=settings, strategy=strategy, model=model, optimizer=optimizer,
+               batches=batches, device=device, backend=backend)
+
+
+def choose_device(local_rank: int, local_world: int) -> tuple[torch.device, str]:
+    """cuda:LOCAL_RANK with NCCL when every local process has a GPU, else the CPU with gloo."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return device, "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes]:
+    """One SGD step on the global batch; its time excludes drawing the batch."""
+    x, y = run.batches.batch_at(step)
+    inputs = torch.from_numpy(x).to(run.device)
+    targets = torch.from_numpy(y).to(run.device)
+    synchronize(run.device)
+    started = time.perf_counter()
+    if run.optimizer is not None:
+        run.optimizer.zero_grad(set_to_none=True)
+    run.model.comm.counter.reset()
+    loss = run.model.forward_backward(inputs, targets)
+    step_bytes = run.model.comm.counter.reset()
+    if run.optimizer is not None:
+        run.optimizer.step()
+    synchronize(run.device)
+    seconds = time.perf_counter() - started
+    return StepRecord(step=step, loss=float(loss), seconds=seconds), step_bytes
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def report_progress(record: StepRecord, total: int) -> None:
+    line = {"step": record.step, "steps": total, "loss": record.loss, "seconds": record.seconds}
+    print(PROGRESS_PREFIX + json.dumps(line), flush=True)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak: allocated GPU memory on CUDA, resident set size on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
+
+
+def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
+                  resumed_from: int) -> RunResult | None:
+    """Sum every rank's bytes of a step and collect peaks (collective); the result on rank 0."""
+    gathered: list[tuple[StepBytes, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (step_bytes, peak_memory_bytes(run.device)))
+    if run.rank != 0:
+        return None
+    by_layer: dict[str, dict[str, int]] = {}
+    for counts, _ in filter(None, gathered):
+        for (layer, category), nbytes in counts.items():
+            layer_bytes = by_layer.setdefault(layer, {})
+            layer_bytes[category] = layer_bytes.get(category, 0) + nbytes
+
+    def total(category: str) -> int:
+        return sum(layer.get(category, 0) for layer in by_layer.values())
+
+    median = statistics.median(record.seconds for record in records)
+    predicted = run.strategy.predicted
+    return RunResult(
+        model=run.settings.model, strategy=run.strategy, nproc=run.settings.world,
+        steps=tuple(records), step_seconds_median=median,
+        throughput_samples_per_s=run.settings.global_batch / median,
+        bytes_per_step=ByteCounts(transfer=total("transfer"), sync=total("sync")),
+        predicted_bytes_per_step=ByteCounts(transfer=predicted.transfer_bytes,
+                                            sync=predicted.sync_bytes),
+        predicted_step_seconds=predicted.step_seconds,
+        peak_memory_bytes_per_rank=tuple(peak for _, peak in filter(None, gathered)),
+        loss_bytes_per_step=total("loss"), bytes_per_step_by_layer=by_layer,
+        global_batch=run.settings.global_batch, nnodes=run.settings.nnodes,
+        resumed_from_step=resumed_from, settings=run.settings, backend=run.backend,
+        device=device_name(run.device), torch_version=torch.__version__,
+        host=socket.gethostname(),
+        finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    )
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""`layerwise train` end to end: real torchrun processes with gloo on CPU, nothing mocked.
+
+Each run is tiny_cnn at 8x8 on the synthetic data, 2 processes, a few steps: starting torchrun
+and importing torch in each process costs seconds, the steps milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.cli_plan import baseline_strategy, cost_model
+from strategies.graph import build_graph
+from strategies.models import build_model
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
+from strategies.runtime.result import RunResult
+
+pytestmark = pytest.mark.slow
+
+runner = CliRunner()
+TINY = ("tiny_cnn", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4")
+LAYERWISE = Path(sys.executable).parent / "layerwise"
+RUN_LIMIT_SECONDS = 240  # far above a run's ~15 s: reached only if something hangs
+
+
+def train(*args: str, env: dict[str, str] | None = None):
+    return runner.invoke(app, ["train", *args], env=env)
+
+
+def one_line_error(result, code: int, *fragments: str) -> str:
+    assert result.exit_code == code, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def strategy_file(path: Path, model: str, devices: int, image_size: int = 8) -> Path:
+    """Data parallelism saved as a strategy file, as `layerwise search --save` writes one."""
+    graph = build_graph(model, batch=4 * devices, image_size=image_size, num_classes=10)
+    baseline_strategy(cost_model(graph, "local", devices, None, True), "data").save(path)
+    return path
+
+
+def test_train_measures_the_bytes_the_cost_model_predicts(tmp_path):
+    out = tmp_path / "run"
+    result = train(*TINY, "--strategy", "data", "--steps", "4", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run = RunResult.load(out / "result.json")
+    assert [step.step for step in run.steps] == [1, 2, 3, 4]
+    assert run.nproc == 2 and run.global_batch == 8 and run.strategy.name == "data"
+    assert run.bytes_per_step == run.predicted_bytes_per_step  # exact, transfer and sync
+    assert run.bytes_per_step.sync > 0
+    assert sum(layer.get("sync", 0) for layer in run.bytes_per_step_by_layer.values()) == (
+        run.bytes_per_step.sync)
+    assert len(run.peak_memory_bytes_per_rank) == 2 and min(run.peak_memory_bytes_per_rank) > 0
+    assert run.throughput_samples_per_s == pytest.approx(8 / run.step_seconds_median)
+    module = build_model("tiny_cnn", num_classes=10, image_size=8)
+    module.load_state_dict(torch.load(out / "model.pt", weights_only=True), strict=True)
+    assert "sync bytes" in result.stdout and str(out / "model.pt") in result.stdout
+
+
+def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    common = (*TINY, "--strategy", "owt", "--steps", "6", "--checkpoint-every", "3")
+    assert train(*common, "--out", str(whole)).exit_code == 0
+    crash = train(*common, "--out", str(killed), env={"LAYERWISE_FAULT": "1:3:exit"})
+    one_line_error(crash, 1, "rank 1 stopped without an error")
+    assert checkpoint_step(killed / CHECKPOINT_NAME) == 3
+    assert not (killed / "result.json").exists()
+
+    resumed = train("tiny_cnn", "--resume", str(killed), "--steps", "6", "--json")
+    assert resumed.exit_code == 0, resumed.output
+    continued = RunResult.model_validate_json(resumed.stdout)
+    uninterrupted = RunResult.load(whole / "result.json")
+    assert continued.resumed_from_step == 3
+    assert [s.step for s in continued.steps] == [1, 2, 3, 4, 5, 6]
+    assert [s.loss for s in continued.steps] == [s.loss for s in uninterrupted.steps]
+    assert uninterrupted.bytes_per_step == uninterrupted.predicted_bytes_per_step
+    assert uninterrupted.bytes_per_step.transfer > 0  # OWT moves the FC input between ranks
+    final = torch.load(killed / "model.pt", weights_only=True)
+    expected = torch.load(whole / "model.pt", weights_only=True)
+    assert final.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(final[key], tensor), key
+
+    changed = train("tiny_cnn", "--resume", str(killed), "--steps", "8", "--lr", "0.5")
+    one_line_error(changed, 2, "lr")
+
+
+def test_a_rank_that_raises_ends_the_run_with_one_line_naming_it(tmp_path):
+    """Also: a strategy on fewer devices than processes trains (rank 1 holds nothing)."""
+    out = tmp_path / "run"
+    one_device = strategy_file(tmp_path / "one.json", "tiny_cnn", devices=1)
+    command = [str(LAYERWISE), "train", *TINY, "--strategy", str(one_device), "--steps", "5",
+               "--timeout", "30", "--out", str(out)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "LAYERWISE_FAULT": "1:2"},
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=RUN_LIMIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 1, stdout + stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "rank 1 failed first" in lines[0] and "injected fault after step 2" in lines[0]
+    assert "Traceback" not in stdout + stderr
+
+
+def test_a_strategy_for_another_model_stops_before_anything_starts(tmp_path):
+    out = tmp_path / "run"
+    other = strategy_file(tmp_path / "lenet.json", "lenet5", devices=2, image_size=16)
+    result = train(*TINY, "--strategy", str(other), "--steps", "2", "--out", str(out))
+    one_line_error(result, 2, "made for lenet5")
+    assert not out.exists()  # no run folder: nothing written, no torchrun started
+
+
+def test_a_strategy_using_more_devices_than_processes_is_refused(tmp_path):
+    out = tmp_path / "run"
+    four = strategy_file(tmp_path / "four.json", "tiny_cnn", devices=4)
+    result = train(*TINY, "--strategy", str(four), "--steps", "2", "--out", str(out))
+    one_line_error(result, 2, "uses device 3")
+    assert not out.exists()
+
+
+def test_launch_mistakes_are_one_line_before_anything_starts(tmp_path):
+    out = tmp_path / "run"
+    one_line_error(train(*TINY, "--strategy", "data", "--out", str(out),
+                         env={"LAYERWISE_FAULT": "rank one"}), 2, "LAYERWISE_FAULT")
+    one_line_error(train(*TINY, "--strategy", "fastest", "--out", str(out)), 2, "fastest")
+    one_line_error(train(*TINY, "--strategy", "data", "--steps", "2", "--epochs", "1"), 2,
+                   "--steps or --epochs")
+    assert not out.exists()
+    out.mkdir()
+    (out / "result.json").write_text("{}")
+    one_line_error(train(*TINY, "--strategy", "data", "--out", str(out)), 2, "--resume")
