@@ -123,7 +123,7 @@ def _worker(rank: int, world: int, port: int, job: Job, out: str) -> None:
     try:
         step = _step_function(job, rank, world, device)
         times = []
-        channels = build_graph(job.model, 1, job.image_size, 10).input_shape[1]
+        channels = build_graph(job.model, 2, job.image_size, 10).input_shape[1]
         for index, (inputs, targets) in enumerate(_batches(job, channels, device)):
             dist.barrier()
             _synchronize(device)

@@ -14,8 +14,8 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   1/r of the shard per device) or the paper's parameter-server round trip, as the cluster says.
   A channel split shards the weights, which then need no sync. A BatchNorm under an n/h/w
   split also reduces its batch statistics in the group (SyncBatchNorm semantics, so the result
-  does not depend on the split): four all-reduces of the group's channels per step, which the
-  paper's model leaves out and the runtime's byte count includes.
+  does not depend on the split): an all-reduce of twice the group's channels each way per
+  step, which the paper's model leaves out and the runtime's byte count includes.
 
 Why our own code: the box overlaps factor per dimension (along each dim the needed range of a
 tile depends only on its index along that dim), so the whole C_i x C_j matrix of an edge is a
@@ -189,8 +189,8 @@ class CostModel:
         if not layer.param_count and not norms:
             return seconds, total_bytes
         out_channels = as_4d(layer.output_shape)[1]
-        # SyncBatchNorm: per BatchNorm, two all-reduces of C_shard values forward (mean, then
-        # squared deviation) and their two gradients backward
+        # SyncBatchNorm: per BatchNorm, one all-reduce of 2 C_shard values forward (sums of
+        # the tiles' means and second moments) and one backward (sums of dy and dy * x_hat)
         statistics = 4 * norms
         for row, config in enumerate(configs):
             replicas = config.size // config.c
@@ -206,7 +206,8 @@ class CostModel:
                 group = [device for index, device in config.tiles() if index[1] == c_index]
                 link = self.cluster.slowest_link(group)
                 assert link is not None  # a group of r > 1 devices has a slowest link
-                group_seconds = statistics * self._sync_seconds(c_stop - c_start, replicas, link)
+                group_seconds = 2 * norms * self._sync_seconds(2 * (c_stop - c_start),
+                                                               replicas, link)
                 if shard:
                     group_seconds += self._sync_seconds(shard, replicas, link)
                 worst = max(worst, group_seconds)

@@ -385,7 +385,7 @@ class LayerwiseModel:
 
         return sync_batch_norm(x, tensor("weight"), tensor("bias"), tensor("running_mean"),
                                tensor("running_var"), module.momentum, module.eps, count,
-                               reduce, reduce)
+                               reduce)
 
     def _dropout_probability(self, node: fx.Node) -> float | None:
         """p of a dropout node that is active in training, else None."""

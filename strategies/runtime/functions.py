@@ -4,8 +4,7 @@
   the computation; its gradient is again the sum over the group of each device's gradient.
 - `sync_batch_norm`: BatchNorm in training mode with statistics over the whole logical batch
   (all samples and positions of the channel, wherever their tiles live): SyncBatchNorm
-  semantics built from `GroupSum`, two-pass (mean, then the mean squared deviation) for the
-  same precision as one device. Running statistics follow torch's update (unbiased variance).
+  semantics with one all-reduce forward and one backward.
 - `sharded_cross_entropy`: the loss over scores split by class across a channel group
   (log-sum-exp over the group), each device contributing 1/r of each sample's loss so the
   group's copies add up to one loss per sample.
@@ -47,31 +46,72 @@ def group_sum(tensor: torch.Tensor, forward_reduce: Reduce, backward_reduce: Red
     return GroupSum.apply(tensor, forward_reduce, backward_reduce)
 
 
+class _SyncBatchNorm(torch.autograd.Function):
+    """Training-mode BatchNorm over every tile of the group: one all-reduce each way.
+
+    Forward: each device takes its tile's per-channel mean and variance with torch's own
+    precise kernel and contributes n_i * mean_i and n_i * (var_i + mean_i^2); their sums give
+    the whole batch's mean and biased variance. Backward: the sums of dy and dy * x_hat over
+    the whole batch give dx = gamma * invstd * (dy - sum(dy)/N - x_hat * sum(dy x_hat)/N).
+    The weight and bias gradients stay local sums: the replica group's gradient all-reduce
+    adds them up like any replicated weight's.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None,
+                bias: torch.Tensor | None, count: int, eps: float,
+                reduce: Reduce) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dims = [d for d in range(x.dim()) if d != 1]
+        view = [1, -1] + [1] * (x.dim() - 2)
+        local_var, local_mean = torch.var_mean(x, dim=dims, correction=0)
+        local_count = x.numel() // x.shape[1]
+        sums = reduce(torch.cat([local_mean * local_count,
+                                 (local_var + local_mean * local_mean) * local_count]))
+        mean, squares = sums.split(x.shape[1])
+        mean = mean / count
+        var = (squares / count - mean * mean).clamp_min(0)
+        invstd = torch.rsqrt(var + eps)
+        x_hat = (x - mean.view(view)) * invstd.view(view)
+        out = x_hat if weight is None else x_hat * weight.view(view)
+        if bias is not None:
+            out = out + bias.view(view)
+        ctx.save_for_backward(x_hat, invstd, weight)
+        ctx.count, ctx.reduce, ctx.has_bias = count, reduce, bias is not None
+        ctx.mark_non_differentiable(mean, var)
+        return out, mean, var
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *_: torch.Tensor,
+                 ) -> tuple[torch.Tensor | None, ...]:
+        x_hat, invstd, weight = ctx.saved_tensors
+        dims = [d for d in range(grad.dim()) if d != 1]
+        view = [1, -1] + [1] * (grad.dim() - 2)
+        local_dy = grad.sum(dim=dims)
+        local_dy_x_hat = (grad * x_hat).sum(dim=dims)
+        sums = ctx.reduce(torch.cat([local_dy, local_dy_x_hat]))
+        sum_dy, sum_dy_x_hat = sums.split(grad.shape[1])
+        scale = invstd if weight is None else weight * invstd
+        grad_x = scale.view(view) * (grad - (sum_dy / ctx.count).view(view)
+                                     - x_hat * (sum_dy_x_hat / ctx.count).view(view))
+        grad_weight = local_dy_x_hat if weight is not None else None
+        grad_bias = local_dy if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None, None, None
+
+
 def sync_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                     running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
-                    momentum: float, eps: float, count: int, forward_reduce: Reduce,
-                    backward_reduce: Reduce) -> torch.Tensor:
+                    momentum: float, eps: float, count: int, reduce: Reduce) -> torch.Tensor:
     """BatchNorm over the group's tiles of the same channels; `count` elements per channel.
 
-    Four all-reduces of C_shard values per step (two forward, two backward), which the cost
-    model counts as the layer's statistics sync.
+    Two all-reduces of 2 x C_shard values per step (one forward, one backward), which the cost
+    model counts as the layer's statistics sync. Running statistics follow torch's update
+    (exponential average, unbiased variance).
     """
-    dims = [d for d in range(x.dim()) if d != 1]
-    view = [1, -1] + [1] * (x.dim() - 2)
-    mean = group_sum(x.sum(dim=dims), forward_reduce, backward_reduce) / count
-    centered = x - mean.view(view)
-    var = group_sum((centered * centered).sum(dim=dims), forward_reduce,
-                    backward_reduce) / count
+    out, mean, var = _SyncBatchNorm.apply(x, weight, bias, count, eps, reduce)
     if running_mean is not None and running_var is not None:
         with torch.no_grad():
-            running_mean.mul_(1 - momentum).add_(mean.detach(), alpha=momentum)
-            running_var.mul_(1 - momentum).add_(var.detach() * (count / (count - 1)),
-                                                alpha=momentum)
-    out = centered * torch.rsqrt(var + eps).view(view)
-    if weight is not None:
-        out = out * weight.view(view)
-    if bias is not None:
-        out = out + bias.view(view)
+            running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
+            running_var.mul_(1 - momentum).add_(var * (count / (count - 1)), alpha=momentum)
     return out
 
 

@@ -53,6 +53,21 @@ def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry:
     return F.pad(x, (left, right, top, bottom), value=value)
 
 
+def _whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
+    """Whether the tile holds every output row and column (a sample or channel split).
+
+    Then conv2d's own padding is the global padding, and rows past the last window that the
+    needed box leaves out (a strided 1x1 conv) would produce no output anyway: one call, no
+    padded copy of the input.
+    """
+    for axis in (0, 1):
+        size = in_size_hw[axis] + 2 * geometry.padding[axis]
+        reach = geometry.dilation[axis] * (geometry.kernel[axis] - 1) + 1
+        if out_box[2 + axis] != (0, (size - reach) // geometry.stride[axis] + 1):
+            return False
+    return True
+
+
 def conv_tile(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
               bias: Tensor | None, geometry: Geometry, out_channels_total: int,
               in_channel_start: int) -> Tensor:
@@ -70,8 +85,12 @@ def conv_tile(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tens
     first_group, last_group = c0 // per_group_out, (c1 - 1) // per_group_out
     offset = first_group * per_group_in - in_channel_start
     x = x[:, offset:offset + (last_group - first_group + 1) * per_group_in]
-    padded = _pad_borders(x, out_box, in_size_hw, geometry, 0.0)
-    conv = partial(F.conv2d, stride=geometry.stride, dilation=geometry.dilation)
+    if _whole_rows_and_cols(out_box, in_size_hw, geometry):
+        padded, padding = x, geometry.padding  # conv2d pads the global border itself
+    else:
+        padded, padding = _pad_borders(x, out_box, in_size_hw, geometry, 0.0), (0, 0)
+    conv = partial(F.conv2d, stride=geometry.stride, padding=padding,
+                   dilation=geometry.dilation)
     if first_group == last_group or (c0 % per_group_out == 0 and c1 % per_group_out == 0):
         return conv(padded, weight, bias, groups=last_group - first_group + 1)
     pieces = []
