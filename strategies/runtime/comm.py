@@ -105,6 +105,14 @@ class Communicator:
             self.count_ring(*counted_as, tensor.numel(), tensor.element_size(), group)
         return tensor
 
+    def all_reduce_async(self, tensor: torch.Tensor,
+                         group: tuple[int, ...]) -> dist.Work | None:
+        """Start summing `tensor` in place over `group`; wait on the returned work (None:
+        nothing to do). The caller counts the bytes (`count_ring`)."""
+        if len(group) == 1:
+            return None
+        return dist.all_reduce(tensor, group=self._groups[group], async_op=True)
+
     def count_ring(self, layer: str, category: Category, elements: int, element_size: int,
                    group: tuple[int, ...]) -> None:
         """Count a ring all-reduce of `elements` that ran inside a larger bucket."""

@@ -8,8 +8,9 @@ in reverse: each layer's local autograd graph (needed boxes as leaves) is differ
 own, and the gradients of the needed boxes go back to the producers' devices, where
 overlapping halos add up (the gradient of a gather is a scatter-add). Because every rank meets
 the phases in one global order and a phase waits only on ranks that reach it, nothing can
-deadlock. Weight gradients replicated by n/h/w splits are then summed in each replica group,
-one bucket per group, and the optimizer steps on each rank's own shards.
+deadlock. Weight gradients replicated by n/h/w splits are summed in each replica group by
+bucketed all-reduces that start as soon as their layers' backward is done (buckets.py), and
+the optimizer steps on each rank's own shards.
 
 Why our own engine: DTensor computes conv correctly only with the batch sharded (DESIGN 3.6,
 3.7), and no library moves arbitrary receptive-field boxes between arbitrary tilings.
@@ -29,6 +30,7 @@ from torch import fx, nn
 from strategies.errors import ConfigError
 from strategies.graph import Layer
 from strategies.runtime import tile_ops
+from strategies.runtime.buckets import GradientBuckets
 from strategies.runtime.comm import Communicator
 from strategies.runtime.functions import dropout_mask, sharded_cross_entropy, sync_batch_norm
 from strategies.runtime.plan import (
@@ -65,6 +67,11 @@ class _LayerState:
     modules: dict[str, dict[str, _Shard]] = field(default_factory=dict)  # target -> shards
     leaves: list[torch.Tensor | None] = field(default_factory=list)
     output: torch.Tensor | None = None
+
+
+def _weights(state: _LayerState) -> list[nn.Parameter]:
+    return [shard.tensor for shards in state.modules.values() for shard in shards.values()
+            if isinstance(shard.tensor, nn.Parameter)]
 
 
 def _view4(tensor: torch.Tensor) -> torch.Tensor:
@@ -112,6 +119,7 @@ class LayerwiseModel:
         self._dropouts = [node for node in self.graph_module.graph.nodes
                           if self._dropout_probability(node) is not None]
         self._masks: dict[str, torch.Tensor] = {}
+        self._buckets = GradientBuckets(comm, plan.groups())
 
     # ---- parameters ----------------------------------------------------------------------
 
@@ -197,7 +205,7 @@ class LayerwiseModel:
         gradients = self._loss_backward(loss_share)
         for index in reversed(range(len(self.plan.layers))):
             self._backward_layer(index, self.plan.layers[index], gradients)
-        self._synchronise_gradients()
+        self._buckets.finish()
         loss = loss_share.detach().reshape(1).clone()
         self.comm.all_reduce(loss, tuple(range(self.comm.world)), ("loss", "loss"))
         for state in self.states.values():
@@ -448,6 +456,8 @@ class LayerwiseModel:
             if gradient is None:
                 gradient = torch.zeros_like(state.output)
             torch.autograd.backward(state.output, gradient)
+            self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
+                              _weights(state))
         for input_plan in layer_plan.inputs:
             if self.plan.by_name[input_plan.producer].layer.kind == "input":
                 continue
@@ -485,32 +495,6 @@ class LayerwiseModel:
                 total = self._empty(shape_of(producer.box)).zero_()
                 gradients[input_plan.producer] = total
             total[local_slices(piece.box, producer.box)] += part
-
-    def _synchronise_gradients(self) -> None:
-        """Sum replicated weights' gradients in each replica group, one bucket per group."""
-        buckets: dict[tuple[int, ...], list[tuple[str, nn.Parameter]]] = {}
-        for state in self.states.values():
-            group = state.plan.replica_group(self.rank)
-            if len(group) == 1:
-                continue
-            for shards in state.modules.values():
-                for shard in shards.values():
-                    if isinstance(shard.tensor, nn.Parameter):
-                        buckets.setdefault(group, []).append((state.plan.layer.name,
-                                                              shard.tensor))
-        for group in self.plan.groups():
-            members = buckets.get(group)
-            if not members:
-                continue
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in members]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.comm.all_reduce(flat, group, None)
-            offset = 0
-            for (layer_name, parameter), grad in zip(members, grads, strict=True):
-                size = grad.numel()
-                parameter.grad = flat[offset:offset + size].view_as(parameter)
-                offset += size
-                self.comm.count_ring(layer_name, "sync", size, grad.element_size(), group)
 
     # ---- whole state ---------------------------------------------------------------------
 

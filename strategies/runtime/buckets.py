@@ -1,0 +1,75 @@
+"""Gradient all-reduces that start while the backward still runs (DDP's overlap), per group.
+
+A layer's weight gradients are final once that layer's own backward has run (every weight
+belongs to one layer), so they join the open bucket of the layer's replica group right then;
+a bucket that reaches `bucket_bytes` starts an asynchronous all-reduce at once and the backward
+goes on. Every member of a group meets the same layers in the same order with shards of the
+same sizes, so bucket boundaries, and the order of each group's collectives, agree on every
+rank. Bytes are counted per layer, as if each layer's gradients were reduced alone (the ring
+sends the same total either way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from strategies.runtime.comm import Communicator
+
+DEFAULT_BUCKET_BYTES = 8 << 20
+
+
+@dataclass
+class _Bucket:
+    members: list[tuple[str, nn.Parameter]] = field(default_factory=list)
+    nbytes: int = 0
+
+
+class GradientBuckets:
+    """Sum replicated weights' gradients over their replica groups, overlapped with backward."""
+
+    def __init__(self, comm: Communicator, group_order: list[tuple[int, ...]],
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.comm = comm
+        self.group_order = group_order
+        self.bucket_bytes = bucket_bytes
+        self._open: dict[tuple[int, ...], _Bucket] = {}
+        self._running: list[tuple[dist.Work | None, torch.Tensor, tuple[int, ...],
+                                  list[tuple[str, nn.Parameter]]]] = []
+
+    def add(self, layer: str, group: tuple[int, ...], parameters: list[nn.Parameter]) -> None:
+        """The final gradients of `layer`'s weights, replicated over `group`."""
+        if len(group) == 1 or not parameters:
+            return
+        bucket = self._open.setdefault(group, _Bucket())
+        for parameter in parameters:
+            bucket.members.append((layer, parameter))
+            bucket.nbytes += parameter.numel() * parameter.element_size()
+        if bucket.nbytes >= self.bucket_bytes:
+            self._start(group, self._open.pop(group))
+
+    def _start(self, group: tuple[int, ...], bucket: _Bucket) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in bucket.members]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        work = self.comm.all_reduce_async(flat, group)
+        self._running.append((work, flat, group, bucket.members))
+
+    def finish(self) -> None:
+        """Start what is left (in the shared group order), wait, and write the sums back."""
+        for group in self.group_order:
+            bucket = self._open.pop(group, None)
+            if bucket is not None:
+                self._start(group, bucket)
+        for work, flat, group, members in self._running:
+            if work is not None:
+                work.wait()
+            offset = 0
+            for layer, parameter in members:
+                size = parameter.numel()
+                parameter.grad = flat[offset:offset + size].view_as(parameter)
+                offset += size
+                self.comm.count_ring(layer, "sync", size, parameter.element_size(), group)
+        self._running = []
