@@ -25,7 +25,7 @@ few numpy gathers and products; no library computes this.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
@@ -34,16 +34,28 @@ from pydantic import BaseModel, ConfigDict
 from strategies.cluster import Cluster, Link
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
-from strategies.space import ParallelConfig, check_config, enumerate_configs
-from strategies.tiles import TileWork, as_4d, largest_tile, needed_range, output_ranges
+from strategies.space import (
+    ParallelConfig,
+    check_config,
+    degree_choices,
+    dim_sizes,
+    enumerate_configs,
+    parallel_dims,
+    placements,
+)
+from strategies.tiles import TileWork, as_4d, needed_range, output_ranges
 
 if TYPE_CHECKING:
     from strategies.profile import Profile
 
 Placement = Literal["origin", "aligned"]
+# along one dim: the largest tile's output range and the needed length of each input
+_TileDim = tuple[tuple[int, int], tuple[int, ...]]
 
-# Cap on elements of one (producer configs x consumer configs x devices) work array.
-_CHUNK_ELEMENTS = 4_000_000
+# Cap on elements of one (producer configs x devices x consumer configs) work array; small
+# enough that the passes over it stay in cache.
+_CHUNK_ELEMENTS = 1 << 17
+_INT32_LIMIT = 2**31
 
 
 class Breakdown(BaseModel):
@@ -122,8 +134,24 @@ def configs_for(layer: Layer, devices: int, placement: Placement) -> list[Parall
     return configs
 
 
+@cache
+def _tile_indices(degrees: tuple[int, int, int, int]) -> np.ndarray:
+    """(size, 4) tile index along (n, c, h, w) of each tile, in `ParallelConfig.tiles` order."""
+    size = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+    return np.stack(np.unravel_index(np.arange(size), degrees), axis=1).astype(np.int64)
+
+
+# Dimensions whose per-dim tables are multiplied into one table: (n, c) and (h, w).
+_GROUPS = ((0, 1), (2, 3))
+
+
 class _ConfigTable:
-    """Per-config arrays of one layer: degree exponents, tile index per device, links."""
+    """Per-config arrays of one layer: degree exponents, tile index per device, links.
+
+    For each group of two dims it also numbers the distinct (exponent, tile index) states a
+    device can be in (`state`, (C, D)) and the distinct exponent pairs (`pair`, (C,)), so that
+    an edge's per-dim tables can be multiplied into one small table per group.
+    """
 
     def __init__(self, configs: Sequence[ParallelConfig], devices: int) -> None:
         count = len(configs)
@@ -132,9 +160,28 @@ class _ConfigTable:
         self.tile_of = np.full((count, devices, 4), -1, dtype=np.int64)
         for row, config in enumerate(configs):
             self.exponents[row] = [degree.bit_length() - 1 for degree in config.degrees]
-            for index, device in config.tiles():
-                self.tile_of[row, device] = index
+            self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
         self.blocks = [config.devices for config in configs]
+        # one past the highest device of each config: devices beyond hold no tile
+        self.extent = np.array([max(block) + 1 for block in self.blocks], dtype=np.int64)
+        levels = devices.bit_length()
+        width = (1 << (levels - 1)) + 1
+        tile = np.where(self.tile_of < 0, width - 1, self.tile_of)  # -1 reads the zero slot
+        # per group: (state (C, D), state exponents (2, S), state tiles (2, S),
+        #             pair (C,), pair exponents (2, A))
+        self.groups: list[tuple[np.ndarray, ...]] = []
+        for d0, d1 in _GROUPS:
+            e0, e1 = self.exponents[:, None, d0], self.exponents[:, None, d1]
+            key = ((e0 * width + tile[..., d0]) * levels + e1) * width + tile[..., d1]
+            unique, state = np.unique(key, return_inverse=True)
+            i1, rest = unique % width, unique // width
+            s1, rest = rest % levels, rest // levels
+            i0, s0 = rest % width, rest // width
+            pair_key = self.exponents[:, d0] * levels + self.exponents[:, d1]
+            pairs, pair = np.unique(pair_key, return_inverse=True)
+            self.groups.append((state.reshape(count, devices), np.stack([s0, s1]),
+                                np.stack([i0, i1]), pair.reshape(count),
+                                np.stack([pairs // levels, pairs % levels])))
 
 
 class CostModel:
@@ -154,9 +201,12 @@ class CostModel:
         self.devices = devices
         self.compute = compute
         self.placement = placement
-        self._link_cache: dict[tuple[tuple[int, ...], int], Link | None] = {}
+        self._link_cache: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._group_link_cache: dict[tuple[object, ...], list[Link]] = {}
         self._tile_cache: dict[tuple[str, tuple[int, ...]], TileWork] = {}
-        self._tables: dict[str, tuple[_ConfigTable, np.ndarray, np.ndarray]] = {}
+        self._tile_dim_cache: dict[tuple[str, int, int], _TileDim] = {}
+        self._config_cache: dict[tuple[object, ...], list[ParallelConfig]] = {}
+        self._tables: dict[tuple[object, ...], tuple[_ConfigTable, np.ndarray, np.ndarray]] = {}
         self._edge_cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
         self._node_cache: dict[tuple[object, ...], np.ndarray] = {}
 
@@ -164,18 +214,55 @@ class CostModel:
 
     @cached_property
     def configs(self) -> dict[str, list[ParallelConfig]]:
-        return {
-            layer.name: configs_for(layer, self.devices, self.placement)
-            for layer in self.graph.layers
-        }
+        return {layer.name: self._configs_for(layer) for layer in self.graph.layers}
+
+    def _configs_for(self, layer: Layer) -> list[ParallelConfig]:
+        """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
+        key = (tuple(dim_sizes(layer).values()), parallel_dims(layer))
+        if key not in self._config_cache:
+            # as `configs_for`, built without re-validating configs legal by construction
+            self._config_cache[key] = [
+                ParallelConfig.model_construct(n=n, c=c, h=h, w=w, devices=block)
+                for n, c, h, w in degree_choices(layer, self.devices)
+                for block in placements(n * c * h * w, self.devices)
+                if self.placement == "aligned" or block[0] == 0
+            ]
+        return list(self._config_cache[key])
 
     # ---- t_c and t_s per layer ---------------------------------------------------------
 
     def tile(self, layer: Layer, config: ParallelConfig) -> TileWork:
+        """`tiles.largest_tile(layer, config)`, from per-dimension parts computed once."""
         key = (layer.name, config.degrees)
         if key not in self._tile_cache:
-            self._tile_cache[key] = largest_tile(layer, config)
+            parts = [self._tile_dim(layer, dim, degree)
+                     for dim, degree in enumerate(config.degrees)]
+            rank = len(layer.output_shape)
+            output_shape = tuple(stop - start for (start, stop), _ in parts)[:rank]
+            input_shapes = tuple(
+                tuple(part[1][index] for part in parts)[: len(shape)]
+                for index, shape in enumerate(layer.input_shapes)
+            )
+            c_start, c_stop = parts[1][0]
+            param_elements = layer.param_count * (c_stop - c_start) // as_4d(layer.output_shape)[1]
+            self._tile_cache[key] = TileWork.model_construct(
+                output_shape=output_shape, input_shapes=input_shapes,
+                param_elements=param_elements)
         return self._tile_cache[key]
+
+    def _tile_dim(self, layer: Layer, dim: int, degree: int) -> _TileDim:
+        """Along `dim`: the largest tile's output range (the first such) and the length of
+        the range it needs of each input (as `tiles.largest_tile`)."""
+        key = (layer.name, dim, degree)
+        if key not in self._tile_dim_cache:
+            ranges = output_ranges(layer, dim, degree)
+            largest = max(ranges, key=lambda r: r[1] - r[0])
+            lengths = []
+            for index in range(len(layer.input_shapes)):
+                start, stop = needed_range(layer, index, dim, largest)
+                lengths.append(max(stop - start, 0))
+            self._tile_dim_cache[key] = (largest, tuple(lengths))
+        return self._tile_dim_cache[key]
 
     def compute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         return np.array([self.compute.tile_seconds(layer, self.tile(layer, c)) for c in configs])
@@ -189,6 +276,7 @@ class CostModel:
         if not layer.param_count and not norms:
             return seconds, total_bytes
         out_channels = as_4d(layer.output_shape)[1]
+        param_count = layer.param_count
         # SyncBatchNorm: per BatchNorm, one all-reduce of 2 C_shard values forward (sums of
         # the tiles' means and second moments) and one backward (sums of dy and dy * x_hat)
         statistics = 4 * norms
@@ -198,14 +286,17 @@ class CostModel:
                 continue
             # every device of a ring sends 2(r-1) chunks of 1/r of its shard; the shards of
             # all groups add up to the layer's weights; the parameter server moves as much
-            reduced = layer.param_count + statistics * out_channels
+            reduced = param_count + statistics * out_channels
             total_bytes[row] = 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
             worst = 0.0
-            for c_index, (c_start, c_stop) in enumerate(output_ranges(layer, 1, config.c)):
-                shard = layer.param_count * (c_stop - c_start) // out_channels
-                group = [device for index, device in config.tiles() if index[1] == c_index]
-                link = self.cluster.slowest_link(group)
-                assert link is not None  # a group of r > 1 devices has a slowest link
+            done: set[tuple[int, float, float]] = set()  # equal groups take equal time
+            for (c_start, c_stop), link in zip(output_ranges(layer, 1, config.c),
+                                               self._group_links(config), strict=True):
+                key = (c_stop - c_start, link.latency, link.bandwidth)
+                if key in done:
+                    continue
+                done.add(key)
+                shard = param_count * (c_stop - c_start) // out_channels
                 group_seconds = 2 * norms * self._sync_seconds(2 * (c_stop - c_start),
                                                                replicas, link)
                 if shard:
@@ -213,6 +304,20 @@ class CostModel:
                 worst = max(worst, group_seconds)
             seconds[row] = worst
         return seconds, total_bytes
+
+    def _group_links(self, config: ParallelConfig) -> list[Link]:
+        """Slowest link of each replica group (the devices of one channel index)."""
+        key = (config.degrees, config.devices)
+        if key not in self._group_link_cache:
+            n, c, h, w = config.degrees
+            devices = np.array(config.devices).reshape(n, c, h * w)
+            links = []
+            for c_index in range(c):
+                link = self.cluster.slowest_link(devices[:, c_index].ravel().tolist())
+                assert link is not None  # a group of r > 1 devices has a slowest link
+                links.append(link)
+            self._group_link_cache[key] = links
+        return self._group_link_cache[key]
 
     def _sync_seconds(self, shard_elements: int, replicas: int, link: Link) -> float:
         shard_bytes = shard_elements * BYTES_PER_ELEMENT
@@ -233,36 +338,39 @@ class CostModel:
 
     # ---- t_x per edge ------------------------------------------------------------------
 
-    def _link(self, block: tuple[int, ...], device: int) -> Link | None:
-        """Slowest link between `device` and the other devices of `block`."""
-        key = (block, device)
-        if key not in self._link_cache:
-            others = set(block) | {device}
-            self._link_cache[key] = self.cluster.slowest_link(others) if len(others) > 1 else None
-        return self._link_cache[key]
+    def _block_links(self, block: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per byte and latency of the slowest link between each device and the other
+        devices of `block` (zero where there is no other device)."""
+        if block not in self._link_cache:
+            per_byte = np.zeros(self.devices)
+            latency = np.zeros(self.devices)
+            members = set(block)
+            inside = self.cluster.slowest_link(members) if len(members) > 1 else None
+            for device in range(self.devices):
+                if device in members:
+                    link = inside
+                else:
+                    link = self.cluster.slowest_link(members | {device})
+                if link is not None:
+                    per_byte[device] = 1.0 / link.bandwidth
+                    latency[device] = link.latency
+            self._link_cache[block] = (per_byte, latency)
+        return self._link_cache[block]
 
     def _link_arrays(self, blocks: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """Seconds per byte and latency from each config's block to each device."""
-        per_byte = np.zeros((len(blocks), self.devices))
-        latency = np.zeros((len(blocks), self.devices))
-        for row, block in enumerate(blocks):
-            for device in range(self.devices):
-                link = self._link(block, device)
-                if link is not None:
-                    per_byte[row, device] = 1.0 / link.bandwidth
-                    latency[row, device] = link.latency
-        return per_byte, latency
+        rows = [self._block_links(block) for block in blocks]
+        return (np.array([per_byte for per_byte, _ in rows]).reshape(len(blocks), self.devices),
+                np.array([latency for _, latency in rows]).reshape(len(blocks), self.devices))
 
-    def _table(self, layer: Layer, configs: Sequence[ParallelConfig] | None,
+    def _table(self, configs: Sequence[ParallelConfig],
                ) -> tuple[_ConfigTable, np.ndarray, np.ndarray]:
-        """Config table and link arrays of a layer's search space (cached) or of `configs`."""
-        if configs is not None:
+        """Config table and link arrays of `configs` (cached: layers share search spaces)."""
+        key = tuple((config.degrees, config.devices) for config in configs)
+        if key not in self._tables:
             table = _ConfigTable(configs, self.devices)
-            return (table, *self._link_arrays(table.blocks))
-        if layer.name not in self._tables:
-            table = _ConfigTable(self.configs[layer.name], self.devices)
-            self._tables[layer.name] = (table, *self._link_arrays(table.blocks))
-        return self._tables[layer.name]
+            self._tables[key] = (table, *self._link_arrays(table.blocks))
+        return self._tables[key]
 
     def edge(self, producer: Layer, consumer: Layer,
              producer_configs: Sequence[ParallelConfig] | None = None,
@@ -285,30 +393,71 @@ class CostModel:
               producer_configs: Sequence[ParallelConfig] | None,
               consumer_configs: Sequence[ParallelConfig] | None,
               ) -> tuple[np.ndarray, np.ndarray]:
+        """Every pair's t_x from per-device terms (see `_pair_block`).
+
+        A device outside both configs' blocks holds and needs nothing, so its terms are zero
+        and, all terms being >= 0, leave the max and the sum over devices unchanged. Configs
+        are therefore sorted by extent (one past their highest device) and each block of pairs
+        only looks at devices below the larger extent of the two.
+        """
         pconfs = producer_configs or self.configs[producer.name]
         qconfs = consumer_configs or self.configs[consumer.name]
         tables = _EdgeTables(producer, consumer, input_index, self.devices)
-        ptab, p_per_byte, p_latency = self._table(producer, producer_configs)
-        qtab, q_per_byte, q_latency = self._table(consumer, consumer_configs)
+        ptab, p_per_byte, p_latency = self._table(pconfs)
+        qtab, q_per_byte, q_latency = self._table(qconfs)
+        terms = tables.terms(ptab, qtab)
         need = tables.need(qtab)  # (Q, D) needed elements of each consumer tile
-        passes = 1 if producer.kind == "input" else 2  # forward, and backward unless input
+        # element counts in int32 where no product can reach 2^31 (counts of tiles always)
+        bound = max(terms.bound(), int(need.max(initial=0)))
+        dtype = np.int32 if bound < _INT32_LIMIT else np.int64
+        backward = producer.kind != "input"  # the network input needs no gradient
+        p_order = np.argsort(ptab.extent, kind="stable")
+        q_order = np.argsort(qtab.extent, kind="stable")
+        # producer side as (P, D), consumer side as (D, Q), both in extent order; bytes per
+        # element are folded into the seconds per byte (a power of two: exact)
+        groups = range(len(_GROUPS))
+        producer_side = (
+            [state[p_order] for state in terms.p_state],
+            [terms.same[g].astype(dtype) for g in groups],
+            [terms.recv[g][terms.p_pair[g][p_order]] for g in groups],
+            p_per_byte[p_order] * BYTES_PER_ELEMENT, p_latency[p_order],
+        )
+        consumer_side = (
+            [np.ascontiguousarray(state[q_order].T) for state in terms.q_state],
+            [terms.row[g][:, terms.q_pair[g][q_order]].astype(dtype) for g in groups],
+            [terms.sent[g][:, terms.q_pair[g][q_order]] for g in groups],
+            np.ascontiguousarray(need[q_order].T.astype(dtype)),
+            np.ascontiguousarray(q_per_byte[q_order].T * BYTES_PER_ELEMENT),
+            np.ascontiguousarray(q_latency[q_order].T),
+        )
+        p_extent, q_extent = ptab.extent[p_order], qtab.extent[q_order]
+        if len(pconfs) * len(qconfs) * self.devices <= _CHUNK_ELEMENTS:
+            # small: one block over every device costs less than many calls
+            p_extent = np.full(len(pconfs), self.devices)
+            q_extent = np.full(len(qconfs), self.devices)
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
-        rows = max(1, _CHUNK_ELEMENTS // max(1, len(qconfs) * self.devices))
-        for start in range(0, len(pconfs), rows):
-            part = slice(start, start + rows)
-            same, received_from, rows_sum, sent_to = tables.pair_terms(ptab, qtab, part)
-            forward_remote = need[None, :, :] - same
-            backward_remote = rows_sum - same
-            forward = (forward_remote * BYTES_PER_ELEMENT * p_per_byte[part, None, :]
-                       + received_from * p_latency[part, None, :]).max(axis=2)
-            backward = (backward_remote * BYTES_PER_ELEMENT * q_per_byte[None, :, :]
-                        + sent_to * q_latency[None, :, :]).max(axis=2)
-            if producer.kind == "input":  # the network input needs no gradient
-                backward = np.zeros_like(backward)
-            seconds[part] = forward + backward
-            elements[part] = passes * forward_remote.sum(axis=2)
-        return seconds, elements * BYTES_PER_ELEMENT
+        for extent in np.unique(np.concatenate([p_extent, q_extent])):
+            p_at = np.searchsorted(p_extent, [extent, extent], side="left")
+            p_at[1] = np.searchsorted(p_extent, extent, side="right")
+            q_at = np.searchsorted(q_extent, [extent, extent], side="left")
+            q_at[1] = np.searchsorted(q_extent, extent, side="right")
+            # producers at this extent x consumers up to it; producers below x consumers at it
+            for p_rows, q_columns in ((slice(p_at[0], p_at[1]), slice(0, q_at[1])),
+                                      (slice(0, p_at[0]), slice(q_at[0], q_at[1]))):
+                if p_rows.stop <= p_rows.start or q_columns.stop <= q_columns.start:
+                    continue
+                columns = q_columns.stop - q_columns.start
+                step = max(1, _CHUNK_ELEMENTS // (int(extent) * columns))
+                for start in range(p_rows.start, p_rows.stop, step):
+                    rows = slice(start, min(start + step, p_rows.stop))
+                    seconds[rows, q_columns], elements[rows, q_columns] = _pair_block(
+                        producer_side, consumer_side, rows, q_columns, int(extent), backward)
+        passes = 2 if backward else 1  # forward, and backward unless input
+        p_back, q_back = np.argsort(p_order), np.argsort(q_order)
+        seconds = seconds[p_back][:, q_back]
+        elements = elements[p_back][:, q_back]
+        return seconds, passes * elements * BYTES_PER_ELEMENT
 
     # ---- a whole strategy --------------------------------------------------------------
 
@@ -372,20 +521,22 @@ class _EdgeTables:
         shape = (levels, levels, width, width)
         self.overlap = np.zeros((4, *shape), dtype=np.int64)
         self.need_len = np.zeros((4, levels, width), dtype=np.int64)
+        # every (exponent, tile index) of one side, all exponents together
+        exponent = np.repeat(np.arange(levels), 1 << np.arange(levels))
+        index = np.concatenate([np.arange(1 << level) for level in range(levels)])
         for dim in range(4):
-            producer_ranges = [
-                np.array(output_ranges(producer, dim, 1 << a)).T for a in range(levels)
-            ]
-            for b in range(levels):
-                starts, stops = np.array([
-                    needed_range(consumer, input_index, dim, out)
-                    for out in output_ranges(consumer, dim, 1 << b)
-                ]).T
-                self.need_len[dim, b, : 1 << b] = np.maximum(stops - starts, 0)
-                for a, (p_starts, p_stops) in enumerate(producer_ranges):
-                    shared = (np.minimum(p_stops[:, None], stops[None, :])
-                              - np.maximum(p_starts[:, None], starts[None, :]))
-                    self.overlap[dim, a, b, : 1 << a, : 1 << b] = np.maximum(shared, 0)
+            p_starts, p_stops = np.array([
+                out for a in range(levels) for out in output_ranges(producer, dim, 1 << a)
+            ]).reshape(-1, 2).T
+            starts, stops = np.array([
+                needed_range(consumer, input_index, dim, out)
+                for b in range(levels) for out in output_ranges(consumer, dim, 1 << b)
+            ]).reshape(-1, 2).T
+            self.need_len[dim, exponent, index] = np.maximum(stops - starts, 0)
+            shared = (np.minimum(p_stops[:, None], stops[None, :])
+                      - np.maximum(p_starts[:, None], starts[None, :]))
+            self.overlap[dim, exponent[:, None], exponent[None, :], index[:, None],
+                         index[None, :]] = np.maximum(shared, 0)
         touching = self.overlap > 0
         self.producers_touching = touching.sum(axis=3)  # (4, a, b, j): producer tiles per j
         self.consumers_touching = touching.sum(axis=4)  # (4, a, b, i): consumer tiles per i
@@ -397,42 +548,103 @@ class _EdgeTables:
             product *= self.need_len[dim, qtab.exponents[:, dim, None], qtab.tile_of[:, :, dim]]
         return product
 
-    def pair_terms(self, ptab: _ConfigTable, qtab: _ConfigTable, part: slice,
-                   ) -> tuple[np.ndarray, ...]:
-        """For producer configs `part` x all consumer configs x devices: elements a device
-        already holds, producer tiles a consumer tile receives from, elements of a producer
-        tile needed by all consumers, and consumer tiles a producer tile sends to.
+    def terms(self, ptab: _ConfigTable, qtab: _ConfigTable) -> _Terms:
+        """The per-dim tables of each group of two dims multiplied into one table, indexed by
+        the states and exponent pairs the two config tables number (see `_ConfigTable`)."""
+        terms = _Terms()
+        for group, (d0, d1) in enumerate(_GROUPS):
+            p_state, p_exp, p_tile, p_pair, p_pair_exp = ptab.groups[group]
+            q_state, q_exp, q_tile, q_pair, q_pair_exp = qtab.groups[group]
+            same = recv = row = sent = np.ones((), dtype=np.int64)
+            levels, width = self.overlap.shape[1], self.overlap.shape[3]
+            for k, dim in enumerate((d0, d1)):
+                # flat offsets into the (a, b, i, j) and (a, b, i) tables
+                a, i = p_exp[k][:, None], p_tile[k][:, None]  # producer states (S, 1)
+                b, j = q_exp[k][None, :], q_tile[k][None, :]  # consumer states (1, T)
+                pa = p_pair_exp[k][:, None]  # producer exponent pairs (A, 1)
+                qb = q_pair_exp[k][None, :]  # consumer exponent pairs (1, B)
+                same = same * self.overlap[dim].ravel().take(
+                    (a * levels * width + i) * width + (b * width * width + j))  # (S, T)
+                recv = recv * self.producers_touching[dim].ravel().take(
+                    pa * levels * width + (b * width + j))  # (A, T)
+                row_at = (a * levels * width + i) + qb * width
+                row = row * self.row_sum[dim].ravel().take(row_at)  # (S, B)
+                sent = sent * self.consumers_touching[dim].ravel().take(row_at)  # (S, B)
+            terms.p_state.append(p_state)
+            terms.q_state.append(q_state)
+            terms.p_pair.append(p_pair)
+            terms.q_pair.append(q_pair)
+            terms.same.append(same)
+            terms.recv.append(recv.astype(np.int32))  # at most the number of devices
+            terms.row.append(row)
+            terms.sent.append(sent.astype(np.int32))
+        return terms
 
-        Each table is read through flat offsets: a producer part (its degree exponent and
-        tile index) plus a consumer part, one add and one `take` per dimension.
-        """
-        levels, width = self.overlap.shape[1], self.overlap.shape[3]
-        a = ptab.exponents[part, None, :]  # (P, 1, 4)
-        b = qtab.exponents[:, None, :]  # (Q, 1, 4)
-        i = ptab.tile_of[part]  # (P, D, 4); -1 reads the zero slot
-        j = qtab.tile_of  # (Q, D, 4)
-        i = np.where(i < 0, width - 1, i)
-        j = np.where(j < 0, width - 1, j)
-        shape = (i.shape[0], j.shape[0], i.shape[1])
-        same = np.ones(shape, dtype=np.int64)
-        received_from = np.ones(shape, dtype=np.int64)
-        row_sum = np.ones(shape, dtype=np.int64)
-        sent_to = np.ones(shape, dtype=np.int64)
-        for dim in range(4):
-            producer_ab = (a[..., dim] * levels)[:, None, :]  # (P, 1, 1)
-            consumer_b = b[..., dim][None, :, :]  # (1, Q, 1)
-            ab = producer_ab + consumer_b  # (P, Q, 1): index of (a, b)
-            pair = ab * width * width + (i[:, None, :, dim] * width + j[None, :, :, dim])
-            same *= self.overlap[dim].ravel().take(pair)
-            by_consumer = ab * width + j[None, :, :, dim]
-            received_from *= self.producers_touching[dim].ravel().take(by_consumer)
-            by_producer = ab * width + i[:, None, :, dim]
-            row_sum *= self.row_sum[dim].ravel().take(by_producer)
-            sent_to *= self.consumers_touching[dim].ravel().take(by_producer)
-        held = same > 0
-        consumer_present = (qtab.tile_of[None, :, :, 0] >= 0)
-        producer_present = (ptab.tile_of[part, None, :, 0] >= 0)
-        received_from = np.where(consumer_present, received_from - held, 0)
-        sent_to = np.where(producer_present, sent_to - held, 0)
-        row_sum = np.where(producer_present, row_sum, 0)
-        return same, received_from, row_sum, sent_to
+
+class _Terms:
+    """An edge's group tables for two config tables (see `_EdgeTables.terms`)."""
+
+    def __init__(self) -> None:
+        self.p_state: list[np.ndarray] = []  # (P, D) state of each producer config's devices
+        self.q_state: list[np.ndarray] = []  # (Q, D)
+        self.p_pair: list[np.ndarray] = []  # (P,) exponent pair of each producer config
+        self.q_pair: list[np.ndarray] = []  # (Q,)
+        self.same: list[np.ndarray] = []  # (S, T) elements a device holds of what it needs
+        self.recv: list[np.ndarray] = []  # (A, T) producer tiles a consumer tile needs
+        self.row: list[np.ndarray] = []  # (S, B) elements of a producer tile needed in all
+        self.sent: list[np.ndarray] = []  # (S, B) consumer tiles a producer tile feeds
+
+    def bound(self) -> int:
+        """An upper bound on every element count the pairs multiply out to."""
+        return max(int(self.same[0].max(initial=0)) * int(self.same[1].max(initial=0)),
+                   int(self.row[0].max(initial=0)) * int(self.row[1].max(initial=0)))
+
+
+_Side = tuple[object, ...]
+
+
+def _pair_block(producer_side: _Side, consumer_side: _Side, rows: slice, columns: slice,
+                extent: int, backward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """t_x seconds and forward elements of producer configs `rows` x consumer configs
+    `columns`, over devices [0, extent), as (P, D, Q) arrays reduced over D.
+
+    Per device: `same` elements it holds of what its consumer tile needs, the producer tiles
+    it receives from, and (backward) its producer tile's elements needed elsewhere and the
+    consumer tiles it sends to. Forward time is the slowest device's remote elements over its
+    producer block's link plus latency per message; backward likewise over the consumer's.
+    The expression and its order of operations are the reference's, so results are equal
+    bit for bit.
+    """
+    p_state, same_tables, recv_tables, p_byte, p_latency = producer_side
+    q_state, row_tables, sent_tables, need, q_byte, q_latency = consumer_side
+    devices = slice(0, extent)
+    same = recv = None
+    for group in range(2):
+        table = same_tables[group]
+        index = (p_state[group][rows, devices, None] * table.shape[1]
+                 + q_state[group][None, devices, columns])
+        part = table.ravel().take(index)
+        same = part if same is None else np.multiply(same, part, out=same)
+        part = np.take(recv_tables[group][rows], q_state[group][devices, columns], axis=1)
+        recv = part if recv is None else np.multiply(recv, part, out=recv)
+    held = same > 0
+    np.subtract(recv, held, out=recv)
+    remote = np.subtract(need[None, devices, columns], same)
+    forward = remote * p_byte[rows, devices, None]
+    forward += recv * p_latency[rows, devices, None]
+    seconds = forward.max(axis=1)
+    elements = remote.sum(axis=1, dtype=np.int64)
+    if backward:
+        row_sum = sent = None
+        for group in range(2):
+            state = p_state[group][rows, devices]
+            part = np.take(row_tables[group][:, columns], state, axis=0)
+            row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
+            part = np.take(sent_tables[group][:, columns], state, axis=0)
+            sent = part if sent is None else np.multiply(sent, part, out=sent)
+        np.subtract(sent, held, out=sent)
+        np.subtract(row_sum, same, out=row_sum)
+        back = row_sum * q_byte[None, devices, columns]
+        back += sent * q_latency[None, devices, columns]
+        seconds = seconds + back.max(axis=1)
+    return seconds, elements

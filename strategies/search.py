@@ -27,7 +27,7 @@ from strategies.cost import Breakdown, CostModel
 from strategies.errors import LayerwiseError
 from strategies.space import ParallelConfig
 
-_CHUNK_ELEMENTS = 8_000_000  # cap on one (C_i x C_j x C_k) min-plus block
+_CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
 _MAX_FACTOR_ELEMENTS = 50_000_000  # refuse variable elimination factors larger than this
 
 

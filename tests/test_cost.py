@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from strategies import cost as cost_module
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.cost import AnalyticCompute, CostModel, configs_for
 from strategies.errors import ConfigError
 from strategies.graph import build_graph, trace
 from strategies.space import ParallelConfig, enumerate_configs
-from strategies.tiles import as_4d, needed_range, output_ranges
+from strategies.tiles import as_4d, largest_tile, needed_range, output_ranges
 
 P = ParallelConfig.parse
 CLUSTER = load_cluster("p100x16")
@@ -159,6 +161,99 @@ def test_search_space_matrices_match_single_pair_evaluation():
         one_seconds, one_moved = cost.edge(producer, consumer, [pconfs[row]], [qconfs[column]])
         assert one_moved[0, 0] == moved[row, column]
         assert one_seconds[0, 0] == pytest.approx(seconds[row, column])
+
+
+def naive_edge(cost, producer, consumer, pconf, qconf) -> tuple[float, int]:
+    """(seconds, bytes) of one pair by the definition, tile by tile and device by device."""
+    input_index = consumer.inputs.index(producer.name)
+
+    def box(layer, config, index, needed):
+        ranges = []
+        for dim in range(4):
+            out = output_ranges(layer, dim, config.degrees[dim])[index[dim]]
+            ranges.append(needed_range(layer, input_index, dim, out) if needed else out)
+        return ranges
+
+    def shared(have, need) -> int:
+        volume = 1
+        for (h0, h1), (n0, n1) in zip(have, need, strict=True):
+            volume *= max(0, min(h1, n1) - max(h0, n0))
+        return volume
+
+    def link(block, device):
+        members = set(block) | {device}
+        found = cost.cluster.slowest_link(members) if len(members) > 1 else None
+        return (0.0, 0.0) if found is None else (1.0 / found.bandwidth, found.latency)
+
+    have = {device: box(producer, pconf, index, False) for index, device in pconf.tiles()}
+    need = {device: box(consumer, qconf, index, True) for index, device in qconf.tiles()}
+    forward = backward = 0.0
+    remote_total = 0
+    for device, needed in need.items():  # forward: what each consumer tile receives
+        volume = 1
+        for start, stop in needed:
+            volume *= max(stop - start, 0)
+        same = shared(have[device], needed) if device in have else 0
+        senders = sum(shared(h, needed) > 0 for d, h in have.items() if d != device)
+        per_byte, latency = link(pconf.devices, device)
+        forward = max(forward, (volume - same) * 4 * per_byte + senders * latency)
+        remote_total += volume - same
+    for device, held in have.items():  # backward: the gradients of what each tile sent
+        used = sum(shared(held, needed) for d, needed in need.items() if d != device)
+        receivers = sum(shared(held, needed) > 0 for d, needed in need.items() if d != device)
+        per_byte, latency = link(qconf.devices, device)
+        backward = max(backward, used * 4 * per_byte + receivers * latency)
+    passes = 1 if producer.kind == "input" else 2
+    if producer.kind == "input":
+        backward = 0.0
+    return forward + backward, passes * remote_total * 4
+
+
+@pytest.mark.parametrize(("model", "devices", "placement"), [
+    ("tiny_cnn", 4, "origin"), ("tiny_cnn", 8, "aligned"), ("lenet5", 8, "origin"),
+    ("resnet18", 4, "aligned"), ("resnet18", 8, "origin"),
+])
+def test_search_space_matrices_equal_the_definition_pair_by_pair(model, devices, placement):
+    """The vectorised matrices (blocked by device extent, int32 where safe, tables per pair of
+    dims) against single-pair evaluation and an independent tile-by-tile count."""
+    graph = build_graph(model, batch=4 * devices, image_size=32)
+    cost = CostModel(graph, CLUSTER, devices, AnalyticCompute(CLUSTER), placement=placement)
+    for layer in graph.layers:  # t_c's tiles from cached per-dim parts: largest_tile's
+        assert all(cost.tile(layer, config) == largest_tile(layer, config)
+                   for config in cost.configs[layer.name])
+        assert cost.configs[layer.name] == configs_for(layer, devices, placement)
+    rng = random.Random(f"{model}-{devices}")
+    done = set()
+    for producer_name, consumer_name in graph.edges:
+        producer, consumer = graph.by_name[producer_name], graph.by_name[consumer_name]
+        seconds, moved = cost.edge(producer, consumer)
+        key = (seconds.tobytes(), moved.tobytes())
+        if key in done:  # repeated blocks: the same matrices
+            continue
+        done.add(key)
+        pconfs, qconfs = cost.configs[producer_name], cost.configs[consumer_name]
+        pairs = {(0, 0), (len(pconfs) - 1, len(qconfs) - 1)}
+        pairs |= {(rng.randrange(len(pconfs)), rng.randrange(len(qconfs))) for _ in range(12)}
+        for row, column in sorted(pairs):
+            one_seconds, one_moved = cost.edge(producer, consumer, [pconfs[row]],
+                                               [qconfs[column]])
+            assert one_moved[0, 0] == moved[row, column]
+            assert one_seconds[0, 0] == seconds[row, column]
+            expected_seconds, expected_bytes = naive_edge(cost, producer, consumer,
+                                                          pconfs[row], qconfs[column])
+            assert moved[row, column] == expected_bytes, (producer_name, consumer_name, row)
+            assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
+
+
+def test_int64_element_counts_give_the_same_matrices(monkeypatch):
+    """Element counts run in int32 only where no product can reach 2^31; both agree."""
+    graph = build_graph("resnet18", batch=32, image_size=32)
+    edges = [(graph.by_name[u], graph.by_name[v]) for u, v in graph.edges[:6]]
+    narrow = [model_for(graph, 8).edge(u, v) for u, v in edges]
+    monkeypatch.setattr(cost_module, "_INT32_LIMIT", 0)
+    wide = [model_for(graph, 8).edge(u, v) for u, v in edges]
+    for (s32, b32), (s64, b64) in zip(narrow, wide, strict=True):
+        assert np.array_equal(s32, s64) and np.array_equal(b32, b64)
 
 
 def test_analytic_compute_scales_with_the_tile():
