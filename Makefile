@@ -13,6 +13,7 @@ run: $(STAMP)
 	$(BIN)/layerwise models
 	$(BIN)/layerwise graph vgg16 --cluster p100x16
 	$(BIN)/layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
+	$(BIN)/layerwise run
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
@@ -39,7 +40,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_graph.py
+	$(BIN)/python benchmarks/bench_search.py
+	$(BIN)/python benchmarks/bench_runtime.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

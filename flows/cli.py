@@ -13,6 +13,7 @@
     layerwise train tiny_cnn --strategy data --nproc 2 --steps 50 --image-size 16
     layerwise train resnet18 --strategy layerwise --nproc 4 --image-size 32 --out runs/r18
     layerwise train resnet18 --resume runs/r18 --steps 400
+    layerwise run --set steps=80 --set strategies=[data,owt]
 
 Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
 request) prints one line to stderr and exits with code 2.
@@ -208,11 +209,12 @@ def clusters_show(
 
 
 def _register_commands() -> None:
-    from flows import cli_measure, cli_plan, cli_train
+    from flows import cli_measure, cli_plan, cli_run, cli_train
 
     cli_measure.register(app)
     cli_plan.register(app)
     cli_train.register(app)
+    cli_run.register(app)
 
 
 _register_commands()

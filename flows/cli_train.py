@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
@@ -147,19 +147,19 @@ def train(
         "in_channels": in_channels, "lr": lr, "momentum": momentum,
         "weight_decay": weight_decay, "seed": seed,
     }.items() if value is not None}
-    _check_numbers(given, steps, epochs, checkpoint_every, timeout)
+    check_numbers(given, steps, epochs, checkpoint_every, timeout)
     Fault.from_environment()  # a malformed drill is a user error before anything starts
     if resume is not None:
         job = _resumed_job(resume, model, strategy, given, out)
     else:
-        job = _new_job(model, strategy, given, out, analytic)
-    total = _total_steps(job, steps, epochs)
-    command = _torchrun_command(job, total, checkpoint_every, timeout, node_rank, rdzv_endpoint)
-    _write_run_folder(job)
+        job = new_job(model, strategy, given, out, analytic)
+    total = total_steps(job, steps, epochs)
+    command = torchrun_command(job, total, checkpoint_every, timeout, node_rank, rdzv_endpoint)
+    write_run_folder(job)
     code = _run_torchrun(command, job, as_json)
     if code != 0:
         first_rank = (node_rank or 0) * job.settings.nproc
-        line = _failure_line(job.out, code, range(first_rank, first_rank + job.settings.nproc))
+        line = failure_line(job.out, code, range(first_rank, first_rank + job.settings.nproc))
         error_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False,
                             soft_wrap=True)
         raise typer.Exit(code=1)
@@ -171,7 +171,7 @@ def train(
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_numbers(given: dict[str, Any], steps: int | None, epochs: int | None,
+def check_numbers(given: dict[str, Any], steps: int | None, epochs: int | None,
                    checkpoint_every: int, timeout: float) -> None:
     from strategies.errors import LayerwiseError
 
@@ -189,7 +189,7 @@ def _check_numbers(given: dict[str, Any], steps: int | None, epochs: int | None,
                                  f"(got {given[name]})")
 
 
-def _new_job(model: str, strategy: str | None, given: dict[str, Any], out: Path | None,
+def new_job(model: str, strategy: str | None, given: dict[str, Any], out: Path | None,
              analytic: bool) -> Job:
     """A run from the options given (defaults for the rest), checked before anything exists."""
     from strategies.errors import LayerwiseError
@@ -321,7 +321,7 @@ def _fresh_out(out: Path | None, model: str, strategy: str) -> Path:
     return candidate
 
 
-def _total_steps(job: Job, steps: int | None, epochs: int | None) -> int:
+def total_steps(job: Job, steps: int | None, epochs: int | None) -> int:
     from strategies.errors import LayerwiseError
 
     total = steps if steps is not None else (epochs or 1) * job.batches.steps_per_epoch
@@ -337,7 +337,7 @@ def _total_steps(job: Job, steps: int | None, epochs: int | None) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _torchrun_command(job: Job, total: int, checkpoint_every: int, timeout: float,
+def torchrun_command(job: Job, total: int, checkpoint_every: int, timeout: float,
                       node_rank: int | None, rdzv_endpoint: str | None) -> list[str]:
     from strategies.errors import LayerwiseError
 
@@ -358,7 +358,7 @@ def _torchrun_command(job: Job, total: int, checkpoint_every: int, timeout: floa
     return command
 
 
-def _write_run_folder(job: Job) -> None:
+def write_run_folder(job: Job) -> None:
     """What the workers read; stale error files of an earlier attempt go."""
     from strategies.files import write_atomic
     from strategies.runtime.worker import (
@@ -376,11 +376,19 @@ def _write_run_folder(job: Job) -> None:
 
 
 def _run_torchrun(command: list[str], job: Job, quiet: bool) -> int:
+    """Run torchrun with a progress bar driven by rank 0's lines; returns its exit code."""
+    return run_torchrun(command, job, lambda lines: _follow(lines, job, quiet))
+
+
+def run_torchrun(command: list[str], job: Job, follow: Callable[[IO[str]], None],
+                 deadline_s: float | None = None) -> int:
     """Run torchrun in its own process group; returns its exit code.
 
     Its stderr (torchrun's and the workers' logs and tracebacks) goes to torchrun.log in the
-    run folder; its stdout carries rank 0's progress lines. If the launcher is stopped (Ctrl-C,
-    or SIGTERM from a scheduler), the whole group is stopped with it.
+    run folder; its stdout (rank 0's progress lines and anything else) goes to `follow`. If
+    the launcher is stopped (Ctrl-C, or SIGTERM from a scheduler), the whole group is stopped
+    with it. With `deadline_s`, a timer stops the group when it runs longer (a blocked read of
+    its output would never notice) and TimeoutError is raised.
     """
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(job.out / LOG_FILE, "a", encoding="utf-8") as log, _terminate_as_exit():
@@ -388,13 +396,38 @@ def _run_torchrun(command: list[str], job: Job, quiet: bool) -> int:
         log.flush()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
                                    env=environment, start_new_session=True)
+        expired = threading.Event()
+        timer = _deadline_timer(process, expired, deadline_s)
         try:
             assert process.stdout is not None
-            _follow(process.stdout, job, quiet)
-            return process.wait()
+            follow(process.stdout)
+            code = process.wait()
         except BaseException:
             _stop(process)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+    if expired.is_set():
+        raise TimeoutError(f"training ran past its deadline of {deadline_s:g} s; torchrun and "
+                           f"its workers were stopped (log: {job.out / LOG_FILE})")
+    return code
+
+
+def _deadline_timer(process: subprocess.Popen[str], expired: threading.Event,
+                    deadline_s: float | None) -> threading.Timer | None:
+    """A started timer that stops `process`'s group after `deadline_s` and sets `expired`."""
+    if deadline_s is None:
+        return None
+
+    def expire() -> None:
+        expired.set()
+        _stop(process)
+
+    timer = threading.Timer(deadline_s, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 @contextlib.contextmanager
@@ -450,7 +483,7 @@ def _stop(process: subprocess.Popen[str]) -> None:
         return
 
 
-def _failure_line(out: Path, code: int, local_ranks: range) -> str:
+def failure_line(out: Path, code: int, local_ranks: range) -> str:
     """The rank whose error came first (the cause; the others fail after it) and its error.
 
     A rank that was killed records nothing, and its peers then fail on the lost connection;

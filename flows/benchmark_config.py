@@ -1,0 +1,138 @@
+"""The BenchmarkConfig contract: what one run of the benchmark flow measures.
+
+    layerwise run                                   # configs/benchmark.yaml
+    layerwise run --config my.yaml --set steps=80 --set strategies=[data,owt]
+    layerwise run --set models.0.name=lenet5 --set models.0.version=v2
+
+A YAML file (the embedded default is configs/benchmark.yaml) with `--set key=value` overrides on
+top: dotted keys reach into mappings and lists (`models.0.name`), values are YAML scalars or
+flow sequences. Anything wrong, in the file or an override, is one line naming the field.
+This module imports pydantic and yaml only, so a bad config fails before Prefect starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from strategies.errors import LayerwiseError
+
+SCHEMA_VERSION = 1
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark.yaml"
+StrategyName = Literal["layerwise", "data", "model", "owt", "spatial_h", "spatial_w"]
+
+
+class ModelVersion(BaseModel):
+    """A model to benchmark and the label its runs are compared under (the structure hash,
+    computed from the traced graph, tells whether two labels really differ)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    version: str = Field(default="v1", min_length=1)
+
+
+class BenchmarkConfig(BaseModel):
+    """Models, processes, strategies, data and training settings of one benchmark run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str = Field(min_length=1)
+    models: tuple[ModelVersion, ...] = Field(min_length=1)
+    nproc: int = Field(ge=1)
+    strategies: tuple[StrategyName, ...] = Field(min_length=1)
+    dataset: Literal["digits", "synthetic"]
+    image_size: int = Field(ge=1)
+    classes: int = Field(ge=2)
+    batch_per_device: int = Field(ge=1)
+    steps: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    momentum: float = Field(ge=0)
+    weight_decay: float = Field(ge=0)
+    seed: int = Field(ge=0)
+    cluster: str = "local"
+    tolerance: float = Field(default=1e-3, ge=0)
+    profile: bool = True
+    train_deadline_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("strategies")
+    @classmethod
+    def _distinct(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(names)) != len(names):
+            raise ValueError(f"lists a strategy twice: {list(names)}")
+        return names
+
+    @field_validator("models")
+    @classmethod
+    def _distinct_versions(cls, models: tuple[ModelVersion, ...]) -> tuple[ModelVersion, ...]:
+        labels = [(model.name, model.version) for model in models]
+        if len(set(labels)) != len(labels):
+            raise ValueError("lists a model version twice")
+        return models
+
+
+def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+                ) -> BenchmarkConfig:
+    """The config in `path` (default: the embedded one) with `key=value` overrides applied."""
+    source = path or DEFAULT_CONFIG
+    document = _read_yaml(source)
+    for override in overrides:
+        _apply_override(document, override)
+    try:
+        return BenchmarkConfig.model_validate(document)
+    except ValidationError as problem:
+        first = problem.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "top level"
+        raise LayerwiseError(f"config {source}: {field}: {first['msg']}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise LayerwiseError(f"cannot read config {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise LayerwiseError(f"config {path} is not valid YAML{line}: "
+                             f"{getattr(error, 'problem', None) or error}") from None
+    if not isinstance(document, dict):
+        raise LayerwiseError(f"config {path}: top level: expected a mapping of fields")
+    return document
+
+
+def _apply_override(document: dict[str, Any], override: str) -> None:
+    """Set `a.b.0.c=value` in place; the value is parsed as YAML (`[data, owt]`, `1e-3`)."""
+    key, separator, text = override.partition("=")
+    if not separator or not key.strip():
+        raise LayerwiseError(f"--set {override}: write key=value, e.g. --set steps=80")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise LayerwiseError(f"--set {override}: the value is not a YAML scalar or list") from None
+    parts = key.strip().split(".")
+    container: Any = document
+    for depth, part in enumerate(parts[:-1]):
+        container = _child(container, part, ".".join(parts[:depth + 1]))
+    _assign(container, parts[-1], value, key.strip())
+
+
+def _child(container: Any, part: str, where: str) -> Any:
+    if isinstance(container, dict):
+        return container.setdefault(part, {})
+    if isinstance(container, list) and part.isdigit() and int(part) < len(container):
+        return container[int(part)]
+    raise LayerwiseError(f"--set: {where}: no such field to set")
+
+
+def _assign(container: Any, part: str, value: Any, where: str) -> None:
+    if isinstance(container, dict):
+        container[part] = value
+    elif isinstance(container, list) and part.isdigit() and int(part) < len(container):
+        container[int(part)] = value
+    else:
+        raise LayerwiseError(f"--set: {where}: no such field to set")

@@ -1,0 +1,67 @@
+"""`layerwise run`: the benchmark flow with embedded defaults, nothing to start by hand.
+
+    layerwise run
+    layerwise run --config configs/benchmark.yaml --set steps=80 --set strategies=[data,owt]
+    MLFLOW_TRACKING_URI=http://mlflow:5000 PREFECT_API_URL=http://prefect:4200/api layerwise run
+
+Embedded defaults, each kept when the user set it: PREFECT_HOME in the project's .prefect/
+(Prefect then runs its local ephemeral API; PREFECT_API_URL points it at a server instead),
+Prefect's analytics off (the machine may be offline), MLflow on sqlite:////<project>/mlflow.db
+with artifacts in <project>/mlartifacts. The project is the current directory, as for every
+`layerwise` command (runs/, data/).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.console import console, error_console, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    """Add `run` to the CLI."""
+    app.command("run")(run)
+
+
+def embedded_environment(project: Path) -> dict[str, str]:
+    """The defaults `layerwise run` sets where the user has not."""
+    from tasks.track import TRACKING_VARIABLE, default_tracking_uri
+
+    return {
+        "PREFECT_HOME": str(project / ".prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        TRACKING_VARIABLE: default_tracking_uri(project),
+    }
+
+
+@user_errors
+def run(
+    config: Annotated[Path | None, typer.Option(
+        help="Benchmark YAML (default: the embedded configs/benchmark.yaml).")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a field: key=value, dotted keys, YAML values "
+                      "(--set steps=80, --set models.0.name=lenet5). Repeatable.")] = None,
+) -> None:
+    """Run the benchmark flow: data, profile, search, train, validate, track in MLflow."""
+    from flows.benchmark_config import load_config
+
+    started = time.perf_counter()
+    benchmark_config = load_config(config, overrides or [])
+    for name, value in embedded_environment(Path.cwd().resolve()).items():
+        os.environ.setdefault(name, value)
+    # Prefect reads PREFECT_HOME when it is imported: only now.
+    from flows.benchmark import BenchmarkFailed, benchmark
+
+    try:
+        benchmark(benchmark_config)
+    except BenchmarkFailed as error:
+        error_console.print(f"[bold red]error:[/] benchmark failed: {error}", highlight=False,
+                            soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    console.print(f"layerwise run took {time.perf_counter() - started:.1f} s in all "
+                  "(with Prefect's start-up)", highlight=False)

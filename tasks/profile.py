@@ -1,0 +1,57 @@
+"""Profiling task: t_c of the tiles the chosen strategies need, measured on this machine.
+
+The profile file under data/profiles/ is keyed by model structure, global batch, device, dtype
+and torch version (`strategies.profile.profile_key`), so it is the cache: a second benchmark of
+the same model on the same machine measures nothing, and one that needs more configurations
+measures only the missing tiles.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from strategies.baselines import baseline
+from strategies.graph import LayerGraph
+from strategies.profile import (
+    Profile,
+    default_profile_path,
+    device_name,
+    profile_graph,
+    resolve_device,
+)
+from strategies.space import ParallelConfig
+
+
+def needed_configs(graph: LayerGraph, devices: int, strategies: Sequence[str]
+                   ) -> dict[str, list[ParallelConfig]] | None:
+    """Per layer, the configs whose t_c the strategies' costs read; None means all of them
+    (the layer-wise search costs every configuration)."""
+    if "layerwise" in strategies:
+        return None
+    assignments = [baseline(name, graph, devices) for name in strategies]
+    return {layer.name: sorted({assignment[layer.name] for assignment in assignments},
+                               key=lambda config: config.text)
+            for layer in graph.layers}
+
+
+@task(name="profile", cache_policy=NO_CACHE)
+def profile_model(graph: LayerGraph, devices: int, strategies: Sequence[str]) -> Path:
+    """The profile file covering `strategies` on `devices` devices, measuring what it lacks."""
+    logger = get_run_logger()
+    target = resolve_device(None)
+    path = default_profile_path(graph, device_name(target))
+    existing = Profile.load(path) if path.exists() else None
+    started = time.perf_counter()
+    profile = profile_graph(graph, devices, needed_configs(graph, devices, strategies),
+                            device=target, existing=existing)
+    measured = profile.tile_count - (existing.tile_count if existing else 0)
+    if profile is not existing:
+        profile.save(path)
+    logger.info("profile %s: %d tiles measured in %.1f s, %d reused", path, measured,
+                time.perf_counter() - started, profile.tile_count - measured)
+    return path

@@ -1,0 +1,37 @@
+"""Search task: the optimal layer-wise strategy and the baselines, costed by one model (Eq. 1).
+
+Every strategy is saved as the JSON `layerwise train --strategy FILE` takes, so the training
+task runs exactly what was searched and the tracking task logs exactly what ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.cli_plan import baseline_strategy, cost_model, searched_strategy
+from strategies.graph import LayerGraph
+
+
+@task(name="search", cache_policy=NO_CACHE)
+def search_strategies(graph: LayerGraph, cluster: str, devices: int, profile: Path | None,
+                      strategies: Sequence[str], out: Path) -> dict[str, Path]:
+    """Strategy name -> its JSON file in `out`, predicted with the profile or the roofline."""
+    logger = get_run_logger()
+    cost = cost_model(graph, cluster, devices, profile, analytic=profile is None)
+    files = {}
+    for name in strategies:
+        if name == "layerwise":
+            strategy, result = searched_strategy(cost)
+            logger.info("layer-wise search: %.3f s (%s, final graph %d node(s))",
+                        result.search_seconds, result.search_method, result.final_graph_nodes)
+        else:
+            strategy = baseline_strategy(cost, name)
+        files[name] = strategy.save(out / f"{name}.strategy.json")
+        logger.info("%s: predicted %.3f ms per step, %d transfer + %d sync bytes", name,
+                    strategy.predicted.step_seconds * 1e3, strategy.predicted.transfer_bytes,
+                    strategy.predicted.sync_bytes)
+    return files

@@ -1,0 +1,104 @@
+"""The benchmark flow end to end on real components: Prefect's test harness, MLflow on a
+temporary SQLite file, torchrun with 2 gloo processes, nothing mocked.
+
+One flow run (tiny_cnn at 8x8 on synthetic data, data and OWT, 6 steps) is shared by the
+checks: starting torchrun costs seconds per run, the steps milliseconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from flows.benchmark_config import load_config
+from flows.cli import app
+
+pytestmark = pytest.mark.slow
+
+STRATEGIES = ("data", "owt")
+OVERRIDES = ("name=test-benchmark", "dataset=synthetic", "image_size=8", "classes=10",
+             "nproc=2", "batch_per_device=4", "steps=6", "strategies=[data,owt]",
+             "profile=false", "train_deadline_s=240")
+ARTIFACTS = {"strategy.json", "result.json", "train.json", "per_layer.json",
+             "per_layer_degrees.png"}
+METRICS = {"predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
+           "transfer_bytes_per_step", "sync_bytes_per_step", "predicted_transfer_bytes_per_step",
+           "predicted_sync_bytes_per_step", "cost_model_error", "train_loss", "val_accuracy",
+           "baseline_val_accuracy"}
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness():
+        yield
+
+
+@pytest.fixture(scope="module")
+def benchmarked(prefect_harness, tmp_path_factory):
+    """The flow run once in a fresh project folder; its MLflow client and outcomes."""
+    from flows.benchmark import benchmark
+
+    project = tmp_path_factory.mktemp("project")
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        outcomes = benchmark(load_config(None, OVERRIDES))
+    return MlflowClient(tracking_uri=uri), outcomes, project
+
+
+def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
+    client, outcomes, project = benchmarked
+    assert [outcome.error for outcome in outcomes] == [None, None]
+    experiment = client.get_experiment_by_name("test-benchmark")
+    assert experiment is not None
+    assert experiment.artifact_location.startswith((project / "mlartifacts").as_uri())
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    children = [run for run in runs if "mlflow.parentRunId" in run.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert {run.data.tags["mlflow.parentRunId"] for run in children} == {parents[0].info.run_id}
+    assert sorted(run.data.params["strategy"] for run in children) == list(STRATEGIES)
+    for tag in ("git_commit", "torch_version", "device_name", "prefect_flow_run_id"):
+        assert parents[0].data.tags[tag]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy):
+    client, _, _ = benchmarked
+    experiment = client.get_experiment_by_name("test-benchmark")
+    [run] = client.search_runs([experiment.experiment_id],
+                               f"params.strategy = '{strategy}'")
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["model"] == "tiny_cnn" and params["model_version"] == "v1"
+    assert params["devices"] == "2" and params["cluster"] == "local"
+    assert params["batch_per_device"] == "4" and params["global_batch"] == "8"
+    assert len(params["structure_hash"]) > 8 and params["seed"] == "0"
+    metrics = run.data.metrics
+    assert set(metrics) >= METRICS
+    assert metrics["val_accuracy"] == pytest.approx(metrics["baseline_val_accuracy"], abs=1e-3)
+    assert metrics["transfer_bytes_per_step"] == metrics["predicted_transfer_bytes_per_step"]
+    assert metrics["sync_bytes_per_step"] == metrics["predicted_sync_bytes_per_step"]
+    losses = client.get_metric_history(run.info.run_id, "train_loss")
+    assert sorted(metric.step for metric in losses) == [1, 2, 3, 4, 5, 6]
+    artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
+    assert artifacts >= ARTIFACTS
+    table = Path(client.download_artifacts(run.info.run_id, "per_layer.json"))
+    assert "conv1" in table.read_text(encoding="utf-8")
+
+
+def test_a_bad_config_field_is_one_line_naming_it(tmp_path):
+    result = CliRunner().invoke(app, ["run", "--set", "strategies=[data,pipeline]"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "strategies.1" in lines[0], result.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nnproc: two\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["run", "--config", str(bad)])
+    assert result.exit_code == 2 and "models" in result.stderr, result.stderr
