@@ -14,6 +14,8 @@
     layerwise train resnet18 --strategy layerwise --nproc 4 --image-size 32 --out runs/r18
     layerwise train resnet18 --resume runs/r18 --steps 400
     layerwise run --set steps=80 --set strategies=[data,owt]
+    layerwise compare --experiment layerwise-benchmark --json
+    layerwise serve --cron "0 2 * * *"
 
 Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
 request) prints one line to stderr and exits with code 2.
@@ -209,12 +211,14 @@ def clusters_show(
 
 
 def _register_commands() -> None:
-    from flows import cli_measure, cli_plan, cli_run, cli_train
+    from flows import cli_compare, cli_measure, cli_plan, cli_run, cli_serve, cli_train
 
     cli_measure.register(app)
     cli_plan.register(app)
     cli_train.register(app)
     cli_run.register(app)
+    cli_compare.register(app)
+    cli_serve.register(app)
 
 
 _register_commands()

@@ -7,8 +7,9 @@
 Embedded defaults, each kept when the user set it: PREFECT_HOME in the project's .prefect/
 (Prefect then runs its local ephemeral API; PREFECT_API_URL points it at a server instead),
 Prefect's analytics off (the machine may be offline), MLflow on sqlite:////<project>/mlflow.db
-with artifacts in <project>/mlartifacts. The project is the current directory, as for every
-`layerwise` command (runs/, data/).
+with artifacts in <project>/mlartifacts and no download progress bars. `compare` and `serve`
+use the same defaults (use_embedded_environment). The project is the current directory, as for
+every `layerwise` command (runs/, data/).
 """
 
 from __future__ import annotations
@@ -36,7 +37,17 @@ def embedded_environment(project: Path) -> dict[str, str]:
         "PREFECT_HOME": str(project / ".prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         TRACKING_VARIABLE: default_tracking_uri(project),
+        # reading artifacts back (compare) would draw a progress bar per file into the logs
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
+
+
+def use_embedded_environment() -> None:
+    """Set the embedded defaults for the project in the current directory, keeping whatever
+    the user set. Every command that starts Prefect or opens MLflow calls this first: Prefect
+    reads PREFECT_HOME when it is imported, so import it only afterwards."""
+    for name, value in embedded_environment(Path.cwd().resolve()).items():
+        os.environ.setdefault(name, value)
 
 
 @user_errors
@@ -52,9 +63,7 @@ def run(
 
     started = time.perf_counter()
     benchmark_config = load_config(config, overrides or [])
-    for name, value in embedded_environment(Path.cwd().resolve()).items():
-        os.environ.setdefault(name, value)
-    # Prefect reads PREFECT_HOME when it is imported: only now.
+    use_embedded_environment()
     from flows.benchmark import BenchmarkFailed, benchmark
 
     try:

@@ -22,9 +22,10 @@ from typing import Any
 import yaml
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Experiment, Metric, Param, RunStatus
 from mlflow.utils.time import get_current_time_millis
 
+from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.runtime.result import RunResult
 from strategies.space import DIMS, ParallelConfig
@@ -64,6 +65,16 @@ def open_experiment(name: str) -> tuple[MlflowClient, str]:
     root = artifact_root(uri)
     location = f"{root}/{_safe_name(name)}" if root else None
     return client, client.create_experiment(name, artifact_location=location)
+
+
+def find_experiment(client: MlflowClient, name: str) -> Experiment:
+    """Experiment `name` for reading it back, or one line naming the ones that exist."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment
+    known = sorted(found.name for found in client.search_experiments())
+    raise LayerwiseError(f"no MLflow experiment '{name}' in {client.tracking_uri}; it has: "
+                         f"{', '.join(known) or 'none'} (`layerwise run` creates it)")
 
 
 def _safe_name(name: str) -> str:

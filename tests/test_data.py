@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import yaml
 
 from strategies.errors import LayerwiseError
 from tasks.data import load_params, main, prepare_digits, split_indices
+from tests.dvc_repo import data_repo, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,23 +54,9 @@ def test_bad_params_are_one_clear_line(tmp_path, capsys):
     assert main(["--params", str(tmp_path / "missing.yaml")]) == 2
 
 
-def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=True)
-
-
 def test_dvc_repro_prepare_builds_tracks_and_skips_unchanged_data(tmp_path):
     dvc = str(Path(sys.executable).parent / "dvc")
-    repo = tmp_path / "repo"
-    (repo / "tasks").mkdir(parents=True)
-    shutil.copy(ROOT / "dvc.yaml", repo)
-    shutil.copy(ROOT / "tasks" / "data.py", repo / "tasks" / "data.py")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["prepare"]["image_size"] = 8
-    (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    run(["git", "init", "-q"], repo)
-    run([dvc, "init", "-q"], repo)
+    repo = data_repo(tmp_path)
     first = run([dvc, "repro", "prepare"], repo)
     assert "prepared digits" in first.stdout
     meta = json.loads((repo / "data/prepared/digits/meta.json").read_text())
@@ -81,6 +65,7 @@ def test_dvc_repro_prepare_builds_tracks_and_skips_unchanged_data(tmp_path):
     assert lock["stages"]["prepare"]["params"]["params.yaml"]["prepare"]["image_size"] == 8
     unchanged = run([dvc, "repro", "prepare"], repo)
     assert "didn't change" in unchanged.stdout
+    params = yaml.safe_load((repo / "params.yaml").read_text())
     params["prepare"]["image_size"] = 12
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     run([dvc, "repro", "prepare"], repo)

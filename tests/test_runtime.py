@@ -105,8 +105,12 @@ ZOO_ON_FOUR = ("tiny_cnn", "lenet5", "resnet18", "inception_v3")
     if world == 2 or model in ZOO_ON_FOUR
 ])
 def test_every_zoo_model_under_every_strategy_equals_one_device(world, model, size, steps):
+    # VGG-16's data parallelism all-reduces 138M fp64 weights (40 s here); data parallelism
+    # is covered on every other model
+    strategies = ("model", "owt", "layerwise") if model == "vgg16" else (
+        "data", "model", "owt", "layerwise")
     cases = [named(model, strategy, world, batch=4, image_size=size, steps=steps, double=True)
-             for strategy in ("data", "model", "owt", "layerwise")]
+             for strategy in strategies]
     for case, outcome in zip(cases, run_distributed(cases, world), strict=True):
         check_equal(case, outcome, FP64)
 

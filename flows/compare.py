@@ -1,0 +1,315 @@
+"""The compare flow: strategies across model versions, read back from MLflow.
+
+    layerwise compare                                   # the embedded config's experiment
+    layerwise compare --experiment nightly --all --json
+
+For every nested run (one per model version and strategy) of the experiment's newest parent
+run (or of all of them): predicted vs measured step time, throughput, bytes per step (transfer
+and sync, predicted and measured) and validation accuracy against the one-process baseline.
+When one model has two versions, it also says what changed between them: the structure hash,
+the layers added or removed (by name, from each version's logged per-layer table) and the
+metric deltas per strategy. The comparison is logged on the newest parent run (a table, a
+figure and the whole report as JSON, under `compare-TIMESTAMP/` so repeated comparisons never
+mix) and as Prefect artifacts. Reading goes through MlflowClient only, so a tracking server
+(MLFLOW_TRACKING_URI) works as the embedded SQLite store does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from mlflow import MlflowClient
+from mlflow.entities import Run
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import BaseModel
+
+from strategies.errors import LayerwiseError
+from tasks import track
+
+SCHEMA_VERSION = 1
+COMPARED_METRICS = (
+    "predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
+    "predicted_transfer_bytes_per_step", "transfer_bytes_per_step",
+    "predicted_sync_bytes_per_step", "sync_bytes_per_step", "cost_model_error",
+    "val_accuracy", "baseline_val_accuracy",
+)
+DELTA_METRICS = ("step_seconds", "throughput_samples_per_s", "transfer_bytes_per_step",
+                 "sync_bytes_per_step", "val_accuracy")
+PARENT_TAG = "mlflow.parentRunId"
+PER_LAYER_TABLE = "per_layer.json"
+_PAGE = 1000
+
+
+class ParentRun(BaseModel):
+    """One benchmark flow run."""
+
+    run_id: str
+    run_name: str
+    status: str
+    start_time: int
+
+
+class StrategyRow(BaseModel):
+    """One (model version, strategy) run and its compared metrics (None: not logged)."""
+
+    parent_run_id: str
+    parent_run_name: str
+    run_id: str
+    model: str
+    model_version: str
+    structure_hash: str
+    strategy: str
+    status: str
+    start_time: int
+    error: str | None
+    metrics: dict[str, float | None]
+
+
+class VersionChange(BaseModel):
+    """What differs between two versions of one model."""
+
+    model: str
+    before: str
+    after: str
+    before_hash: str
+    after_hash: str
+    structure_changed: bool
+    layers_added: list[str]
+    layers_removed: list[str]
+    deltas: dict[str, dict[str, float]]  # strategy -> metric -> after minus before
+
+
+class Comparison(BaseModel):
+    """The whole report: what `--json` prints and what is logged as comparison.json."""
+
+    schema_version: int = SCHEMA_VERSION
+    experiment: str
+    tracking_uri: str
+    parent_runs: list[ParentRun]
+    rows: list[StrategyRow]
+    changes: list[VersionChange]
+    logged_on_run: str | None = None
+    artifacts: list[str] = []
+
+
+@flow(name="compare")
+def compare(experiment: str, all_runs: bool = False) -> Comparison:
+    """Compare the strategies of the newest (or every) benchmark run; see the module docstring."""
+    uri = os.environ[track.TRACKING_VARIABLE]
+    client = MlflowClient(tracking_uri=uri)
+    found = track.find_experiment(client, experiment)
+    parents = _parent_runs(client, found.experiment_id, all_runs)
+    if not parents:
+        raise LayerwiseError(f"experiment '{experiment}' has no benchmark runs yet: "
+                             "run `layerwise run` first")
+    rows = [row for parent in parents
+            for row in _strategy_rows(client, found.experiment_id, parent)]
+    comparison = Comparison(
+        experiment=experiment, tracking_uri=uri,
+        parent_runs=[ParentRun(run_id=run.info.run_id, run_name=run.info.run_name,
+                               status=run.info.status, start_time=run.info.start_time)
+                     for run in parents],
+        rows=rows, changes=_version_changes(client, rows))
+    newest = parents[0].info.run_id
+    artifacts = _log_comparison(client, newest, comparison)
+    comparison = comparison.model_copy(update={"logged_on_run": newest, "artifacts": artifacts})
+    _create_prefect_artifacts(comparison)
+    return comparison
+
+
+def _runs(client: MlflowClient, experiment_id: str, filter_string: str = "",
+          order: str = "DESC") -> Iterator[Run]:
+    """Every matching run, by start time, page by page (a store may hold thousands)."""
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=_PAGE,
+                                  order_by=[f"attributes.start_time {order}"],
+                                  page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+def _parent_runs(client: MlflowClient, experiment_id: str, all_runs: bool) -> list[Run]:
+    """The benchmark flow runs (the runs without a parent), newest first."""
+    parents = []
+    for run in _runs(client, experiment_id):
+        if PARENT_TAG in run.data.tags:
+            continue
+        parents.append(run)
+        if not all_runs:
+            break
+    return parents
+
+
+def _strategy_rows(client: MlflowClient, experiment_id: str, parent: Run) -> list[StrategyRow]:
+    """The parent's nested runs in the order they ran (the config's order)."""
+    children = _runs(client, experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+                     order="ASC")
+    return [StrategyRow(
+        parent_run_id=parent.info.run_id, parent_run_name=parent.info.run_name,
+        run_id=run.info.run_id, model=run.data.params.get("model", "?"),
+        model_version=run.data.params.get("model_version", "?"),
+        structure_hash=run.data.params.get("structure_hash", ""),
+        strategy=run.data.params.get("strategy", "?"), status=run.info.status,
+        start_time=run.info.start_time, error=run.data.tags.get("error"),
+        metrics={name: run.data.metrics.get(name) for name in COMPARED_METRICS},
+    ) for run in children]
+
+
+def _version_changes(client: MlflowClient, rows: list[StrategyRow]) -> list[VersionChange]:
+    """Each model's consecutive versions (in the order they first ran), compared pairwise.
+
+    A version seen in several parent runs (`--all`) is represented by its newest runs: the
+    rows come newest parent first, so the first row per (model, version, strategy) wins.
+    """
+    newest: dict[tuple[str, str], dict[str, StrategyRow]] = {}
+    for row in rows:
+        newest.setdefault((row.model, row.model_version), {}).setdefault(row.strategy, row)
+    versions: dict[str, list[str]] = {}
+    for row in sorted(rows, key=lambda row: row.start_time):
+        listed = versions.setdefault(row.model, [])
+        if row.model_version not in listed:
+            listed.append(row.model_version)
+    return [_version_change(client, model, newest[(model, before)], newest[(model, after)],
+                            before, after)
+            for model, labels in versions.items()
+            for before, after in zip(labels, labels[1:], strict=False)]
+
+
+def _version_change(client: MlflowClient, model: str, before: dict[str, StrategyRow],
+                    after: dict[str, StrategyRow], before_label: str,
+                    after_label: str) -> VersionChange:
+    before_hash = next(iter(before.values())).structure_hash
+    after_hash = next(iter(after.values())).structure_hash
+    added, removed = layer_changes(_layer_names(client, before), _layer_names(client, after))
+    deltas = {}
+    for strategy in (name for name in after if name in before):
+        old, new = before[strategy].metrics, after[strategy].metrics
+        deltas[strategy] = {metric: new[metric] - old[metric] for metric in DELTA_METRICS
+                            if new.get(metric) is not None and old.get(metric) is not None}
+    return VersionChange(model=model, before=before_label, after=after_label,
+                         before_hash=before_hash, after_hash=after_hash,
+                         structure_changed=before_hash != after_hash, layers_added=added,
+                         layers_removed=removed, deltas=deltas)
+
+
+def layer_changes(before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
+    """Layer names only in `after` (added) and only in `before` (removed), in layer order."""
+    return ([name for name in after if name not in set(before)],
+            [name for name in before if name not in set(after)])
+
+
+def _layer_names(client: MlflowClient, runs: dict[str, StrategyRow]) -> list[str]:
+    """The layers of a version, from the per-layer table of any of its finished runs (every
+    strategy of a version traces the same graph); none when no run logged one."""
+    for row in runs.values():
+        if row.status != "FINISHED":
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            path = client.download_artifacts(row.run_id, PER_LAYER_TABLE, folder)
+            table = json.loads(Path(path).read_text(encoding="utf-8"))
+        column = table["columns"].index("layer")
+        return [str(values[column]) for values in table["data"]]
+    return []
+
+
+def table_rows(comparison: Comparison) -> list[dict[str, object]]:
+    """One flat record per (model version, strategy): the MLflow and Prefect table."""
+    return [{"parent_run": row.parent_run_name, "model": row.model, "version": row.model_version,
+             "strategy": row.strategy, "status": row.status, **row.metrics}
+            for row in comparison.rows]
+
+
+def _log_comparison(client: MlflowClient, run_id: str, comparison: Comparison) -> list[str]:
+    """Table, figure and report on the newest parent run, in a folder of their own."""
+    folder = f"compare-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    records = table_rows(comparison)
+    logged = [f"{folder}/comparison.json", f"{folder}/comparison.png"]
+    client.log_dict(run_id, comparison.model_dump(mode="json"), logged[0])
+    client.log_figure(run_id, comparison_figure(comparison.rows), logged[1])
+    if records:  # a table needs columns
+        logged.append(f"{folder}/comparison_table.json")
+        client.log_table(run_id, {key: [record[key] for record in records] for key in records[0]},
+                         logged[-1])
+    return logged
+
+
+def comparison_figure(rows: list[StrategyRow]) -> Figure:
+    """Predicted vs measured step time and bytes per step, one pair of bars per run.
+
+    A bare Figure (no pyplot), as in tasks/track.py: no global state, no GUI backend.
+    """
+    measured = [row for row in rows if row.metrics.get("step_seconds") is not None]
+    labels = [f"{row.model} {row.model_version}\n{row.strategy}" for row in measured]
+    figure = Figure(figsize=(max(6.0, 1.2 * len(labels)), 6.4))
+    time_axes, bytes_axes = figure.subplots(2, 1)
+    width = 0.4
+    positions = range(len(labels))
+    for axes, unit, scale, parts in (
+        (time_axes, "ms per step", 1e3, (("predicted_step_seconds",), ("step_seconds",))),
+        (bytes_axes, "bytes per step", 1.0,
+         (("predicted_transfer_bytes_per_step", "predicted_sync_bytes_per_step"),
+          ("transfer_bytes_per_step", "sync_bytes_per_step"))),
+    ):
+        for offset, (kind, names) in zip((-width / 2, width / 2),
+                                         zip(("predicted", "measured"), parts, strict=True),
+                                         strict=True):
+            heights = [scale * sum(row.metrics[name] or 0.0 for name in names)
+                       for row in measured]
+            axes.bar([position + offset for position in positions], heights, width, label=kind)
+        axes.set_xticks(list(positions), labels, fontsize=7)
+        axes.set_ylabel(unit)
+        axes.legend(fontsize=8)
+    time_axes.set_title("predicted vs measured per training step")
+    figure.tight_layout()
+    return figure
+
+
+def _create_prefect_artifacts(comparison: Comparison) -> None:
+    """The table (and what changed) on the Prefect flow run, pointing back at MLflow."""
+    where = (f"MLflow experiment `{comparison.experiment}`, run `{comparison.logged_on_run}`, "
+             f"folder `{comparison.artifacts[0].split('/')[0]}`")
+    create_table_artifact(table=table_rows(comparison), key="strategy-comparison",
+                          description=f"Predicted vs measured per strategy. {where}")
+    if comparison.changes:
+        create_markdown_artifact(
+            markdown="\n".join(f"- {line}" for change in comparison.changes
+                               for line in change_lines(change)),
+            key="model-version-changes", description=f"What changed between versions. {where}")
+
+
+def change_lines(change: VersionChange) -> list[str]:
+    """What changed between two versions, as lines for the terminal and Prefect."""
+    head = f"{change.model} {change.before} -> {change.after}: "
+    if change.structure_changed:
+        head += f"structure changed ({change.before_hash[:12]} -> {change.after_hash[:12]})"
+    else:
+        head += f"same structure ({change.after_hash[:12]})"
+    if change.layers_added:
+        head += f"; layers added: {', '.join(change.layers_added)}"
+    if change.layers_removed:
+        head += f"; layers removed: {', '.join(change.layers_removed)}"
+    lines = [head]
+    for strategy, delta in change.deltas.items():
+        parts = []
+        if "step_seconds" in delta:
+            parts.append(f"step {delta['step_seconds'] * 1e3:+.2f} ms")
+        if "throughput_samples_per_s" in delta:
+            parts.append(f"{delta['throughput_samples_per_s']:+,.0f} samples/s")
+        for name, label in (("transfer_bytes_per_step", "transfer"),
+                            ("sync_bytes_per_step", "sync")):
+            if name in delta:
+                parts.append(f"{label} {delta[name]:+,.0f} B")
+        if "val_accuracy" in delta:
+            parts.append(f"val acc {delta['val_accuracy'] * 100:+.2f} pp")
+        lines.append(f"  {strategy}: {', '.join(parts) or 'no metrics in both'}")
+    return lines

@@ -1,0 +1,127 @@
+"""The compare flow on a real MLflow store: the benchmark flow writes it, compare reads it back.
+
+One benchmark run (tiny_cnn labelled v1 and v2 at 8x8 on synthetic data, strategy data, 2
+processes, 4 steps) in Prefect's test harness with MLflow on a temporary SQLite file; then
+`layerwise compare --json` as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from flows.benchmark_config import load_config
+from flows.cli import app
+from flows.compare import COMPARED_METRICS, DELTA_METRICS, layer_changes
+
+pytestmark = pytest.mark.slow
+
+EXPERIMENT = "test-compare"
+VERSIONS = ("v1", "v2")
+OVERRIDES = (f"name={EXPERIMENT}", "dataset=synthetic", "image_size=8", "classes=10",
+             "nproc=2", "batch_per_device=4", "steps=4", "strategies=[data]", "profile=false",
+             "train_deadline_s=240",
+             "models=[{name: tiny_cnn, version: v1}, {name: tiny_cnn, version: v2}]")
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """The benchmark flow once, then `layerwise compare --json` on its store."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.benchmark import benchmark
+
+    project = tmp_path_factory.mktemp("project")
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    with prefect_test_harness(), pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        # set, so the CLI's embedded defaults change nothing outside this test
+        for name, value in (("MLFLOW_TRACKING_URI", uri),
+                            ("PREFECT_HOME", str(project / ".prefect")),
+                            ("PREFECT_SERVER_ANALYTICS_ENABLED", "false")):
+            patch.setenv(name, value)
+        benchmark(load_config(None, OVERRIDES))
+        result = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--json"])
+        assert result.exit_code == 0, result.output
+        printed = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--all"])
+        assert printed.exit_code == 0, printed.output
+        artifacts = _prefect_artifacts()
+    return MlflowClient(tracking_uri=uri), json.loads(result.stdout), artifacts, printed.stdout
+
+
+def _prefect_artifacts() -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return {artifact.key: artifact.type for artifact in client.read_artifacts()
+                if artifact.key}
+
+
+def test_every_version_and_strategy_is_listed_with_its_metrics(compared):
+    _, report, _, _ = compared
+    assert report["experiment"] == EXPERIMENT and len(report["parent_runs"]) == 1
+    rows = report["rows"]
+    assert [(row["model_version"], row["strategy"]) for row in rows] == [
+        (version, "data") for version in VERSIONS]
+    for row in rows:
+        assert row["model"] == "tiny_cnn" and row["status"] == "FINISHED"
+        assert set(row["metrics"]) == set(COMPARED_METRICS)
+        assert all(value is not None for value in row["metrics"].values()), row
+        metrics = row["metrics"]
+        assert metrics["transfer_bytes_per_step"] == metrics["predicted_transfer_bytes_per_step"]
+        assert metrics["sync_bytes_per_step"] == metrics["predicted_sync_bytes_per_step"]
+
+
+def test_two_versions_of_a_model_say_what_changed(compared):
+    _, report, _, _ = compared
+    [change] = report["changes"]
+    assert (change["model"], change["before"], change["after"]) == ("tiny_cnn", "v1", "v2")
+    assert not change["structure_changed"]  # the same network under two labels
+    assert change["layers_added"] == [] and change["layers_removed"] == []
+    assert set(change["deltas"]["data"]) == set(DELTA_METRICS)
+    # same seed, data and exact runtime: the accuracy is the same, the bytes too
+    assert change["deltas"]["data"]["val_accuracy"] == 0
+    assert change["deltas"]["data"]["sync_bytes_per_step"] == 0
+
+
+def test_the_comparison_is_logged_on_the_parent_run_and_in_prefect(compared):
+    client, report, prefect_artifacts, _ = compared
+    parent = report["parent_runs"][0]["run_id"]
+    assert report["logged_on_run"] == parent
+    folder = report["artifacts"][0].split("/")[0]
+    logged = {artifact.path for artifact in client.list_artifacts(parent, folder)}
+    assert logged == set(report["artifacts"])
+    table = json.loads(Path(client.download_artifacts(
+        parent, f"{folder}/comparison_table.json")).read_text(encoding="utf-8"))
+    assert len(table["data"]) == len(VERSIONS) and "step_seconds" in table["columns"]
+    assert prefect_artifacts["strategy-comparison"] == "table"
+    assert prefect_artifacts["model-version-changes"] == "markdown"
+
+
+def test_the_table_and_what_changed_are_printed(compared):
+    *_, printed = compared
+    assert "predicted vs measured" in printed
+    assert "what changed: tiny_cnn v1 -> v2: same structure" in printed
+    assert "logged on MLflow run" in printed
+
+
+def test_layer_changes_keep_layer_order():
+    before, after = ["conv1", "pool1", "fc1"], ["conv1", "conv2", "pool1", "fc2"]
+    assert layer_changes(before, after) == (["conv2", "fc2"], ["fc1"])
+
+
+def test_an_unknown_experiment_is_one_line(compared, tmp_path, monkeypatch):
+    client, *_ = compared
+    monkeypatch.chdir(tmp_path)
+    for name, value in (("MLFLOW_TRACKING_URI", client.tracking_uri),
+                        ("PREFECT_HOME", str(tmp_path)),
+                        ("PREFECT_SERVER_ANALYTICS_ENABLED", "false")):
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(app, ["compare", "--experiment", "absent"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "'absent'" in lines[0] and EXPERIMENT in lines[0], result.stderr
