@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import socket
 import statistics
 import tempfile
 import time
@@ -40,9 +38,10 @@ from strategies.cost import CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.profile import profile_graph
-from strategies.runtime.comm import Communicator
+from strategies.runtime.comm import Communicator, free_local_port
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.plan import build_plan
+from strategies.runtime.worker import peak_memory_bytes, synchronize
 from strategies.search import optimal_strategy
 from strategies.space import ParallelConfig
 
@@ -67,17 +66,6 @@ def _batches(job: Job, in_channels: int, device: torch.device,
     return [(torch.randn(shape, generator=generator).to(device),
              torch.randint(0, 10, (job.batch,), generator=generator).to(device))
             for _ in range(job.warmup + job.steps)]
-
-
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _step_function(job: Job, rank: int, world: int, device: torch.device):  # noqa: ANN202
@@ -126,30 +114,24 @@ def _worker(rank: int, world: int, port: int, job: Job, out: str) -> None:
         channels = build_graph(job.model, 2, job.image_size, 10).input_shape[1]
         for index, (inputs, targets) in enumerate(_batches(job, channels, device)):
             dist.barrier()
-            _synchronize(device)
+            synchronize(device)
             started = time.perf_counter()
             step(inputs, targets)
-            _synchronize(device)
+            synchronize(device)
             if index >= job.warmup:
                 times.append(time.perf_counter() - started)
         memories: list[int | None] = [None] * world
-        dist.all_gather_object(memories, _peak_memory(device))
+        dist.all_gather_object(memories, peak_memory_bytes(device))
         if rank == 0:
             torch.save({"median": statistics.median(times), "memory": memories}, out)
     finally:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run(job: Job, world: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-") as folder:
         out = os.path.join(folder, "result.pt")
-        torch_mp.start_processes(_worker, args=(world, _free_port(), job, out), nprocs=world,
+        torch_mp.start_processes(_worker, args=(world, free_local_port(), job, out), nprocs=world,
                                  join=True, start_method="spawn")
         return torch.load(Path(out))
 

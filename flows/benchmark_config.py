@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from strategies.errors import LayerwiseError
+from strategies.files import first_error
 
 SCHEMA_VERSION = 1
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark.yaml"
@@ -85,9 +86,7 @@ def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...]
     try:
         return BenchmarkConfig.model_validate(document)
     except ValidationError as problem:
-        first = problem.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "top level"
-        raise LayerwiseError(f"config {source}: {field}: {first['msg']}") from None
+        raise LayerwiseError(f"config {source}: {first_error(problem)}") from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 from strategies.cluster import Cluster, Link, load_cluster
 from strategies.errors import LayerwiseError
 from strategies.files import write_atomic
+from strategies.runtime.comm import free_local_port
 
 __all__ = [
     "Calibration",
@@ -193,12 +194,6 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _start_method() -> str:
     """forkserver (preloaded with torch and this module) where the platform has it."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
@@ -233,7 +228,7 @@ def _run_workers(nproc: int, backend: Backend, sizes: Sequence[int], warmup: int
                  repeats: int) -> list[CalibrationPoint]:
     with tempfile.TemporaryDirectory(prefix="layerwise-calibrate-") as folder:
         result_path = os.path.join(folder, "points.json")
-        args = (nproc, _free_port(), backend, list(sizes), warmup, repeats, result_path)
+        args = (nproc, free_local_port(), backend, list(sizes), warmup, repeats, result_path)
         try:
             torch_mp.start_processes(_worker, args=args, nprocs=nproc, join=True,
                                      start_method=_start_method())

@@ -70,6 +70,11 @@ def read_json_model(model: type[Model], path: str | Path, what: str, fix: str,
     try:
         return model.model_validate(data)
     except ValidationError as problem:
-        first = problem.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "top level"
-        raise error(f"{what} {source}: {where}: {first['msg']}; {fix}") from None
+        raise error(f"{what} {source}: {first_error(problem)}; {fix}") from None
+
+
+def first_error(problem: ValidationError) -> str:
+    """`field.path: message` of a validation's first error: the one line a user reads."""
+    first = problem.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "top level"
+    return f"{where}: {first['msg']}"

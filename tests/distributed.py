@@ -9,7 +9,6 @@ global batches in the parent; the tests compare losses, parameters and buffers.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 
 from strategies.graph import build_graph
 from strategies.models import build_model
-from strategies.runtime.comm import Communicator
+from strategies.runtime.comm import Communicator, free_local_port
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.plan import build_plan
 from strategies.space import ParallelConfig
@@ -130,18 +129,12 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out: str) -> No
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run_distributed(cases: list[Case], world: int) -> list[Outcome]:
     """Run every case on `world` gloo processes; the outcomes as rank 0 assembled them."""
     context = torch_mp.get_context("forkserver")
     context.set_forkserver_preload([__name__])  # torch and layerwise imported once
     with tempfile.TemporaryDirectory(prefix="layerwise-test-") as folder:
         out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(world, _free_port(), cases, out), nprocs=world,
+        torch_mp.start_processes(_worker, args=(world, free_local_port(), cases, out), nprocs=world,
                                  join=True, start_method="forkserver")
         return torch.load(Path(out), weights_only=False)

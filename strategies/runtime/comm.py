@@ -12,6 +12,7 @@ all-gather, so a group sends 2(r-1) times the buffer in all (cost.py's t_s bytes
 
 from __future__ import annotations
 
+import socket
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
@@ -47,9 +48,6 @@ class ByteCounter:
     def add(self, layer: str, category: Category, nbytes: int) -> None:
         if nbytes:
             self.counts[(layer, category)] += nbytes
-
-    def total(self, category: Category) -> int:
-        return sum(n for (_, kind), n in self.counts.items() if kind == category)
 
     def reset(self) -> dict[tuple[str, Category], int]:
         counts, self.counts = dict(self.counts), defaultdict(int)
@@ -122,6 +120,13 @@ class Communicator:
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+
+def free_local_port() -> int:
+    """A TCP port free on this machine right now, for a local process group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def init_distributed(backend: str, timeout_seconds: float) -> tuple[int, int]:

@@ -116,8 +116,15 @@ class LayerwiseModel:
         self._plan_of_target = {target: layer_plan for layer_plan in plan.layers
                                 for target in self._module_targets(layer_plan.layer)}
         self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
-        self._dropouts = [node for node in self.graph_module.graph.nodes
-                          if self._dropout_probability(node) is not None]
+        holders = {name: layer for layer in plan.graph.layers
+                   for name in (layer.name, *(fused.name for fused in layer.fused))}
+        # (node, output shape, p, per-channel) of every active dropout, in forward order
+        self._dropouts = [
+            (node.name, holders[node.name].output_shape, probability,
+             self._is_feature_dropout(node))
+            for node in self.graph_module.graph.nodes
+            if (probability := self._dropout_probability(node)) is not None
+        ]
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
 
@@ -214,21 +221,10 @@ class LayerwiseModel:
 
     def _draw_dropout_masks(self) -> None:
         """Draw every dropout mask of the step, in the forward order of the plain module."""
-        self._masks = {}
-        for node in self._dropouts:
-            probability = self._dropout_probability(node)
-            assert probability is not None
-            shape = self._holder(node.name).output_shape
-            self._masks[node.name] = dropout_mask(shape, probability,
-                                                  self._is_feature_dropout(node), self.device,
-                                                  self.dtype)
-
-    def _holder(self, name: str) -> Layer:
-        """The layer that runs fx node `name` (itself, or the layer it is fused into)."""
-        for layer in self.plan.graph.layers:
-            if layer.name == name or any(f.name == name for f in layer.fused):
-                return layer
-        raise KeyError(name)
+        self._masks = {
+            name: dropout_mask(shape, probability, features, self.device, self.dtype)
+            for name, shape, probability, features in self._dropouts
+        }
 
     # ---- forward -------------------------------------------------------------------------
 
@@ -433,7 +429,6 @@ class LayerwiseModel:
 
         return sharded_cross_entropy(scores, targets[n0:n1], c0, len(group), self.batch,
                                      group_reduce(dist.ReduceOp.MAX),
-                                     group_reduce(dist.ReduceOp.SUM),
                                      group_reduce(dist.ReduceOp.SUM))
 
     def _loss_backward(self, loss_share: torch.Tensor) -> dict[str, torch.Tensor]:

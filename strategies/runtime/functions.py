@@ -31,19 +31,17 @@ class GroupSum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, forward_reduce: Reduce,
-                backward_reduce: Reduce) -> torch.Tensor:
-        ctx.backward_reduce = backward_reduce
-        return forward_reduce(tensor.clone())
+    def forward(ctx: Any, tensor: torch.Tensor, reduce: Reduce) -> torch.Tensor:
+        ctx.reduce = reduce
+        return reduce(tensor.clone())
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return ctx.backward_reduce(grad.clone()), None, None
+        return ctx.reduce(grad.clone()), None
 
 
-def group_sum(tensor: torch.Tensor, forward_reduce: Reduce, backward_reduce: Reduce,
-              ) -> torch.Tensor:
-    return GroupSum.apply(tensor, forward_reduce, backward_reduce)
+def group_sum(tensor: torch.Tensor, reduce: Reduce) -> torch.Tensor:
+    return GroupSum.apply(tensor, reduce)
 
 
 class _SyncBatchNorm(torch.autograd.Function):
@@ -117,7 +115,7 @@ def sync_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
 
 def sharded_cross_entropy(scores: torch.Tensor, targets: torch.Tensor, class_start: int,
                           group_size: int, batch: int, max_reduce: Reduce,
-                          forward_reduce: Reduce, backward_reduce: Reduce) -> torch.Tensor:
+                          sum_reduce: Reduce) -> torch.Tensor:
     """This device's share of the mean cross-entropy over the global `batch`.
 
     `scores` holds classes [class_start, class_start + C_shard) of its samples; the loss of a
@@ -127,13 +125,11 @@ def sharded_cross_entropy(scores: torch.Tensor, targets: torch.Tensor, class_sta
         return F.cross_entropy(scores, targets, reduction="sum") / batch
     with torch.no_grad():
         shift = max_reduce(scores.max(dim=1).values.clone())
-    exp_sum = group_sum(torch.exp(scores - shift[:, None]).sum(dim=1), forward_reduce,
-                        backward_reduce)
+    exp_sum = group_sum(torch.exp(scores - shift[:, None]).sum(dim=1), sum_reduce)
     local = targets - class_start
     mine = (local >= 0) & (local < scores.shape[1])
     picked = scores.gather(1, local.clamp(0, scores.shape[1] - 1)[:, None])[:, 0]
-    target_score = group_sum(torch.where(mine, picked, torch.zeros_like(picked)),
-                             forward_reduce, backward_reduce)
+    target_score = group_sum(torch.where(mine, picked, torch.zeros_like(picked)), sum_reduce)
     per_sample = torch.log(exp_sum) + shift - target_score
     return per_sample.sum() / (batch * group_size)
 
