@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from strategies.cost import Breakdown
 from strategies.errors import ConfigError
+from strategies.execution import Execution, LayerwiseExecution
 from strategies.files import read_json_model, write_atomic
 from strategies.graph import LayerGraph
 from strategies.space import ParallelConfig, check_config
@@ -37,18 +38,20 @@ class Strategy(BaseModel):
     cost_source: str
     layers: tuple[LayerChoice, ...]
     predicted: Breakdown
+    execution: Execution = LayerwiseExecution()  # the engine that runs it and its schedule
 
     @classmethod
     def from_assignment(cls, name: str, graph: LayerGraph, devices: int, cluster: str,
                         cost_source: str, assignment: dict[str, ParallelConfig],
-                        predicted: Breakdown) -> Strategy:
+                        predicted: Breakdown,
+                        execution: Execution | None = None) -> Strategy:
         return cls(
             name=name, model=graph.model, structure_hash=graph.structure_hash,
             input_shape=graph.input_shape, devices=devices, cluster=cluster,
             cost_source=cost_source,
             layers=tuple(LayerChoice(name=layer.name, config=assignment[layer.name].text)
                          for layer in graph.layers),
-            predicted=predicted,
+            predicted=predicted, execution=execution or LayerwiseExecution(),
         )
 
     def assignment(self) -> dict[str, ParallelConfig]:

@@ -1,9 +1,10 @@
 """Checkpoints of a layer-wise training run: one file that resumes it bit for bit.
 
 Rank 0 writes `checkpoint.pt` in the run folder, atomically (a crash leaves the previous one):
-the plain module's full state_dict, SGD's momentum buffers as full tensors keyed like the
-state_dict (zeros where there is none), the step, the torch RNG state (dropout masks come from
-the global generator, and on CUDA from the device's) and the records of the steps so far.
+the engine's training state (the plain module's full state_dict, and the optimizer's state as
+the engine keeps it: for the layer-wise engine SGD's momentum as full tensors keyed like the
+state_dict), the step, the torch RNG state (dropout masks come from the global generator, and
+on CUDA from the device's) and the records of the steps so far.
 Shards live on many ranks, so saving is collective: every rank calls `save_checkpoint` and it
 returns on all of them only when the file is in place, so a rank that dies right after a
 checkpoint cannot lose it.
@@ -22,66 +23,40 @@ import torch
 
 from strategies.errors import LayerwiseError
 from strategies.files import atomic_path
-from strategies.runtime.executor import LayerwiseModel
+from strategies.runtime.engine import MODEL_STATE_KEY, Engine
 from strategies.runtime.result import StepRecord
 
 CHECKPOINT_NAME = "checkpoint.pt"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
-def save_checkpoint(path: Path, model: LayerwiseModel, optimizer: torch.optim.Optimizer | None,
-                    step: int, records: list[StepRecord]) -> dict[str, torch.Tensor] | None:
-    """Write the checkpoint of `step` (collective); returns the full state_dict on rank 0.
-
-    `optimizer` is None on a rank that holds no weights under the strategy.
-    """
-    state = model.full_state_dict()
-    momentum = model.gather(_momentum_buffers(model, optimizer), keys=model.parameter_keys())
+def save_checkpoint(path: Path, engine: Engine, step: int,
+                    records: list[StepRecord]) -> dict[str, torch.Tensor] | None:
+    """Write the checkpoint of `step` (collective); returns the full state_dict on rank 0."""
+    state = engine.training_state()
     if state is not None:
         payload = {
             "schema_version": SCHEMA_VERSION,
             "step": step,
-            "model": state,
-            "momentum": momentum,
+            "engine": state,
             "rng": torch.get_rng_state(),
-            "cuda_rng": (torch.cuda.get_rng_state(model.device)
-                         if model.device.type == "cuda" else None),
+            "cuda_rng": (torch.cuda.get_rng_state(engine.device)
+                         if engine.device.type == "cuda" else None),
             "steps": [record.model_dump() for record in records],
         }
         with atomic_path(path) as temporary:
             torch.save(payload, temporary)
-    model.comm.barrier()
-    return state
+    engine.barrier()
+    return state[MODEL_STATE_KEY] if state is not None else None
 
 
-def _momentum_buffers(model: LayerwiseModel,
-                      optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
-    """SGD's momentum of this rank's weight shards, keyed like the state_dict.
-
-    A weight without a buffer (no momentum, or no gradient yet) gets zeros, which SGD's next
-    step treats as it treats a missing buffer; so every rank offers every key it owns and
-    the collective gather matches on all ranks.
-    """
-    state = optimizer.state if optimizer is not None else {}
-    buffers = {}
-    for key, parameter in model.named_parameters():
-        buffer = state.get(parameter, {}).get("momentum_buffer")
-        buffers[key] = buffer if buffer is not None else torch.zeros_like(parameter)
-    return buffers
-
-
-def load_checkpoint(path: Path, model: LayerwiseModel,
-                    optimizer: torch.optim.Optimizer | None) -> tuple[int, list[StepRecord]]:
-    """Restore weights, buffers, momentum and RNG from `path`; returns (step, records)."""
+def load_checkpoint(path: Path, engine: Engine) -> tuple[int, list[StepRecord]]:
+    """Restore weights, optimizer state and RNG from `path`; returns (step, records)."""
     payload = _read(path)
-    model.load_full_state_dict(payload["model"])
-    if optimizer is not None:
-        parts = model.scatter(payload["momentum"])
-        for key, parameter in model.named_parameters():
-            optimizer.state[parameter]["momentum_buffer"] = parts[key].clone()
+    engine.load_training_state(payload["engine"])
     torch.set_rng_state(payload["rng"])
-    if model.device.type == "cuda" and payload["cuda_rng"] is not None:
-        torch.cuda.set_rng_state(payload["cuda_rng"], model.device)
+    if engine.device.type == "cuda" and payload["cuda_rng"] is not None:
+        torch.cuda.set_rng_state(payload["cuda_rng"], engine.device)
     return int(payload["step"]), [StepRecord(**record) for record in payload["steps"]]
 
 

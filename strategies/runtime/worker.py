@@ -48,10 +48,9 @@ from strategies.files import atomic_path, write_atomic
 from strategies.graph import LayerGraph
 from strategies.models import build_model
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from strategies.runtime.comm import Category, Communicator, init_distributed
+from strategies.runtime.comm import Category, init_distributed
 from strategies.runtime.datasets import GlobalBatches, load_dataset
-from strategies.runtime.executor import LayerwiseModel
-from strategies.runtime.plan import build_plan
+from strategies.runtime.engine import Engine, EngineContext, build_engine
 from strategies.runtime.result import (
     ByteCounts,
     RunResult,
@@ -114,15 +113,14 @@ class Run:
 
     settings: TrainSettings
     strategy: Strategy
-    model: LayerwiseModel
-    optimizer: torch.optim.Optimizer | None  # None on a rank that holds no weights
+    engine: Engine
     batches: GlobalBatches
     device: torch.device
     backend: str
 
     @property
     def rank(self) -> int:
-        return self.model.rank
+        return self.engine.rank
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -173,8 +171,7 @@ def train(args: argparse.Namespace) -> None:
     fault = Fault.from_environment()
     run = start(args.out, args.timeout)
     checkpoint = args.out / CHECKPOINT_NAME
-    done, records = (load_checkpoint(checkpoint, run.model, run.optimizer) if args.resume
-                     else (0, []))
+    done, records = load_checkpoint(checkpoint, run.engine) if args.resume else (0, [])
     if done >= args.steps:
         raise LayerwiseError(f"the checkpoint is at step {done}: ask for more steps")
     step_bytes: StepBytes = {}
@@ -185,7 +182,7 @@ def train(args: argparse.Namespace) -> None:
         if run.rank == 0:
             report_progress(record, args.steps)
         if step % args.checkpoint_every == 0 or step == args.steps:
-            state = save_checkpoint(checkpoint, run.model, run.optimizer, step, records)
+            state = save_checkpoint(checkpoint, run.engine, step, records)
         if fault is not None:
             fault.fire(run.rank, step)
     result = gather_result(run, records, step_bytes, done)
@@ -196,7 +193,7 @@ def train(args: argparse.Namespace) -> None:
 
 
 def start(out: Path, timeout: float) -> Run:
-    """Join the job and build this rank's model, optimizer and batches."""
+    """Join the job and build this rank's engine (its model parts and optimizer) and batches."""
     settings = TrainSettings.load(out / SETTINGS_FILE)
     strategy = Strategy.load(out / STRATEGY_FILE)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -208,20 +205,17 @@ def start(out: Path, timeout: float) -> Run:
         raise LayerwiseError(f"{out / SETTINGS_FILE} is for {settings.world} processes, "
                              f"torchrun started {world}")
     graph = LayerGraph.model_validate_json((out / GRAPH_FILE).read_text(encoding="utf-8"))
-    plan = build_plan(graph, strategy.check_against(graph, world), world)
-    comm = Communicator(rank, world, plan.groups())
     torch.manual_seed(settings.seed)  # same weights on every rank; dropout draws follow
     module = build_model(settings.model, num_classes=settings.classes,
                          image_size=settings.image_size, in_channels=settings.in_channels)
-    model = LayerwiseModel(module.to(device), plan, comm)
-    weights = list(model.parameters())
-    optimizer = torch.optim.SGD(weights, lr=settings.lr, momentum=settings.momentum,
-                                weight_decay=settings.weight_decay) if weights else None
+    engine = build_engine(EngineContext(settings=settings, strategy=strategy, graph=graph,
+                                        module=module.to(device), rank=rank, world=world,
+                                        device=device))
     data = load_dataset(settings.dataset, settings.image_size, settings.classes,
                         settings.in_channels, settings.seed, Path(settings.data_root))
     batches = GlobalBatches(data.train, settings.global_batch, settings.seed)
-    return Run(settings=settings, strategy=strategy, model=model, optimizer=optimizer,
-               batches=batches, device=device, backend=backend)
+    return Run(settings=settings, strategy=strategy, engine=engine, batches=batches,
+               device=device, backend=backend)
 
 
 def choose_device(local_rank: int, local_world: int) -> tuple[torch.device, str]:
@@ -240,16 +234,12 @@ def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes]:
     targets = torch.from_numpy(y).to(run.device)
     synchronize(run.device)
     started = time.perf_counter()
-    if run.optimizer is not None:
-        run.optimizer.zero_grad(set_to_none=True)
-    run.model.comm.counter.reset()
-    loss = run.model.forward_backward(inputs, targets)
-    step_bytes = run.model.comm.counter.reset()
-    if run.optimizer is not None:
-        run.optimizer.step()
+    run.engine.counter.reset()
+    loss = run.engine.step(inputs, targets)
+    step_bytes = run.engine.counter.reset()
     synchronize(run.device)
     seconds = time.perf_counter() - started
-    return StepRecord(step=step, loss=float(loss), seconds=seconds), step_bytes
+    return StepRecord(step=step, loss=loss, seconds=seconds), step_bytes
 
 
 def synchronize(device: torch.device) -> None:
