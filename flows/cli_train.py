@@ -93,8 +93,9 @@ def register(app: typer.Typer) -> None:
 def train(
     model: Annotated[str, typer.Argument(help="Zoo name or package.module:factory.")],
     strategy: Annotated[str | None, typer.Option(
-        help="layerwise (search now), a baseline (data, model, owt, spatial_h, spatial_w) or "
-             "a strategy JSON file from `layerwise search --save`.")] = None,
+        help="layerwise (search now), a baseline (data, model, owt, spatial_h, spatial_w), "
+             "a scheduled strategy (owt_a|b|c[_vb], pipeline, local, local_overlap) or a "
+             "strategy JSON file from `layerwise search --save`.")] = None,
     nproc: Annotated[int | None, typer.Option(help="Processes per node.")] = None,
     cluster: Annotated[str | None, typer.Option(
         help="Cluster preset or YAML for the prediction (default local).")] = None,
@@ -255,6 +256,7 @@ def _resolve_strategy(spec: str, graph: LayerGraph, world: int, options: dict[st
     from strategies.baselines import BASELINES
     from strategies.cluster import load_cluster
     from strategies.errors import ConfigError, LayerwiseError
+    from strategies.schedules import SCHEDULED, scheduled_strategy
     from strategies.strategy import Strategy
 
     cluster = load_cluster(options["cluster"])
@@ -269,11 +271,15 @@ def _resolve_strategy(spec: str, graph: LayerGraph, world: int, options: dict[st
         return searched_strategy(cost)[0]
     if spec in BASELINES:
         return baseline_strategy(cost, spec)
+    if spec in SCHEDULED:
+        return scheduled_strategy(spec, cost)
     if not Path(spec).is_file():
         raise LayerwiseError(f"--strategy {spec}: not a strategy name (layerwise, "
-                             f"{', '.join(BASELINES)}) nor a strategy file")
+                             f"{', '.join((*BASELINES, *SCHEDULED))}) nor a strategy file")
     loaded = Strategy.load(spec)
     assignment = _check_strategy(loaded, spec, graph, world)
+    if loaded.execution.kind != "layerwise":  # Eq. 1 does not price its schedule
+        return loaded
     return loaded.model_copy(update={"cluster": cost.cluster.name,
                                      "cost_source": cost.compute.name,
                                      "predicted": cost.evaluate(assignment)})
