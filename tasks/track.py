@@ -12,10 +12,13 @@ MLFLOW_TRACKING_URI switches to any other store or a tracking server with no cod
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +59,39 @@ def artifact_root(tracking_uri: str) -> str | None:
 
 
 def open_experiment(name: str) -> tuple[MlflowClient, str]:
-    """The client on MLFLOW_TRACKING_URI and the id of experiment `name`, created if new."""
+    """The client on MLFLOW_TRACKING_URI and the id of experiment `name`, created if new.
+
+    Creating a SQLite store (its tables) or an experiment is not safe from two processes at
+    once: two flow runs starting together would break the schema migration or both create the
+    experiment. A lock file beside the database serialises this part; once the tables exist,
+    SQLite's own locking keeps concurrent runs' writes apart.
+    """
     uri = os.environ[TRACKING_VARIABLE]
-    client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return client, experiment.experiment_id
-    root = artifact_root(uri)
-    location = f"{root}/{_safe_name(name)}" if root else None
-    return client, client.create_experiment(name, artifact_location=location)
+    with _store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return client, experiment.experiment_id
+        root = artifact_root(uri)
+        location = f"{root}/{_safe_name(name)}" if root else None
+        return client, client.create_experiment(name, artifact_location=location)
+
+
+@contextlib.contextmanager
+def _store_lock(tracking_uri: str) -> Iterator[None]:
+    """An exclusive lock on `<database>.lock` for a SQLite store; nothing for a server."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        yield
+        return
+    database = Path(tracking_uri[len(prefix):])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def find_experiment(client: MlflowClient, name: str) -> Experiment:

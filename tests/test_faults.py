@@ -1,0 +1,127 @@
+"""Faults a user meets around a run: two runs tracking at once, Ctrl-C, SIGTERM, a deadline.
+
+Real components only: two spawned processes on one fresh MLflow SQLite store; `layerwise train`
+as a subprocess whose torchrun workers are found in /proc by their run folder.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from flows.cli_train import new_job, run_torchrun, torchrun_command, write_run_folder
+from tasks import track
+
+pytestmark = pytest.mark.slow
+
+LAYERWISE = Path(sys.executable).parent / "layerwise"
+LONG_RUN = ("tiny_cnn", "--strategy", "data", "--nproc", "2", "--image-size", "8",
+            "--batch-per-device", "4", "--steps", "100000")
+WAIT_SECONDS = 120  # far above what starting or stopping takes; reached only on a hang
+METRIC_STEPS = 20
+
+
+def _track_concurrently(uri: str, barrier, index: int, results) -> None:
+    os.environ[track.TRACKING_VARIABLE] = uri
+    barrier.wait()  # both open the fresh store at the same moment
+    try:
+        client, experiment_id = track.open_experiment("concurrent")
+        run_id = track.start_parent_run(client, experiment_id, f"flow-{index}",
+                                        {"index": index}, {"writer": str(index)})
+        for step in range(METRIC_STEPS):
+            client.log_metric(run_id, "loss", float(step), step=step)
+        track.finish_run(client, run_id)
+        results.put(("ok", run_id))
+    except Exception as error:  # reported to the test, which fails with it
+        results.put(("error", f"{type(error).__name__}: {error}"))
+
+
+def test_two_flows_tracking_into_one_new_store_at_once_both_land(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    writers = [context.Process(target=_track_concurrently, args=(uri, barrier, index, results))
+               for index in range(2)]
+    for writer in writers:
+        writer.start()
+    outcomes = [results.get(timeout=WAIT_SECONDS) for _ in writers]
+    for writer in writers:
+        writer.join(WAIT_SECONDS)
+    assert [status for status, _ in outcomes] == ["ok", "ok"], outcomes
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("concurrent")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(run.data.tags["writer"] for run in runs) == ["0", "1"]
+    for run in runs:
+        history = client.get_metric_history(run.info.run_id, "loss")
+        assert sorted(metric.step for metric in history) == list(range(METRIC_STEPS))
+        assert run.info.status == "FINISHED"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains `text` (the run folder: the workers')."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = next(line for line in (entry / "status").read_text().splitlines()
+                         if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if text in command and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM],
+                         ids=["ctrl-c", "sigterm"])
+def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, stop_signal):
+    out = tmp_path / "run"
+    launcher = subprocess.Popen([str(LAYERWISE), "train", *LONG_RUN, "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                cwd=tmp_path)
+    try:
+        # two workers plus torchrun's own agent all carry the run folder
+        _wait_for(lambda: len(_processes_mentioning(str(out))) >= 3 or launcher.poll() is not None,
+                  "the workers to start")
+        assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
+        launcher.send_signal(stop_signal)
+        launcher.wait(WAIT_SECONDS)
+        assert launcher.returncode != 0
+        _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in _processes_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_run_past_its_deadline_is_stopped_with_its_workers(tmp_path):
+    out = tmp_path / "run"
+    options = {"nproc": 2, "image_size": 8, "batch_per_device": 4}
+    job = new_job("tiny_cnn", "data", options, out, analytic=True)
+    command = torchrun_command(job, 100000, 100000, 60.0, None, None)
+    write_run_folder(job)
+    with pytest.raises(TimeoutError, match="deadline of 8 s"):
+        run_torchrun(command, job, lambda lines: lines.read(), deadline_s=8.0)
+    _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
