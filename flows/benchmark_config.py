@@ -23,7 +23,9 @@ from strategies.files import first_error
 
 SCHEMA_VERSION = 1
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark.yaml"
-StrategyName = Literal["layerwise", "data", "model", "owt", "spatial_h", "spatial_w"]
+StrategyName = Literal["layerwise", "data", "model", "owt", "spatial_h", "spatial_w",
+                       "owt_a", "owt_b", "owt_c", "owt_a_vb", "owt_b_vb", "owt_c_vb",
+                       "pipeline", "local", "local_overlap"]
 
 
 class ModelVersion(BaseModel):
@@ -57,6 +59,7 @@ class BenchmarkConfig(BaseModel):
     seed: int = Field(ge=0)
     cluster: str = "local"
     tolerance: float = Field(default=1e-3, ge=0)
+    inexact_tolerance: float = Field(default=0.1, ge=0)  # for strategies that are not exact
     profile: bool = True
     train_deadline_s: float = Field(default=600.0, gt=0)
 

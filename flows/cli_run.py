@@ -17,11 +17,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flows.console import console, error_console, user_errors
+
+if TYPE_CHECKING:
+    from flows.benchmark_config import BenchmarkConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -50,6 +53,31 @@ def use_embedded_environment() -> None:
         os.environ.setdefault(name, value)
 
 
+def check_before_start(config: BenchmarkConfig) -> None:
+    """What would fail inside the flow, found before Prefect starts (a second, not ten)."""
+    from strategies.cluster import load_cluster
+    from strategies.errors import LayerwiseError
+    from strategies.models import build_model
+    from tasks.prepare import PARAMS_FILE
+
+    for index, model in enumerate(config.models):
+        try:
+            build_model(model.name, num_classes=config.classes, image_size=config.image_size,
+                        device="meta")
+        except LayerwiseError as error:
+            raise LayerwiseError(f"config models.{index}.name: {error}") from None
+    try:
+        cluster = load_cluster(config.cluster)
+    except LayerwiseError as error:
+        raise LayerwiseError(f"config cluster: {error}") from None
+    if cluster.num_devices < config.nproc:
+        raise LayerwiseError(f"config cluster: '{cluster.name}' has {cluster.num_devices} "
+                             f"devices, fewer than nproc {config.nproc}")
+    if config.dataset != "synthetic" and not PARAMS_FILE.is_file():
+        raise LayerwiseError(f"dataset {config.dataset} is prepared from {PARAMS_FILE}, which "
+                             "is not here: run from the project root, or set dataset=synthetic")
+
+
 @user_errors
 def run(
     config: Annotated[Path | None, typer.Option(
@@ -63,6 +91,7 @@ def run(
 
     started = time.perf_counter()
     benchmark_config = load_config(config, overrides or [])
+    check_before_start(benchmark_config)
     use_embedded_environment()
     from flows.benchmark import BenchmarkFailed, benchmark
 

@@ -27,6 +27,11 @@ SCHEDULED: dict[str, str] = {
 }
 
 
+# Not plain SGD on the global batch, so not equal to one-device training by design: local
+# updates (Laskin et al.) and OWT's variable batch size (FC weights step K times per step).
+INEXACT: frozenset[str] = frozenset({"local", "local_overlap", "owt_b_vb", "owt_c_vb"})
+
+
 def scheduled_strategy(name: str, cost: CostModel) -> Strategy:
     """The named strategy for `cost`'s graph and devices, with its predicted cost."""
     if name not in SCHEDULED:

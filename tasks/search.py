@@ -1,4 +1,5 @@
-"""Search task: the optimal layer-wise strategy and the baselines, costed by one model (Eq. 1).
+"""Search task: the optimal layer-wise strategy, the baselines (Eq. 1) and the scheduled
+strategies from the literature (each with its own schedule's prediction).
 
 Every strategy is saved as the JSON `layerwise train --strategy FILE` takes, so the training
 task runs exactly what was searched and the tracking task logs exactly what ran.
@@ -14,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.cli_plan import baseline_strategy, cost_model, searched_strategy
 from strategies.graph import LayerGraph
+from strategies.schedules import SCHEDULED, scheduled_strategy
 
 
 @task(name="search", cache_policy=NO_CACHE)
@@ -28,6 +30,8 @@ def search_strategies(graph: LayerGraph, cluster: str, devices: int, profile: Pa
             strategy, result = searched_strategy(cost)
             logger.info("layer-wise search: %.3f s (%s, final graph %d node(s))",
                         result.search_seconds, result.search_method, result.final_graph_nodes)
+        elif name in SCHEDULED:
+            strategy = scheduled_strategy(name, cost)
         else:
             strategy = baseline_strategy(cost, name)
         files[name] = strategy.save(out / f"{name}.strategy.json")

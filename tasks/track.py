@@ -40,7 +40,7 @@ METRIC_NAMES = (
     "predicted_sync_seconds", "step_seconds", "throughput_samples_per_s",
     "transfer_bytes_per_step", "sync_bytes_per_step", "predicted_transfer_bytes_per_step",
     "predicted_sync_bytes_per_step", "cost_model_error", "train_loss", "val_accuracy",
-    "baseline_val_accuracy",
+    "baseline_val_accuracy", "accuracy_gap",
 )
 _MAX_PARAM_LENGTH = 500
 
@@ -192,6 +192,7 @@ def run_metrics(result: RunResult, accuracy: float, baseline_accuracy: float) ->
         / result.step_seconds_median,
         "val_accuracy": accuracy,
         "baseline_val_accuracy": baseline_accuracy,
+        "accuracy_gap": accuracy - baseline_accuracy,
     }
     metrics = [Metric(key, float(value), now, 0) for key, value in values.items()]
     metrics += [Metric("train_loss", record.loss, now, record.step) for record in result.steps]

@@ -27,7 +27,7 @@ ARTIFACTS = {"strategy.json", "result.json", "train.json", "per_layer.json",
 METRICS = {"predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
            "transfer_bytes_per_step", "sync_bytes_per_step", "predicted_transfer_bytes_per_step",
            "predicted_sync_bytes_per_step", "cost_model_error", "train_loss", "val_accuracy",
-           "baseline_val_accuracy"}
+           "baseline_val_accuracy", "accuracy_gap"}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
 
 
 def test_a_bad_config_field_is_one_line_naming_it(tmp_path):
-    result = CliRunner().invoke(app, ["run", "--set", "strategies=[data,pipeline]"])
+    result = CliRunner().invoke(app, ["run", "--set", "strategies=[data,nope]"])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "strategies.1" in lines[0], result.stderr
@@ -102,3 +102,19 @@ def test_a_bad_config_field_is_one_line_naming_it(tmp_path):
     bad.write_text("name: x\nnproc: two\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["run", "--config", str(bad)])
     assert result.exit_code == 2 and "models" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("override", "fragment"), [
+    ("models.0.name=nope", "config models.0.name: unknown model 'nope'"),
+    ("cluster=nowhere", "config cluster: unknown cluster 'nowhere'"),
+    ("nproc=4096", "fewer than nproc 4096"),
+    ("dataset=digits", "params.yaml, which is not here"),
+])
+def test_what_would_fail_in_the_flow_is_one_line_before_it_starts(tmp_path, monkeypatch,
+                                                                   override, fragment):
+    monkeypatch.chdir(tmp_path)  # no params.yaml here; nothing of Prefect or MLflow is created
+    result = CliRunner().invoke(app, ["run", "--set", override])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert not any(tmp_path.iterdir())
