@@ -108,7 +108,7 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome]:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
-                                      torch.__version__)
+                                      torch.__version__, _prefect_ui_url())
         parent_id = track.start_parent_run(client, experiment_id, f"benchmark-{stamp}",
                                            config.model_dump(mode="json"), tags)
     context = Context(config=config, client=client, experiment_id=experiment_id,
@@ -123,6 +123,13 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome]:
         raise BenchmarkFailed("; ".join(f"{o.model.name} {o.model.version} {o.strategy}: "
                                         f"{o.error}" for o in failed))
     return outcomes
+
+
+def _prefect_ui_url() -> str | None:
+    """This flow run's page in the Prefect UI; None on the ephemeral API, which has none."""
+    from prefect.settings import PREFECT_UI_URL
+
+    return flow_run.get_flow_run_ui_url() if PREFECT_UI_URL.value() else None
 
 
 def _check_image(config: BenchmarkConfig, image: ImageSpec | None) -> None:

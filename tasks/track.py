@@ -108,10 +108,14 @@ def _safe_name(name: str) -> str:
     return "".join(char if char.isalnum() or char in "-_." else "_" for char in name)
 
 
-def environment_tags(flow_run_id: str | None, device: str, torch_version: str) -> dict[str, str]:
-    """Tags of every run: code, data and machine versions, and the Prefect run."""
+def environment_tags(flow_run_id: str | None, device: str, torch_version: str,
+                     flow_run_url: str | None = None) -> dict[str, str]:
+    """Tags of every run: code, data and machine versions, and the Prefect run (its UI page
+    when Prefect has a UI: a server, or PREFECT_UI_URL)."""
     tags = {"git_commit": _git_commit(), "torch_version": torch_version, "device_name": device,
             "prefect_flow_run_id": flow_run_id or "none"}
+    if flow_run_url is not None:
+        tags["prefect_flow_run_url"] = flow_run_url
     data_hash = dvc_data_hash()
     if data_hash is not None:
         tags["dvc_data_hash"] = data_hash
