@@ -132,15 +132,17 @@ def baseline_strategy(cost: CostModel, name: str) -> Strategy:
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
          image_size: int | None, classes: int | None, in_channels: int | None,
          profile: Path | None, analytic: bool, baselines: list[str], placement: str) -> Plan:
-    """Search the optimal strategy and cost the baselines."""
+    """Search the optimal strategy and cost the baselines and the scheduled strategies."""
     from strategies.baselines import BASELINES
     from strategies.errors import LayerwiseError
     from strategies.graph import build_graph
+    from strategies.schedules import SCHEDULED, scheduled_strategy
 
-    unknown = sorted(set(baselines) - set(BASELINES))
+    known = (*BASELINES, *SCHEDULED)
+    unknown = sorted(set(baselines) - set(known))
     if unknown:
         raise LayerwiseError(
-            f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}"
+            f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(known)}"
         )
     graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
                         num_classes=classes, in_channels=in_channels)
@@ -148,7 +150,8 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     best, result = searched_strategy(cost)
     strategies = {"layerwise": best}
     for name in baselines:
-        strategies[name] = baseline_strategy(cost, name)
+        strategies[name] = (scheduled_strategy(name, cost) if name in SCHEDULED
+                            else baseline_strategy(cost, name))
     return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
                 cost_source=cost.compute.name, placement=placement, search=result,
                 strategies=strategies)
@@ -175,7 +178,8 @@ def register(app: typer.Typer) -> None:
         classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
         in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
         baselines: Annotated[
-            str, typer.Option(help="Comma-separated: data, model, owt, spatial_h, spatial_w.")
+            str, typer.Option(help="Comma-separated: data, model, owt, spatial_h, spatial_w, "
+                                   "owt_a|b|c[_vb], pipeline, local, local_overlap.")
         ] = "data,model,owt",
         placement: Annotated[
             str, typer.Option(help="origin: every layer's devices start at 0 (fast); aligned: "
