@@ -48,7 +48,7 @@ class BenchmarkConfig(BaseModel):
     models: tuple[ModelVersion, ...] = Field(min_length=1)
     nproc: int = Field(ge=1)
     strategies: tuple[StrategyName, ...] = Field(min_length=1)
-    dataset: Literal["digits", "synthetic"]
+    dataset: Literal["digits", "synthetic", "cifar10", "imagefolder"]
     image_size: int = Field(ge=1)
     classes: int = Field(ge=2)
     batch_per_device: int = Field(ge=1)

@@ -104,7 +104,8 @@ def train(
     analytic: Annotated[bool, typer.Option(
         help="Predict t_c with the roofline on the cluster's device (the default).")] = False,
     dataset: Annotated[str | None, typer.Option(
-        help="synthetic (any size, the default) or digits (run `dvc repro prepare` first).")
+        help="synthetic (any size, the default), digits (run `dvc repro prepare` first), "
+             "cifar10, imagefolder or any folder prepared under data/prepared/.")
     ] = None,
     epochs: Annotated[int | None, typer.Option(
         help="Passes over the training split (default 1).")] = None,

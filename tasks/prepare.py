@@ -1,6 +1,6 @@
 """The benchmark's data stage: the DVC `prepare` stage, run as a Prefect task.
 
-`dvc repro prepare` rebuilds data/prepared/digits only when params.yaml's `prepare` section or
+`dvc repro prepare` rebuilds data/prepared/<dataset> only when params.yaml's `prepare` section or
 tasks/data.py changed (about 2 s to find nothing to do) and records the output's hash in
 dvc.lock, which the tracking task tags every MLflow run with. Outside a DVC project the same
 stage runs directly from params.yaml.
@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from strategies.errors import LayerwiseError
 from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec, prepared_spec
-from tasks.data import load_params, prepare_digits
+from tasks.data import load_params, prepare, settings_from
 
 DVC_STAGE = "prepare"
 PARAMS_FILE = Path("params.yaml")
@@ -26,17 +26,21 @@ PARAMS_FILE = Path("params.yaml")
 
 @task(name="prepare data", cache_policy=NO_CACHE)
 def prepare_data(dataset: str) -> ImageSpec | None:
-    """Prepare `dataset` (digits through DVC; synthetic needs nothing) and return what it fixes
-    about the model's input (None for synthetic, which fits any model)."""
+    """Prepare `dataset` and return what it fixes about the model's input (None for
+    synthetic, which fits any model).
+
+    The dataset params.yaml's `prepare` section names is rebuilt through DVC when it changed
+    (directly outside a DVC project); another prepared dataset is used as it is (its error
+    says how to prepare it).
+    """
     if dataset == "synthetic":
         return None
-    if Path(".dvc").is_dir():
-        _dvc_repro()
-    else:
-        params = load_params(PARAMS_FILE)
-        prepare_digits(Path(params.get("out", DEFAULT_ROOT / "digits")),
-                       int(params.get("image_size", 32)),
-                       float(params.get("val_fraction", 0.2)), int(params.get("seed", 0)))
+    settings = settings_from(load_params(PARAMS_FILE))
+    if settings.dataset == dataset:
+        if Path(".dvc").is_dir():
+            _dvc_repro()
+        else:
+            prepare(settings)
     return prepared_spec(dataset, DEFAULT_ROOT)
 
 

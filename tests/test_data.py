@@ -1,20 +1,82 @@
-"""Data preparation: the digits split, and `dvc repro prepare` in a temporary git repo."""
+"""Data preparation: the digits split, CIFAR batches and ImageFolder trees from a local folder,
+and `dvc repro prepare` in a temporary git repo."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 
 from strategies.errors import LayerwiseError
-from tasks.data import load_params, main, prepare_digits, split_indices
+from tasks.data import (
+    load_params,
+    main,
+    prepare_cifar,
+    prepare_digits,
+    prepare_imagefolder,
+    split_indices,
+)
 from tests.dvc_repo import data_repo, run
 
 ROOT = Path(__file__).resolve().parents[1]
+CLASS_NAMES = ("owl", "cat", "dog")  # drawn red, green, blue; sorted they are cat, dog, owl
+IMAGE_SUFFIXES = (".png", ".PNG", ".jpg", ".bmp", ".ppm")
+
+
+def _pickle(path: Path, content: Any) -> None:
+    with path.open("wb") as stream:
+        pickle.dump(content, stream)
+
+
+def write_cifar(folder: Path, batch_sizes: tuple[int, ...] = (5, 4), test_size: int = 4,
+                classes: int = 3, fine: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A small but well-formed cifar-10-batches-py folder (CIFAR-100's keys with `fine`):
+    random uint8 images, labels cycling through the classes. Returns what each file holds."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    labels_key, names_key = ((b"fine_labels", b"fine_label_names") if fine
+                             else (b"labels", b"label_names"))
+    _pickle(folder / "batches.meta", {names_key: [f"class{c}".encode() for c in range(classes)]})
+    files = [*((f"data_batch_{number}", size) for number, size in enumerate(batch_sizes, 1)),
+             ("test_batch", test_size)]
+    written = {}
+    for name, size in files:
+        data = rng.integers(0, 256, (size, 3072), dtype=np.uint8)
+        labels = [int(label) for label in rng.permutation(np.arange(size) % classes)]
+        batch = {b"batch_label": name.encode(), b"data": data, labels_key: labels}
+        if fine:
+            batch[b"coarse_labels"] = [0] * size
+        _pickle(folder / name, batch)
+        written[name] = (data, np.array(labels))
+    return written
+
+
+def write_image_tree(root: Path, per_class: int = 5) -> None:
+    """ROOT/<class>/ with noisy images of varied sizes and formats; each class's colour channel
+    is its index in CLASS_NAMES, so the prepared pixels show which class they came from."""
+    rng = np.random.default_rng(0)
+    for colour, name in enumerate(CLASS_NAMES):
+        folder = root / name
+        folder.mkdir(parents=True)
+        for index in range(per_class):
+            pixels = rng.integers(0, 80, (9 + index, 12, 3), dtype=np.uint8)
+            pixels[..., colour] += 150
+            suffix = IMAGE_SUFFIXES[index % len(IMAGE_SUFFIXES)]
+            Image.fromarray(pixels).save(folder / f"{index}{suffix}")
+        (folder / "notes.txt").write_text("not an image: skipped")
+
+
+def assert_normalised(images: np.ndarray) -> None:
+    """Per channel: mean 0, standard deviation 1."""
+    assert np.all(np.abs(images.mean(axis=(0, 2, 3))) < 1e-4)
+    assert np.all(np.abs(images.std(axis=(0, 2, 3)) - 1) < 1e-3)
 
 
 def test_digits_are_resized_split_per_class_and_normalised(tmp_path):
@@ -22,7 +84,7 @@ def test_digits_are_resized_split_per_class_and_normalised(tmp_path):
     train, val = np.load(tmp_path / "train.npz"), np.load(tmp_path / "val.npz")
     assert train["x"].shape == (meta["train"], 1, 16, 16) and train["x"].dtype == np.float32
     assert meta["train"] + meta["val"] == 1797
-    assert abs(float(train["x"].mean())) < 1e-4 and abs(float(train["x"].std()) - 1) < 1e-3
+    assert_normalised(train["x"])
     train_counts = np.bincount(train["y"], minlength=10)
     val_counts = np.bincount(val["y"], minlength=10)
     shares = val_counts / (train_counts + val_counts)
@@ -70,3 +132,134 @@ def test_dvc_repro_prepare_builds_tracks_and_skips_unchanged_data(tmp_path):
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     run([dvc, "repro", "prepare"], repo)
     assert json.loads((repo / "data/prepared/digits/meta.json").read_text())["image_size"] == 12
+
+
+def _splits(folder: Path) -> tuple[dict, dict]:
+    return dict(np.load(folder / "train.npz")), dict(np.load(folder / "val.npz"))
+
+
+def test_cifar_keeps_the_official_split_labels_and_channel_order(tmp_path):
+    source = tmp_path / "cifar-10-batches-py"
+    written = write_cifar(source)
+    meta = prepare_cifar(source, tmp_path / "out", image_size=32)
+    train, val = _splits(tmp_path / "out")
+    assert train["x"].shape == (9, 3, 32, 32) and val["x"].shape == (4, 3, 32, 32)
+    assert np.array_equal(train["y"], np.concatenate([written["data_batch_1"][1],
+                                                      written["data_batch_2"][1]]))
+    assert np.array_equal(val["y"], written["test_batch"][1])
+    assert meta["class_names"] == ["class0", "class1", "class2"] and meta["classes"] == 3
+    assert_normalised(train["x"])
+    # undoing the normalisation gives the file's pixels: R, G and B planes of 32x32 each
+    mean, std = (np.array(meta[key])[:, None, None] for key in ("mean", "std"))
+    expected = written["test_batch"][0].reshape(-1, 3, 32, 32) / 255
+    assert np.allclose(val["x"] * std + mean, expected, atol=1e-5)
+    prepare_cifar(source, tmp_path / "small", image_size=16)
+    assert _splits(tmp_path / "small")[1]["x"].shape == (4, 3, 16, 16)
+
+
+def test_cifar_100_fine_labels_are_read(tmp_path):
+    written = write_cifar(tmp_path / "cifar", classes=5, fine=True)
+    meta = prepare_cifar(tmp_path / "cifar", tmp_path / "out", image_size=8)
+    assert meta["classes"] == 5
+    assert np.array_equal(_splits(tmp_path / "out")[1]["y"], written["test_batch"][1])
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ({b"data": np.zeros((4, 100), np.uint8), b"labels": [0] * 4},
+     r"test_batch: b'data' is uint8 \(4, 100\), not N x 3072"),
+    ({b"data": np.zeros((4, 3072), np.uint8), b"labels": [7] * 4}, r"labels in 0\.\.2"),
+    ({b"data": np.zeros((4, 3072), np.uint8)}, "test_batch is not a CIFAR python file"),
+    ([1, 2, 3], "test_batch is not a CIFAR python file"),
+    ({b"data": print, b"labels": []}, "refers to builtins.print"),
+])
+def test_a_bad_cifar_file_is_one_line_and_writes_nothing(tmp_path, content, message):
+    source = tmp_path / "cifar"
+    write_cifar(source)
+    _pickle(source / "test_batch", content)
+    with pytest.raises(LayerwiseError, match=message):
+        prepare_cifar(source, tmp_path / "out", image_size=8)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_cifar_folder_is_one_line(tmp_path):
+    with pytest.raises(LayerwiseError, match="nowhere does not exist; point prepare.source"):
+        prepare_cifar(tmp_path / "nowhere", tmp_path / "out", image_size=8)
+    source = tmp_path / "cifar"
+    write_cifar(source)
+    (source / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(LayerwiseError, match="test_batch is not a CIFAR python file"):
+        prepare_cifar(source, tmp_path / "out", image_size=8)
+    (source / "test_batch").unlink()
+    with pytest.raises(LayerwiseError, match="test_batch is missing"):
+        prepare_cifar(source, tmp_path / "out", image_size=8)
+    for batch in source.glob("data_batch_*"):
+        batch.unlink()
+    with pytest.raises(LayerwiseError, match="has no data_batch_1..5 files"):
+        prepare_cifar(source, tmp_path / "out", image_size=8)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_image_folder_maps_sorted_class_names_and_splits_every_class(tmp_path):
+    write_image_tree(tmp_path / "tree")
+    meta = prepare_imagefolder(tmp_path / "tree", tmp_path / "out", image_size=8, channels=3,
+                               val_fraction=0.4, seed=1)
+    assert meta["class_names"] == ["cat", "dog", "owl"]
+    train, val = _splits(tmp_path / "out")
+    assert train["x"].shape == (9, 3, 8, 8) and val["x"].shape == (6, 3, 8, 8)
+    assert list(np.bincount(train["y"])) == [3, 3, 3]
+    assert list(np.bincount(val["y"])) == [2, 2, 2]
+    assert_normalised(train["x"])
+    colour_of_label = np.array([CLASS_NAMES.index(name) for name in meta["class_names"]])
+    for split in (train, val):
+        assert np.array_equal(split["x"].mean(axis=(2, 3)).argmax(axis=1),
+                              colour_of_label[split["y"]])
+    gray = prepare_imagefolder(tmp_path / "tree", tmp_path / "gray", image_size=6, channels=1,
+                               val_fraction=0.4, seed=1)
+    assert gray["channels"] == 1 and _splits(tmp_path / "gray")[0]["x"].shape == (9, 1, 6, 6)
+
+
+def test_a_bad_image_folder_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+
+    def prepare(root: Path, channels: int = 3) -> dict:
+        return prepare_imagefolder(root, out, image_size=8, channels=channels,
+                                   val_fraction=0.4, seed=0)
+
+    with pytest.raises(LayerwiseError, match="nowhere does not exist; arrange --source"):
+        prepare(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LayerwiseError, match="empty has no class folders"):
+        prepare(tmp_path / "empty")
+    tree = tmp_path / "tree"
+    write_image_tree(tree, per_class=2)
+    with pytest.raises(LayerwiseError, match="channels must be 1"):
+        prepare(tree, channels=2)
+    (tree / "cat" / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(LayerwiseError, match=r"cannot read image .*cat/broken\.png"):
+        prepare(tree)
+    (tree / "cat" / "broken.png").unlink()
+    (tree / "dog" / "0.png").unlink()
+    with pytest.raises(LayerwiseError, match=r"dog holds 1 image\(s\)"):
+        prepare(tree)
+    assert not out.exists()
+
+
+def test_the_command_line_overrides_params_yaml(tmp_path, monkeypatch, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"prepare": {"dataset": "digits", "image_size": 8,
+                                                  "out": "data/prepared/digits"}}))
+    write_image_tree(tmp_path / "tree")
+    monkeypatch.chdir(tmp_path)
+    base = ["--params", str(params)]
+    assert main([*base, "--dataset", "imagefolder", "--source", "tree", "--channels", "1"]) == 0
+    assert "prepared imagefolder: 12 train / 3 validation" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "data/prepared/imagefolder/meta.json").read_text())
+    assert (meta["image_size"], meta["channels"], meta["classes"]) == (8, 1, 3)
+    assert not (tmp_path / "data/prepared/digits").exists()
+    for wrong, message in ((["--dataset", "cifar10"], "pass --source PATH"),
+                           (["--dataset", "cifar10", "--source", "tree", "--out",
+                             "data/prepared/digits"], "write cifar10 to data/prepared/cifar10"),
+                           (["--channels", "3"], "digits has 1 channel"),
+                           (["--image-size", "0"], "image_size must be >= 1")):
+        assert main([*base, *wrong]) == 2
+        assert message in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""Training data of `layerwise train`: the global batches, the synthetic task, the digits."""
+"""Training data of `layerwise train`: the global batches, the synthetic task, the prepared
+datasets (digits, CIFAR, image folders)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import torch.nn.functional as F
 
 from strategies.errors import LayerwiseError
 from strategies.models import build_model
-from strategies.runtime.datasets import GlobalBatches, load_dataset
-from tasks.data import prepare_digits
+from strategies.runtime.datasets import GlobalBatches, ImageSpec, load_dataset
+from tasks.data import prepare_cifar, prepare_digits, prepare_imagefolder
+from tests.test_data import write_cifar, write_image_tree
 
 
 def test_batches_depend_only_on_seed_and_step():
@@ -84,3 +86,33 @@ def test_digits_are_read_as_prepared_and_mismatches_are_one_line(tmp_path):
         load_dataset("digits", 8, 10, 3, seed=0, root=tmp_path)
     with pytest.raises(LayerwiseError, match="unknown dataset"):
         load_dataset("imagenet", 8, 10, 3, seed=0)
+
+
+def test_cifar_and_image_folders_load_like_digits(tmp_path):
+    """Any folder the prepare stage wrote trains by its name, with the same fit checks."""
+    root = tmp_path / "prepared"
+    write_cifar(tmp_path / "cifar", batch_sizes=(10, 10), test_size=6)
+    prepare_cifar(tmp_path / "cifar", root / "cifar10", image_size=8)
+    cifar = load_dataset("cifar10", 8, 3, 3, seed=0, root=root)
+    assert cifar.spec == ImageSpec(image_size=8, classes=3, channels=3)
+    x, y = GlobalBatches(cifar.train, 8, seed=0).batch_at(2)
+    assert x.shape == (8, 3, 8, 8) and x.dtype == np.float32 and y.dtype == np.int64
+    assert len(cifar.val) == 6
+    with pytest.raises(LayerwiseError, match="--in-channels 3"):
+        load_dataset("cifar10", 8, 3, 1, seed=0, root=root)
+    with pytest.raises(LayerwiseError, match="--classes 3"):
+        load_dataset("cifar10", 8, 10, 3, seed=0, root=root)
+    with pytest.raises(LayerwiseError, match="prepared at 8x8 .* --dataset cifar10 --source "
+                                             "PATH --image-size 16"):
+        load_dataset("cifar10", 16, 3, 3, seed=0, root=root)
+    with pytest.raises(LayerwiseError, match="imagefolder dataset is not prepared .* "
+                                             "--dataset imagefolder --source PATH"):
+        load_dataset("imagefolder", 8, 3, 3, seed=0, root=root)
+    write_image_tree(tmp_path / "tree")
+    prepare_imagefolder(tmp_path / "tree", root / "flowers", image_size=8, channels=1,
+                        val_fraction=0.2, seed=0)
+    flowers = load_dataset("flowers", 8, 3, 1, seed=0, root=root)
+    x, y = GlobalBatches(flowers.train, 4, seed=0).batch_at(1)
+    assert x.shape == (4, 1, 8, 8) and set(y) <= {0, 1, 2}
+    with pytest.raises(LayerwiseError, match="--out data/prepared/flowers --image-size 16"):
+        load_dataset("flowers", 16, 3, 1, seed=0, root=root)

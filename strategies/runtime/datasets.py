@@ -3,6 +3,10 @@
 - digits: scikit-learn's handwritten digits as the DVC `prepare` stage wrote them
   (data/prepared/digits/{train,val}.npz, `tasks/data.py`): 1 channel, 10 classes, the image
   size params.yaml sets.
+- cifar10, imagefolder: the same stage's output for a local CIFAR-10 (python version) folder or
+  an ImageFolder tree (`python -m tasks.data --dataset NAME --source PATH`); and any other folder
+  under data/prepared/ holding a meta.json (`--out data/prepared/flowers` trains as `flowers`).
+  A prepared dataset fixes the image size, channels and classes (meta.json).
 - synthetic: a seeded image-classification task at any size, class count and channel count, so
   every zoo model can train anywhere without a download. Each class has one fixed smooth random
   prototype (low-resolution noise upsampled); a sample is its class's prototype shifted by a few
@@ -28,13 +32,13 @@ import torch.nn.functional as F
 
 from strategies.errors import LayerwiseError
 
-DATASETS: tuple[str, ...] = ("digits", "synthetic")
+DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "synthetic")
+_SOURCED = ("cifar10", "imagefolder")  # prepared from a local folder, not from params.yaml
 DEFAULT_ROOT = Path("data") / "prepared"
 SYNTHETIC_TRAIN_SAMPLES = 4096
 SYNTHETIC_VAL_SAMPLES = 1024
 _PROTOTYPE_GRID = 4  # prototypes are 4x4 noise upsampled: smooth, so shifts keep them close
 _NOISE = 0.8  # per-pixel noise against prototypes of unit standard deviation
-_PREPARE_FIX = "run `dvc repro prepare` (or `python -m tasks.data`) from the project root"
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Split(Protocol):
 
 @dataclass(frozen=True)
 class ArraySplit:
-    """A split held in memory (the prepared digits are small)."""
+    """A split held in memory (as prepared: digits, cifar10, imagefolder)."""
 
     x: np.ndarray
     y: np.ndarray
@@ -107,19 +111,36 @@ def prepared_spec(name: str, root: Path = DEFAULT_ROOT) -> ImageSpec | None:
     """The input a prepared dataset fixes (None for synthetic, which fits any model)."""
     if name == "synthetic":
         return None
-    if name != "digits":
-        raise LayerwiseError(f"unknown dataset '{name}'; choose from {', '.join(DATASETS)}")
-    meta_path = root / "digits" / "meta.json"
+    meta_path = root / name / "meta.json"
     if not meta_path.is_file():
-        raise LayerwiseError(f"the digits dataset is not prepared ({meta_path} is missing); "
-                             f"{_PREPARE_FIX}")
+        if name not in DATASETS:
+            raise LayerwiseError(f"unknown dataset '{name}'; choose from {', '.join(DATASETS)} "
+                                 f"or a folder prepared under {root}")
+        raise LayerwiseError(f"the {name} dataset is not prepared ({meta_path} is missing); "
+                             f"{_prepare_fix(name)}")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         return ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
                          channels=int(meta["channels"]))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: {error}); "
-                             f"{_PREPARE_FIX} again") from None
+                             f"{_prepare_fix(name)} again") from None
+
+
+def _prepare_fix(name: str, options: str = "") -> str:
+    """The command that (re)builds prepared dataset `name`, with extra `options`: digits come
+    from params.yaml, the others from a local source folder."""
+    if name == "digits":
+        return "run `dvc repro prepare` (or `python -m tasks.data`) from the project root"
+    command = (f"--dataset {name} --source PATH" if name in _SOURCED
+               else f"--dataset cifar10|imagefolder --source PATH --out {DEFAULT_ROOT / name}")
+    return f"run `python -m tasks.data {command}{options}` from the project root"
+
+
+def _resize_fix(name: str, image_size: int) -> str:
+    if name == "digits":
+        return f"set prepare.image_size: {image_size} in params.yaml and {_prepare_fix(name)}"
+    return _prepare_fix(name, f" --image-size {image_size}")
 
 
 def load_dataset(name: str, image_size: int, num_classes: int, in_channels: int, seed: int,
@@ -134,8 +155,8 @@ def load_dataset(name: str, image_size: int, num_classes: int, in_channels: int,
                        val=SyntheticSplit(prototypes, SYNTHETIC_VAL_SAMPLES, seed, 1))
     _check_fits(name, fixed, wanted)
     folder = root / name
-    return Dataset(name=name, spec=fixed, train=_load_npz(folder / "train.npz"),
-                   val=_load_npz(folder / "val.npz"))
+    return Dataset(name=name, spec=fixed, train=_load_npz(folder / "train.npz", name),
+                   val=_load_npz(folder / "val.npz", name))
 
 
 def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
@@ -146,15 +167,15 @@ def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
         raise LayerwiseError(
             f"{name} was prepared at {fixed.image_size}x{fixed.image_size} but the model takes "
             f"{wanted.image_size}x{wanted.image_size}; pass --image-size {fixed.image_size}, or "
-            f"set prepare.image_size: {wanted.image_size} in params.yaml and {_PREPARE_FIX}")
+            f"{_resize_fix(name, wanted.image_size)}")
     if fixed.classes != wanted.classes:
         raise LayerwiseError(f"{name} has {fixed.classes} classes but the model outputs "
                              f"{wanted.classes}; pass --classes {fixed.classes}")
 
 
-def _load_npz(path: Path) -> ArraySplit:
+def _load_npz(path: Path, name: str) -> ArraySplit:
     if not path.is_file():
-        raise LayerwiseError(f"{path} is missing; {_PREPARE_FIX}")
+        raise LayerwiseError(f"{path} is missing; {_prepare_fix(name)}")
     with np.load(path) as arrays:
         return ArraySplit(x=arrays["x"].astype(np.float32), y=arrays["y"].astype(np.int64))
 
