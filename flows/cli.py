@@ -10,6 +10,7 @@
     layerwise calibrate --nproc 2
     layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
     layerwise reproduce optcnn
+    layerwise oracle resnet50 --platform abci --gpus 4,64,1024
     layerwise train tiny_cnn --strategy data --nproc 2 --steps 50 --image-size 16
     layerwise train resnet18 --strategy layerwise --nproc 4 --image-size 32 --out runs/r18
     layerwise train resnet18 --resume runs/r18 --steps 400
@@ -211,7 +212,7 @@ def clusters_show(
 
 
 def _register_commands() -> None:
-    from flows import cli_compare, cli_measure, cli_plan, cli_run, cli_serve, cli_train
+    from flows import cli_compare, cli_measure, cli_oracle, cli_plan, cli_run, cli_serve, cli_train
 
     cli_measure.register(app)
     cli_plan.register(app)
@@ -219,6 +220,7 @@ def _register_commands() -> None:
     cli_run.register(app)
     cli_compare.register(app)
     cli_serve.register(app)
+    cli_oracle.register(app)
 
 
 _register_commands()

@@ -1,0 +1,223 @@
+"""`layerwise oracle`: rank parallelization strategies at scale with ParaDL's analytic model.
+
+    layerwise oracle resnet50 --platform abci --gpus 4,64,1024
+    layerwise oracle vgg16 --gpus 1..1024 --strategies data,filter,data+filter
+    layerwise oracle alexnet --samples-per-gpu fit --json > alexnet-oracle.json
+    layerwise oracle mysummary.yaml --platform mycluster.yaml --save oracle.json
+    layerwise oracle resnet18 --image-size 32 --profile data/profiles/<file>.json
+
+Kahira et al., HPDC 2021 (DESIGN 3.3; strategies/oracle.py): per strategy and GPU count, the
+per-epoch compute and communication time, memory per GPU and what limits it. FW/BW per sample
+come from a profile (`--profile`), a model summary file, or the roofline on the platform's
+device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, cast
+
+import typer
+from rich.table import Table
+
+from flows.console import console, print_json, user_errors
+from strategies.errors import LayerwiseError
+
+if TYPE_CHECKING:
+    from strategies.cluster import Cluster
+    from strategies.oracle import ModelSummary, OracleCase, OracleReport, StrategyName
+
+SUMMARY_SUFFIXES = (".json", ".yaml", ".yml")
+DEFAULT_GPUS = "1..1024"
+DEFAULT_SAMPLES_PER_GPU = "32"
+FIT_MEMORY = "fit"
+
+
+def register(app: typer.Typer) -> None:
+    """Add `oracle` to the CLI."""
+    app.command("oracle")(oracle)
+
+
+@user_errors
+def oracle(
+    model: Annotated[str, typer.Argument(
+        help="Zoo name, package.module:factory, or a model summary file (.json/.yaml).")],
+    platform: Annotated[str, typer.Option(help="Cluster preset name or YAML path.")] = "abci",
+    gpus: Annotated[str, typer.Option(
+        help='GPU counts: a comma list, "A..B" for the powers of two from A to B, or both.')
+    ] = DEFAULT_GPUS,
+    strategies: Annotated[str | None, typer.Option(
+        help="Comma list of serial, data, spatial, filter, channel, pipeline, data+filter, "
+             "data+spatial (default: all).")] = None,
+    samples_per_gpu: Annotated[str, typer.Option(
+        help='Samples per GPU (weak scaling: batch = this x GPUs), or "fit" for the largest '
+             "power of two that fits the GPU's memory.")] = DEFAULT_SAMPLES_PER_GPU,
+    dataset_size: Annotated[int | None, typer.Option(
+        help="Samples per epoch (default: ImageNet's 1,281,167 training images).")] = None,
+    profile: Annotated[Path | None, typer.Option(
+        help="Profile JSON from `layerwise profile` for FW/BW (default: the roofline).")
+    ] = None,
+    image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    save: Annotated[Path | None, typer.Option(help="Also write the report JSON here.")] = None,
+) -> None:
+    """Predict epoch time, communication and memory of each strategy per GPU count (ParaDL).
+
+        layerwise oracle resnet50 --platform abci --gpus 4,64,1024
+    """
+    from strategies.cluster import load_cluster
+    from strategies.oracle import IMAGENET_TRAIN_SAMPLES
+    from strategies.oracle import oracle as run_oracle
+
+    cluster = load_cluster(platform)
+    pes_counts = parse_gpus(gpus)
+    chosen = parse_strategies(strategies)
+    samples = parse_samples_per_gpu(samples_per_gpu)
+    summary, source = model_summary(model, cluster, profile, image_size, samples)
+    report = run_oracle(summary, cluster, pes_counts, chosen, samples_per_pe=samples,
+                        dataset_size=IMAGENET_TRAIN_SAMPLES if dataset_size is None
+                        else dataset_size)
+    if save is not None:
+        report.save(save)
+    if as_json:
+        print_json(report.model_dump(mode="json"))
+        return
+    _print(report, summary, cluster, source)
+    if save is not None:
+        console.print(f"saved the report to {save}")
+
+
+def parse_gpus(text: str) -> list[int]:
+    """GPU counts from "1,8,64", "1..1024" (powers of two between the ends) or a mix."""
+    counts: list[int] = []
+    for item in (part.strip() for part in text.split(",")):
+        low, dots, high = item.partition("..")
+        ends = [_positive_count(end, text) for end in ((low, high) if dots else (item,))]
+        if dots:
+            counts.extend(1 << e for e in range(ends[1].bit_length())
+                          if ends[0] <= 1 << e <= ends[1])
+        else:
+            counts.append(ends[0])
+    if not counts:
+        raise LayerwiseError(f"--gpus {text!r} holds no power of two; try 1..1024")
+    return sorted(set(counts))
+
+
+def _positive_count(text: str, whole: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise LayerwiseError(f"--gpus {whole!r}: {text.strip()!r} is not a positive whole number "
+                             "(write e.g. 1,8,64 or 1..1024)")
+    return int(text)
+
+
+def parse_strategies(text: str | None) -> list[StrategyName]:
+    """The strategies named in a comma list, in the order given; all of them for None."""
+    from strategies.oracle import STRATEGIES
+
+    if text is None:
+        return list(STRATEGIES)
+    chosen: list[StrategyName] = []
+    for name in (part.strip() for part in text.split(",")):
+        if name not in STRATEGIES:
+            raise LayerwiseError(f"unknown strategy {name!r}; choose from "
+                                 f"{', '.join(STRATEGIES)}")
+        if name not in chosen:
+            chosen.append(cast("StrategyName", name))
+    return chosen
+
+
+def parse_samples_per_gpu(text: str) -> int | None:
+    """A positive whole number, or None for "fit"."""
+    if text.strip().lower() == FIT_MEMORY:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise LayerwiseError(f"--samples-per-gpu must be a positive whole number or "
+                             f"{FIT_MEMORY!r} (got {text!r})")
+    return int(text)
+
+
+def model_summary(model: str, cluster: Cluster, profile: Path | None, image_size: int | None,
+                  samples_per_gpu: int | None) -> tuple[ModelSummary, str]:
+    """The oracle's view of MODEL and where its FW/BW come from: a summary file as written; a
+    model's layer graph timed by a profile (at the profile's batch) or by the roofline on the
+    platform's device (at `samples_per_gpu`, 32 when fitting memory)."""
+    from strategies.cost import AnalyticCompute, ProfiledCompute
+    from strategies.graph import build_graph
+    from strategies.oracle import DEFAULT_SAMPLES_PER_PE, ModelSummary, summary_from_graph
+    from strategies.profile import Profile
+
+    if Path(model).suffix.lower() in SUMMARY_SUFFIXES:
+        if profile is not None or image_size is not None:
+            raise LayerwiseError("--profile and --image-size describe a model; a summary file "
+                                 "already holds its layers and times")
+        return ModelSummary.load(model), f"summary {model}"
+    if profile is None:
+        graph = build_graph(model, batch=samples_per_gpu or DEFAULT_SAMPLES_PER_PE,
+                            image_size=image_size)
+        return (summary_from_graph(graph, AnalyticCompute(cluster)),
+                f"roofline on {cluster.device.name}")
+    measured = Profile.load(profile)
+    graph = build_graph(model, batch=measured.batch,
+                        image_size=image_size or measured.input_shape[-1],
+                        in_channels=measured.input_shape[1])
+    measured.check_matches(graph, source=profile)
+    return (summary_from_graph(graph, ProfiledCompute(measured)),
+            f"profile {profile} ({measured.device_name})")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _memory(nbytes: float | None) -> str:
+    if nbytes is None:
+        return "-"
+    if nbytes < 2**30:
+        return f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def _row(rank: str, case: OracleCase) -> tuple[str, ...]:
+    bottleneck = case.bottleneck if case.reason is None else f"{case.bottleneck}: {case.reason}"
+    return (rank, case.strategy, _duration(case.epoch_seconds), _duration(case.compute_seconds),
+            _duration(case.communication_seconds), _memory(case.memory_bytes_per_pe),
+            "-" if case.samples_per_pe is None else str(case.samples_per_pe), bottleneck)
+
+
+def _table(report: OracleReport, pes: int, cluster: Cluster) -> Table:
+    nodes = -(-pes // cluster.devices_per_node)
+    table = Table(title=f"{pes} GPU{'s' if pes > 1 else ''} ({nodes} node"
+                        f"{'s' if nodes > 1 else ''} of {cluster.name})", title_justify="left")
+    for column in ("#", "strategy", "epoch", "compute", "comm", "memory/GPU", "samples/GPU",
+                   "bottleneck"):
+        table.add_column(column, justify="left" if column in ("strategy", "bottleneck")
+                         else "right")
+    ranked = report.ranking[pes]
+    for position, strategy in enumerate(ranked, start=1):
+        table.add_row(*_row(str(position), report.case(strategy, pes)))
+    for case in report.cases:
+        if case.pes == pes and case.strategy not in ranked:
+            table.add_row(*_row("-", case))
+    return table
+
+
+def _print(report: OracleReport, summary: ModelSummary, cluster: Cluster, source: str) -> None:
+    sample_ms = sum(fw + bw for fw, bw in summary.layer_seconds()) * 1e3
+    batch = ("the largest power of two per GPU that fits" if report.samples_per_pe is None
+             else f"{report.samples_per_pe} samples per GPU")
+    console.print(
+        f"{summary.name}: {len(summary.layers)} layers, {summary.weights:,} weights, "
+        f"{sample_ms:.3g} ms forward + backward per sample ({source})\n"
+        f"{cluster.name}: {cluster.device.name}, {_memory(cluster.device.memory_bytes)}; "
+        f"one epoch of {report.dataset_size:,} samples, {batch}", highlight=False)
+    for pes in report.ranking:
+        console.print(_table(report, pes, cluster))
+    best = [f"{pes}: {ranked[0]}" if ranked else f"{pes}: none feasible"
+            for pes, ranked in report.ranking.items()]
+    console.print("fastest per GPU count: " + ", ".join(best), highlight=False)
