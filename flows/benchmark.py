@@ -42,7 +42,7 @@ from strategies.schedules import INEXACT
 from tasks import track
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
-from tasks.search import search_strategies
+from tasks.search import oracle_step_seconds, search_strategies
 from tasks.train import train_strategy
 from tasks.validate import check_accuracy, measure_accuracy
 
@@ -157,9 +157,11 @@ def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
     with clock.stage("search"):
         files = search_strategies(graph, config.cluster, config.nproc, profile,
                                   config.strategies, folder / "strategies")
+        oracle = oracle_step_seconds(graph, config.cluster, config.nproc, profile,
+                                     config.strategies)
     baseline, baseline_error = _reference_accuracy(context, model, folder / "one-process")
     return [_benchmark_strategy(context, model, graph, name, files[name], profile, folder,
-                                baseline, baseline_error)
+                                baseline, baseline_error, oracle.get(name))
             for name in config.strategies]
 
 
@@ -182,7 +184,8 @@ def _reference_accuracy(context: Context, model: ModelVersion,
 
 def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph,
                         strategy: str, strategy_file: Path, profile: Path | None, folder: Path,
-                        baseline: float | None, baseline_error: str | None) -> Outcome:
+                        baseline: float | None, baseline_error: str | None,
+                        oracle_seconds: float | None) -> Outcome:
     """Train, validate and track one strategy; its failure is recorded, not raised."""
     config, clock = context.config, context.clock
     with clock.stage("track"):
@@ -203,7 +206,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
             accuracy = measure_accuracy(out)
         with clock.stage("track"):
             track.log_strategy_run(context.client, run_id, result, graph, out, accuracy,
-                                   baseline)
+                                   baseline, oracle_seconds)
         check_accuracy(strategy, accuracy, baseline,
                        config.inexact_tolerance if strategy in INEXACT else config.tolerance)
     except Exception as error:  # recorded in its MLflow run; the other strategies go on

@@ -81,7 +81,8 @@ def _print(comparison: Comparison) -> None:
     table = Table(title=f"{comparison.experiment}: predicted vs measured per training step",
                   title_justify="left")
     columns = (["run"] if several else []) + [
-        "model", "strategy", "pred. ms", "meas. ms", "samples/s", "transfer B pred.",
+        "model", "strategy", "pred. ms", "ParaDL ms", "meas. ms", "samples/s",
+        "transfer B pred.",
         "transfer B meas.", "sync B pred.", "sync B meas.", "val acc", "1-proc acc"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("run", "model", "strategy")
@@ -90,9 +91,10 @@ def _print(comparison: Comparison) -> None:
         metric = row.metrics
         cells = [f"{row.model} {row.model_version}", row.strategy]
         if metric["step_seconds"] is None:
-            cells += ["-"] * 7 + [row.status.lower(), _percent(metric["baseline_val_accuracy"])]
+            cells += ["-"] * 8 + [row.status.lower(), _percent(metric["baseline_val_accuracy"])]
         else:
             cells += [_number(metric["predicted_step_seconds"], 1e3, ".2f"),
+                      _number(metric["oracle_step_seconds"], 1e3, ".2f"),
                       _number(metric["step_seconds"], 1e3, ".2f"),
                       _number(metric["throughput_samples_per_s"], 1, ",.0f"),
                       *(_number(metric[name], 1, ",.0f") for name in (

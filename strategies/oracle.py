@@ -76,12 +76,14 @@ __all__ = [
     "allgather_seconds",
     "allreduce_seconds",
     "collective_link",
+    "EXECUTED_EQUIVALENT",
     "evaluate",
     "halo_elements",
     "oracle",
     "p2p_seconds",
     "pipeline_stages",
     "spatial_grid",
+    "step_case",
     "split_forward_backward",
     "summary_from_graph",
     "weight_update_seconds",
@@ -871,3 +873,25 @@ def oracle(summary: ModelSummary, cluster: Cluster, pes_counts: Sequence[int],
     ranking = {pes: _ranking(case for case in cases if case.pes == pes) for pes in pes_counts}
     return OracleReport(model=summary.name, platform=cluster.name, dataset_size=dataset_size,
                         samples_per_pe=samples_per_pe, cases=tuple(cases), ranking=ranking)
+
+
+# The ParaDL strategy that splits like each executed strategy, for predicting its measured runs:
+# model parallelism splits every layer's output channels (filters); the others have none.
+EXECUTED_EQUIVALENT: dict[str, StrategyName] = {
+    "data": "data", "model": "filter", "spatial_h": "spatial", "spatial_w": "spatial",
+    "pipeline": "pipeline",
+}
+
+
+def step_case(summary: ModelSummary, cluster: Cluster, executed: str, pes: int,
+              samples_per_pe: int) -> OracleCase | None:
+    """The oracle's case for ONE training step of an executed strategy on `pes` PEs.
+
+    An epoch of D = B samples is one step (D / B = 1), so its epoch time is the step time the
+    benchmark flow logs beside the measured one. None when ParaDL has no such strategy.
+    """
+    equivalent = EXECUTED_EQUIVALENT.get(executed)
+    if equivalent is None:
+        return None
+    return evaluate(summary, cluster, equivalent, pes, samples_per_pe=samples_per_pe,
+                    dataset_size=samples_per_pe * pes)

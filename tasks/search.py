@@ -39,3 +39,23 @@ def search_strategies(graph: LayerGraph, cluster: str, devices: int, profile: Pa
                     strategy.predicted.step_seconds * 1e3, strategy.predicted.transfer_bytes,
                     strategy.predicted.sync_bytes)
     return files
+
+
+@task(name="oracle", cache_policy=NO_CACHE)
+def oracle_step_seconds(graph: LayerGraph, cluster: str, devices: int, profile: Path | None,
+                        strategies: Sequence[str]) -> dict[str, float]:
+    """ParaDL's predicted step time of each strategy it has an equivalent of, with the same
+    t_c as the search (strategy name -> seconds; strategies it cannot predict are left out)."""
+    from strategies.oracle import step_case, summary_from_graph
+
+    logger = get_run_logger()
+    cost = cost_model(graph, cluster, devices, profile, analytic=profile is None)
+    summary = summary_from_graph(graph, cost.compute)
+    predicted = {}
+    for name in strategies:
+        case = step_case(summary, cost.cluster, name, devices, graph.batch // devices)
+        if case is not None and case.epoch_seconds is not None:
+            predicted[name] = case.epoch_seconds
+            logger.info("ParaDL %s (as %s): %.3f ms per step, %s-bound", name, case.strategy,
+                        case.epoch_seconds * 1e3, case.bottleneck)
+    return predicted

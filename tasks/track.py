@@ -167,17 +167,21 @@ def _param_text(value: Any) -> str:
 
 
 def log_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph: LayerGraph,
-                     run_folder: Path, accuracy: float, baseline_accuracy: float) -> None:
+                     run_folder: Path, accuracy: float, baseline_accuracy: float,
+                     oracle_seconds: float | None = None) -> None:
     """Metrics, the per-layer table and figure, the strategy JSON and the RunResult."""
-    client.log_batch(run_id, metrics=run_metrics(result, accuracy, baseline_accuracy))
+    client.log_batch(run_id, metrics=run_metrics(result, accuracy, baseline_accuracy,
+                                                 oracle_seconds))
     client.log_table(run_id, per_layer_table(result, graph), "per_layer.json")
     client.log_figure(run_id, degrees_figure(result), "per_layer_degrees.png")
     for name in ("strategy.json", "result.json", "train.json"):
         client.log_artifact(run_id, str(run_folder / name))
 
 
-def run_metrics(result: RunResult, accuracy: float, baseline_accuracy: float) -> list[Metric]:
-    """The contract's metrics; train_loss once per step, the rest once."""
+def run_metrics(result: RunResult, accuracy: float, baseline_accuracy: float,
+                oracle_seconds: float | None = None) -> list[Metric]:
+    """The contract's metrics; train_loss once per step, the rest once. With the ParaDL
+    oracle's step time, also it and its accuracy (predicted / measured, as Kahira et al.)."""
     now = get_current_time_millis()
     predicted = result.strategy.predicted
     values = {
@@ -198,6 +202,9 @@ def run_metrics(result: RunResult, accuracy: float, baseline_accuracy: float) ->
         "baseline_val_accuracy": baseline_accuracy,
         "accuracy_gap": accuracy - baseline_accuracy,
     }
+    if oracle_seconds is not None:
+        values["oracle_step_seconds"] = oracle_seconds
+        values["oracle_accuracy"] = oracle_seconds / result.step_seconds_median
     metrics = [Metric(key, float(value), now, 0) for key, value in values.items()]
     metrics += [Metric("train_loss", record.loss, now, record.step) for record in result.steps]
     return metrics

@@ -85,6 +85,12 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
     assert metrics["val_accuracy"] == pytest.approx(metrics["baseline_val_accuracy"], abs=1e-3)
     assert metrics["transfer_bytes_per_step"] == metrics["predicted_transfer_bytes_per_step"]
     assert metrics["sync_bytes_per_step"] == metrics["predicted_sync_bytes_per_step"]
+    # ParaDL predicts data parallelism; it has no equivalent of OWT's mixed split
+    assert ("oracle_step_seconds" in metrics) == (strategy == "data")
+    if strategy == "data":
+        assert metrics["oracle_step_seconds"] > 0
+        assert metrics["oracle_accuracy"] == pytest.approx(
+            metrics["oracle_step_seconds"] / metrics["step_seconds"])
     losses = client.get_metric_history(run.info.run_id, "train_loss")
     assert sorted(metric.step for metric in losses) == [1, 2, 3, 4, 5, 6]
     artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
