@@ -4,6 +4,7 @@
     layerwise search inception_v3 --devices 16 --cluster p100x16 --analytic --json
     layerwise search resnet18 --devices 4 --cluster local --image-size 32 --save s.json
     layerwise reproduce optcnn
+    layerwise reproduce owt
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flows.console import DEFAULT_BATCH_PER_DEVICE, console, print_json, user_er
 if TYPE_CHECKING:
     from strategies.cost import CostModel
     from strategies.graph import LayerGraph
+    from strategies.oracle import OracleCase
     from strategies.search import SearchResult
     from strategies.strategy import Strategy
 
@@ -28,6 +30,7 @@ SEARCH_SCHEMA_VERSION = 1
 PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
 PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
 PAPER_DEVICES = (1, 2, 4, 8, 16)
+PARADL = "paradl"  # the --baselines entry that adds the ParaDL oracle's cases
 
 
 def _compute_source(graph: Any, cluster: Any, profile: Path | None, analytic: bool,
@@ -62,6 +65,7 @@ class Plan:
     placement: str
     search: SearchResult
     strategies: dict[str, Strategy]  # "layerwise" first, then the baselines
+    paradl: tuple[OracleCase, ...] = ()  # with baseline "paradl": the oracle's step per strategy
 
     def document(self) -> dict[str, Any]:
         """The `layerwise search --json` contract."""
@@ -87,6 +91,7 @@ class Plan:
                 }
                 for name, strategy in self.strategies.items()
             },
+            **({"paradl": [case.model_dump() for case in self.paradl]} if self.paradl else {}),
         }
 
 
@@ -138,7 +143,7 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     from strategies.graph import build_graph
     from strategies.schedules import SCHEDULED, scheduled_strategy
 
-    known = (*BASELINES, *SCHEDULED)
+    known = (*BASELINES, *SCHEDULED, PARADL)
     unknown = sorted(set(baselines) - set(known))
     if unknown:
         raise LayerwiseError(
@@ -150,11 +155,24 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     best, result = searched_strategy(cost)
     strategies = {"layerwise": best}
     for name in baselines:
-        strategies[name] = (scheduled_strategy(name, cost) if name in SCHEDULED
-                            else baseline_strategy(cost, name))
+        if name != PARADL:
+            strategies[name] = (scheduled_strategy(name, cost) if name in SCHEDULED
+                                else baseline_strategy(cost, name))
     return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
                 cost_source=cost.compute.name, placement=placement, search=result,
-                strategies=strategies)
+                strategies=strategies,
+                paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
+
+
+def paradl_step_cases(cost: CostModel, batch_per_device: int) -> tuple[OracleCase, ...]:
+    """ParaDL's analytic cases for one step (an epoch of one global batch) on the same
+    devices, cluster and t_c as the search."""
+    from strategies.oracle import STRATEGIES, oracle, summary_from_graph
+
+    report = oracle(summary_from_graph(cost.graph, cost.compute), cost.cluster, [cost.devices],
+                    STRATEGIES, samples_per_pe=batch_per_device,
+                    dataset_size=batch_per_device * cost.devices)
+    return report.cases
 
 
 def register(app: typer.Typer) -> None:
@@ -179,7 +197,8 @@ def register(app: typer.Typer) -> None:
         in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
         baselines: Annotated[
             str, typer.Option(help="Comma-separated: data, model, owt, spatial_h, spatial_w, "
-                                   "owt_a|b|c[_vb], pipeline, local, local_overlap.")
+                                   "owt_a|b|c[_vb], pipeline, local, local_overlap, paradl "
+                                   "(the ParaDL oracle's analytic cases).")
         ] = "data,model,owt",
         placement: Annotated[
             str, typer.Option(help="origin: every layer's devices start at 0 (fast); aligned: "
@@ -209,14 +228,20 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @user_errors
     def reproduce(
-        experiment: Annotated[str, typer.Argument(help="Which paper: optcnn.")],
+        experiment: Annotated[str, typer.Argument(help="Which paper: optcnn or owt.")],
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
-        """Replay a paper's experiment in simulation (optcnn: Jia et al., ICML 2018, Fig. 7)."""
+        """Replay a paper's experiment in simulation (optcnn: Jia et al., ICML 2018, Fig. 7;
+        owt: Krizhevsky 2014, epoch time and speedup of the OWT schemes on 1-8 K20s)."""
         from strategies.errors import LayerwiseError
 
+        if experiment == "owt":
+            from flows.cli_reproduce_owt import reproduce_owt
+
+            reproduce_owt(as_json)
+            return
         if experiment != "optcnn":
-            raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn")
+            raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn, owt")
         rows = []
         vgg_strategy = None
         with _status("replaying", as_json) as status:
@@ -273,6 +298,8 @@ def _print_plan(result: Plan) -> None:
             f"{data_step / entry['step_seconds']:.2f}x" if data_step else "",
         )
     console.print(table)
+    if result.paradl:
+        console.print(_paradl_table(result.paradl))
     layers = Table(title="layer-wise strategy", title_justify="left")
     for column in ("layer", "type", "output", "config"):
         layers.add_column(column)
@@ -287,6 +314,25 @@ def _print_plan(result: Plan) -> None:
         f"eliminated, final graph {document['final_graph_nodes']} node(s), placement "
         f"{document['placement']})"
     )
+
+
+def _paradl_table(cases: tuple[OracleCase, ...]) -> Table:
+    table = Table(title="ParaDL oracle (Kahira et al.): analytic step, one strategy for every "
+                        "layer", title_justify="left")
+    for column in ("strategy", "step ms", "compute ms", "comm ms", "memory/device MB",
+                   "bottleneck"):
+        table.add_column(column, justify="left" if column in ("strategy", "bottleneck")
+                         else "right")
+    for case in sorted(cases, key=lambda case: (case.epoch_seconds is None,
+                                                case.epoch_seconds or 0.0)):
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value * 1e3:.2f}"
+        memory = ("-" if case.memory_bytes_per_pe is None
+                  else f"{case.memory_bytes_per_pe / 1e6:,.0f}")
+        label = case.bottleneck + (f": {case.reason}" if case.reason else "")
+        table.add_row(case.strategy, ms(case.epoch_seconds), ms(case.compute_seconds),
+                      ms(case.communication_seconds), memory, label)
+    return table
 
 
 def _print_reproduction(rows: list[dict[str, Any]], vgg_strategy: list[dict[str, str]]) -> None:

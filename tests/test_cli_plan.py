@@ -122,3 +122,17 @@ def test_profile_then_search_with_measured_costs(tmp_path):
                                    "4", "--image-size", "8", "--cluster", "local", "--profile",
                                    str(profile)])
     one_line_error(mismatch, "batch 4", "layerwise profile tiny_cnn")
+
+
+def test_search_with_paradl_adds_the_oracles_cases_agreeing_on_data_parallelism():
+    result = runner.invoke(app, ["search", "vgg16", "--devices", "4", "--cluster", "p100x16",
+                                 "--analytic", "--baselines", "data,paradl", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    cases = {case["strategy"]: case for case in document["paradl"]}
+    assert set(cases) == {"serial", "data", "spatial", "filter", "channel", "pipeline",
+                          "data+filter", "data+spatial"}
+    assert not cases["serial"]["feasible"] and "p=4" in cases["serial"]["reason"]
+    # two independent models of one data-parallel step: Eq. 1 and ParaDL's closed form
+    eq1 = document["strategies"]["data"]["step_seconds"]
+    assert cases["data"]["epoch_seconds"] == pytest.approx(eq1, rel=0.1)
