@@ -127,6 +127,9 @@ class LayerwiseModel:
         ]
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
+        # consumer -> producer of every chained edge (see _chained_edges); and its producers
+        self._chained = _chained_edges(plan)
+        self._feeds_chain = set(self._chained.values())
 
     # ---- parameters ----------------------------------------------------------------------
 
@@ -235,6 +238,12 @@ class LayerwiseModel:
             if state is not None:
                 state.output = _view4(inputs)[local_slices(state.box, _full_box(layer))]
             return
+        if layer.name in self._chained:  # the producer's tile, still in its autograd graph
+            if state is not None:
+                producer = self.states[layer_plan.inputs[0].producer]
+                state.leaves = [None]
+                state.output = self._finish(layer, state, [producer.output])
+            return
         boxes = [self._redistribute(index, input_plan) for input_plan in layer_plan.inputs]
         if state is None:
             return
@@ -246,10 +255,15 @@ class LayerwiseModel:
             needs_grad = self.plan.by_name[input_plan.producer].layer.kind != "input"
             leaves.append(box.detach().requires_grad_(needs_grad))
         state.leaves = leaves
-        out = self._compute(layer, state, leaves)
+        state.output = self._finish(layer, state, leaves)
+
+    def _finish(self, layer: Layer, state: _LayerState,
+                inputs: list[torch.Tensor | None]) -> torch.Tensor:
+        """The layer's op and the elementwise ops fused into it, on its input boxes."""
+        out = self._compute(layer, state, inputs)
         for fused in layer.fused:
             out = self._elementwise(self.nodes[fused.name], out, layer, state)
-        state.output = out
+        return out
 
     def _redistribute(self, index: int, input_plan: InputPlan) -> torch.Tensor | None:
         """Assemble this rank's needed box of one input from the producer tiles (forward)."""
@@ -446,13 +460,19 @@ class LayerwiseModel:
         if layer.kind == "input":
             return
         state = self.states.get(layer.name)
-        if state is not None and state.output is not None and state.output.requires_grad:
+        if layer.name in self._feeds_chain:  # its consumer's backward ran through it
+            if state is not None:
+                self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
+                                  _weights(state))
+        elif state is not None and state.output is not None and state.output.requires_grad:
             gradient = gradients.pop(layer.name, None)
             if gradient is None:
                 gradient = torch.zeros_like(state.output)
             torch.autograd.backward(state.output, gradient)
             self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
                               _weights(state))
+        if layer.name in self._chained:
+            return
         for input_plan in layer_plan.inputs:
             if self.plan.by_name[input_plan.producer].layer.kind == "input":
                 continue
@@ -557,6 +577,35 @@ class LayerwiseModel:
         return {shard.key: (full[shard.key][shard.start:shard.stop] if shard.sliced
                             else full[shard.key]).to(self.device, shard.tensor.dtype)
                 for shard in self.shards() if shard.key in full}
+
+
+def _chained_edges(plan: StrategyPlan) -> dict[str, str]:
+    """Consumer -> producer of every chained edge.
+
+    An edge is chained when its producer feeds only this consumer, the consumer reads only it,
+    and on every device the consumer needs exactly the producer's tile there: nothing moves.
+    The consumer then computes on the producer's output tensor itself, so one autograd graph
+    spans the chain and one backward call runs it (no leaf, no copied gradient, no empty
+    exchange phase per layer). Every rank derives the same chains from the same plan.
+    """
+    consumers = plan.graph.consumers
+    chained: dict[str, str] = {}
+    for layer_plan in plan.layers:
+        if len(layer_plan.inputs) != 1:
+            continue
+        input_plan = layer_plan.inputs[0]
+        producer = plan.by_name[input_plan.producer]
+        if (producer.layer.kind == "input" or consumers[producer.layer.name] != (
+                layer_plan.layer.name,) or producer.layer.name in plan.graph.outputs):
+            continue
+        devices = set(producer.tiles)
+        if set(input_plan.needed) != devices or set(layer_plan.tiles) != devices or any(
+                piece.remote for piece in input_plan.pieces):
+            continue
+        if all(input_plan.needed[device] == tile.box
+               for device, tile in producer.tiles.items()):
+            chained[layer_plan.layer.name] = producer.layer.name
+    return chained
 
 
 def _place(full: torch.Tensor, start: int, stop: int, part: torch.Tensor) -> None:
