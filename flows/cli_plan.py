@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from strategies.cost import CostModel
     from strategies.graph import LayerGraph
     from strategies.oracle import OracleCase
+    from strategies.partition import PipelinePlan
     from strategies.search import SearchResult
     from strategies.strategy import Strategy
 
@@ -66,6 +67,7 @@ class Plan:
     search: SearchResult
     strategies: dict[str, Strategy]  # "layerwise" first, then the baselines
     paradl: tuple[OracleCase, ...] = ()  # with baseline "paradl": the oracle's step per strategy
+    pipeline: PipelinePlan | None = None  # with baseline "pipeline": its stages, M and bubble
 
     def document(self) -> dict[str, Any]:
         """The `layerwise search --json` contract."""
@@ -92,6 +94,7 @@ class Plan:
                 for name, strategy in self.strategies.items()
             },
             **({"paradl": [case.model_dump() for case in self.paradl]} if self.paradl else {}),
+            **({"pipeline": self.pipeline.model_dump()} if self.pipeline else {}),
         }
 
 
@@ -154,13 +157,19 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     cost = cost_model(graph, cluster_name, devices, profile, analytic, placement)
     best, result = searched_strategy(cost)
     strategies = {"layerwise": best}
+    pipeline = None
     for name in baselines:
-        if name != PARADL:
+        if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
+            from strategies.partition import pipeline_report, plan_strategy
+
+            pipeline = pipeline_report(cost)
+            strategies[name] = plan_strategy(pipeline, graph)
+        elif name != PARADL:
             strategies[name] = (scheduled_strategy(name, cost) if name in SCHEDULED
                                 else baseline_strategy(cost, name))
     return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
                 cost_source=cost.compute.name, placement=placement, search=result,
-                strategies=strategies,
+                strategies=strategies, pipeline=pipeline,
                 paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
 
 
@@ -298,6 +307,8 @@ def _print_plan(result: Plan) -> None:
             f"{data_step / entry['step_seconds']:.2f}x" if data_step else "",
         )
     console.print(table)
+    if result.pipeline:
+        console.print(_pipeline_table(result.pipeline))
     if result.paradl:
         console.print(_paradl_table(result.paradl))
     layers = Table(title="layer-wise strategy", title_justify="left")
@@ -314,6 +325,22 @@ def _print_plan(result: Plan) -> None:
         f"eliminated, final graph {document['final_graph_nodes']} node(s), placement "
         f"{document['placement']})"
     )
+
+
+def _pipeline_table(pipeline: PipelinePlan) -> Table:
+    table = Table(title=f"pipeline: {len(pipeline.stages)} stage(s), {pipeline.micro_batches} "
+                        f"micro-batch(es), bubble {pipeline.bubble_fraction:.0%}, "
+                        f"{pipeline.speedup:.2f}x one device", title_justify="left")
+    for column in ("stage", "layers", "devices", "compute ms/mb", "transfer ms/mb",
+                   "sync ms"):
+        table.add_column(column, justify="left" if column in ("layers", "devices")
+                         else "right")
+    for index, stage in enumerate(pipeline.stages):
+        table.add_row(str(index), f"{stage.layers[0]} .. {stage.layers[-1]} "
+                                  f"({len(stage.layers)})",
+                      ",".join(map(str, stage.devices)), f"{stage.compute_seconds * 1e3:.2f}",
+                      f"{stage.transfer_seconds * 1e3:.2f}", f"{stage.sync_seconds * 1e3:.2f}")
+    return table
 
 
 def _paradl_table(cases: tuple[OracleCase, ...]) -> Table:

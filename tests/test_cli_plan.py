@@ -136,3 +136,20 @@ def test_search_with_paradl_adds_the_oracles_cases_agreeing_on_data_parallelism(
     # two independent models of one data-parallel step: Eq. 1 and ParaDL's closed form
     eq1 = document["strategies"]["data"]["step_seconds"]
     assert cases["data"]["epoch_seconds"] == pytest.approx(eq1, rel=0.1)
+
+
+def test_search_with_pipeline_reports_its_stages_next_to_the_layerwise_optimum():
+    result = runner.invoke(app, ["search", "alexnet", "--devices", "4", "--cluster", "local",
+                                 "--analytic", "--image-size", "32", "--batch-per-device", "4",
+                                 "--baselines", "data,pipeline", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    pipeline = document["pipeline"]
+    graph = build_graph("alexnet", batch=16, image_size=32)
+    covered = [name for stage in pipeline["stages"] for name in stage["layers"]]
+    assert covered == [layer.name for layer in graph.layers]
+    stages = len(pipeline["stages"])
+    assert pipeline["bubble_fraction"] == pytest.approx(
+        (stages - 1) / (pipeline["micro_batches"] + stages - 1))
+    predicted = document["strategies"]["pipeline"]["step_seconds"]
+    assert predicted == pytest.approx(pipeline["step_seconds"])
