@@ -12,6 +12,7 @@ import importlib
 
 from strategies.cost import CostModel
 from strategies.errors import ConfigError
+from strategies.graph import LayerGraph
 from strategies.strategy import Strategy
 
 SCHEDULED: dict[str, str] = {
@@ -30,6 +31,22 @@ SCHEDULED: dict[str, str] = {
 # Not plain SGD on the global batch, so not equal to one-device training by design: local
 # updates (Laskin et al.) and OWT's variable batch size (FC weights step K times per step).
 INEXACT: frozenset[str] = frozenset({"local", "local_overlap", "owt_b_vb", "owt_c_vb"})
+
+
+def is_exact(strategy: Strategy, graph: LayerGraph) -> bool:
+    """Whether a step under `strategy` equals one device's SGD step (up to rounding).
+
+    Not: the INEXACT ones by design; a pipeline of a model with BatchNorm unless its one
+    micro-batch runs on one device per stage (BatchNorm normalises each device's rows of each
+    micro-batch, as GPipe does, strategies/runtime/pipeline.py).
+    """
+    if strategy.name in INEXACT:
+        return False
+    execution = strategy.execution
+    if execution.kind != "pipeline" or execution.micro_batches == 1 and all(
+            len(stage.devices) == 1 for stage in execution.stages):
+        return True
+    return not any("BatchNorm" in layer.label for layer in graph.layers)
 
 
 def scheduled_strategy(name: str, cost: CostModel) -> Strategy:
