@@ -79,8 +79,8 @@ def test_search_needs_a_cost_source():
 
 
 def test_search_rejects_bad_requests():
-    one_line_error(runner.invoke(app, [*SEARCH, "--baselines", "data,pipeline"]),
-                   "unknown baseline(s) pipeline")
+    one_line_error(runner.invoke(app, [*SEARCH, "--baselines", "data,nope"]),
+                   "unknown baseline(s) nope")
     one_line_error(runner.invoke(app, [*SEARCH, "--placement", "random"]), "--placement")
     one_line_error(
         runner.invoke(app, ["search", "tiny_cnn", "--devices", "16", "--cluster", "k20x8",
