@@ -114,7 +114,12 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome]:
     context = Context(config=config, client=client, experiment_id=experiment_id,
                       parent_id=parent_id, tags=tags, folder=RUNS_DIR / f"benchmark-{stamp}",
                       image=image, clock=clock)
-    outcomes = [outcome for model in config.models for outcome in _benchmark_model(context, model)]
+    try:
+        outcomes = [outcome for model in config.models
+                    for outcome in _benchmark_model(context, model)]
+    except (KeyboardInterrupt, SystemExit):  # stopped: say so in MLflow, then stop
+        track.kill_run(client, parent_id)
+        raise
     failed = [outcome for outcome in outcomes if outcome.error is not None]
     with clock.stage("track"):
         _finish_parent(context, failed, time.perf_counter() - started)
@@ -214,6 +219,9 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
         with clock.stage("track"):
             track.fail_run(context.client, run_id, error)
         return Outcome(model=model, strategy=strategy, baseline=baseline, error=str(error))
+    except (KeyboardInterrupt, SystemExit):
+        track.kill_run(context.client, run_id)
+        raise
     with clock.stage("track"):
         track.finish_run(context.client, run_id)
     return Outcome(model=model, strategy=strategy, result=result, accuracy=accuracy,

@@ -254,6 +254,11 @@ def finish_run(client: MlflowClient, run_id: str) -> None:
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
 
 
+def kill_run(client: MlflowClient, run_id: str) -> None:
+    """Mark a run KILLED: the flow was interrupted (Ctrl-C, SIGTERM) while it was open."""
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
+
+
 def fail_run(client: MlflowClient, run_id: str, error: BaseException) -> None:
     """Mark the run FAILED with the error's line (and its traceback as an artifact)."""
     client.set_tag(run_id, "error", f"{type(error).__name__}: {error}"[:_MAX_PARAM_LENGTH])

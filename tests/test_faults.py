@@ -125,3 +125,50 @@ def test_a_run_past_its_deadline_is_stopped_with_its_workers(tmp_path):
     with pytest.raises(TimeoutError, match="deadline of 8 s"):
         run_torchrun(command, job, lambda lines: lines.read(), deadline_s=8.0)
     _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
+
+
+def _processes_working_in(folder: Path, mentioning: str = "") -> list[int]:
+    """Live processes (other than this one) working in `folder`, whose command line contains
+    `mentioning`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if (entry / "cwd").resolve() == folder and mentioning in command and (
+                    "zombie" not in (entry / "status").read_text()):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
+def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed(tmp_path):
+    project = tmp_path.resolve()
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    command = [str(LAYERWISE), "run", "--set", "dataset=synthetic", "--set", "image_size=8",
+               "--set", "batch_per_device=4", "--set", "steps=100000", "--set",
+               "strategies=[data]", "--set", "profile=false", "--set", "name=interrupted"]
+    launcher = subprocess.Popen(command, cwd=project, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL,
+                                env={**os.environ, track.TRACKING_VARIABLE: uri})
+    try:
+        _wait_for(lambda: _processes_working_in(project, "strategies.runtime.worker")
+                  or launcher.poll() is not None, "the one-process reference to start training")
+        assert launcher.poll() is None
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(WAIT_SECONDS)
+        assert launcher.returncode != 0
+        _wait_for(lambda: not _processes_working_in(project), "every process to stop")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in _processes_working_in(project):
+            os.kill(pid, signal.SIGKILL)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("interrupted")
+    assert experiment is not None
+    [parent] = client.search_runs([experiment.experiment_id])
+    assert parent.info.status == "KILLED"
