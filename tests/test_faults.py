@@ -67,19 +67,20 @@ def test_two_flows_tracking_into_one_new_store_at_once_both_land(tmp_path):
         assert run.info.status == "FINISHED"
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains `text` (the run folder: the workers')."""
+def _processes_mentioning(text: str, working_in: Path | None = None) -> list[int]:
+    """Live processes (not this one) whose command line contains `text` (a run folder: the
+    workers'), and that work in `working_in` when given."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = next(line for line in (entry / "status").read_text().splitlines()
-                         if line.startswith("State:"))
-        except (OSError, StopIteration):
+            alive = "zombie" not in (entry / "status").read_text()
+            here = working_in is None or (entry / "cwd").resolve() == working_in
+        except OSError:
             continue
-        if text in command and "zombie" not in state:
+        if text in command and alive and here:
             found.append(int(entry.name))
     return found
 
@@ -127,23 +128,6 @@ def test_a_run_past_its_deadline_is_stopped_with_its_workers(tmp_path):
     _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
 
 
-def _processes_working_in(folder: Path, mentioning: str = "") -> list[int]:
-    """Live processes (other than this one) working in `folder`, whose command line contains
-    `mentioning`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if (entry / "cwd").resolve() == folder and mentioning in command and (
-                    "zombie" not in (entry / "status").read_text()):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
 def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed(tmp_path):
     project = tmp_path.resolve()
@@ -155,17 +139,17 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
                                 stderr=subprocess.DEVNULL,
                                 env={**os.environ, track.TRACKING_VARIABLE: uri})
     try:
-        _wait_for(lambda: _processes_working_in(project, "strategies.runtime.worker")
+        _wait_for(lambda: _processes_mentioning("strategies.runtime.worker", project)
                   or launcher.poll() is not None, "the one-process reference to start training")
         assert launcher.poll() is None
         launcher.send_signal(signal.SIGINT)
         launcher.wait(WAIT_SECONDS)
         assert launcher.returncode != 0
-        _wait_for(lambda: not _processes_working_in(project), "every process to stop")
+        _wait_for(lambda: not _processes_mentioning("", project), "every process to stop")
     finally:
         if launcher.poll() is None:
             launcher.kill()
-        for pid in _processes_working_in(project):
+        for pid in _processes_mentioning("", project):
             os.kill(pid, signal.SIGKILL)
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("interrupted")
