@@ -547,6 +547,8 @@ def _print_summary(result: RunResult) -> None:
         f"({result.backend}, {result.device}): steps {first.step}-{last.step}{resumed}, "
         f"global batch {result.global_batch}, loss {first.loss:.4f} -> {last.loss:.4f}",
         highlight=False, soft_wrap=True)
+    console.print(f"execution: {result.strategy.execution.describe()}", highlight=False,
+                  soft_wrap=True)
     table = Table(title="per training step", title_justify="left")
     for column in ("", "measured", "predicted"):
         table.add_column(column, justify="left" if not column else "right")

@@ -28,6 +28,9 @@ class LayerwiseExecution(_Frozen):
 
     kind: Literal["layerwise"] = "layerwise"
 
+    def describe(self) -> str:
+        return "layer-wise: every layer's tiles as its config says"
+
 
 class OwtExecution(_Frozen):
     """OWT's hand-off between the sample-parallel convs and the channel-parallel FC layers.
@@ -40,6 +43,11 @@ class OwtExecution(_Frozen):
     kind: Literal["owt"] = "owt"
     scheme: Literal["a", "b", "c"]
     variable_batch: bool = False
+
+    def describe(self) -> str:
+        handoff = {"a": "all-gather", "b": "round-robin broadcast", "c": "1/K per round"}
+        batch = "variable batch" if self.variable_batch else "fixed batch"
+        return f"OWT scheme {self.scheme} ({handoff[self.scheme]}), {batch}"
 
 
 class PipelineStage(_Frozen):
@@ -54,6 +62,12 @@ class PipelineExecution(_Frozen):
     stages: tuple[PipelineStage, ...]
     micro_batches: int = Field(ge=1)
 
+    def describe(self) -> str:
+        stages = "; ".join(f"{stage.layers[0]}..{stage.layers[-1]} on "
+                           f"{','.join(map(str, stage.devices))}" for stage in self.stages)
+        return (f"pipeline, {len(self.stages)} stage(s) x {self.micro_batches} "
+                f"micro-batch(es), 1F1B: {stages}")
+
 
 class LocalBlock(_Frozen):
     """Contiguous layers trained by their own auxiliary loss on one device."""
@@ -66,6 +80,11 @@ class LocalExecution(_Frozen):
     kind: Literal["local"] = "local"
     blocks: tuple[LocalBlock, ...]
     variant: Literal["greedy", "overlapping"] = "greedy"
+
+    def describe(self) -> str:
+        blocks = "; ".join(f"{block.layers[0]}..{block.layers[-1]} on {block.device}"
+                           for block in self.blocks)
+        return f"local updates ({self.variant}), {len(self.blocks)} block(s): {blocks}"
 
 
 Execution = Annotated[

@@ -352,6 +352,7 @@ def test_local_training_through_the_cli(tmp_path):
                                       "2", "--steps", "20", "--image-size", "16",
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
+    assert "execution: local updates (greedy), 2 block(s)" in result.output
     run = RunResult.load(out / "result.json")
     assert run.bytes_per_step == run.predicted_bytes_per_step
     assert run.bytes_per_step.transfer > 0 and run.loss_bytes_per_step == 4
