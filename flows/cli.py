@@ -10,10 +10,13 @@
     layerwise calibrate --nproc 2
     layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
     layerwise reproduce optcnn
+    layerwise reproduce owt
+    layerwise search alexnet --devices 4 --cluster local --analytic --baselines pipeline,paradl
     layerwise oracle resnet50 --platform abci --gpus 4,64,1024
     layerwise train tiny_cnn --strategy data --nproc 2 --steps 50 --image-size 16
     layerwise train resnet18 --strategy layerwise --nproc 4 --image-size 32 --out runs/r18
     layerwise train resnet18 --resume runs/r18 --steps 400
+    layerwise train lenet5 --strategy owt_b --nproc 2 --dataset digits --epochs 2
     layerwise run --set steps=80 --set strategies=[data,owt]
     layerwise compare --experiment layerwise-benchmark --json
     layerwise serve --cron "0 2 * * *"

@@ -1,8 +1,8 @@
 """The benchmark flow end to end on real components: Prefect's test harness, MLflow on a
 temporary SQLite file, torchrun with 2 gloo processes, nothing mocked.
 
-One flow run (tiny_cnn at 8x8 on synthetic data, data, OWT and OWT scheme b, 6 steps) is shared by the
-checks: starting torchrun costs seconds per run, the steps milliseconds.
+One flow run (tiny_cnn at 8x8 on synthetic data, data, OWT and OWT scheme b, 6 steps) is
+shared by the checks: starting torchrun costs seconds per run, the steps milliseconds.
 """
 
 from __future__ import annotations
