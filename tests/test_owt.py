@@ -35,6 +35,8 @@ from strategies.runtime.engine import EngineContext
 from strategies.runtime.owt import OwtEngine
 from strategies.runtime.result import TrainSettings
 from strategies.strategy import Strategy
+from tests import distributed
+from tests.distributed import Outcome
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +57,12 @@ class OwtCase:
     classes: int = 10
     double: bool = True  # fp64: rounding too small to flip a max-pool tie or a ReLU
 
-
-@dataclasses.dataclass
-class Outcome:
-    losses: list[float]
-    state: dict[str, torch.Tensor]
-    bytes_by_rank: list[dict[tuple[str, str], int]] = dataclasses.field(default_factory=list)
+    def plain(self) -> distributed.Case:
+        """The same training problem as the layer-wise equivalence tests state it."""
+        return distributed.Case(model=self.model, strategy={}, batch=self.batch,
+                                image_size=self.image_size, num_classes=self.classes,
+                                steps=self.steps, lr=LR, momentum=MOMENTUM,
+                                weight_decay=WEIGHT_DECAY, seed=SEED, double=self.double)
 
 
 @functools.cache
@@ -96,33 +98,12 @@ def _sgd(parameters) -> torch.optim.SGD:
 
 def batches(case: OwtCase, graph: LayerGraph) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The global batches of every step, from their own generator (not the global one)."""
-    generator = torch.Generator().manual_seed(1000 + SEED)
-    shape = (case.batch, graph.input_shape[1], case.image_size, case.image_size)
-    return [(torch.randn(shape, generator=generator),
-             torch.randint(0, case.classes, (case.batch,), generator=generator))
-            for _ in range(case.steps)]
-
-
-def _plain_outcome(losses: list[float], module: nn.Module) -> Outcome:
-    return Outcome(losses=losses, state={key: value.detach().clone()
-                                         for key, value in module.state_dict().items()})
+    return distributed.batches(case.plain(), graph.input_shape[1])
 
 
 def reference(case: OwtCase) -> Outcome:
     """One-process SGD on the global batch's mean cross-entropy."""
-    module = _module(case)
-    try:
-        optimizer = _sgd(module.parameters())
-        losses = []
-        for inputs, targets in batches(case, _graph(case)):
-            optimizer.zero_grad()
-            loss = F.cross_entropy(module(inputs), targets)
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-    finally:
-        torch.set_default_dtype(torch.float32)
-    return _plain_outcome(losses, module)
+    return distributed.reference(case.plain())
 
 
 def _run_case(case: OwtCase, strategy: Strategy, graph: LayerGraph, rank: int,
@@ -267,7 +248,8 @@ def variable_batch_reference(case: OwtCase, workers: int) -> Outcome:
             losses.append(step_loss)
     finally:
         torch.set_default_dtype(torch.float32)
-    return _plain_outcome(losses, module)
+    return Outcome(losses=losses, state={key: value.detach().clone()
+                                         for key, value in module.state_dict().items()})
 
 
 def measured_bytes(outcome: Outcome, category: str) -> int:

@@ -24,7 +24,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
-import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -49,6 +48,7 @@ from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.pipeline import PipelineEngine
 from strategies.runtime.result import RunResult, TrainSettings
 from strategies.strategy import Strategy
+from tests import distributed
 
 FP64 = {"rtol": 1e-5, "atol": 1e-7}
 FP32 = {"rtol": 1e-4, "atol": 1e-5}
@@ -210,22 +210,21 @@ class Case:
         return plan_strategy(optimal_pipeline(_cost(graph, devices), stages=stages,
                                               micro_batches=self.micro_batches), graph)
 
+    def plain(self) -> distributed.Case:
+        """The same training problem as the layer-wise equivalence tests state it."""
+        return distributed.Case(model=self.model, strategy={}, batch=self.batch,
+                                image_size=self.image_size, steps=self.steps, lr=self.lr,
+                                momentum=self.momentum, weight_decay=self.weight_decay,
+                                seed=self.seed, double=self.double)
+
     def batches(self, in_channels: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every step's global batch, from a generator of its own (not the global one)."""
-        generator = torch.Generator().manual_seed(1000 + self.seed)
-        shape = (self.batch, in_channels, self.image_size, self.image_size)
-        return [(torch.randn(shape, generator=generator),
-                 torch.randint(0, 10, (self.batch,), generator=generator))
-                for _ in range(self.steps)]
+        return distributed.batches(self.plain(), in_channels)
 
     def module(self) -> torch.nn.Module:
         """The plain module from the case's seed (the global generator then draws dropout)."""
         torch.manual_seed(self.seed)
         return build_model(self.model, num_classes=10, image_size=self.image_size)
-
-    def sgd(self, parameters: list[torch.nn.Parameter]) -> torch.optim.SGD:
-        return torch.optim.SGD(parameters, lr=self.lr, momentum=self.momentum,
-                               weight_decay=self.weight_decay)
 
 
 @dataclass
@@ -239,18 +238,10 @@ class Outcome:
 
 
 @cache  # the same for every M: AlexNet trains once
-def one_device(case: Case, in_channels: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def one_device(case: Case) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The plain module on one process: mean cross-entropy over the global batch, SGD."""
-    module = case.module()
-    optimizer = case.sgd(list(module.parameters()))
-    losses = []
-    for inputs, targets in case.batches(in_channels):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(module(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses, module.state_dict()
+    outcome = distributed.reference(case.plain())
+    return outcome.losses, outcome.state
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> bool:
@@ -304,8 +295,7 @@ def _run_case(case: Case, strategy: Strategy, graph: LayerGraph, rank: int,
         dist.all_gather_object(gathered, step_bytes)
         if state is None:
             return None
-        expected_losses, expected = one_device(dataclasses.replace(case, micro_batches=1),
-                                               in_channels)
+        expected_losses, expected = one_device(dataclasses.replace(case, micro_batches=1))
     finally:
         torch.set_default_dtype(torch.float32)
     tolerance = FP64 if case.double else FP32
