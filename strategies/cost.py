@@ -42,6 +42,7 @@ from strategies.space import (
     enumerate_configs,
     parallel_dims,
     placements,
+    tile_range,
 )
 from strategies.tiles import TileWork, as_4d, needed_range, output_ranges
 
@@ -94,15 +95,21 @@ class AnalyticCompute:
         self.bytes_per_second = cluster.device.memory_bandwidth
 
     def tile_seconds(self, layer: Layer, tile: TileWork) -> float:
+        return float(self.volume_seconds(
+            layer, np.int64(_volume(tile.output_shape)),
+            np.int64(sum(_volume(s) for s in tile.input_shapes)),
+            np.int64(tile.param_elements)))
+
+    def volume_seconds(self, layer: Layer, out_elements: np.ndarray, input_elements: np.ndarray,
+                       param_elements: np.ndarray) -> np.ndarray:
+        """The roofline from element counts alone (arrays: one entry per tile)."""
         if layer.kind == "input":
-            return 0.0
-        out_elements = _volume(tile.output_shape)
+            return np.zeros(np.shape(out_elements))
         fraction = out_elements / _volume(layer.output_shape)
         passes = 3.0 if layer.param_count else 2.0
         flops = layer.flops * fraction * passes
-        elements = out_elements + sum(_volume(s) for s in tile.input_shapes) + tile.param_elements
-        memory = elements * BYTES_PER_ELEMENT * passes
-        return max(flops / self.flops_per_second, memory / self.bytes_per_second)
+        memory = (out_elements + input_elements + param_elements) * BYTES_PER_ELEMENT * passes
+        return np.maximum(flops / self.flops_per_second, memory / self.bytes_per_second)
 
 
 class ProfiledCompute:
@@ -208,6 +215,11 @@ class CostModel:
         self._config_cache: dict[tuple[object, ...], list[ParallelConfig]] = {}
         self._tables: dict[tuple[object, ...], tuple[_ConfigTable, np.ndarray, np.ndarray]] = {}
         self._edge_cache: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._levels = devices.bit_length()  # power-of-two degrees 2^0 .. 2^(levels-1)
+        self._needed_cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, _DimTable]] = {}
+        self._space_ids: dict[tuple[object, ...], int] = {}
+        self._space_contents: dict[tuple[object, ...], int] = {}
         self._node_cache: dict[tuple[object, ...], np.ndarray] = {}
 
     # ---- the search space --------------------------------------------------------------
@@ -218,7 +230,7 @@ class CostModel:
 
     def _configs_for(self, layer: Layer) -> list[ParallelConfig]:
         """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
-        key = (tuple(dim_sizes(layer).values()), parallel_dims(layer))
+        key = _space_key(layer)
         if key not in self._config_cache:
             # as `configs_for`, built without re-validating configs legal by construction
             self._config_cache[key] = [
@@ -265,7 +277,32 @@ class CostModel:
         return self._tile_dim_cache[key]
 
     def compute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """t_c of each config. The roofline needs only the largest tile's element counts,
+        which are products of per-dimension lengths: vectorised over configs."""
+        if isinstance(self.compute, AnalyticCompute):
+            return self.compute.volume_seconds(layer, *self._tile_volumes(layer, configs))
         return np.array([self.compute.tile_seconds(layer, self.tile(layer, c)) for c in configs])
+
+    def _tile_volumes(self, layer: Layer, configs: Sequence[ParallelConfig],
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Output, summed input and parameter elements of each config's largest tile (as
+        `tile`, whose shapes multiply out to these)."""
+        exponents = np.array([[degree.bit_length() - 1 for degree in config.degrees]
+                              for config in configs], dtype=np.int64).reshape(-1, 4)
+        out = np.ones(len(configs), dtype=np.int64)
+        inputs = np.ones((len(layer.input_shapes), len(configs)), dtype=np.int64)
+        out_lengths = []
+        for dim in range(4):
+            parts = [self._tile_dim(layer, dim, 1 << level)
+                     for level in range(int(exponents[:, dim].max(initial=0)) + 1)]
+            out_lengths.append(
+                np.array([stop - start for (start, stop), _ in parts])[exponents[:, dim]])
+            out *= out_lengths[-1]
+            inputs *= np.array([lengths for _, lengths in parts], dtype=np.int64).reshape(
+                len(parts), -1).T[:, exponents[:, dim]]
+        # a channel split shards the weights
+        params = layer.param_count * out_lengths[1] // as_4d(layer.output_shape)[1]
+        return out, inputs.sum(axis=0), params
 
     def sync(self, layer: Layer,
              configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, np.ndarray]:
@@ -378,19 +415,61 @@ class CostModel:
              ) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, bytes) of t_x for every pair of producer and consumer configs.
 
-        Edges of the search space between layers of equal shapes and geometry (repeated
-        blocks) have equal matrices and are computed once.
+        Edges whose four per-dimension tables and two search spaces are equal have equal
+        matrices, which are computed once: repeated blocks, and branches that read one
+        tensor through layers of the same geometry.
         """
-        input_index = consumer.inputs.index(producer.name)
+        dim_ids, tables = self._edge_tables(producer, consumer)
         if producer_configs is None and consumer_configs is None:
-            key = _edge_key(producer, consumer, input_index)
+            key = (dim_ids, self._space_id(producer), self._space_id(consumer),
+                   producer.kind != "input")
             if key not in self._edge_cache:
-                self._edge_cache[key] = self._edge(producer, consumer, input_index, None, None)
+                self._edge_cache[key] = self._edge(producer, tables, None, consumer, None)
             return self._edge_cache[key]
-        return self._edge(producer, consumer, input_index, producer_configs, consumer_configs)
+        return self._edge(producer, tables, producer_configs, consumer, consumer_configs)
 
-    def _edge(self, producer: Layer, consumer: Layer, input_index: int,
-              producer_configs: Sequence[ParallelConfig] | None,
+    def _space_id(self, layer: Layer) -> int:
+        """Equal search spaces (as lists of configs) get equal ids."""
+        key = _space_key(layer)
+        if key not in self._space_ids:
+            content = tuple((config.degrees, config.devices) for config in self.configs[layer.name])
+            self._space_ids[key] = self._space_contents.setdefault(content,
+                                                                   len(self._space_contents))
+        return self._space_ids[key]
+
+    def _edge_tables(self, producer: Layer,
+                     consumer: Layer) -> tuple[tuple[int, ...], _EdgeTables]:
+        """The edge's per-dimension tables and their ids; equal ranges share one table."""
+        input_index = consumer.inputs.index(producer.name)
+        producer_sizes = as_4d(producer.output_shape)
+        ids, dims = [], []
+        for dim, size in enumerate(producer_sizes):
+            starts, stops = self._needed_ranges(consumer, input_index, dim)
+            key = (size, starts.tobytes(), stops.tobytes())
+            if key not in self._dim_tables:
+                table = _DimTable(size, (starts, stops), self._levels)
+                self._dim_tables[key] = (len(self._dim_tables), table)
+            ident, table = self._dim_tables[key]
+            ids.append(ident)
+            dims.append(table)
+        return tuple(ids), _EdgeTables(dims)
+
+    def _needed_ranges(self, consumer: Layer, input_index: int,
+                       dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, stops) of the input range each consumer tile needs along `dim`, for every
+        power-of-two degree in turn (the order of `_DimTable`)."""
+        key = (consumer.name, input_index, dim)
+        if key not in self._needed_cache:
+            ranges = [needed_range(consumer, input_index, dim, out)
+                      for level in range(self._levels)
+                      for out in output_ranges(consumer, dim, 1 << level)]
+            starts, stops = np.array(ranges, dtype=np.int64).reshape(-1, 2).T
+            empty = stops <= starts  # needs nothing (concat): one form, so tables are shared
+            self._needed_cache[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
+        return self._needed_cache[key]
+
+    def _edge(self, producer: Layer, tables: _EdgeTables,
+              producer_configs: Sequence[ParallelConfig] | None, consumer: Layer,
               consumer_configs: Sequence[ParallelConfig] | None,
               ) -> tuple[np.ndarray, np.ndarray]:
         """Every pair's t_x from per-device terms (see `_pair_block`).
@@ -402,7 +481,6 @@ class CostModel:
         """
         pconfs = producer_configs or self.configs[producer.name]
         qconfs = consumer_configs or self.configs[consumer.name]
-        tables = _EdgeTables(producer, consumer, input_index, self.devices)
         ptab, p_per_byte, p_latency = self._table(pconfs)
         qtab, q_per_byte, q_latency = self._table(qconfs)
         terms = tables.terms(ptab, qtab)
@@ -418,7 +496,7 @@ class CostModel:
         groups = range(len(_GROUPS))
         producer_side = (
             [state[p_order] for state in terms.p_state],
-            [terms.same[g].astype(dtype) for g in groups],
+            [terms.same[g].astype(dtype, copy=False) for g in groups],
             [terms.recv[g][terms.p_pair[g][p_order]] for g in groups],
             p_per_byte[p_order] * BYTES_PER_ELEMENT, p_latency[p_order],
         )
@@ -502,82 +580,89 @@ def _layer_key(layer: Layer) -> tuple[object, ...]:
             layer.concat_dim, layer.flops, layer.param_count)
 
 
-def _edge_key(producer: Layer, consumer: Layer, input_index: int) -> tuple[object, ...]:
-    """What an edge's search-space matrices depend on: shapes, kinds and geometry."""
-    return (producer.kind, producer.output_shape, _layer_key(consumer), input_index)
+def _space_key(layer: Layer) -> tuple[object, ...]:
+    """What a layer's search space depends on: its dimension sizes and which it may split."""
+    return (tuple(dim_sizes(layer).values()), parallel_dims(layer))
 
 
-class _EdgeTables:
-    """Per-dimension overlap tables of one edge for every pair of power-of-two degrees.
+class _DimTable:
+    """Along one dimension, every pair of power-of-two degrees of the producer and consumer.
 
-    overlap[d][a, b, i, j] = elements along dim d shared by producer tile i (of 2^a) and the
-    range consumer tile j (of 2^b) needs; the last slot of i and j is all zeros so that a
-    tile index of -1 (no tile on that device) reads zero.
+    Rows number producer tiles as a * width + i (tile i of 2^a tiles), columns consumer tiles
+    as b * width + j; the last slot of i and j is all zeros so that a tile index of -1 (no tile
+    on that device) reads zero:
+    - pairs[(a, i), (b, j)]: elements shared by producer tile i and the range consumer tile j
+      needs (int32: at most the dimension's size);
+    - producers_touching[a, (b, j)]: producer tiles of 2^a that consumer tile j needs from;
+    - consumers_touching[(a, i), b] and row_sum[(a, i), b]: consumer tiles of 2^b that need
+      producer tile i, and the elements of i they need in total;
+    - need_len[b, j]: the length of the range consumer tile j needs.
     """
 
-    def __init__(self, producer: Layer, consumer: Layer, input_index: int, devices: int) -> None:
-        levels = devices.bit_length()
+    def __init__(self, producer_size: int, needed: tuple[np.ndarray, np.ndarray],
+                 levels: int) -> None:
         width = (1 << (levels - 1)) + 1
-        shape = (levels, levels, width, width)
-        self.overlap = np.zeros((4, *shape), dtype=np.int64)
-        self.need_len = np.zeros((4, levels, width), dtype=np.int64)
         # every (exponent, tile index) of one side, all exponents together
         exponent = np.repeat(np.arange(levels), 1 << np.arange(levels))
         index = np.concatenate([np.arange(1 << level) for level in range(levels)])
-        for dim in range(4):
-            p_starts, p_stops = np.array([
-                out for a in range(levels) for out in output_ranges(producer, dim, 1 << a)
-            ]).reshape(-1, 2).T
-            starts, stops = np.array([
-                needed_range(consumer, input_index, dim, out)
-                for b in range(levels) for out in output_ranges(consumer, dim, 1 << b)
-            ]).reshape(-1, 2).T
-            self.need_len[dim, exponent, index] = np.maximum(stops - starts, 0)
-            shared = (np.minimum(p_stops[:, None], stops[None, :])
-                      - np.maximum(p_starts[:, None], starts[None, :]))
-            self.overlap[dim, exponent[:, None], exponent[None, :], index[:, None],
-                         index[None, :]] = np.maximum(shared, 0)
-        touching = self.overlap > 0
-        self.producers_touching = touching.sum(axis=3)  # (4, a, b, j): producer tiles per j
-        self.consumers_touching = touching.sum(axis=4)  # (4, a, b, i): consumer tiles per i
-        self.row_sum = self.overlap.sum(axis=4)  # (4, a, b, i): elements of i needed, total
+        p_starts, p_stops = tile_range(producer_size, 1 << exponent, index)
+        starts, stops = needed
+        self.need_len = np.zeros((levels, width), dtype=np.int64)
+        self.need_len[exponent, index] = np.maximum(stops - starts, 0)
+        shared = (np.minimum(p_stops[:, None], stops[None, :])
+                  - np.maximum(p_starts[:, None], starts[None, :]))
+        overlap = np.zeros((levels, width, levels, width), dtype=np.int32)
+        overlap[exponent[:, None], index[:, None], exponent[None, :],
+                index[None, :]] = np.maximum(shared, 0)
+        touching = overlap > 0
+        self.pairs = overlap.reshape(levels * width, levels * width)
+        self.producers_touching = touching.sum(axis=1, dtype=np.int32).reshape(levels, -1)
+        self.consumers_touching = touching.sum(axis=3, dtype=np.int32).reshape(-1, levels)
+        self.row_sum = overlap.sum(axis=3, dtype=np.int64).reshape(-1, levels)
+
+
+class _EdgeTables:
+    """The four per-dimension tables of one edge (n, c, h, w)."""
+
+    def __init__(self, dims: Sequence[_DimTable]) -> None:
+        self.dims = dims
 
     def need(self, qtab: _ConfigTable) -> np.ndarray:
         product = np.ones(qtab.tile_of.shape[:2], dtype=np.int64)
-        for dim in range(4):
-            product *= self.need_len[dim, qtab.exponents[:, dim, None], qtab.tile_of[:, :, dim]]
+        for dim, table in enumerate(self.dims):
+            product *= table.need_len[qtab.exponents[:, dim, None], qtab.tile_of[:, :, dim]]
         return product
 
     def terms(self, ptab: _ConfigTable, qtab: _ConfigTable) -> _Terms:
         """The per-dim tables of each group of two dims multiplied into one table, indexed by
         the states and exponent pairs the two config tables number (see `_ConfigTable`)."""
         terms = _Terms()
-        for group, (d0, d1) in enumerate(_GROUPS):
+        width = self.dims[0].need_len.shape[1]
+        for group, dims in enumerate(_GROUPS):
             p_state, p_exp, p_tile, p_pair, p_pair_exp = ptab.groups[group]
             q_state, q_exp, q_tile, q_pair, q_pair_exp = qtab.groups[group]
-            same = recv = row = sent = np.ones((), dtype=np.int64)
-            levels, width = self.overlap.shape[1], self.overlap.shape[3]
-            for k, dim in enumerate((d0, d1)):
-                # flat offsets into the (a, b, i, j) and (a, b, i) tables
-                a, i = p_exp[k][:, None], p_tile[k][:, None]  # producer states (S, 1)
-                b, j = q_exp[k][None, :], q_tile[k][None, :]  # consumer states (1, T)
-                pa = p_pair_exp[k][:, None]  # producer exponent pairs (A, 1)
-                qb = q_pair_exp[k][None, :]  # consumer exponent pairs (1, B)
-                same = same * self.overlap[dim].ravel().take(
-                    (a * levels * width + i) * width + (b * width * width + j))  # (S, T)
-                recv = recv * self.producers_touching[dim].ravel().take(
-                    pa * levels * width + (b * width + j))  # (A, T)
-                row_at = (a * levels * width + i) + qb * width
-                row = row * self.row_sum[dim].ravel().take(row_at)  # (S, B)
-                sent = sent * self.consumers_touching[dim].ravel().take(row_at)  # (S, B)
+            parts = []
+            for k, dim in enumerate(dims):
+                table = self.dims[dim]
+                p_at = p_exp[k] * width + p_tile[k]  # table row of each producer state (S,)
+                q_at = q_exp[k] * width + q_tile[k]  # table column of each consumer state (T,)
+                parts.append((
+                    np.take(table.pairs[p_at], q_at, axis=1),  # (S, T)
+                    np.take(table.producers_touching[p_pair_exp[k]], q_at, axis=1),  # (A, T)
+                    np.take(table.row_sum[p_at], q_pair_exp[k], axis=1),  # (S, B)
+                    np.take(table.consumers_touching[p_at], q_pair_exp[k], axis=1),  # (S, B)
+                ))
+            (same, recv, row, sent), (same_1, recv_1, row_1, sent_1) = parts
+            if int(same.max(initial=0)) * int(same_1.max(initial=0)) >= _INT32_LIMIT:
+                same = same.astype(np.int64)
             terms.p_state.append(p_state)
             terms.q_state.append(q_state)
             terms.p_pair.append(p_pair)
             terms.q_pair.append(q_pair)
-            terms.same.append(same)
-            terms.recv.append(recv.astype(np.int32))  # at most the number of devices
-            terms.row.append(row)
-            terms.sent.append(sent.astype(np.int32))
+            terms.same.append(same * same_1)
+            terms.recv.append(recv * recv_1)  # at most the number of devices squared
+            terms.row.append(row * row_1)
+            terms.sent.append(sent * sent_1)
         return terms
 
 

@@ -96,15 +96,19 @@ class _Graph:
 
 
 def _min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """out[i, k] = min_j left[i, j] + right[j, k], with the argmin j, in bounded memory."""
+    """out[i, k] = min_j left[i, j] + right[j, k], with the argmin j, in bounded memory.
+
+    Blocks are laid out (i, k, j) so that the reductions run over contiguous memory.
+    """
+    left = np.ascontiguousarray(left)
+    right_t = np.ascontiguousarray(right.T)
     rows = max(1, _CHUNK_ELEMENTS // max(1, left.shape[1] * right.shape[1]))
     best = np.empty((left.shape[0], right.shape[1]))
     arg = np.empty((left.shape[0], right.shape[1]), dtype=np.int64)
     for start in range(0, left.shape[0], rows):
-        block = left[start:start + rows, :, None] + right[None, :, :]
-        arg[start:start + rows] = block.argmin(axis=1)
-        best[start:start + rows] = np.take_along_axis(
-            block, arg[start:start + rows, None, :], axis=1)[:, 0, :]
+        block = left[start:start + rows, None, :] + right_t[None, :, :]
+        arg[start:start + rows] = block.argmin(axis=2)
+        best[start:start + rows] = block.min(axis=2)
     return best, arg
 
 
