@@ -2,8 +2,10 @@
 
     .venv/bin/python benchmarks/bench_search.py                    # 4, 16, 64 devices
     .venv/bin/python benchmarks/bench_search.py --devices 16 --models inception_v3,resnet152
+    .venv/bin/python benchmarks/bench_search.py --placement aligned --devices 4,8,16
 
-Full input size, 32 images per device, analytic t_c, origin placement. The presets have 16
+Full input size, 32 images per device, analytic t_c, origin placement unless --placement
+aligned (every config also at each offset aligned to its size: many more configs per layer). The presets have 16
 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with more nodes. Each row
 is one fresh search in this process: building the cost vectors and matrices, eliminating, and
 undoing; `cost s` and `eliminate s` split it. One search of the tiny CNN runs first so that
@@ -21,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from strategies.cluster import Cluster, load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.cost import AnalyticCompute, CostModel, Placement
 from strategies.graph import build_graph
 from strategies.models import ZOO
 from strategies.search import solve
@@ -34,10 +36,11 @@ def scaled(cluster: Cluster, devices: int) -> Cluster:
     return cluster.model_copy(update={"nodes": nodes, "name": f"{cluster.name}x{nodes}nodes"})
 
 
-def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int | str]:
+def measure(model: str, devices: int, cluster: Cluster,
+            placement: Placement = "origin") -> dict[str, float | int | str]:
     graph = build_graph(model, batch=32 * devices)
     started = time.perf_counter()
-    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster))
+    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement=placement)
     nodes = {layer.name: cost.node_seconds(layer) for layer in graph.layers}
     edges = {(u, v): cost.edge(graph.by_name[u], graph.by_name[v])[0] for u, v in graph.edges}
     costed = time.perf_counter()
@@ -56,8 +59,10 @@ def main() -> None:
     parser.add_argument("--devices", default="4,16,64")
     parser.add_argument("--models", default=",".join(ZOO))
     parser.add_argument("--clusters", default="p100x16,h200x8")
+    parser.add_argument("--placement", choices=("origin", "aligned"), default="origin")
     args = parser.parse_args()
-    table = Table(title="search time (elimination, analytic t_c, full input size)",
+    table = Table(title=f"search time (elimination, analytic t_c, full input size, "
+                        f"{args.placement} placement)",
                   title_justify="left")
     columns = ("model", "cluster", "devices", "layers", "max configs", "cost s",
                "eliminate s", "search s", "final nodes", "peak MB")
@@ -69,7 +74,7 @@ def main() -> None:
         for devices in map(int, args.devices.split(",")):
             cluster = scaled(load_cluster(cluster_name), devices)
             for model in args.models.split(","):
-                row = measure(model, devices, cluster)
+                row = measure(model, devices, cluster, args.placement)
                 cells = [model, cluster.name, str(devices)] + [
                     f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c])
                     for c in columns[3:]
