@@ -10,6 +10,10 @@ memory is its own:
 - `DDP`: torch's DistributedDataParallel (the throughput baseline);
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
+Each run of this runtime first trains alone (warm-up, then its steps: the peak memory), then
+builds a DDP replica of the model in the same processes and alternates one DDP step and one of
+its own (in turns, on the same batches) for its timed steps: its step time and its ratio to
+DDP come from those interleaved steps, so that both see the same state of the machine.
 Printed per run: median step time, samples/s, the ratio to DDP, the cost model's predicted step
 time (profile + calibration) and measured/predicted, and the peak RSS (CPU) or peak allocated
 memory (CUDA) per rank.
@@ -22,7 +26,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -100,6 +104,17 @@ def _step_function(job: Job, rank: int, world: int, device: torch.device):  # no
     return plain_step
 
 
+def _timed(step, batch: tuple[torch.Tensor, torch.Tensor],  # noqa: ANN001
+           device: torch.device) -> float:
+    """One step's seconds, started together on every rank."""
+    dist.barrier()
+    synchronize(device)
+    started = time.perf_counter()
+    step(*batch)
+    synchronize(device)
+    return time.perf_counter() - started
+
+
 def _worker(rank: int, world: int, port: int, job: Job, out: str) -> None:
     torch.set_num_threads(job.threads)
     device = torch.device("cuda", rank) if job.cuda else torch.device("cpu")
@@ -110,20 +125,24 @@ def _worker(rank: int, world: int, port: int, job: Job, out: str) -> None:
                             world_size=world)
     try:
         step = _step_function(job, rank, world, device)
-        times = []
         channels = build_graph(job.model, 2, job.image_size, 10).input_shape[1]
-        for index, (inputs, targets) in enumerate(_batches(job, channels, device)):
-            dist.barrier()
-            synchronize(device)
-            started = time.perf_counter()
-            step(inputs, targets)
-            synchronize(device)
-            if index >= job.warmup:
-                times.append(time.perf_counter() - started)
+        batches = _batches(job, channels, device)
+        times = [_timed(step, batch, device) for batch in batches][job.warmup:]
         memories: list[int | None] = [None] * world
         dist.all_gather_object(memories, peak_memory_bytes(device))
+        result: dict[str, object] = {"median": statistics.median(times), "memory": memories}
+        if job.mode == "layerwise":
+            ddp_step = _step_function(replace(job, mode="ddp"), rank, world, device)
+            for batch in batches[:job.warmup]:
+                _timed(ddp_step, batch, device)
+            own, ddp = [], []
+            for index, batch in enumerate(batches[job.warmup:]):
+                turns = [(own, step), (ddp, ddp_step)]
+                for record, function in turns if index % 2 else reversed(turns):
+                    record.append(_timed(function, batch, device))
+            result.update(median=statistics.median(own), ddp=statistics.median(ddp))
         if rank == 0:
-            torch.save({"median": statistics.median(times), "memory": memories}, out)
+            torch.save(result, out)
     finally:
         dist.destroy_process_group()
 
@@ -172,7 +191,7 @@ def main() -> None:
         predicted = cost.evaluate(assignment).step_seconds
         rows.append((name, run(job("layerwise", assignment), world), predicted))
 
-    ddp_seconds = float(rows[1][1]["median"])  # type: ignore[arg-type]
+    ddp_alone = float(rows[1][1]["median"])  # type: ignore[arg-type]
     single_memory = rows[0][1]["memory"][0]  # type: ignore[index]
     table = Table(title=f"{args.model}, {args.image_size}px, global batch {batch}, {world} "
                         f"{'GPUs (nccl)' if cuda else 'CPU processes (gloo)'}")
@@ -181,6 +200,7 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "run" else "right")
     for name, result, predicted in rows:
         seconds = float(result["median"])  # type: ignore[arg-type]
+        ddp_seconds = float(result.get("ddp", ddp_alone))  # type: ignore[arg-type]
         memory = [m / 2**20 for m in result["memory"]]  # type: ignore[union-attr]
         table.add_row(
             name, f"{seconds * 1e3:.1f}", f"{batch / seconds:.0f}",

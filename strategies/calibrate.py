@@ -83,8 +83,11 @@ class Calibration(BaseModel):
 
     @property
     def link(self) -> Link:
-        """The fitted point-to-point link, rounded to 4 significant digits."""
-        return Link(bandwidth=_round(self.p2p_bandwidth), latency=_round(self.p2p_latency))
+        """The fitted point-to-point link with the fitted all-reduce as its ring figures,
+        rounded to 4 significant digits."""
+        return Link(bandwidth=_round(self.p2p_bandwidth), latency=_round(self.p2p_latency),
+                    ring_bandwidth=_round(self.allreduce_bandwidth),
+                    ring_latency=_round(self.allreduce_latency))
 
     def p2p_seconds(self, nbytes: float) -> float:
         return self.p2p_latency + nbytes / self.p2p_bandwidth

@@ -260,16 +260,35 @@ class _Spec(BaseModel):
 
 
 class Link(_Spec):
-    """A point-to-point connection: bandwidth in bytes/s (one direction), latency in seconds."""
+    """A point-to-point connection: bandwidth in bytes/s (one direction), latency in seconds.
+
+    `ring_bandwidth` and `ring_latency`, where given, are the alpha and 1/beta of the backend's
+    own all-reduce over this link, fitted to measured all-reduces in the ring form
+    2(p-1)(alpha + m*beta/p) (`layerwise calibrate` writes them). A library all-reduce adds
+    reduction arithmetic and copies to the messages; on CPUs with gloo it runs at a fraction
+    of the point-to-point bandwidth. Without them a ring moves at the point-to-point figures.
+    """
 
     bandwidth: Bandwidth
     latency: Latency
+    ring_bandwidth: Bandwidth | None = None
+    ring_latency: Latency | None = None
 
-    _units: ClassVar[dict[str, str]] = {"bandwidth": "bandwidth", "latency": "latency"}
+    _units: ClassVar[dict[str, str]] = {"bandwidth": "bandwidth", "latency": "latency",
+                                        "ring_bandwidth": "bandwidth",
+                                        "ring_latency": "latency"}
 
     def time(self, nbytes: float) -> float:
         """Seconds to move `nbytes` over this link (latency + size / bandwidth)."""
         return self.latency + nbytes / self.bandwidth
+
+    def allreduce_seconds(self, nbytes: int, ranks: int) -> float:
+        """A ring all-reduce of `nbytes` over `ranks` devices joined by this link: 2(r-1)
+        steps of one chunk of ceil(m/r) bytes (DESIGN 3.3), at the ring figures if measured."""
+        latency = self.latency if self.ring_latency is None else self.ring_latency
+        bandwidth = self.bandwidth if self.ring_bandwidth is None else self.ring_bandwidth
+        chunk = -(-nbytes // ranks)
+        return 2 * (ranks - 1) * (latency + chunk / bandwidth)
 
 
 class DeviceType(_Spec):

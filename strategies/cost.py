@@ -359,8 +359,7 @@ class CostModel:
     def _sync_seconds(self, shard_elements: int, replicas: int, link: Link) -> float:
         shard_bytes = shard_elements * BYTES_PER_ELEMENT
         if self.cluster.sync == "ring":
-            chunk = -(-shard_bytes // replicas)
-            return 2 * (replicas - 1) * (link.latency + chunk / link.bandwidth)
+            return link.allreduce_seconds(shard_bytes, replicas)
         # parameter server: the server takes r-1 gradients in and sends r-1 updates out
         return 2 * (replicas - 1) * (link.latency + shard_bytes / link.bandwidth)
 

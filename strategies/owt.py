@@ -162,8 +162,7 @@ def _all_reduce_seconds(link: Link | None, workers: int, elements: int) -> float
     """Reduce-scatter then all-gather of `elements` (a ring all-reduce, as cost.py's)."""
     if link is None:
         return 0.0
-    chunk = -(-elements * BYTES_PER_ELEMENT // workers)
-    return 2 * (workers - 1) * link.time(chunk)
+    return link.allreduce_seconds(elements * BYTES_PER_ELEMENT, workers)
 
 
 def _handoff_seconds(scheme: Scheme, link: Link | None, workers: int, rows: int,

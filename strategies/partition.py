@@ -284,8 +284,7 @@ class PipelineCosts:
             return 0.0, 0
         link = self._slowest_link(tuple(range(first, first + width)))
         buffer = params * BYTES_PER_ELEMENT
-        seconds = 2 * (width - 1) * (link.latency + -(-buffer // width) / link.bandwidth)
-        return seconds, 2 * (width - 1) * buffer
+        return link.allreduce_seconds(buffer, width), 2 * (width - 1) * buffer
 
     def _slowest_link(self, devices: tuple[int, ...]) -> Link:
         if devices not in self._links:

@@ -20,7 +20,10 @@ from strategies.calibrate import (
     message_sizes,
 )
 from strategies.cluster import load_cluster
+from strategies.cost import AnalyticCompute, CostModel
 from strategies.errors import LayerwiseError
+from strategies.graph import build_graph
+from strategies.space import ParallelConfig
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +76,25 @@ def test_calibrated_cluster_is_the_local_preset_with_the_measured_link(calibrati
     assert cluster.device == local.device and cluster.sync == "ring"
     assert "gloo" in cluster.description and calibration.created in cluster.description
     assert cluster.link(0, 1) == calibration.link
+
+
+def test_gradient_sync_is_priced_at_the_measured_all_reduce(calibration, tmp_path):
+    """The cost model's ring for two replicas is the all-reduce fit, not two p2p messages;
+    the figures survive the cluster file `layerwise calibrate` writes."""
+    cluster = calibrated_cluster(calibration)
+    link = cluster.links.intra_node
+    assert link.ring_latency == pytest.approx(calibration.allreduce_latency, rel=1e-3)
+    assert link.ring_bandwidth == pytest.approx(calibration.allreduce_bandwidth, rel=1e-3)
+    path = tmp_path / "calibrated.yaml"
+    path.write_text(cluster.to_yaml(), encoding="utf-8")
+    assert load_cluster(path) == cluster
+    graph = build_graph("lenet5", batch=8, image_size=32)
+    cost = CostModel(graph, cluster, 2, AnalyticCompute(cluster))
+    fc = graph.by_name["classifier_0"]
+    seconds, moved = cost.sync(fc, [ParallelConfig.parse("n2c1h1w1@0-1")])
+    weight_bytes = fc.param_count * 4
+    assert moved[0] == 2 * weight_bytes  # 2(p-1) chunks of 1/p of the weights each way
+    assert seconds[0] == pytest.approx(calibration.allreduce_seconds(weight_bytes), rel=1e-3)
 
 
 def test_fewer_than_two_processes_is_an_error():
