@@ -172,7 +172,7 @@ def main() -> None:
     graph = build_graph(args.model, batch, args.image_size, 10)
 
     console.print(f"calibrating {world} {'nccl' if cuda else 'gloo'} processes ...")
-    cluster = calibrated_cluster(calibrate(world, "nccl" if cuda else "gloo", quick=True))
+    cluster = calibrated_cluster(calibrate(world, "nccl" if cuda else "gloo"))
     console.print(f"profiling {args.model} on {world} devices ({threads} threads) ...")
     profile = profile_graph(graph, world, device="cuda" if cuda else "cpu", threads=threads)
     cost = CostModel(graph, cluster, world, ProfiledCompute(profile))

@@ -216,10 +216,11 @@ def calibrate(
 ) -> None:
     """Measure latency and bandwidth between local processes and write a cluster YAML.
 
-    Starts --nproc torch.distributed processes, times rank 0 <-> rank 1 send/recv (one way =
-    half the round trip) and all_reduce over all ranks for messages of 4 B to 16 MiB, fits
-    latency + bytes / bandwidth by least squares, and writes the `local` preset with the fitted
-    link and --nproc devices: pass that file wherever a cluster is accepted.
+    Starts --nproc torch.distributed processes, times an exchange between ranks 0 and 1 (both
+    send and receive at once, as the runtime's transfers do) and all_reduce over all ranks for
+    messages of 4 B to 16 MiB, fits latency + bytes / bandwidth by least squares, and writes
+    the `local` preset with the fitted link (the all-reduce fit as its ring figures) and
+    --nproc devices: pass that file wherever a cluster is accepted.
     """
     from strategies.calibrate import calibrate as measure
     from strategies.calibrate import calibrated_cluster
@@ -237,7 +238,7 @@ def calibrate(
         return
     table = Table(title=f"{calibration.backend}, {nproc} processes on {calibration.host}",
                   title_justify="left")
-    for column in ("bytes", "p2p one-way", "p2p fit", "all_reduce", "ring fit"):
+    for column in ("bytes", "p2p exchange", "p2p fit", "all_reduce", "ring fit"):
         table.add_column(column, justify="right")
     measured = {(point.kind, point.bytes): point.seconds for point in calibration.points}
     for nbytes in sorted({point.bytes for point in calibration.points}):

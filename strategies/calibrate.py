@@ -3,7 +3,10 @@
 The cost model charges a transfer of m bytes alpha + m*beta (latency plus size over bandwidth)
 and a ring all-reduce 2(p-1)(alpha + m*beta/p) (DESIGN 3.3, ParaDL). `calibrate` starts `nproc`
 local processes with the backend the runtime will use (gloo on CPU, NCCL on GPUs), measures
-  - point-to-point: rank 0 <-> rank 1 ping-pong with send/recv, one-way time = round trip / 2;
+  - point-to-point: ranks 0 and 1 exchange a message at once (each sends one and receives
+    one, with batch_isend_irecv), the pattern of the runtime's transfers between layers. On a
+    full-duplex link that takes one one-way time; on CPUs with gloo both directions share the
+    cores that copy them, and an exchange takes about twice an idle ping-pong's one-way time;
   - all_reduce over all ranks,
 for message sizes from 4 B to 16 MiB, and fits alpha and beta by least squares on relative
 error (so that 4 B and 16 MiB count alike). `calibrated_cluster` puts the point-to-point fit
@@ -55,7 +58,7 @@ Backend = Literal["gloo", "nccl"]
 
 
 class CalibrationPoint(BaseModel):
-    """One measured message: median seconds of a one-way send or of one all_reduce."""
+    """One measured message: median seconds of one exchange (p2p) or of one all_reduce."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -125,20 +128,24 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _ping_pong(rank: int, buffer: torch.Tensor, rounds: int) -> list[float]:
-    """Rank 0's one-way times (half a round trip) of `rounds` ping-pongs with rank 1."""
+def _exchange(rank: int, buffer: torch.Tensor, rounds: int) -> list[float]:
+    """Rank 0's times of `rounds` exchanges with rank 1, each started together after a
+    barrier: both send `buffer` and receive as much at once through batch_isend_irecv, as
+    the runtime's transfers between layers do. Ranks above 1 only join the barriers."""
     times: list[float] = []
+    incoming = torch.empty_like(buffer)
     for _ in range(rounds):
-        if rank == 0:
-            _synchronize(buffer.device)
-            start = time.perf_counter()
-            dist.send(buffer, dst=1)
-            dist.recv(buffer, src=1)
-            _synchronize(buffer.device)
-            times.append((time.perf_counter() - start) / 2)
-        elif rank == 1:
-            dist.recv(buffer, src=0)
-            dist.send(buffer, dst=0)
+        dist.barrier()
+        if rank > 1:
+            continue
+        peer = 1 - rank
+        _synchronize(buffer.device)
+        start = time.perf_counter()
+        operations = [dist.P2POp(dist.isend, buffer, peer), dist.P2POp(dist.irecv, incoming, peer)]
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+        _synchronize(buffer.device)
+        times.append(time.perf_counter() - start)
     return times
 
 
@@ -186,7 +193,7 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
     rows: list[tuple[str, int, float]] = []
     for size in sizes:
         buffer = torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
-        p2p = _ping_pong(rank, buffer, warmup + repeats)[warmup:]
+        p2p = _exchange(rank, buffer, warmup + repeats)[warmup:]
         dist.barrier()
         reduce = _all_reduce(buffer, warmup + repeats)[warmup:]
         if rank == 0:
