@@ -42,7 +42,7 @@ from strategies.cost import CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.profile import profile_graph
-from strategies.runtime.comm import Communicator, free_local_port
+from strategies.runtime.comm import Communicator, local_rendezvous
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.plan import build_plan
 from strategies.runtime.worker import peak_memory_bytes, synchronize
@@ -115,13 +115,13 @@ def _timed(step, batch: tuple[torch.Tensor, torch.Tensor],  # noqa: ANN001
     return time.perf_counter() - started
 
 
-def _worker(rank: int, world: int, port: int, job: Job, out: str) -> None:
+def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
     torch.set_num_threads(job.threads)
     device = torch.device("cuda", rank) if job.cuda else torch.device("cpu")
     if job.cuda:
         torch.cuda.set_device(device)
     backend = "nccl" if job.cuda else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group(backend, init_method=rendezvous, rank=rank,
                             world_size=world)
     try:
         step = _step_function(job, rank, world, device)
@@ -150,8 +150,8 @@ def _worker(rank: int, world: int, port: int, job: Job, out: str) -> None:
 def run(job: Job, world: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-") as folder:
         out = os.path.join(folder, "result.pt")
-        torch_mp.start_processes(_worker, args=(world, free_local_port(), job, out), nprocs=world,
-                                 join=True, start_method="spawn")
+        torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), job, out),
+                                 nprocs=world, join=True, start_method="spawn")
         return torch.load(Path(out))
 
 

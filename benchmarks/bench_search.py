@@ -5,8 +5,9 @@
     .venv/bin/python benchmarks/bench_search.py --placement aligned --devices 4,8,16
 
 Full input size, 32 images per device, analytic t_c, origin placement unless --placement
-aligned (every config also at each offset aligned to its size: many more configs per layer). The presets have 16
-(p100x16) and 8 (h200x8) devices; larger counts use the same preset with more nodes. Each row
+aligned (every config also at each offset aligned to its size: many more configs per layer).
+The presets have 16 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with
+more nodes. Each row
 is one fresh search in this process: building the cost vectors and matrices, eliminating, and
 undoing; `cost s` and `eliminate s` split it. One search of the tiny CNN runs first so that
 the first row does not carry the process's one-time warm-up. Peak memory is the process's

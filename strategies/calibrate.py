@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from strategies.cluster import Cluster, Link, load_cluster
 from strategies.errors import LayerwiseError
 from strategies.files import write_atomic
-from strategies.runtime.comm import free_local_port
+from strategies.runtime.comm import local_rendezvous
 
 __all__ = [
     "Calibration",
@@ -162,7 +162,7 @@ def _all_reduce(buffer: torch.Tensor, rounds: int) -> list[float]:
     return times
 
 
-def _worker(rank: int, nproc: int, port: int, backend: Backend, sizes: Sequence[int],
+def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Sequence[int],
             warmup: int, repeats: int, result_path: str) -> None:
     """One rank: measure every size; rank 0 writes [kind, bytes, median seconds] rows as JSON."""
     torch.set_num_threads(1)
@@ -170,7 +170,7 @@ def _worker(rank: int, nproc: int, port: int, backend: Backend, sizes: Sequence[
     if device.type == "cuda":
         torch.cuda.set_device(device)
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group(backend, init_method=rendezvous, rank=rank,
                                 world_size=nproc, timeout=TIMEOUT)
         rows = _measure(rank, device, sizes, warmup, repeats)
     except BaseException as error:
@@ -238,7 +238,7 @@ def _run_workers(nproc: int, backend: Backend, sizes: Sequence[int], warmup: int
                  repeats: int) -> list[CalibrationPoint]:
     with tempfile.TemporaryDirectory(prefix="layerwise-calibrate-") as folder:
         result_path = os.path.join(folder, "points.json")
-        args = (nproc, free_local_port(), backend, list(sizes), warmup, repeats, result_path)
+        args = (nproc, local_rendezvous(folder), backend, list(sizes), warmup, repeats, result_path)
         try:
             torch_mp.start_processes(_worker, args=args, nprocs=nproc, join=True,
                                      start_method=_start_method())

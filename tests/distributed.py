@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from strategies.graph import build_graph
 from strategies.models import build_model
-from strategies.runtime.comm import Communicator, free_local_port
+from strategies.runtime.comm import Communicator, local_rendezvous
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.plan import build_plan
 from strategies.space import ParallelConfig
@@ -117,9 +117,9 @@ def _run_case(case: Case, rank: int, world: int) -> Outcome | None:
     return Outcome(losses=losses, state=state, bytes_by_rank=[g or {} for g in gathered])
 
 
-def _worker(rank: int, world: int, port: int, cases: list[Case], out: str) -> None:
+def _worker(rank: int, world: int, rendezvous: str, cases: list[Case], out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
                             world_size=world)
     try:
         outcomes = [_run_case(case, rank, world) for case in cases]
@@ -135,6 +135,6 @@ def run_distributed(cases: list[Case], world: int) -> list[Outcome]:
     context.set_forkserver_preload([__name__])  # torch and layerwise imported once
     with tempfile.TemporaryDirectory(prefix="layerwise-test-") as folder:
         out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(world, free_local_port(), cases, out), nprocs=world,
-                                 join=True, start_method="forkserver")
+        torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), cases, out),
+                                 nprocs=world, join=True, start_method="forkserver")
         return torch.load(Path(out), weights_only=False)

@@ -43,7 +43,7 @@ from strategies.local import (
     predict,
 )
 from strategies.models import build_model
-from strategies.runtime.comm import free_local_port
+from strategies.runtime.comm import local_rendezvous
 from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.local import LocalEngine, auxiliary_heads
 from strategies.runtime.result import RunResult, TrainSettings
@@ -131,9 +131,9 @@ def _run_case(case: Case, rank: int) -> Outcome | None:
     return Outcome(losses=losses, state=state or {}, step_bytes=summed)
 
 
-def _worker(rank: int, port: int, cases: list[Case], out: str) -> None:
+def _worker(rank: int, rendezvous: str, cases: list[Case], out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
                             world_size=2)
     try:
         outcomes = [_run_case(case, rank) for case in cases]
@@ -155,7 +155,7 @@ def outcomes() -> dict[str, Outcome]:
     context.set_forkserver_preload([__name__])  # torch and layerwise imported once
     with tempfile.TemporaryDirectory(prefix="layerwise-local-") as folder:
         out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(free_local_port(), cases, out),
+        torch_mp.start_processes(_worker, args=(local_rendezvous(folder), cases, out),
                                  nprocs=2, join=True, start_method="forkserver")
         return dict(zip(CASES, torch.load(Path(out), weights_only=False), strict=True))
 

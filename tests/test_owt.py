@@ -30,7 +30,7 @@ from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.models import build_model
 from strategies.owt import build_strategy
-from strategies.runtime.comm import free_local_port
+from strategies.runtime.comm import local_rendezvous
 from strategies.runtime.engine import EngineContext
 from strategies.runtime.owt import OwtEngine
 from strategies.runtime.result import TrainSettings
@@ -128,10 +128,10 @@ def _run_case(case: OwtCase, strategy: Strategy, graph: LayerGraph, rank: int,
     return Outcome(losses=losses, state=state["model"], bytes_by_rank=[g or {} for g in gathered])
 
 
-def _worker(rank: int, world: int, port: int,
+def _worker(rank: int, world: int, rendezvous: str,
             jobs: list[tuple[OwtCase, Strategy, LayerGraph]], out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
                             world_size=world)
     try:
         outcomes = [_run_case(case, strategy, graph, rank, world)
@@ -150,7 +150,7 @@ def run_owt(cases: list[OwtCase], world: int) -> list[Outcome]:
     context.set_forkserver_preload([__name__])
     with tempfile.TemporaryDirectory(prefix="layerwise-owt-") as folder:
         out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(world, free_local_port(), jobs, out),
+        torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), jobs, out),
                                  nprocs=world, join=True, start_method="forkserver")
         return torch.load(Path(out), weights_only=False)
 

@@ -43,7 +43,7 @@ from strategies.partition import (
     plan_strategy,
     row_pieces,
 )
-from strategies.runtime.comm import free_local_port
+from strategies.runtime.comm import local_rendezvous
 from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.pipeline import PipelineEngine
 from strategies.runtime.result import RunResult, TrainSettings
@@ -304,10 +304,10 @@ def _run_case(case: Case, strategy: Strategy, graph: LayerGraph, rank: int,
                    bytes_by_rank=[counts or {} for counts in gathered])
 
 
-def _worker(rank: int, world: int, port: int, cases: list[tuple[Case, Strategy, LayerGraph]],
+def _worker(rank: int, world: int, rendezvous: str, cases: list[tuple[Case, Strategy, LayerGraph]],
             out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
                             world_size=world)
     try:
         outcomes = [_run_case(*case, rank, world) for case in cases]
@@ -326,7 +326,7 @@ def run_pipelines(cases: list[tuple[Case, Strategy]], world: int) -> list[Outcom
     context.set_forkserver_preload([__name__])
     with tempfile.TemporaryDirectory(prefix="layerwise-pipeline-") as folder:
         out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(world, free_local_port(), with_graphs, out),
+        torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), with_graphs, out),
                                  nprocs=world, join=True, start_method="forkserver")
         return torch.load(Path(out), weights_only=False)
 
