@@ -212,12 +212,17 @@ class LayerwiseModel:
         for index, layer_plan in enumerate(self.plan.layers):
             self._forward_layer(index, layer_plan, inputs)
         loss_share = self._loss_share(targets)
+        # the global loss is summed while the backward runs (it only needs the forward)
+        loss = loss_share.detach().reshape(1).clone()
+        everyone = tuple(range(self.comm.world))
+        loss_sum = self.comm.all_reduce_async(loss, everyone)
         gradients = self._loss_backward(loss_share)
         for index in reversed(range(len(self.plan.layers))):
             self._backward_layer(index, self.plan.layers[index], gradients)
         self._buckets.finish()
-        loss = loss_share.detach().reshape(1).clone()
-        self.comm.all_reduce(loss, tuple(range(self.comm.world)), ("loss", "loss"))
+        if loss_sum is not None:
+            loss_sum.wait()
+            self.comm.count_ring("loss", "loss", loss.numel(), loss.element_size(), everyone)
         for state in self.states.values():
             state.leaves, state.output = [], None
         return loss[0]
