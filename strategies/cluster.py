@@ -282,13 +282,21 @@ class Link(_Spec):
         """Seconds to move `nbytes` over this link (latency + size / bandwidth)."""
         return self.latency + nbytes / self.bandwidth
 
+    @property
+    def allreduce_latency(self) -> float:
+        """The alpha of an all-reduce ring step: measured, or the point-to-point latency."""
+        return self.latency if self.ring_latency is None else self.ring_latency
+
+    @property
+    def allreduce_bandwidth(self) -> float:
+        """The 1/beta of an all-reduce ring step: measured, or the point-to-point bandwidth."""
+        return self.bandwidth if self.ring_bandwidth is None else self.ring_bandwidth
+
     def allreduce_seconds(self, nbytes: int, ranks: int) -> float:
         """A ring all-reduce of `nbytes` over `ranks` devices joined by this link: 2(r-1)
         steps of one chunk of ceil(m/r) bytes (DESIGN 3.3), at the ring figures if measured."""
-        latency = self.latency if self.ring_latency is None else self.ring_latency
-        bandwidth = self.bandwidth if self.ring_bandwidth is None else self.ring_bandwidth
         chunk = -(-nbytes // ranks)
-        return 2 * (ranks - 1) * (latency + chunk / bandwidth)
+        return 2 * (ranks - 1) * (self.allreduce_latency + chunk / self.allreduce_bandwidth)
 
 
 class DeviceType(_Spec):

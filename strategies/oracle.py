@@ -329,10 +329,11 @@ def p2p_seconds(nbytes: float, link: Link | None) -> float:
 
 
 def allreduce_seconds(pes: int, nbytes: float, link: Link | None) -> float:
-    """Ring all-reduce of m bytes: T_allreduce(p, m) = 2(p-1)(alpha + m * beta / p)."""
+    """Ring all-reduce of m bytes: T_allreduce(p, m) = 2(p-1)(alpha + m * beta / p), with
+    the link's measured all-reduce figures where it has them (`layerwise calibrate`)."""
     if link is None:
         return 0.0
-    return 2 * (pes - 1) * (link.latency + nbytes / (pes * link.bandwidth))
+    return 2 * (pes - 1) * (link.allreduce_latency + nbytes / (pes * link.allreduce_bandwidth))
 
 
 def allgather_seconds(pes: int, piece_bytes: float, link: Link | None) -> float:

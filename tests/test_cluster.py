@@ -20,6 +20,7 @@ from strategies.cluster import (
     presets,
 )
 from strategies.errors import ClusterError, LayerwiseError
+from strategies.oracle import allreduce_seconds as oracle_allreduce
 
 EXPECTED_DEVICES = {"p100x16": 16, "k20x8": 8, "abci": 4352, "h200x8": 8, "local": 8}
 
@@ -474,3 +475,15 @@ def test_valid_custom_file(tmp_path):
     assert cluster.num_devices == 8
     assert cluster.sync == "ring" and cluster.compute_efficiency == 0.5
     assert cluster.links.inter_node.bandwidth == 12.5e9
+
+
+def test_an_all_reduce_runs_at_the_measured_ring_figures_where_the_link_has_them():
+    plain = Link(bandwidth=1e9, latency=1e-5)
+    measured = Link(bandwidth=1e9, latency=1e-5, ring_bandwidth=2.5e8, ring_latency=4e-5)
+    nbytes, ranks = 10_000_003, 4
+    chunk = -(-nbytes // ranks)  # the ring's chunk, rounded up to whole bytes
+    assert plain.allreduce_seconds(nbytes, ranks) == 2 * 3 * (1e-5 + chunk / 1e9)
+    assert measured.allreduce_seconds(nbytes, ranks) == 2 * 3 * (4e-5 + chunk / 2.5e8)
+    assert measured.time(nbytes) == plain.time(nbytes)  # point to point is unchanged
+    assert oracle_allreduce(ranks, nbytes, measured) == pytest.approx(
+        2 * 3 * (4e-5 + nbytes / (ranks * 2.5e8)))
