@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,24 +118,33 @@ def _run_case(case: Case, rank: int, world: int) -> Outcome | None:
     return Outcome(losses=losses, state=state, bytes_by_rank=[g or {} for g in gathered])
 
 
-def _worker(rank: int, world: int, rendezvous: str, cases: list[Case], out: str) -> None:
+def _spawned(rank: int, world: int, rendezvous: str, run_case: Callable[..., object],
+             cases: Sequence[object], out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
     try:
-        outcomes = [_run_case(case, rank, world) for case in cases]
+        outcomes = [run_case(case, rank, world) for case in cases]
         if rank == 0:
             torch.save(outcomes, out)
     finally:
         dist.destroy_process_group()
 
 
-def run_distributed(cases: list[Case], world: int) -> list[Outcome]:
-    """Run every case on `world` gloo processes; the outcomes as rank 0 assembled them."""
+def spawn_cases(run_case: Callable[..., object], cases: Sequence[object], world: int,
+                module: str) -> list:
+    """`run_case(case, rank, world)` for every case on `world` gloo processes (one launch:
+    starting them costs seconds); rank 0's results. `run_case` lives in `module`, which the
+    fork server imports once with torch and layerwise."""
     context = torch_mp.get_context("forkserver")
-    context.set_forkserver_preload([__name__])  # torch and layerwise imported once
+    context.set_forkserver_preload([__name__, module])
     with tempfile.TemporaryDirectory(prefix="layerwise-test-") as folder:
         out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), cases, out),
+        torch_mp.start_processes(_spawned,
+                                 args=(world, local_rendezvous(folder), run_case, cases, out),
                                  nprocs=world, join=True, start_method="forkserver")
         return torch.load(Path(out), weights_only=False)
+
+
+def run_distributed(cases: list[Case], world: int) -> list[Outcome]:
+    """Run every case on `world` gloo processes; the outcomes as rank 0 assembled them."""
+    return spawn_cases(_run_case, cases, world, __name__)

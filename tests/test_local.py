@@ -14,16 +14,12 @@ Tests that start processes are marked slow.
 from __future__ import annotations
 
 import itertools
-import os
-import tempfile
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
@@ -43,11 +39,11 @@ from strategies.local import (
     predict,
 )
 from strategies.models import build_model
-from strategies.runtime.comm import local_rendezvous
 from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.local import LocalEngine, auxiliary_heads
 from strategies.runtime.result import RunResult, TrainSettings
 from strategies.strategy import Strategy
+from tests.distributed import spawn_cases
 
 MODEL, SIZE, BATCH, STEPS, SEED = "lenet5", 16, 8, 3, 0
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-4
@@ -107,21 +103,21 @@ def _settings(name: str) -> TrainSettings:
                          seed=SEED)
 
 
-def _run_case(case: Case, rank: int) -> Outcome | None:
+def _run_case(case: Case, rank: int, world: int) -> Outcome | None:
     module = _module()
     if rank == 1:
         with torch.no_grad():
             module.classifier[4].weight.mul_(case.scale_classifier)
     engine = LocalEngine(EngineContext(settings=_settings(case.strategy.name),
                                        strategy=case.strategy, graph=case.graph, module=module,
-                                       rank=rank, world=2, device=torch.device("cpu")))
+                                       rank=rank, world=world, device=torch.device("cpu")))
     losses, step_bytes = [], []
     for inputs, targets in _batches():
         engine.counter.reset()
         losses.append(engine.step(inputs, targets))
         step_bytes.append(engine.counter.reset())
     state = engine.training_state()
-    gathered: list[list | None] = [None, None]
+    gathered: list[list | None] = [None] * world
     dist.all_gather_object(gathered, step_bytes)
     if rank != 0:
         return None
@@ -129,18 +125,6 @@ def _run_case(case: Case, rank: int) -> Outcome | None:
                for key in {key for ranks in gathered if ranks for key in ranks[step]}}
               for step in range(STEPS)]
     return Outcome(losses=losses, state=state or {}, step_bytes=summed)
-
-
-def _worker(rank: int, rendezvous: str, cases: list[Case], out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
-                            world_size=2)
-    try:
-        outcomes = [_run_case(case, rank) for case in cases]
-        if rank == 0:
-            torch.save(outcomes, out)
-    finally:
-        dist.destroy_process_group()
 
 
 CASES = {"greedy": ("local", 1.0), "perturbed": ("local", 3.0),
@@ -151,13 +135,7 @@ CASES = {"greedy": ("local", 1.0), "perturbed": ("local", 3.0),
 def outcomes() -> dict[str, Outcome]:
     """Every case on one launch of two gloo processes (starting them costs seconds)."""
     cases = [Case(_strategy(name), _cost(2).graph, scale) for name, scale in CASES.values()]
-    context = torch_mp.get_context("forkserver")
-    context.set_forkserver_preload([__name__])  # torch and layerwise imported once
-    with tempfile.TemporaryDirectory(prefix="layerwise-local-") as folder:
-        out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(local_rendezvous(folder), cases, out),
-                                 nprocs=2, join=True, start_method="forkserver")
-        return dict(zip(CASES, torch.load(Path(out), weights_only=False), strict=True))
+    return dict(zip(CASES, spawn_cases(_run_case, cases, 2, __name__), strict=True))
 
 
 # ---- the one-process re-implementations ----------------------------------------------------

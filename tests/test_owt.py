@@ -12,14 +12,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 from torch import nn
 from typer.testing import CliRunner
@@ -30,13 +26,12 @@ from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.models import build_model
 from strategies.owt import build_strategy
-from strategies.runtime.comm import local_rendezvous
 from strategies.runtime.engine import EngineContext
 from strategies.runtime.owt import OwtEngine
 from strategies.runtime.result import TrainSettings
 from strategies.strategy import Strategy
 from tests import distributed
-from tests.distributed import Outcome
+from tests.distributed import Outcome, spawn_cases
 
 pytestmark = pytest.mark.slow
 
@@ -128,31 +123,16 @@ def _run_case(case: OwtCase, strategy: Strategy, graph: LayerGraph, rank: int,
     return Outcome(losses=losses, state=state["model"], bytes_by_rank=[g or {} for g in gathered])
 
 
-def _worker(rank: int, world: int, rendezvous: str,
-            jobs: list[tuple[OwtCase, Strategy, LayerGraph]], out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
-                            world_size=world)
-    try:
-        outcomes = [_run_case(case, strategy, graph, rank, world)
-                    for case, strategy, graph in jobs]
-        if rank == 0:
-            torch.save(outcomes, out)
-    finally:
-        dist.destroy_process_group()
+def _run_job(job: tuple[OwtCase, Strategy, LayerGraph], rank: int,
+             world: int) -> Outcome | None:
+    return _run_case(*job, rank, world)
 
 
 def run_owt(cases: list[OwtCase], world: int) -> list[Outcome]:
     """Every case on `world` gloo processes (strategies and graphs built here: tracing
     under fake tensors costs a second or more in a fresh process)."""
     jobs = [(case, _strategy(case, world), _graph(case)) for case in cases]
-    context = torch_mp.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    with tempfile.TemporaryDirectory(prefix="layerwise-owt-") as folder:
-        out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), jobs, out),
-                                 nprocs=world, join=True, start_method="forkserver")
-        return torch.load(Path(out), weights_only=False)
+    return spawn_cases(_run_job, jobs, world, __name__)
 
 
 class DropoutNet(nn.Module):

@@ -14,16 +14,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as torch_mp
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -43,12 +39,12 @@ from strategies.partition import (
     plan_strategy,
     row_pieces,
 )
-from strategies.runtime.comm import local_rendezvous
 from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.pipeline import PipelineEngine
 from strategies.runtime.result import RunResult, TrainSettings
 from strategies.strategy import Strategy
 from tests import distributed
+from tests.distributed import spawn_cases
 
 FP64 = {"rtol": 1e-5, "atol": 1e-7}
 FP32 = {"rtol": 1e-4, "atol": 1e-5}
@@ -304,17 +300,8 @@ def _run_case(case: Case, strategy: Strategy, graph: LayerGraph, rank: int,
                    bytes_by_rank=[counts or {} for counts in gathered])
 
 
-def _worker(rank: int, world: int, rendezvous: str, cases: list[tuple[Case, Strategy, LayerGraph]],
-            out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank,
-                            world_size=world)
-    try:
-        outcomes = [_run_case(*case, rank, world) for case in cases]
-        if rank == 0:
-            torch.save(outcomes, out)
-    finally:
-        dist.destroy_process_group()
+def _run_job(job: tuple[Case, Strategy, LayerGraph], rank: int, world: int) -> Outcome | None:
+    return _run_case(*job, rank, world)
 
 
 def run_pipelines(cases: list[tuple[Case, Strategy]], world: int) -> list[Outcome]:
@@ -322,13 +309,7 @@ def run_pipelines(cases: list[tuple[Case, Strategy]], world: int) -> list[Outcom
     go with the cases (tracing one costs each process a second)."""
     with_graphs = [(case, strategy, _graph(case.model, case.batch, case.image_size))
                    for case, strategy in cases]
-    context = torch_mp.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    with tempfile.TemporaryDirectory(prefix="layerwise-pipeline-") as folder:
-        out = os.path.join(folder, "outcomes.pt")
-        torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), with_graphs, out),
-                                 nprocs=world, join=True, start_method="forkserver")
-        return torch.load(Path(out), weights_only=False)
+    return spawn_cases(_run_job, with_graphs, world, __name__)
 
 
 def assert_equal(case: Case, outcome: Outcome) -> None:
