@@ -77,4 +77,4 @@ def first_error(problem: ValidationError) -> str:
     """`field.path: message` of a validation's first error: the one line a user reads."""
     first = problem.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "top level"
-    return f"{where}: {first['msg']}"
+    return f"{where}: {str(first['msg']).removeprefix('Value error, ')}"

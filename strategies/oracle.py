@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from strategies.cluster import Cluster, Link
 from strategies.cost import ComputeSource
 from strategies.errors import ConfigError, LayerwiseError
-from strategies.files import write_atomic
+from strategies.files import first_error, write_atomic
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from strategies.space import ParallelConfig
 from strategies.tiles import as_4d, largest_tile
@@ -224,7 +224,7 @@ class ModelSummary(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as problem:
-            raise LayerwiseError(f"{what}: {_validation_line(problem)}") from None
+            raise LayerwiseError(f"{what}: {first_error(problem)}") from None
 
 
 def _read_document(source: Path, what: str) -> Any:
@@ -248,14 +248,6 @@ def _read_document(source: Path, what: str) -> Any:
     except json.JSONDecodeError as problem:
         raise LayerwiseError(f"{what} is not valid JSON (line {problem.lineno}, column "
                              f"{problem.colno}: {problem.msg})") from None
-
-
-def _validation_line(problem: ValidationError) -> str:
-    """The first validation error as `field.path: message`."""
-    first = problem.errors()[0]
-    message = str(first["msg"]).removeprefix("Value error, ")
-    where = ".".join(str(part) for part in first["loc"])
-    return f"{where}: {message}" if where else message
 
 
 def split_forward_backward(seconds: float, weights: int) -> tuple[float, float]:

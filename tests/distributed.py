@@ -49,6 +49,18 @@ class Outcome:
     bytes_by_rank: list[dict[tuple[str, str], int]] = field(default_factory=list)
 
 
+def assert_same_training(outcome: Outcome, expected: Outcome, tolerance: dict[str, float],
+                         label: str) -> None:
+    """Equal losses and an equal final state (integer buffers exactly), named by `label`."""
+    torch.testing.assert_close(torch.tensor(outcome.losses, dtype=torch.float64),
+                               torch.tensor(expected.losses, dtype=torch.float64), **tolerance)
+    assert outcome.state.keys() == expected.state.keys()
+    for key, value in expected.state.items():
+        tolerances = tolerance if value.is_floating_point() else {"rtol": 0, "atol": 0}
+        torch.testing.assert_close(outcome.state[key], value, **tolerances,
+                                   msg=lambda text, key=key: f"{label} {key}: {text}")
+
+
 def batches(case: Case, in_channels: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The global batches of every step, from their own generator (not the global one)."""
     generator = torch.Generator().manual_seed(1000 + case.seed)

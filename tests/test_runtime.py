@@ -15,7 +15,6 @@ import dataclasses
 import random
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +25,7 @@ from strategies.graph import build_graph
 from strategies.runtime.plan import build_plan
 from strategies.search import optimal_strategy
 from strategies.space import ParallelConfig, enumerate_configs
-from tests.distributed import Case, Outcome, reference, run_distributed
+from tests.distributed import Case, Outcome, assert_same_training, reference, run_distributed
 
 pytestmark = pytest.mark.slow
 
@@ -68,14 +67,7 @@ def cached_reference(case: Case) -> Outcome:
 
 
 def check_equal(case: Case, outcome: Outcome, tolerance: dict[str, float]) -> None:
-    expected = cached_reference(case)
-    torch.testing.assert_close(torch.tensor(outcome.losses, dtype=torch.float64),
-                               torch.tensor(expected.losses, dtype=torch.float64), **tolerance)
-    assert outcome.state.keys() == expected.state.keys()
-    for key, value in expected.state.items():
-        tolerances = tolerance if value.is_floating_point() else {"rtol": 0, "atol": 0}
-        torch.testing.assert_close(outcome.state[key], value, **tolerances,
-                                   msg=lambda text, key=key: f"{case.model} {key}: {text}")
+    assert_same_training(outcome, cached_reference(case), tolerance, case.model)
 
 
 def predicted_bytes(case: Case, world: int) -> tuple[int, int]:
