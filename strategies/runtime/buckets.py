@@ -59,13 +59,7 @@ class GradientBuckets:
     def _start(self, group: tuple[int, ...], bucket: _Bucket) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in bucket.members]
         key = tuple(id(parameter) for _, parameter in bucket.members)
-        flat = self._buffers.get(key)
-        if flat is None or any(_same_memory(grad, flat) for grad in grads):
-            # first step, or gradients still viewing the buffer (not reset since): a new one
-            flat = torch.empty(sum(grad.numel() for grad in grads), dtype=grads[0].dtype,
-                               device=grads[0].device)
-            self._buffers[key] = flat
-        torch.cat([grad.reshape(-1) for grad in grads], out=flat)
+        flat = self._buffers[key] = flatten_into(self._buffers.get(key), grads)
         work = self.comm.all_reduce_async(flat, group)
         self._running.append((work, flat, group, bucket.members))
 
@@ -85,6 +79,20 @@ class GradientBuckets:
                 offset += size
                 self.comm.count_ring(layer, "sync", size, parameter.element_size(), group)
         self._running = []
+
+
+def flatten_into(buffer: torch.Tensor | None, grads: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients concatenated into `buffer`, or into a new one where it cannot be reused.
+
+    A new buffer on the first step, or where the buffer's size changed, or while gradients
+    still view it (not reset to None since its last use).
+    """
+    size = sum(grad.numel() for grad in grads)
+    if (buffer is None or buffer.numel() != size
+            or any(_same_memory(grad, buffer) for grad in grads)):
+        buffer = torch.empty(size, dtype=grads[0].dtype, device=grads[0].device)
+    torch.cat([grad.reshape(-1) for grad in grads], out=buffer)
+    return buffer
 
 
 def _same_memory(tensor: torch.Tensor, other: torch.Tensor) -> bool:

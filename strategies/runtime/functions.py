@@ -47,10 +47,14 @@ def group_sum(tensor: torch.Tensor, reduce: Reduce) -> torch.Tensor:
 class _SyncBatchNorm(torch.autograd.Function):
     """Training-mode BatchNorm over every tile of the group: one all-reduce each way.
 
-    Forward: each device takes its tile's per-channel mean and variance with torch's own
-    precise kernel and contributes n_i * mean_i and n_i * (var_i + mean_i^2); their sums give
-    the whole batch's mean and biased variance. Backward: the sums of dy and dy * x_hat over
-    the whole batch give dx = gamma * invstd * (dy - sum(dy)/N - x_hat * sum(dy x_hat)/N).
+    Forward: each device takes its tile's per-channel mean and biased variance with torch's
+    BatchNorm statistics kernel and contributes n_i * mean_i and n_i * (var_i + mean_i^2);
+    their sums give the whole batch's mean and biased variance, and torch's fused eval-mode
+    kernel normalises with them. Backward: torch's eval-mode BatchNorm backward gives the
+    tile's sums of dy and dy * x_hat in one pass; their sums over the group give
+    dx = gamma * invstd * (dy - sum(dy)/N - x_hat * sum(dy x_hat)/N), written as
+    a * dy + b * x + c per channel (two fused passes). Native kernels because the same
+    formulas in elementwise ops cost 3x torch's BatchNorm on CPU.
     The weight and bias gradients stay local sums: the replica group's gradient all-reduce
     adds them up like any replicated weight's.
     """
@@ -59,38 +63,35 @@ class _SyncBatchNorm(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None,
                 bias: torch.Tensor | None, count: int, eps: float,
                 reduce: Reduce) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        dims = [d for d in range(x.dim()) if d != 1]
-        view = [1, -1] + [1] * (x.dim() - 2)
-        local_var, local_mean = torch.var_mean(x, dim=dims, correction=0)
+        local_mean, local_var = torch.batch_norm_update_stats(x, None, None, 0.0)
         local_count = x.numel() // x.shape[1]
         sums = reduce(torch.cat([local_mean * local_count,
                                  (local_var + local_mean * local_mean) * local_count]))
         mean, squares = sums.split(x.shape[1])
         mean = mean / count
         var = (squares / count - mean * mean).clamp_min(0)
-        invstd = torch.rsqrt(var + eps)
-        x_hat = (x - mean.view(view)) * invstd.view(view)
-        out = x_hat if weight is None else x_hat * weight.view(view)
-        if bias is not None:
-            out = out + bias.view(view)
-        ctx.save_for_backward(x_hat, invstd, weight)
-        ctx.count, ctx.reduce, ctx.has_bias = count, reduce, bias is not None
+        out = F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
+        ctx.save_for_backward(x, weight, mean, var)
+        ctx.count, ctx.eps, ctx.reduce = count, eps, reduce
+        ctx.has_bias = bias is not None
         ctx.mark_non_differentiable(mean, var)
         return out, mean, var
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_: torch.Tensor,
                  ) -> tuple[torch.Tensor | None, ...]:
-        x_hat, invstd, weight = ctx.saved_tensors
-        dims = [d for d in range(grad.dim()) if d != 1]
+        x, weight, mean, var = ctx.saved_tensors
         view = [1, -1] + [1] * (grad.dim() - 2)
-        local_dy = grad.sum(dim=dims)
-        local_dy_x_hat = (grad * x_hat).sum(dim=dims)
+        _, local_dy_x_hat, local_dy = torch.ops.aten.native_batch_norm_backward(
+            grad, x, weight, mean, var, None, None, False, ctx.eps, [False, True, True])
         sums = ctx.reduce(torch.cat([local_dy, local_dy_x_hat]))
         sum_dy, sum_dy_x_hat = sums.split(grad.shape[1])
+        invstd = torch.rsqrt(var + ctx.eps)
         scale = invstd if weight is None else weight * invstd
-        grad_x = scale.view(view) * (grad - (sum_dy / ctx.count).view(view)
-                                     - x_hat * (sum_dy_x_hat / ctx.count).view(view))
+        slope = -scale * invstd * sum_dy_x_hat / ctx.count  # b, the coefficient of x
+        offset = -scale * sum_dy / ctx.count - slope * mean  # c
+        grad_x = torch.addcmul(offset.view(view), x, slope.view(view))
+        grad_x.addcmul_(grad, scale.view(view))
         grad_weight = local_dy_x_hat if weight is not None else None
         grad_bias = local_dy if ctx.has_bias else None
         return grad_x, grad_weight, grad_bias, None, None, None

@@ -43,6 +43,7 @@ from strategies.errors import ConfigError
 from strategies.execution import PipelineExecution
 from strategies.graph import LayerGraph
 from strategies.partition import check_execution, crossing, row_pieces, stage_assignment
+from strategies.runtime.buckets import flatten_into
 from strategies.runtime.comm import ByteCounter, Communicator
 from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.functions import dropout_mask
@@ -117,6 +118,7 @@ class PipelineEngine:
                         if key not in self._owners and self.rank == 0}
         parameters = list(self.module.parameters()) if self.module is not None else []
         self.optimizer = context.sgd(parameters)
+        self._flat: torch.Tensor | None = None  # the stage gradient all-reduce's buffer
         first = next(context.module.parameters(), None)
         self.dtype = first.dtype if first is not None else torch.get_default_dtype()
 
@@ -245,7 +247,10 @@ class PipelineEngine:
     # ---- gradients and loss -----------------------------------------------------------------
 
     def _sync_gradients(self) -> None:
-        """Sum the stage's accumulated weight gradients over its devices: one all-reduce."""
+        """Sum the stage's accumulated weight gradients over its devices: one all-reduce.
+
+        The flat buffer is kept from step to step (a fresh one page-faults every step).
+        """
         assert self.stage is not None
         group = self.stages[self.stage].devices
         if len(group) == 1 or self.module is None:
@@ -253,8 +258,9 @@ class PipelineEngine:
         parameters = list(self.module.parameters())
         if not parameters:
             return
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in parameters])
+        self._flat = flat = flatten_into(
+            self._flat, [p.grad if p.grad is not None else torch.zeros_like(p)
+                         for p in parameters])
         self.comm.all_reduce(flat, group, None)
         for name in self.stages[self.stage].layers:
             self.comm.count_ring(name, "sync", self.graph.by_name[name].param_count,
