@@ -9,8 +9,14 @@ local processes with the backend the runtime will use (gloo on CPU, NCCL on GPUs
     cores that copy them, and an exchange takes about twice an idle ping-pong's one-way time;
   - all_reduce over all ranks,
 for message sizes from 4 B to 16 MiB, and fits alpha and beta by least squares on relative
-error (so that 4 B and 16 MiB count alike). `calibrated_cluster` puts the point-to-point fit
-into the `local` preset as its intra-node link, so a search can plan for this machine.
+error (so that 4 B and 16 MiB count alike). Each timed message follows a few milliseconds of
+compute on every rank, as a message in a training step follows a layer's compute, and a point
+is the mean over its repeats: a step pays the sum of its messages, slow ones included. With
+gloo on this project's 2-core machine that is what the runtime sees, and an idle message is
+not: a small exchange right after a barrier took 0.3 ms (median), after 3 ms of compute
+3.5 ms (median; mean 2.8 ms), and a small all-reduce's mean is 2-3x its median.
+`calibrated_cluster` puts the point-to-point fit into the `local` preset as its intra-node
+link, so a search can plan for this machine.
 
 Workers come from a fork server that has imported this module (and torch) once: starting them
 takes a fraction of a second instead of an import of torch per process.
@@ -53,12 +59,13 @@ __all__ = [
 SCHEMA_VERSION = 1
 BYTES_PER_ELEMENT = 4  # float32 messages, as the fp32 runtime sends
 TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of hanging
+COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
 
 Backend = Literal["gloo", "nccl"]
 
 
 class CalibrationPoint(BaseModel):
-    """One measured message: median seconds of one exchange (p2p) or of one all_reduce."""
+    """One measured message: mean seconds of one exchange (p2p) or of one all_reduce."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -128,10 +135,20 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _compute(device: torch.device, seconds: float = COMPUTE_SECONDS) -> None:
+    """Keep this rank computing for `seconds` of wall time, as a layer does before it sends."""
+    operand = torch.full((128, 128), 1.0 / 128, device=device)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        operand = operand @ operand
+        _synchronize(device)
+
+
 def _exchange(rank: int, buffer: torch.Tensor, rounds: int) -> list[float]:
     """Rank 0's times of `rounds` exchanges with rank 1, each started together after a
-    barrier: both send `buffer` and receive as much at once through batch_isend_irecv, as
-    the runtime's transfers between layers do. Ranks above 1 only join the barriers."""
+    barrier and a stretch of compute: both send `buffer` and receive as much at once through
+    batch_isend_irecv, as the runtime's transfers between layers do. Ranks above 1 only join
+    the barriers."""
     times: list[float] = []
     incoming = torch.empty_like(buffer)
     for _ in range(rounds):
@@ -139,7 +156,7 @@ def _exchange(rank: int, buffer: torch.Tensor, rounds: int) -> list[float]:
         if rank > 1:
             continue
         peer = 1 - rank
-        _synchronize(buffer.device)
+        _compute(buffer.device)
         start = time.perf_counter()
         operations = [dist.P2POp(dist.isend, buffer, peer), dist.P2POp(dist.irecv, incoming, peer)]
         for work in dist.batch_isend_irecv(operations):
@@ -150,11 +167,12 @@ def _exchange(rank: int, buffer: torch.Tensor, rounds: int) -> list[float]:
 
 
 def _all_reduce(buffer: torch.Tensor, rounds: int) -> list[float]:
-    """This rank's times of `rounds` all_reduces, each started together after a barrier."""
+    """This rank's times of `rounds` all_reduces, each started together after a barrier and
+    a stretch of compute."""
     times: list[float] = []
     for _ in range(rounds):
         dist.barrier()
-        _synchronize(buffer.device)
+        _compute(buffer.device)
         start = time.perf_counter()
         dist.all_reduce(buffer)
         _synchronize(buffer.device)
@@ -164,7 +182,7 @@ def _all_reduce(buffer: torch.Tensor, rounds: int) -> list[float]:
 
 def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Sequence[int],
             warmup: int, repeats: int, result_path: str) -> None:
-    """One rank: measure every size; rank 0 writes [kind, bytes, median seconds] rows as JSON."""
+    """One rank: measure every size; rank 0 writes [kind, bytes, mean seconds] rows as JSON."""
     torch.set_num_threads(1)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -189,7 +207,7 @@ def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Seq
 
 def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
              repeats: int) -> list[tuple[str, int, float]]:
-    """[kind, bytes, median seconds] rows of every size (rank 0's; other ranks: empty)."""
+    """[kind, bytes, mean seconds] rows of every size (rank 0's; other ranks: empty)."""
     rows: list[tuple[str, int, float]] = []
     for size in sizes:
         buffer = torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
@@ -198,8 +216,8 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
         reduce = _all_reduce(buffer, warmup + repeats)[warmup:]
         if rank == 0:
             nbytes = buffer.numel() * BYTES_PER_ELEMENT
-            rows.append(("p2p", nbytes, statistics.median(p2p)))
-            rows.append(("allreduce", nbytes, statistics.median(reduce)))
+            rows.append(("p2p", nbytes, statistics.mean(p2p)))
+            rows.append(("allreduce", nbytes, statistics.mean(reduce)))
     dist.barrier()
     return rows
 
@@ -318,7 +336,7 @@ def calibrate(nproc: int, backend: str | None = None, quick: bool = False) -> Ca
             f"(got --nproc {nproc})"
         )
     chosen = _resolve_backend(backend, nproc)
-    warmup, repeats = (1, 5) if quick else (3, 20)
+    warmup, repeats = (1, 5) if quick else (3, 40)
     points = _run_workers(nproc, chosen, message_sizes(quick), warmup, repeats)
     p2p = [point for point in points if point.kind == "p2p"]
     reduce = [point for point in points if point.kind == "allreduce"]
