@@ -80,8 +80,7 @@ def _step_function(job: Job, rank: int, world: int, device: torch.device):  # no
         graph = build_graph(job.model, job.batch, job.image_size, 10)
         assignment = {name: ParallelConfig.parse(text) for name, text in job.strategy.items()}
         plan = build_plan(graph, assignment, world)
-        comm = Communicator(rank, world, plan.groups(), plan.exchange_groups())
-        model = LayerwiseModel(module, plan, comm)
+        model = LayerwiseModel(module, plan, Communicator(rank, world, plan.groups()))
         held = list(model.parameters())
         optimizer = torch.optim.SGD(held, lr=0.01, momentum=0.9) if held else None
 

@@ -4,18 +4,17 @@ The cost model charges a transfer of m bytes alpha + m*beta (latency plus size o
 and a ring all-reduce 2(p-1)(alpha + m*beta/p) (DESIGN 3.3, ParaDL). `calibrate` starts `nproc`
 local processes with the backend the runtime will use (gloo on CPU, NCCL on GPUs), measures
   - point-to-point: ranks 0 and 1 exchange a message at once (each sends one and receives
-    one) through `Communicator.exchange`, the runtime's own path for transfers between
-    layers (one all_to_all_single). On a full-duplex link that takes one one-way time; on
-    CPUs with gloo both directions share the cores that copy them;
+    one, with batch_isend_irecv), the pattern of the runtime's transfers between layers. On a
+    full-duplex link that takes one one-way time; on CPUs with gloo both directions share the
+    cores that copy them, and an exchange takes about twice an idle ping-pong's one-way time;
   - all_reduce over all ranks,
 for message sizes from 4 B to 16 MiB, and fits alpha and beta by least squares on relative
 error (so that 4 B and 16 MiB count alike). Each timed message follows a few milliseconds of
 compute on every rank, as a message in a training step follows a layer's compute, and a point
 is the mean over its repeats: a step pays the sum of its messages, slow ones included. With
 gloo on this project's 2-core machine that is what the runtime sees, and an idle message is
-not: a small all-reduce right after a barrier took 0.6 ms (median), its mean after 3 ms of
-compute 1.6-2.4 ms; a small batch_isend_irecv exchange took 0.3 ms idle and 3.5 ms (median)
-after compute, which is why the runtime exchanges through all-to-alls.
+not: a small exchange right after a barrier took 0.3 ms (median), after 3 ms of compute
+3.5 ms (median; mean 2.8 ms), and a small all-reduce's mean is 2-3x its median.
 `calibrated_cluster` puts the point-to-point fit into the `local` preset as its intra-node
 link, so a search can plan for this machine.
 
@@ -46,7 +45,7 @@ from pydantic import BaseModel, ConfigDict
 from strategies.cluster import Cluster, Link, load_cluster
 from strategies.errors import LayerwiseError
 from strategies.files import write_atomic
-from strategies.runtime.comm import Communicator, local_rendezvous
+from strategies.runtime.comm import local_rendezvous
 
 __all__ = [
     "Calibration",
@@ -145,22 +144,23 @@ def _compute(device: torch.device, seconds: float = COMPUTE_SECONDS) -> None:
         _synchronize(device)
 
 
-def _exchange(comm: Communicator, buffer: torch.Tensor, rounds: int) -> list[float]:
+def _exchange(rank: int, buffer: torch.Tensor, rounds: int) -> list[float]:
     """Rank 0's times of `rounds` exchanges with rank 1, each started together after a
     barrier and a stretch of compute: both send `buffer` and receive as much at once through
-    `Communicator.exchange`, the runtime's own path for transfers between layers. Ranks
-    above 1 only join the barriers."""
+    batch_isend_irecv, as the runtime's transfers between layers do. Ranks above 1 only join
+    the barriers."""
     times: list[float] = []
-    pair = (0, 1)
+    incoming = torch.empty_like(buffer)
     for _ in range(rounds):
         dist.barrier()
-        if comm.rank > 1:
+        if rank > 1:
             continue
-        peer = 1 - comm.rank
+        peer = 1 - rank
         _compute(buffer.device)
         start = time.perf_counter()
-        comm.exchange([(peer, buffer)], [(peer, buffer.shape)], pair, "calibration",
-                      buffer.dtype, buffer.device, key=buffer.numel())
+        operations = [dist.P2POp(dist.isend, buffer, peer), dist.P2POp(dist.irecv, incoming, peer)]
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
         _synchronize(buffer.device)
         times.append(time.perf_counter() - start)
     return times
@@ -209,10 +209,9 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
              repeats: int) -> list[tuple[str, int, float]]:
     """[kind, bytes, mean seconds] rows of every size (rank 0's; other ranks: empty)."""
     rows: list[tuple[str, int, float]] = []
-    comm = Communicator(rank, dist.get_world_size(), [], exchange_groups=[(0, 1)])
     for size in sizes:
         buffer = torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
-        p2p = _exchange(comm, buffer, warmup + repeats)[warmup:]
+        p2p = _exchange(rank, buffer, warmup + repeats)[warmup:]
         dist.barrier()
         reduce = _all_reduce(buffer, warmup + repeats)[warmup:]
         if rank == 0:

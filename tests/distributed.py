@@ -109,7 +109,7 @@ def _run_case(case: Case, rank: int, world: int) -> Outcome | None:
     graph = build_graph(case.model, case.batch, case.image_size, case.num_classes)
     assignment = {name: ParallelConfig.parse(text) for name, text in case.strategy.items()}
     plan = build_plan(graph, assignment, world)
-    comm = Communicator(rank, world, plan.groups(), plan.exchange_groups())
+    comm = Communicator(rank, world, plan.groups())
     model = LayerwiseModel(_module(case), plan, comm)
     optimizer = _optimizer(case, model.parameters())
     losses = []

@@ -82,8 +82,7 @@ class LayerwiseEngine:
         assignment = context.strategy.check_against(context.graph, context.world)
         plan = build_plan(context.graph, assignment, context.world)
         self.model = LayerwiseModel(context.module, plan,
-                                    Communicator(context.rank, context.world, plan.groups(),
-                                                 plan.exchange_groups()))
+                                    Communicator(context.rank, context.world, plan.groups()))
         self.rank = context.rank
         self.device = context.device
         self.optimizer = context.sgd(list(self.model.parameters()))

@@ -276,21 +276,23 @@ class LayerwiseModel:
         sends = []
         for piece in input_plan.sends_from(self.rank):
             assert producer is not None and producer.output is not None
-            sends.append((piece.target,
-                          producer.output.detach()[local_slices(piece.box, producer.box)]))
+            part = producer.output.detach()[local_slices(piece.box, producer.box)]
+            sends.append((piece.target, part.contiguous()))
         needed = input_plan.needed.get(self.rank)
         pieces = input_plan.received_by(self.rank) if needed is not None else []
         if (needed is not None and producer is not None and len(pieces) == 1
                 and pieces[0].box == producer.box == needed):
             assert producer.output is not None
-            self._exchange(index, input_plan, "forward", sends, [])
+            self.comm.exchange(sends, [], tag=_tag(index, input_plan.index, 0),
+                               layer=self.plan.layers[index].layer.name)
             return producer.output  # the tile itself: no copy
-        arrived = self._exchange(index, input_plan, "forward", sends,
-                                 [(p.source, shape_of(p.box)) for p in pieces if p.remote])
+        receives = [(p.source, self._empty(shape_of(p.box))) for p in pieces if p.remote]
+        self.comm.exchange(sends, receives, tag=_tag(index, input_plan.index, 0),
+                           layer=self.plan.layers[index].layer.name)
         if needed is None:
             return None
         box = self._empty(shape_of(needed))
-        received = iter(arrived)
+        received = iter(buffer for _, buffer in receives)
         for piece in pieces:
             if piece.remote:
                 box[local_slices(piece.box, needed)] = next(received)
@@ -495,32 +497,24 @@ class LayerwiseModel:
             for piece in input_plan.received_by(self.rank):
                 part = grad[local_slices(piece.box, needed)]
                 if piece.remote:
-                    sends.append((piece.source, part))
+                    sends.append((piece.source, part.contiguous()))
                 else:
                     local.append((piece, part))
         producer = self.states.get(input_plan.producer)
         incoming = input_plan.sends_from(self.rank)
-        arrived = self._exchange(index, input_plan, "backward", sends,
-                                 [(p.target, shape_of(p.box)) for p in incoming])
+        receives = [(p.target, self._empty(shape_of(p.box))) for p in incoming]
+        self.comm.exchange(sends, receives, tag=_tag(index, input_plan.index, 1),
+                           layer=self.plan.layers[index].layer.name)
         if producer is None:
             return
         assert producer.output is not None
         total = gradients.get(input_plan.producer)
-        for piece, part in [*local, *zip(incoming, arrived, strict=True)]:
+        for piece, part in [*local, *((p, b) for p, (_, b) in zip(incoming, receives,
+                                                                   strict=True))]:
             if total is None:
                 total = self._empty(shape_of(producer.box)).zero_()
                 gradients[input_plan.producer] = total
             total[local_slices(piece.box, producer.box)] += part
-
-    def _exchange(self, index: int, input_plan: InputPlan, direction: str,
-                  sends: list[tuple[int, torch.Tensor]],
-                  receives: list[tuple[int, tuple[int, ...]]]) -> list[torch.Tensor]:
-        """One exchange of an input's pieces (forward or backward) within its exchange group;
-        its buffers are kept for the same exchange of the next step (the callers copy or add
-        what arrives before the step goes on)."""
-        return self.comm.exchange(sends, receives, input_plan.exchange_group,
-                                  self.plan.layers[index].layer.name, self.dtype, self.device,
-                                  key=(index, input_plan.index, direction))
 
     # ---- whole state ---------------------------------------------------------------------
 
@@ -639,6 +633,11 @@ def _exchange_tagged(sends: list[tuple[int, torch.Tensor, int]],
 def _full_box(layer: Layer) -> Box:
     n, c, h, w = ((0, size) for size in as_4d(layer.output_shape))
     return (n, c, h, w)
+
+
+def _tag(layer_index: int, input_index: int, direction: int) -> int:
+    """A message tag unique to one redistribution phase (gloo matches messages by tag)."""
+    return (layer_index * 64 + input_index) * 2 + direction
 
 
 def _argument(node: fx.Node, index: int, name: str, default: Any) -> Any:

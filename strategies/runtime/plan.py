@@ -108,12 +108,6 @@ class InputPlan:
         return [p for p in self.pieces if p.target == device]
 
     @property
-    def exchange_group(self) -> tuple[int, ...]:
-        """The devices that send or receive a remote piece (empty when nothing moves)."""
-        return tuple(sorted({device for piece in self.pieces if piece.remote
-                             for device in (piece.source, piece.target)}))
-
-    @property
     def remote_elements(self) -> int:
         return sum(volume(p.box) for p in self.pieces if p.remote)
 
@@ -198,13 +192,6 @@ class StrategyPlan:
             found.update(group for group in plan.replica_groups() if len(group) > 1)
         found.update(group for group in self.output.channel_groups() if len(group) > 1)
         return sorted(found, key=lambda group: (len(group), group))
-
-
-    def exchange_groups(self) -> list[tuple[int, ...]]:
-        """Every group of devices that exchanges an input's pieces, in one shared order."""
-        found = {input_plan.exchange_group for plan in self.layers for input_plan in plan.inputs}
-        return sorted((group for group in found if group),
-                      key=lambda group: (len(group), group))
 
 
 def build_plan(graph: LayerGraph, assignment: dict[str, ParallelConfig],
