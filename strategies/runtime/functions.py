@@ -1,13 +1,11 @@
 """Autograd pieces whose result must not depend on how a layer is split.
 
-- `GroupSum`: a sum over the devices of a group that every device then uses in its own part of
-  the computation; its gradient is again the sum over the group of each device's gradient.
 - `sync_batch_norm`: BatchNorm in training mode with statistics over the whole logical batch
   (all samples and positions of the channel, wherever their tiles live): SyncBatchNorm
   semantics with one all-reduce forward and one backward.
 - `sharded_cross_entropy`: the loss over scores split by class across a channel group
   (log-sum-exp over the group), each device contributing 1/r of each sample's loss so the
-  group's copies add up to one loss per sample.
+  group's copies add up to one loss per sample; its backward is local.
 - `dropout`: one device's dropout mask is drawn over the whole tensor from the global
   generator; every rank draws the same masks in the same order and applies its tile's part.
 """
@@ -21,27 +19,6 @@ import torch
 import torch.nn.functional as F
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # in-place sum over a group, returns it
-
-
-class GroupSum(torch.autograd.Function):
-    """y = sum over the group of x (same y on every device); dL/dx = sum over the group of dL/dy.
-
-    Every device's loss depends on y through its own part, so the gradient reaching x is the
-    sum of all devices' gradients of y.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, reduce: Reduce) -> torch.Tensor:
-        ctx.reduce = reduce
-        return reduce(tensor.clone())
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return ctx.reduce(grad.clone()), None
-
-
-def group_sum(tensor: torch.Tensor, reduce: Reduce) -> torch.Tensor:
-    return GroupSum.apply(tensor, reduce)
 
 
 class _SyncBatchNorm(torch.autograd.Function):
@@ -114,25 +91,57 @@ def sync_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     return out
 
 
+class _ShardedCrossEntropy(torch.autograd.Function):
+    """The loss share of scores split by class: two all-reduces forward, none backward.
+
+    Forward: the group's per-sample max score (the log-sum-exp shift), then one all-reduce of
+    each sample's sum of exp(score - shift) over this device's classes together with its
+    target score (zero where the target class lives elsewhere). Every device then knows each
+    sample's whole loss log(sum exp) + shift - target and contributes 1/r of it.
+    Backward: the gradient of the group's summed loss by this device's scores is
+    (softmax - one_hot) / batch, and softmax = exp(score - shift) / sum is known here, so
+    no exchange is needed (sums of the loss shares through autograd would take two more
+    all-reduces, 1-3 ms each on CPUs with gloo).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, scores: torch.Tensor, targets: torch.Tensor, class_start: int,
+                group_size: int, batch: int, max_reduce: Reduce,
+                sum_reduce: Reduce) -> torch.Tensor:
+        shift = max_reduce(scores.max(dim=1).values)
+        exp = torch.exp(scores - shift[:, None])
+        local = targets - class_start
+        mine = (local >= 0) & (local < scores.shape[1])
+        picked = scores.gather(1, local.clamp(0, scores.shape[1] - 1)[:, None])[:, 0]
+        sums = sum_reduce(torch.cat([exp.sum(dim=1),
+                                     torch.where(mine, picked, torch.zeros_like(picked))]))
+        exp_sum, target_score = sums.split(scores.shape[0])
+        per_sample = torch.log(exp_sum) + shift - target_score
+        ctx.save_for_backward(exp, exp_sum, local, mine)
+        ctx.batch = batch
+        return per_sample.sum() / (batch * group_size)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        exp, exp_sum, local, mine = ctx.saved_tensors
+        grad_scores = exp / exp_sum[:, None]
+        rows = mine.nonzero()[:, 0]
+        grad_scores[rows, local[rows]] -= 1
+        return grad_scores * (grad / ctx.batch), None, None, None, None, None, None
+
+
 def sharded_cross_entropy(scores: torch.Tensor, targets: torch.Tensor, class_start: int,
                           group_size: int, batch: int, max_reduce: Reduce,
                           sum_reduce: Reduce) -> torch.Tensor:
     """This device's share of the mean cross-entropy over the global `batch`.
 
-    `scores` holds classes [class_start, class_start + C_shard) of its samples; the loss of a
-    sample is logsumexp over all classes minus the target's score, assembled with group sums.
+    `scores` holds classes [class_start, class_start + C_shard) of its samples; the shares
+    of a group's devices add up to the loss of their samples (`_ShardedCrossEntropy`).
     """
     if group_size == 1:
         return F.cross_entropy(scores, targets, reduction="sum") / batch
-    with torch.no_grad():
-        shift = max_reduce(scores.max(dim=1).values.clone())
-    exp_sum = group_sum(torch.exp(scores - shift[:, None]).sum(dim=1), sum_reduce)
-    local = targets - class_start
-    mine = (local >= 0) & (local < scores.shape[1])
-    picked = scores.gather(1, local.clamp(0, scores.shape[1] - 1)[:, None])[:, 0]
-    target_score = group_sum(torch.where(mine, picked, torch.zeros_like(picked)), sum_reduce)
-    per_sample = torch.log(exp_sum) + shift - target_score
-    return per_sample.sum() / (batch * group_size)
+    return _ShardedCrossEntropy.apply(scores, targets, class_start, group_size, batch,
+                                      max_reduce, sum_reduce)
 
 
 def dropout_mask(shape: tuple[int, ...], p: float, features: bool, device: torch.device,
