@@ -63,6 +63,9 @@ LOG_FILE = "torchrun.log"
 STOP_GRACE_SECONDS = 10.0
 # How gloo and NCCL report a peer that went away: a consequence, not a cause.
 _PEER_LOST = re.compile(r"closed by peer|reset by peer|remote (worker|process)", re.IGNORECASE)
+# torchrun's failure report (ChildFailedError): the rank and exit code of its first failure.
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)\s*"
+                         r"\(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
 # Defaults of the options that define a run (None on the command line means "not given", so
 # that `--resume` can tell a repeated value from a changed one).
 RUN_DEFAULTS: dict[str, Any] = {
@@ -507,13 +510,31 @@ def failure_line(out: Path, code: int, local_ranks: range) -> str:
     where = f"torchrun exit code {code}; log: {out / LOG_FILE}"
     silent = sorted(set(local_ranks) - {failure["rank"] for failure in failures})
     if not failures:
-        return f"training failed: no rank recorded an error (a process was killed?) ({where})"
+        return _unrecorded_failure(out / LOG_FILE, where)
     first = min(failures, key=lambda failure: failure["time"])
     if silent and _PEER_LOST.search(first["error"]):
         names = ", ".join(map(str, silent))
         return (f"training failed: rank {names} stopped without an error (killed, or out of "
                 f"memory?), then rank {first['rank']} lost it: {first['error']} ({where})")
     return f"training failed: rank {first['rank']} failed first: {first['error']} ({where})"
+
+
+def _unrecorded_failure(log: Path, where: str) -> str:
+    """The failure line when no rank wrote an error: torchrun's own first failure, if logged.
+
+    A rank that dies without a word (os._exit, SIGKILL, the OOM killer) can be noticed by
+    torchrun before its peers notice the lost connection; torchrun then stops them (SIGTERM)
+    and they record nothing either. Its report names the first rank that exited.
+    """
+    try:
+        causes = _ROOT_CAUSE.findall(log.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        causes = []
+    if not causes:
+        return f"training failed: no rank recorded an error (a process was killed?) ({where})"
+    rank, exit_code = causes[-1]  # the log gathers every launch of a resumed run
+    return (f"training failed: rank {rank} stopped without an error (exit code {exit_code}: "
+            f"killed, or out of memory?); torchrun then stopped the other ranks ({where})")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.cli_plan import baseline_strategy, cost_model
+from flows.cli_train import LOG_FILE, failure_line
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
@@ -117,6 +118,42 @@ def test_a_rank_that_raises_ends_the_run_with_one_line_naming_it(tmp_path):
     assert len(lines) == 1, stderr
     assert "rank 1 failed first" in lines[0] and "injected fault after step 2" in lines[0]
     assert "Traceback" not in stdout + stderr
+
+
+# torchrun's report when rank 1 died silently and torchrun stopped rank 0 before rank 0 saw
+# the lost connection (so no rank wrote an error file); the format of ChildFailedError.
+TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+strategies.runtime.worker FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-21_11:35:55
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 13681)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 13681
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_11:35:55
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 13 (pid: 13682)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_silent_death_is_named_from_torchruns_report_when_no_rank_recorded_one(tmp_path):
+    (tmp_path / "errors").mkdir()
+    assert "no rank recorded an error" in failure_line(tmp_path, 1, range(2))
+    (tmp_path / LOG_FILE).write_text("step logs of an earlier launch\n" + TORCHRUN_REPORT)
+    line = failure_line(tmp_path, 1, range(2))
+    assert "rank 1 stopped without an error (exit code 13" in line
+    assert str(tmp_path / LOG_FILE) in line
 
 
 def test_a_strategy_for_another_model_stops_before_anything_starts(tmp_path):
