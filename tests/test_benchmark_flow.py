@@ -31,15 +31,7 @@ METRICS = {"predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
 
 
 @pytest.fixture(scope="module")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness():
-        yield
-
-
-@pytest.fixture(scope="module")
-def benchmarked(prefect_harness, tmp_path_factory):
+def benchmarked(prefect_server, tmp_path_factory):
     """The flow run once in a fresh project folder; its MLflow client and outcomes."""
     from flows.benchmark import benchmark
 

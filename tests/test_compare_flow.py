@@ -8,6 +8,7 @@ processes, 4 steps) in Prefect's test harness with MLflow on a temporary SQLite 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -29,15 +30,14 @@ OVERRIDES = (f"name={EXPERIMENT}", "dataset=synthetic", "image_size=8", "classes
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory):
+def compared(prefect_server, tmp_path_factory):
     """The benchmark flow once, then `layerwise compare --json` on its store."""
-    from prefect.testing.utilities import prefect_test_harness
-
     from flows.benchmark import benchmark
 
     project = tmp_path_factory.mktemp("project")
     uri = f"sqlite:///{project / 'mlflow.db'}"
-    with prefect_test_harness(), pytest.MonkeyPatch.context() as patch:
+    started = datetime.now(UTC)
+    with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
         # set, so the CLI's embedded defaults change nothing outside this test
         for name, value in (("MLFLOW_TRACKING_URI", uri),
@@ -49,16 +49,17 @@ def compared(tmp_path_factory):
         assert result.exit_code == 0, result.output
         printed = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--all"])
         assert printed.exit_code == 0, printed.output
-        artifacts = _prefect_artifacts()
+        artifacts = _prefect_artifacts(since=started)
     return MlflowClient(tracking_uri=uri), json.loads(result.stdout), artifacts, printed.stdout
 
 
-def _prefect_artifacts() -> dict[str, str]:
+def _prefect_artifacts(since: datetime) -> dict[str, str]:
+    """Keyed artifacts on the shared test server created by this module's flow run."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         return {artifact.key: artifact.type for artifact in client.read_artifacts()
-                if artifact.key}
+                if artifact.key and artifact.created is not None and artifact.created >= since}
 
 
 def test_every_version_and_strategy_is_listed_with_its_metrics(compared):
