@@ -128,8 +128,14 @@ def pool_tile(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Ge
     padding takes the full op's maximum (and, on ties, the same first element). Average pooling
     sums the zero-padded windows and divides by torch's own divisor for each output position,
     which a plain avg_pool2d of the tile cannot know: it depends on where the window sits in the
-    whole tensor, not in the tile.
+    whole tensor, not in the tile. A tile of whole rows and columns is the full op's own call.
     """
+    if _whole_rows_and_cols(out_box, in_size_hw, geometry):  # the full op's own call
+        if mode == "max":
+            return F.max_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
+                                geometry.dilation)
+        return F.avg_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
+                            count_include_pad=count_include_pad)
     if mode == "max":
         padded = _pad_borders(x, out_box, in_size_hw, geometry, float("-inf"))
         return F.max_pool2d(padded, geometry.kernel, geometry.stride, 0, geometry.dilation)
@@ -173,7 +179,11 @@ def adaptive_pool_tile(x: Tensor, out_box: Box, in_size_hw: tuple[int, int],
 
     An adaptive window is a rectangle, so pooling cols then rows equals pooling it at once: the
     mean of row means of equal-width rows, and the max of row maxima. Cols go first so that the
-    element a max picks on ties is the full op's first one in row-major order.
+    element a max picks on ties is the full op's first one in row-major order. A tile of every
+    output row and column is torch's own adaptive pool.
     """
+    if (out_box[2], out_box[3]) == ((0, out_size_hw[0]), (0, out_size_hw[1])):
+        pool = F.adaptive_max_pool2d if mode == "max" else F.adaptive_avg_pool2d
+        return pool(x, out_size_hw)
     cols = _adaptive_axis(x, 3, out_box[3], in_size_hw[1], out_size_hw[1], mode)
     return _adaptive_axis(cols, 2, out_box[2], in_size_hw[0], out_size_hw[0], mode)
