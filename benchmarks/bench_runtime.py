@@ -8,12 +8,17 @@ each in fresh processes (gloo on CPU, NCCL on CUDA when there are enough GPUs) s
 memory is its own:
 - `one process`: the plain module, one process (the memory baseline);
 - `DDP`: torch's DistributedDataParallel (the throughput baseline);
+- `DDP + SyncBN` (models with BatchNorm): DDP normalising over the whole batch of all processes,
+  the function one device and this runtime compute (plain DDP normalises each process's samples
+  alone): torch's SyncBatchNorm on CUDA; on CPUs, where it raises, layerwise's synchronised
+  BatchNorm (`strategies.runtime.functions.sync_batch_norm`) in the same modules;
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
 Each run of this runtime first trains alone (warm-up, then its steps: the peak memory), then
-builds a DDP replica of the model in the same processes and alternates one DDP step and one of
-its own (in turns, on the same batches) for its timed steps: its step time and its ratio to
-DDP come from those interleaved steps, so that both see the same state of the machine.
+builds a DDP replica of the model in the same processes (and a DDP + SyncBN one) and alternates
+their steps with its own (in turns, on the same batches) for its timed steps: its step time and
+its ratios to them come from those interleaved steps, so that all see the same state of the
+machine.
 Printed per run: median step time, samples/s, the ratio to DDP, the cost model's predicted step
 time (profile + calibration) and measured/predicted, and the peak RSS (CPU) or peak allocated
 memory (CUDA) per rank.
@@ -35,6 +40,7 @@ import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
+from torch import nn
 
 from strategies.baselines import baseline
 from strategies.calibrate import calibrate, calibrated_cluster
@@ -44,6 +50,7 @@ from strategies.models import build_model
 from strategies.profile import profile_graph
 from strategies.runtime.comm import Communicator, local_rendezvous
 from strategies.runtime.executor import LayerwiseModel
+from strategies.runtime.functions import sync_batch_norm
 from strategies.runtime.plan import build_plan
 from strategies.runtime.worker import peak_memory_bytes, synchronize
 from strategies.search import optimal_strategy
@@ -57,7 +64,7 @@ class Job:
     batch: int  # global
     steps: int
     warmup: int
-    mode: str  # "single", "ddp" or "layerwise"
+    mode: str  # "single", "ddp", "ddp_syncbn" or "layerwise"
     strategy: dict[str, str]
     threads: int
     cuda: bool
@@ -90,7 +97,9 @@ def _step_function(job: Job, rank: int, world: int, device: torch.device):  # no
                 optimizer.step()
                 optimizer.zero_grad()
         return layerwise_step
-    if job.mode == "ddp":
+    if job.mode == "ddp_syncbn":
+        module = _whole_batch_norms(module, world, device)
+    if job.mode in ("ddp", "ddp_syncbn"):
         module = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
@@ -102,6 +111,43 @@ def _step_function(job: Job, rank: int, world: int, device: torch.device):  # no
         optimizer.step()
         optimizer.zero_grad()
     return plain_step
+
+
+class _WholeBatchNorm(nn.BatchNorm2d):
+    """BatchNorm over the whole batch of every process (SyncBatchNorm semantics), on CPUs."""
+
+    def __init__(self, source: nn.BatchNorm2d, world: int) -> None:
+        super().__init__(source.num_features, source.eps, source.momentum, source.affine,
+                         source.track_running_stats, device=source.weight.device,
+                         dtype=source.weight.dtype)
+        self.load_state_dict(source.state_dict())
+        self.world = world
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        count = x.numel() // x.shape[1] * self.world  # equal shares of the batch
+        return sync_batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
+                               self.momentum or 0.1, self.eps, count, _sum_over_world)
+
+
+def _sum_over_world(values: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(values)
+    return values
+
+
+def _whole_batch_norms(module: nn.Module, world: int, device: torch.device) -> nn.Module:
+    """The module with every BatchNorm over the whole batch: torch's SyncBatchNorm on CUDA."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    for parent in list(module.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, nn.BatchNorm2d):
+                setattr(parent, name, _WholeBatchNorm(child, world))
+    return module
+
+
+def _has_batch_norm(model: str, image_size: int) -> bool:
+    module = build_model(model, num_classes=10, image_size=image_size, device="meta")
+    return any(isinstance(child, nn.modules.batchnorm._BatchNorm) for child in module.modules())
 
 
 def _timed(step, batch: tuple[torch.Tensor, torch.Tensor],  # noqa: ANN001
@@ -132,15 +178,21 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
         dist.all_gather_object(memories, peak_memory_bytes(device))
         result: dict[str, object] = {"median": statistics.median(times), "memory": memories}
         if job.mode == "layerwise":
-            ddp_step = _step_function(replace(job, mode="ddp"), rank, world, device)
-            for batch in batches[:job.warmup]:
-                _timed(ddp_step, batch, device)
-            own, ddp = [], []
+            baselines = ["ddp", *(["ddp_syncbn"] if _has_batch_norm(job.model, job.image_size)
+                                  else [])]
+            steps = {"own": step} | {mode: _step_function(replace(job, mode=mode), rank,
+                                                          world, device)
+                                     for mode in baselines}
+            for mode in baselines:
+                for batch in batches[:job.warmup]:
+                    _timed(steps[mode], batch, device)
+            times: dict[str, list[float]] = {key: [] for key in steps}
             for index, batch in enumerate(batches[job.warmup:]):
-                turns = [(own, step), (ddp, ddp_step)]
-                for record, function in turns if index % 2 else reversed(turns):
-                    record.append(_timed(function, batch, device))
-            result.update(median=statistics.median(own), ddp=statistics.median(ddp))
+                turns = list(steps.items())
+                for key, function in turns if index % 2 else reversed(turns):
+                    times[key].append(_timed(function, batch, device))
+            result.update({key: statistics.median(values) for key, values in times.items()})
+            result["median"] = result.pop("own")
         if rank == 0:
             torch.save(result, out)
     finally:
@@ -187,6 +239,8 @@ def main() -> None:
 
     rows = [("one process", run(job("single"), 1), None),
             ("DDP", run(job("ddp"), world), None)]
+    if _has_batch_norm(args.model, args.image_size):
+        rows.append(("DDP + SyncBN", run(job("ddp_syncbn"), world), None))
     for name, assignment in strategies.items():
         predicted = cost.evaluate(assignment).step_seconds
         rows.append((name, run(job("layerwise", assignment), world), predicted))
@@ -195,16 +249,20 @@ def main() -> None:
     single_memory = rows[0][1]["memory"][0]  # type: ignore[index]
     table = Table(title=f"{args.model}, {args.image_size}px, global batch {batch}, {world} "
                         f"{'GPUs (nccl)' if cuda else 'CPU processes (gloo)'}")
-    for column in ("run", "step ms", "samples/s", "vs DDP", "predicted ms", "measured/pred",
-                   "peak MB per rank", "memory vs 1 proc"):
+    synced_alone = next((float(result["median"]) for name, result, _ in rows  # type: ignore[arg-type]
+                         if name == "DDP + SyncBN"), None)
+    for column in ("run", "step ms", "samples/s", "vs DDP", "vs DDP+SyncBN", "predicted ms",
+                   "measured/pred", "peak MB per rank", "memory vs 1 proc"):
         table.add_column(column, justify="left" if column == "run" else "right")
     for name, result, predicted in rows:
         seconds = float(result["median"])  # type: ignore[arg-type]
         ddp_seconds = float(result.get("ddp", ddp_alone))  # type: ignore[arg-type]
+        synced = result.get("ddp_syncbn", synced_alone)
         memory = [m / 2**20 for m in result["memory"]]  # type: ignore[union-attr]
         table.add_row(
             name, f"{seconds * 1e3:.1f}", f"{batch / seconds:.0f}",
             f"{ddp_seconds / seconds:.2f}",
+            f"{float(synced) / seconds:.2f}" if synced else "",  # type: ignore[arg-type]
             f"{predicted * 1e3:.1f}" if predicted else "",
             f"{seconds / predicted:.2f}" if predicted else "",
             " / ".join(f"{m:.0f}" for m in memory),
