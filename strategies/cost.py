@@ -12,6 +12,10 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
 - t_s(l, c): gradients of weights replicated by n/h/w splits are reduced within each replica
   group (the tiles that share a channel index): ring all-reduce (alpha-beta; 2(r-1) chunks of
   1/r of the shard per device) or the paper's parameter-server round trip, as the cluster says.
+  With `sync: bucketed` (the runtime's pattern: a group's gradients all-reduced in buckets of
+  GRADIENT_BUCKET_BYTES) a layer's t_s carries the ring latencies in proportion to its share of
+  a bucket, so that t_s stays a sum over layers for the search; `evaluate` adds what that leaves
+  out, the rest of each group's last bucket's latency (ceil(G/B) buckets for G bytes).
   A channel split shards the weights, which then need no sync. A BatchNorm under an n/h/w
   split also reduces its batch statistics in the group (SyncBatchNorm semantics, so the result
   does not depend on the split): an all-reduce of twice the group's channels each way per
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from strategies.cluster import Cluster, Link
+from strategies.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from strategies.space import (
@@ -337,7 +341,7 @@ class CostModel:
                 group_seconds = 2 * norms * self._sync_seconds(2 * (c_stop - c_start),
                                                                replicas, link)
                 if shard:
-                    group_seconds += self._sync_seconds(shard, replicas, link)
+                    group_seconds += self._sync_seconds(shard, replicas, link, gradients=True)
                 worst = max(worst, group_seconds)
             seconds[row] = worst
         return seconds, total_bytes
@@ -356,12 +360,53 @@ class CostModel:
             self._group_link_cache[key] = links
         return self._group_link_cache[key]
 
-    def _sync_seconds(self, shard_elements: int, replicas: int, link: Link) -> float:
+    def _sync_seconds(self, shard_elements: int, replicas: int, link: Link,
+                      gradients: bool = False) -> float:
+        """One all-reduce of a shard over its replica group (BatchNorm statistics are always
+        an all-reduce of their own; gradients share buckets under `sync: bucketed`)."""
         shard_bytes = shard_elements * BYTES_PER_ELEMENT
-        if self.cluster.sync == "ring":
-            return link.allreduce_seconds(shard_bytes, replicas)
-        # parameter server: the server takes r-1 gradients in and sends r-1 updates out
-        return 2 * (replicas - 1) * (link.latency + shard_bytes / link.bandwidth)
+        if self.cluster.sync == "parameter_server":
+            # the server takes r-1 gradients in and sends r-1 updates out
+            return 2 * (replicas - 1) * (link.latency + shard_bytes / link.bandwidth)
+        if gradients and self.cluster.sync == "bucketed":
+            chunk = -(-shard_bytes // replicas)
+            return 2 * (replicas - 1) * (
+                link.allreduce_latency * shard_bytes / GRADIENT_BUCKET_BYTES
+                + chunk / link.allreduce_bandwidth)
+        return link.allreduce_seconds(shard_bytes, replicas)
+
+    def bucket_latency_rest(self, assignment: dict[str, ParallelConfig]) -> float:
+        """Under `sync: bucketed`, the latencies a step pays beyond the layers' shares in t_s.
+
+        Each replica group (a set of devices) sums its layers' gradient shards, G bytes, in
+        ceil(G/B) bucket all-reduces of 2(r-1) ring steps each; t_s charged G/B of them. A
+        device waits for every group it belongs to, one after another: the slowest device's
+        sum is the step's. Zero for the other sync modes.
+        """
+        if self.cluster.sync != "bucketed":
+            return 0.0
+        group_bytes: dict[tuple[int, ...], int] = {}
+        group_latency: dict[tuple[int, ...], float] = {}
+        for layer in self.graph.layers:
+            config = assignment[layer.name]
+            replicas = config.size // config.c
+            if replicas == 1 or not layer.param_count:
+                continue
+            out_channels = as_4d(layer.output_shape)[1]
+            devices = np.array(config.devices).reshape(config.n, config.c, config.h * config.w)
+            for c_index, ((c_start, c_stop), link) in enumerate(zip(
+                    output_ranges(layer, 1, config.c), self._group_links(config), strict=True)):
+                group = tuple(sorted(devices[:, c_index].ravel().tolist()))
+                shard = layer.param_count * (c_stop - c_start) // out_channels
+                group_bytes[group] = group_bytes.get(group, 0) + shard * BYTES_PER_ELEMENT
+                group_latency[group] = max(group_latency.get(group, 0.0),
+                                           link.allreduce_latency)
+        waits = np.zeros(self.devices)
+        for group, nbytes in group_bytes.items():
+            buckets = nbytes / GRADIENT_BUCKET_BYTES
+            rest = -(-nbytes // GRADIENT_BUCKET_BYTES) - buckets
+            waits[list(group)] += 2 * (len(group) - 1) * group_latency[group] * rest
+        return float(waits.max())
 
     def node_seconds(self, layer: Layer) -> np.ndarray:
         """t_c + t_s of every config in the layer's search space (equal layers computed once)."""
@@ -560,6 +605,7 @@ class CostModel:
                                        [assignment[consumer_name]])
             transfer += float(seconds[0, 0])
             transfer_bytes += int(moved[0, 0])
+        sync += self.bucket_latency_rest(assignment)
         return Breakdown(
             step_seconds=compute + sync + transfer, compute_seconds=compute,
             transfer_seconds=transfer, sync_seconds=sync, transfer_bytes=transfer_bytes,

@@ -448,7 +448,7 @@ def test_compute_efficiency_bounds(tmp_path, value, expected):
 
 def test_bad_sync(tmp_path):
     message = load_error(tmp_path, minimal() | {"sync": "allreduce"})
-    assert "sync: must be 'ring' or 'parameter_server'" in message
+    assert "sync: must be 'ring', 'parameter_server' or 'bucketed'" in message
 
 
 def test_missing_file(tmp_path):

@@ -91,6 +91,33 @@ def test_parameter_server_moves_as_much_as_a_ring_but_takes_longer():
     assert server.sync(fc, config)[0][0] > ring.sync(fc, config)[0][0]
 
 
+@pytest.mark.parametrize(("model", "buckets"), [("lenet5", 1), ("alexnet", 10)])
+def test_bucketed_sync_pays_one_ring_latency_per_bucket_of_a_group(model, buckets):
+    """The runtime's pattern: data parallelism's gradients (LeNet-5: 0.25 MB, AlexNet at 2
+    devices: 228 MB) go in 25 MB buckets, each one all-reduce; per layer, t_s carries its share
+    of a latency so that the search still sums over layers."""
+    cluster = CLUSTER.model_copy(update={"sync": "bucketed"})
+    graph = build_graph(model, batch=8, image_size=32)
+    cost = model_for(graph, 2, cluster)
+    link = cluster.links.intra_node
+    weights = [layer.param_count * 4 for layer in graph.layers if layer.param_count]
+    assert -(-sum(weights) // (25 << 20)) == buckets
+    data = {layer.name: P("n2c1h1w1@0-1") for layer in graph.layers}
+    per_layer = 2 * sum(-(-nbytes // 2) for nbytes in weights) / link.allreduce_bandwidth
+    assert cost.evaluate(data).sync_seconds == pytest.approx(
+        2 * buckets * link.allreduce_latency + per_layer, rel=1e-9)
+    fc = graph.by_name["classifier_0"] if model == "lenet5" else graph.by_name["classifier_1"]
+    share = fc.param_count * 4 / (25 << 20)
+    assert cost.sync(fc, [P("n2c1h1w1@0-1")])[0][0] == pytest.approx(
+        2 * (share * link.allreduce_latency + -(-fc.param_count * 4 // 2)
+             / link.allreduce_bandwidth), rel=1e-9)
+    channel_split = {name: P("n1c2h1w1@0-1") if layer.param_count else config
+                     for (name, config), layer in zip(data.items(), graph.layers, strict=True)}
+    assert cost.evaluate(channel_split).sync_seconds == 0  # sharded weights: no bucket
+    ring = model_for(graph, 2).evaluate(data).sync_seconds  # a latency per layer
+    assert ring == pytest.approx(2 * len(weights) * link.allreduce_latency + per_layer)
+
+
 def naive_edge_elements(producer, consumer, pconf, qconf) -> int:
     """Elements moved forward, by looping over every pair of tiles on different devices."""
     input_index = consumer.inputs.index(producer.name)

@@ -22,11 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies.cluster import GRADIENT_BUCKET_BYTES
 from strategies.runtime.comm import Communicator
-
-# DDP's default bucket (bucket_cap_mb=25). With gloo on this machine 230 MB of gradients
-# reduce in 178 ms as 25 MB buckets, 242 ms as 8 MB ones and 199 ms as 64 MB ones.
-DEFAULT_BUCKET_BYTES = 25 << 20
 
 
 @dataclass
@@ -39,7 +36,7 @@ class GradientBuckets:
     """Sum replicated weights' gradients over their replica groups, overlapped with backward."""
 
     def __init__(self, comm: Communicator, group_order: list[tuple[int, ...]],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> None:
         self.comm = comm
         self.group_order = group_order
         self.bucket_bytes = bucket_bytes
