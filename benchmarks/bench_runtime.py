@@ -19,6 +19,9 @@ builds a DDP replica of the model in the same processes (and a DDP + SyncBN one)
 their steps with its own (in turns, on the same batches) for its timed steps: its step time and
 its ratios to them come from those interleaved steps, so that all see the same state of the
 machine.
+The prediction's t_c comes from a profile of this machine taken with one profiler per rank at
+once on CPUs (`profile_graph_concurrently`: ranks share the cores' caches and memory bandwidth),
+and its links from a calibration, which also sets the runtime's bucketed gradient sync.
 Printed per run: median step time, samples/s, the ratio to DDP, the cost model's predicted step
 time (profile + calibration) and measured/predicted, and the peak RSS (CPU) or peak allocated
 memory (CUDA) per rank.
@@ -47,7 +50,7 @@ from strategies.calibrate import calibrate, calibrated_cluster
 from strategies.cost import CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
-from strategies.profile import profile_graph
+from strategies.profile import profile_graph, profile_graph_concurrently
 from strategies.runtime.comm import Communicator, local_rendezvous
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.functions import sync_batch_norm
@@ -226,7 +229,10 @@ def main() -> None:
     console.print(f"calibrating {world} {'nccl' if cuda else 'gloo'} processes ...")
     cluster = calibrated_cluster(calibrate(world, "nccl" if cuda else "gloo"))
     console.print(f"profiling {args.model} on {world} devices ({threads} threads) ...")
-    profile = profile_graph(graph, world, device="cuda" if cuda else "cpu", threads=threads)
+    if cuda:
+        profile = profile_graph(graph, world, device="cuda", threads=threads)
+    else:  # every core busy, as in the runs
+        profile = profile_graph_concurrently(graph, world, world, device="cpu", threads=threads)
     cost = CostModel(graph, cluster, world, ProfiledCompute(profile))
     strategies = {"data": baseline("data", graph, world), "owt": baseline("owt", graph, world),
                   "layerwise": optimal_strategy(cost).assignment}

@@ -24,6 +24,7 @@ import math
 import platform
 import re
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
@@ -699,6 +701,44 @@ def profile_graph(
         seconds=seconds,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+
+
+def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
+                               progress: ProgressCallback | None = None,
+                               **options: object) -> Profile:
+    """t_c on CPUs as a training run meets it: `processes` profilers at once, one per rank.
+
+    Ranks of a run on one machine share its cores' caches and memory bandwidth; a layer
+    profiled alone on an idle machine ran ~1.3x faster than inside a 2-process step on a 2-core
+    VM (ResNet-18). Each process measures every tile in the same order and waits for the others
+    after each layer, so the same layers run side by side; a tile's time is the slowest
+    process's, as every collective waits for the slowest rank. `options` are profile_graph's.
+    """
+    if processes == 1:
+        return profile_graph(graph, devices, progress=progress, **options)  # type: ignore[arg-type]
+    context = torch_mp.get_context("spawn")
+    barrier = context.Barrier(processes)
+    with tempfile.TemporaryDirectory(prefix="layerwise-profile-") as folder:
+        torch_mp.start_processes(_profile_worker,
+                                 args=(graph, devices, options, barrier, folder),
+                                 nprocs=processes, join=True, start_method="spawn")
+        profiles = [Profile.model_validate_json(Path(folder, f"{rank}.json").read_text(
+            encoding="utf-8")) for rank in range(processes)]
+    if progress is not None:
+        progress(len(graph.layers), len(graph.layers), graph.layers[-1].name)
+    seconds = {layer: {key: max(profile.seconds[layer][key] for profile in profiles)
+                       for key in tiles} for layer, tiles in profiles[0].seconds.items()}
+    return profiles[0].model_copy(update={
+        "seconds": seconds, "method": f"{profiles[0].method}-{processes}-concurrent"})
+
+
+def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[str, object],
+                    barrier: object, folder: str) -> None:
+    def in_step(_done: int, _total: int, _name: str) -> None:
+        barrier.wait()  # type: ignore[attr-defined]
+
+    profile = profile_graph(graph, devices, progress=in_step, **options)  # type: ignore[arg-type]
+    write_atomic(Path(folder, f"{rank}.json"), profile.model_dump_json())
 
 
 def total_seconds(profile: Profile, layer_name: str) -> float:

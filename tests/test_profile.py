@@ -24,6 +24,7 @@ from strategies.profile import (
     measure_tile,
     missing_tiles,
     profile_graph,
+    profile_graph_concurrently,
     profile_key,
     run_tile,
     tile_plan,
@@ -188,6 +189,23 @@ def test_given_configs_limit_what_is_measured(tiny):
     assert t_c(profile, layer, only) > 0
     with pytest.raises(LayerwiseError, match="layerwise profile"):
         t_c(profile, layer, ParallelConfig(n=2, devices=(0, 1)))
+
+
+def test_a_concurrent_profile_covers_the_same_tiles_with_every_core_busy(tiny):
+    """Two profilers at once (as two ranks of a run share the machine): the same tiles as one,
+    each timed; the profile says how it was measured."""
+    configs = {name: [ParallelConfig(n=2, devices=(0, 1))] for name in tiny.by_name}
+    alone = profile_graph(tiny, 2, configs=configs, **FAST)
+    calls: list[tuple[int, int, str]] = []
+    together = profile_graph_concurrently(tiny, 2, 2, configs=configs,
+                                          progress=lambda *call: calls.append(call), **FAST)
+    assert {layer: set(tiles) for layer, tiles in together.seconds.items()} == {
+        layer: set(tiles) for layer, tiles in alone.seconds.items()}
+    assert all(seconds > 0 for layer, tiles in together.seconds.items()
+               for seconds in tiles.values() if tiny.by_name[layer].kind != "input")
+    assert together.method == f"{alone.method}-2-concurrent"
+    assert calls[-1][:2] == (len(tiny.layers), len(tiny.layers))
+    assert profile_graph_concurrently(tiny, 2, 1, configs=configs, **FAST).method == alone.method
 
 
 def test_save_and_load_round_trip(tmp_path, tiny_profile):
