@@ -130,7 +130,8 @@ class LayerwiseModel:
             for node in self.graph_module.graph.nodes
             if (probability := self._dropout_probability(node)) is not None
         ]
-        self._feature_dropout = {name: features for name, _, _, features in self._dropouts}
+        # active dropout node -> whether its mask is per channel (dropout2d)
+        self._active_dropouts = {name: features for name, _, _, features in self._dropouts}
         self._in_place = {name for name, node in self.nodes.items() if self._writes_input(node)}
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
@@ -362,10 +363,10 @@ class LayerwiseModel:
                      state: _LayerState) -> torch.Tensor:
         """A one-input elementwise op on a tile (BatchNorm and dropout made split-exact)."""
         native = _native(tile, layer)
-        if node.name in self._feature_dropout:
+        if node.name in self._active_dropouts:
             mask = self._masks[node.name]
             slices = local_slices(state.box, _full_box(layer))[: native.dim()]
-            if self._feature_dropout[node.name]:
+            if self._active_dropouts[node.name]:
                 slices = (*slices[:2], *([slice(None)] * (native.dim() - 2)))
             return _view4(native * mask[slices])
         module = self._submodules.get(node.name)
