@@ -39,6 +39,9 @@ def embedded_environment(project: Path) -> dict[str, str]:
     return {
         "PREFECT_HOME": str(project / ".prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the local server's first start migrates a fresh database: ~20 s on a 2-core machine,
+        # Prefect's default limit (a busy machine then fails `layerwise run` before it starts)
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         TRACKING_VARIABLE: default_tracking_uri(project),
         # reading artifacts back (compare) would draw a progress bar per file into the logs
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
