@@ -51,7 +51,8 @@ def embedded_environment(project: Path) -> dict[str, str]:
 def use_embedded_environment() -> None:
     """Set the embedded defaults for the project in the current directory, keeping whatever
     the user set. Every command that starts Prefect or opens MLflow calls this first: Prefect
-    reads PREFECT_HOME when it is imported, so import it only afterwards."""
+    reads all its settings (home, startup timeout) once, when it is first imported, so
+    nothing may import it before."""
     for name, value in embedded_environment(Path.cwd().resolve()).items():
         os.environ.setdefault(name, value)
 
@@ -61,7 +62,7 @@ def check_before_start(config: BenchmarkConfig) -> None:
     from strategies.cluster import load_cluster
     from strategies.errors import LayerwiseError
     from strategies.models import build_model
-    from tasks.prepare import PARAMS_FILE
+    from tasks.data import PARAMS_FILE
 
     for index, model in enumerate(config.models):
         try:
@@ -81,6 +82,18 @@ def check_before_start(config: BenchmarkConfig) -> None:
                              "is not here: run from the project root, or set dataset=synthetic")
 
 
+def prepare_run(config: Path | None, overrides: list[str]) -> BenchmarkConfig:
+    """Everything `layerwise run` does before the flow: the config, the embedded defaults,
+    then the checks that would otherwise fail inside the flow. The defaults come before the
+    checks: those import Prefect, which reads its settings once, when it is first imported."""
+    from flows.benchmark_config import load_config
+
+    benchmark_config = load_config(config, overrides)
+    use_embedded_environment()
+    check_before_start(benchmark_config)
+    return benchmark_config
+
+
 @user_errors
 def run(
     config: Annotated[Path | None, typer.Option(
@@ -90,12 +103,8 @@ def run(
                       "(--set steps=80, --set models.0.name=lenet5). Repeatable.")] = None,
 ) -> None:
     """Run the benchmark flow: data, profile, search, train, validate, track in MLflow."""
-    from flows.benchmark_config import load_config
-
     started = time.perf_counter()
-    benchmark_config = load_config(config, overrides or [])
-    check_before_start(benchmark_config)
-    use_embedded_environment()
+    benchmark_config = prepare_run(config, overrides or [])
     from flows.benchmark import BenchmarkFailed, benchmark
 
     try:

@@ -43,6 +43,8 @@ from strategies.errors import LayerwiseError
 from strategies.files import atomic_path, write_atomic
 from strategies.runtime.datasets import DEFAULT_ROOT
 
+PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
+
 SOURCES = ("digits", "cifar10", "imagefolder")
 PARAMETERS = ("dataset", "source", "image_size", "channels", "val_fraction", "seed", "out")
 SCHEMA_VERSION = 2  # 2: mean and std per channel, class_names
@@ -405,7 +407,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Prepare the dataset params.yaml's `prepare` section names; the options "
                     "override its fields.")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE)
     parser.add_argument("--dataset", choices=SOURCES)
     parser.add_argument("--source", help="cifar10: the cifar-10-batches-py folder; "
                                          "imagefolder: ROOT holding one folder per class")

@@ -18,10 +18,9 @@ from prefect.cache_policies import NO_CACHE
 
 from strategies.errors import LayerwiseError
 from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec, prepared_spec
-from tasks.data import load_params, prepare, settings_from
+from tasks.data import PARAMS_FILE, load_params, prepare, settings_from
 
 DVC_STAGE = "prepare"
-PARAMS_FILE = Path("params.yaml")
 
 
 @task(name="prepare data", cache_policy=NO_CACHE)

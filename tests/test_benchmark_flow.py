@@ -7,6 +7,9 @@ shared by the checks: starting torchrun costs seconds per run, the steps millise
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from typer.testing import CliRunner
 
 from flows.benchmark_config import load_config
 from flows.cli import app
+from flows.cli_run import embedded_environment
 
 pytestmark = pytest.mark.slow
 
@@ -111,8 +115,27 @@ def test_a_bad_config_field_is_one_line_naming_it(tmp_path):
 def test_what_would_fail_in_the_flow_is_one_line_before_it_starts(tmp_path, monkeypatch,
                                                                    override, fragment):
     monkeypatch.chdir(tmp_path)  # no params.yaml here; nothing of Prefect or MLflow is created
+    for name in embedded_environment(tmp_path):  # what `run` sets, restored afterwards
+        monkeypatch.delenv(name, raising=False)
     result = CliRunner().invoke(app, ["run", "--set", override])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
+    """Prefect reads its settings once, on import: set later, the local server's home and its
+    120 s first-start limit would not apply (its first start takes ~20 s on 2 cores, Prefect's
+    own limit)."""
+    script = ("from flows.cli_run import prepare_run\n"
+              "prepare_run(None, ['dataset=synthetic'])\n"
+              "from prefect.settings import get_current_settings\n"
+              "settings = get_current_settings()\n"
+              "print(settings.home, settings.server.ephemeral.startup_timeout_seconds)\n")
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in embedded_environment(tmp_path)}
+    shown = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=environment,
+                           capture_output=True, text=True, check=True, timeout=120)
+    home, timeout = shown.stdout.split()
+    assert Path(home) == tmp_path.resolve() / ".prefect" and timeout == "120"
