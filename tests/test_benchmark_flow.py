@@ -1,7 +1,7 @@
 """The benchmark flow end to end on real components: Prefect's test harness, MLflow on a
 temporary SQLite file, torchrun with 2 gloo processes, nothing mocked.
 
-One flow run (tiny_cnn at 8x8 on synthetic data, data, OWT and OWT scheme b, 6 steps) is
+One flow run (tiny_cnn at 8x8 on synthetic data, data and OWT scheme b, 6 steps) is
 shared by the checks: starting torchrun costs seconds per run, the steps milliseconds.
 """
 
@@ -22,9 +22,9 @@ from flows.cli_run import embedded_environment
 
 pytestmark = pytest.mark.slow
 
-STRATEGIES = ("data", "owt", "owt_b")  # a baseline and a scheduled strategy (its own engine)
+STRATEGIES = ("data", "owt_b")  # a baseline and a scheduled strategy (its own engine)
 OVERRIDES = ("name=test-benchmark", "dataset=synthetic", "image_size=8", "classes=10",
-             "nproc=2", "batch_per_device=4", "steps=6", "strategies=[data,owt,owt_b]",
+             "nproc=2", "batch_per_device=4", "steps=6", "strategies=[data,owt_b]",
              "profile=false", "train_deadline_s=240")
 ARTIFACTS = {"strategy.json", "result.json", "train.json", "per_layer.json",
              "per_layer_degrees.png"}
