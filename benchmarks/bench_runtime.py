@@ -50,7 +50,7 @@ from strategies.calibrate import calibrate, calibrated_cluster
 from strategies.cost import CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
-from strategies.profile import profile_graph, profile_graph_concurrently
+from strategies.profile import concurrent_threads, profile_graph, profile_graph_concurrently
 from strategies.runtime.comm import Communicator, local_rendezvous
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.functions import sync_batch_norm
@@ -222,7 +222,7 @@ def main() -> None:
     console = Console(width=132)
     world = args.nproc
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    threads = max(1, (os.cpu_count() or 1) // world)
+    threads = concurrent_threads(world)
     batch = args.batch_per_device * world
     graph = build_graph(args.model, batch, args.image_size, 10)
 

@@ -69,7 +69,12 @@ def profile(
     warmup: Annotated[int | None, typer.Option(
         help="Untimed runs per tile first (default: 1 on cpu, 5 on cuda).")] = None,
     threads: Annotated[int | None, typer.Option(
-        help="torch CPU threads while measuring (default: torch's, one per core).")] = None,
+        help="torch CPU threads per profiler (default: one per core, shared evenly among "
+             "--processes, as among the ranks of a run).")] = None,
+    processes: Annotated[int, typer.Option(
+        help="Profilers at once, in lockstep layer by layer: the ranks a run will start on "
+             "this machine, which share its cores, caches and memory bandwidth (CPU only; "
+             "the file name records it).")] = 1,
     force: Annotated[bool, typer.Option(
         "--force", help="Measure every tile again instead of reusing the profile file.")
     ] = False,
@@ -84,6 +89,8 @@ def profile(
     the distinct tiles of every layer under every parallel configuration on up to --devices
     devices, runs each tile (the layer's own computation on tensors of the tile's shapes, then
     backward) and stores the median times. Tiles already in the profile file are reused.
+    With --processes P, P profilers measure at once and each tile keeps the slowest time: a
+    CPU run of P ranks on this machine is predicted from that profile.
     """
     import torch
 
@@ -91,10 +98,11 @@ def profile(
     from strategies.graph import build_graph
     from strategies.profile import (
         Profile,
+        concurrent_threads,
         default_profile_path,
         device_name,
         missing_tiles,
-        profile_graph,
+        profile_graph_concurrently,
         resolve_device,
         tile_plan,
         total_seconds,
@@ -106,17 +114,25 @@ def profile(
         raise ConfigError(f"--batch-per-device must be >= 1 (got {batch_per_device})")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1 (got {threads})")
+    if processes < 1:
+        raise ConfigError(f"--processes must be >= 1 (got {processes})")
     target = resolve_device(device)
+    if processes > 1 and target.type != "cpu":
+        raise ConfigError(f"--processes {processes} is for CPUs, where the ranks of a run share "
+                          "one machine; each GPU rank has its own device: use --processes 1")
+    if processes > 1 and threads is None:
+        threads = concurrent_threads(processes)
     graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
                         num_classes=classes, in_channels=in_channels)
     name = device_name(target)
-    path = out if out is not None else default_profile_path(graph, name)
+    path = out if out is not None else default_profile_path(graph, name, processes=processes)
     existing = None
     if path.exists() and not force:
         existing = Profile.load(path)
         try:
             existing.check_matches(graph, source=path)
             existing.check_device(name, torch.__version__, source=path)
+            existing.check_processes(processes, source=path)
         except LayerwiseError as error:
             raise LayerwiseError(f"{error}; or pass --force to replace that file") from None
     plan = tile_plan(graph, devices)
@@ -132,8 +148,9 @@ def profile(
 
     if not as_json:
         console.print(
-            f"profiling {model} on {name} ({target.type}), global batch {graph.batch} "
-            f"({batch_per_device} x {devices} devices): {measured_count} tiles to measure, "
+            f"profiling {model} on {name} ({target.type}{_at_once(processes)}), global batch "
+            f"{graph.batch} ({batch_per_device} x {devices} devices): {measured_count} tiles to "
+            "measure, "
             f"reused {reused_count} tiles from {path if existing else 'nothing'}",
             highlight=False,
         )
@@ -150,8 +167,9 @@ def profile(
             bar.update(task, advance=weights.get(layer_name, 0.0),
                        description=f"{model}: {layer_name}", layers=f"{done}/{total}")
 
-        result = profile_graph(graph, devices, device=target, warmup=warmup, repeats=repeats,
-                               progress=advance, existing=existing, threads=threads)
+        result = profile_graph_concurrently(
+            graph, devices, processes, progress=advance, device=target, warmup=warmup,
+            repeats=repeats, existing=existing, threads=threads)
     elapsed = time.perf_counter() - started
     result.save(path)
 
@@ -166,6 +184,7 @@ def profile(
             "schema_version": 1, "path": str(path), "model": model,
             "structure_hash": graph.structure_hash, "device_name": name,
             "device_type": result.device_type, "batch": graph.batch, "devices": devices,
+            "processes": processes,
             "tiles": measured_count + reused_count, "measured": measured_count,
             "reused": reused_count, "seconds": elapsed, "layers": layers,
         })
@@ -183,6 +202,10 @@ def profile(
         f"profile ({result.method}, {result.threads} threads) written to {path}",
         highlight=False, soft_wrap=True,
     )
+
+
+def _at_once(processes: int) -> str:
+    return f", {processes} profilers at once" if processes > 1 else ""
 
 
 def _tile_weight(layer: Any, tile: Any) -> float:

@@ -12,16 +12,23 @@ layer's parameter shapes: the model's weights are never needed (a meta-device mo
 
 Many configs share a tile (`TileWork.key`): each distinct key of each layer is measured once.
 A `Profile` holds the medians, layer name -> tile key -> seconds, with the identity of what was
-measured (model structure, global batch, device, torch version, dtype). It is stored as JSON
-under data/profiles/, named so that a different model, batch, device or torch version gets its
-own file; `profile_graph(existing=...)` extends a profile with only the tiles it lacks.
+measured (model structure, global batch, device, torch version, dtype, and how many profilers
+ran at once). It is stored as JSON under data/profiles/, named so that a different model,
+batch, device, torch version or concurrency gets its own file; `profile_graph(existing=...)`
+extends a profile with only the tiles it lacks.
+
+On CPUs the ranks of one machine share its cores' caches and memory bandwidth, so
+`profile_graph_concurrently` runs one profiler per rank at once: the profile a run of P
+processes on this machine should be predicted from (`Profile.processes` = P).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
+import queue
 import re
 import statistics
 import tempfile
@@ -52,6 +59,7 @@ __all__ = [
     "Profile",
     "TileProgram",
     "build_tile",
+    "concurrent_threads",
     "default_profile_path",
     "device_name",
     "measure_tile",
@@ -101,6 +109,7 @@ class Profile(BaseModel):
     batch: int
     devices: int
     threads: int
+    processes: int = 1  # profilers that ran at once on this machine, one per rank of a run
     method: str
     warmup: int
     repeats: int
@@ -111,7 +120,7 @@ class Profile(BaseModel):
     def key(self) -> str:
         """The file-name key of this profile (see `profile_key`)."""
         return _key(self.model, self.structure_hash, self.device_name, self.dtype, self.batch,
-                    self.torch_version)
+                    self.torch_version, self.processes)
 
     @property
     def tile_count(self) -> int:
@@ -161,6 +170,17 @@ class Profile(BaseModel):
             "or write to another --out file"
         )
 
+    def check_processes(self, processes: int, source: str | Path | None = None) -> None:
+        """LayerwiseError unless this profile was measured with `processes` profilers at once
+        (times measured beside other ranks differ from times measured alone)."""
+        if self.processes == processes:
+            return
+        where = f"profile {source}" if source is not None else "the profile"
+        raise LayerwiseError(
+            f"{where} was measured with {self.processes} profiler(s) at once; this one needs "
+            f"{processes}; profile again with --force or write to another --out file"
+        )
+
     def _rerun_hint(self) -> str:
         return (f"profile again with {_profile_command(self.model, self.input_shape, self.batch)} "
                 "using the device count of this search")
@@ -195,28 +215,32 @@ def _safe(text: str, limit: int = 48) -> str:
 
 
 def _key(model: str, structure_hash: str, device: str, dtype: str, batch: int,
-         torch_version: str) -> str:
+         torch_version: str, processes: int = 1) -> str:
+    concurrent = f"-x{processes}" if processes > 1 else ""
     return (f"{_safe(model)}-{structure_hash}-{_safe(device, 40)}-{dtype}-b{batch}"
-            f"-torch{_safe(torch_version, 24)}")
+            f"-torch{_safe(torch_version, 24)}{concurrent}")
 
 
 def profile_key(graph: LayerGraph, device_name: str, dtype: str = DTYPE,
-                batch: int | None = None, torch_version: str | None = None) -> str:
-    """File-name key: model, structure hash, device, dtype, global batch and torch version.
+                batch: int | None = None, torch_version: str | None = None,
+                processes: int = 1) -> str:
+    """File-name key: model, structure hash, device, dtype, global batch, torch version and,
+    when several profilers ran at once, their number (`-xP`).
 
     Anything that changes a tile's time changes the key, so a new device or torch upgrade
     profiles again instead of reusing stale numbers.
     """
     return _key(graph.model, graph.structure_hash, device_name, dtype,
-                graph.batch if batch is None else batch, torch_version or torch.__version__)
+                graph.batch if batch is None else batch, torch_version or torch.__version__,
+                processes)
 
 
 def default_profile_path(graph: LayerGraph, device_name: str, dtype: str = DTYPE,
                          batch: int | None = None, *, torch_version: str | None = None,
-                         root: str | Path | None = None) -> Path:
+                         processes: int = 1, root: str | Path | None = None) -> Path:
     """data/profiles/<key>.json under `root` (default: the current directory)."""
     base = Path(root) if root is not None else Path()
-    key = profile_key(graph, device_name, dtype, batch, torch_version)
+    key = profile_key(graph, device_name, dtype, batch, torch_version, processes)
     return base / PROFILE_DIR / f"{key}.json"
 
 
@@ -643,13 +667,15 @@ def profile_graph(
     existing: Profile | None = None,
     threads: int | None = None,
     budget_s: float = DEFAULT_BUDGET_S,
+    processes: int = 1,
 ) -> Profile:
     """Measure t_c of every distinct tile of every layer that `existing` lacks.
 
     `configs` maps layer names to the configs to cover (a layer not in it: all of
     `enumerate_configs(layer, devices)`). Input layers get 0 s without running anything.
     `progress(done_layers, total_layers, layer_name)` is called after each layer. With nothing
-    left to measure, `existing` itself is returned.
+    left to measure, `existing` itself is returned. `processes` records how many profilers run
+    at once (profile_graph_concurrently's); `existing` must have been measured so too.
     """
     target = resolve_device(device)
     kind: Literal["cpu", "cuda"] = "cuda" if target.type == "cuda" else "cpu"
@@ -657,6 +683,7 @@ def profile_graph(
     if existing is not None:
         existing.check_matches(graph)
         existing.check_device(name, torch.__version__)
+        existing.check_processes(processes)
     warmup = DEFAULT_WARMUP[kind] if warmup is None else warmup
     repeats = DEFAULT_REPEATS[kind] if repeats is None else repeats
     if repeats < 1 or warmup < 0:
@@ -695,12 +722,19 @@ def profile_graph(
         batch=graph.batch,
         devices=max(devices, existing.devices if existing else 0),
         threads=thread_count,
+        processes=processes,
         method="cuda-events" if kind == "cuda" else "monotonic-median",
         warmup=warmup,
         repeats=repeats,
         seconds=seconds,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+
+
+def concurrent_threads(processes: int) -> int:
+    """torch threads per profiler when `processes` run at once: what each training worker on
+    this machine uses (the cores shared evenly among the local ranks)."""
+    return max(1, (os.cpu_count() or 1) // processes)
 
 
 def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
@@ -712,32 +746,62 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
     profiled alone on an idle machine ran ~1.3x faster than inside a 2-process step on a 2-core
     VM (ResNet-18). Each process measures every tile in the same order and waits for the others
     after each layer, so the same layers run side by side; a tile's time is the slowest
-    process's, as every collective waits for the slowest rank. `options` are profile_graph's.
+    process's, as every collective waits for the slowest rank. `options` are profile_graph's
+    (`existing` too: each process measures only what it lacks); `progress` follows the first
+    process. Ranks on GPUs each have their own device: profile those with profile_graph.
     """
+    if processes < 1:
+        raise LayerwiseError(f"processes must be >= 1 (got {processes})")
     if processes == 1:
         return profile_graph(graph, devices, progress=progress, **options)  # type: ignore[arg-type]
+    if resolve_device(options.get("device", "cpu")).type != "cpu":  # type: ignore[arg-type]
+        raise LayerwiseError("concurrent profiling is for CPUs, where ranks share one machine; "
+                             "each GPU rank has its own device: profile with 1 process")
+    existing = options.get("existing")
+    if isinstance(existing, Profile) and not any(missing_tiles(tile_plan(
+            graph, devices, options.get("configs")), existing).values()):  # type: ignore[arg-type]
+        # nothing to measure: no processes to start (the checks and the result as one's)
+        return profile_graph(graph, devices, progress=progress,  # type: ignore[arg-type]
+                             processes=processes, **options)
     context = torch_mp.get_context("spawn")
-    barrier = context.Barrier(processes)
+    barrier, layers_done = context.Barrier(processes), context.Queue()
     with tempfile.TemporaryDirectory(prefix="layerwise-profile-") as folder:
-        torch_mp.start_processes(_profile_worker,
-                                 args=(graph, devices, options, barrier, folder),
-                                 nprocs=processes, join=True, start_method="spawn")
+        workers = torch_mp.start_processes(
+            _profile_worker, args=(graph, devices, options, processes, barrier, layers_done,
+                                   folder),
+            nprocs=processes, join=False, start_method="spawn")
+        finished = False
+        while not finished:
+            finished = workers.join(timeout=0.1)
+            _report(layers_done, progress)
         profiles = [Profile.model_validate_json(Path(folder, f"{rank}.json").read_text(
             encoding="utf-8")) for rank in range(processes)]
-    if progress is not None:
-        progress(len(graph.layers), len(graph.layers), graph.layers[-1].name)
     seconds = {layer: {key: max(profile.seconds[layer][key] for profile in profiles)
                        for key in tiles} for layer, tiles in profiles[0].seconds.items()}
     return profiles[0].model_copy(update={
         "seconds": seconds, "method": f"{profiles[0].method}-{processes}-concurrent"})
 
 
-def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[str, object],
-                    barrier: object, folder: str) -> None:
-    def in_step(_done: int, _total: int, _name: str) -> None:
-        barrier.wait()  # type: ignore[attr-defined]
+def _report(layers_done: object, progress: ProgressCallback | None) -> None:
+    """Pass on the progress the first profiler has queued since the last call."""
+    while True:
+        try:
+            done = layers_done.get_nowait()  # type: ignore[attr-defined]
+        except queue.Empty:
+            return
+        if progress is not None:
+            progress(*done)
 
-    profile = profile_graph(graph, devices, progress=in_step, **options)  # type: ignore[arg-type]
+
+def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[str, object],
+                    processes: int, barrier: object, layers_done: object, folder: str) -> None:
+    def in_step(done: int, total: int, name: str) -> None:
+        barrier.wait()  # type: ignore[attr-defined]
+        if rank == 0:
+            layers_done.put((done, total, name))  # type: ignore[attr-defined]
+
+    profile = profile_graph(graph, devices, progress=in_step,  # type: ignore[arg-type]
+                            processes=processes, **options)
     write_atomic(Path(folder, f"{rank}.json"), profile.model_dump_json())
 
 

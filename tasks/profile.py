@@ -1,9 +1,11 @@
 """Profiling task: t_c of the tiles the chosen strategies need, measured on this machine.
 
-The profile file under data/profiles/ is keyed by model structure, global batch, device, dtype
-and torch version (`strategies.profile.profile_key`), so it is the cache: a second benchmark of
-the same model on the same machine measures nothing, and one that needs more configurations
-measures only the missing tiles.
+On CPUs the flow's ranks share this machine, so its `devices` profilers measure at once (one
+per rank, `profile_graph_concurrently`); on a GPU each rank has its own device and one profiler
+measures. The profile file under data/profiles/ is keyed by model structure, global batch,
+device, dtype, torch version and that concurrency (`strategies.profile.profile_key`), so it is
+the cache: a second benchmark of the same model on the same machine measures nothing, and one
+that needs more configurations measures only the missing tiles.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from strategies.baselines import baseline
 from strategies.graph import LayerGraph
 from strategies.profile import (
     Profile,
+    concurrent_threads,
     default_profile_path,
     device_name,
-    profile_graph,
+    profile_graph_concurrently,
     resolve_device,
 )
 from strategies.space import ParallelConfig
@@ -44,14 +47,17 @@ def profile_model(graph: LayerGraph, devices: int, strategies: Sequence[str]) ->
     """The profile file covering `strategies` on `devices` devices, measuring what it lacks."""
     logger = get_run_logger()
     target = resolve_device(None)
-    path = default_profile_path(graph, device_name(target))
+    processes = devices if target.type == "cpu" else 1
+    path = default_profile_path(graph, device_name(target), processes=processes)
     existing = Profile.load(path) if path.exists() else None
     started = time.perf_counter()
-    profile = profile_graph(graph, devices, needed_configs(graph, devices, strategies),
-                            device=target, existing=existing)
+    profile = profile_graph_concurrently(
+        graph, devices, processes, configs=needed_configs(graph, devices, strategies),
+        device=target, existing=existing, threads=concurrent_threads(processes))
     measured = profile.tile_count - (existing.tile_count if existing else 0)
     if profile is not existing:
         profile.save(path)
-    logger.info("profile %s: %d tiles measured in %.1f s, %d reused", path, measured,
-                time.perf_counter() - started, profile.tile_count - measured)
+    logger.info("profile %s: %d tiles measured in %.1f s by %d profiler(s) at once, %d reused",
+                path, measured, time.perf_counter() - started, processes,
+                profile.tile_count - measured)
     return path

@@ -139,3 +139,26 @@ def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
                            capture_output=True, text=True, check=True, timeout=120)
     home, timeout = shown.stdout.split()
     assert Path(home) == tmp_path.resolve() / ".prefect" and timeout == "120"
+
+
+def test_the_profile_task_measures_as_the_ranks_of_a_cpu_run_and_caches(prefect_server,
+                                                                       tmp_path, monkeypatch):
+    """On CPUs the flow's ranks share the machine: its profile is measured by one profiler per
+    rank at once, in its own file, and a second benchmark measures nothing."""
+    from strategies.graph import build_graph
+    from strategies.profile import Profile, default_profile_path, device_name
+    from tasks.profile import needed_configs, profile_model
+
+    monkeypatch.chdir(tmp_path)
+    graph = build_graph("tiny_cnn", batch=8, image_size=8, num_classes=10)
+    path = profile_model(graph, 2, ["data", "owt"])
+    assert path == default_profile_path(graph, device_name("cpu"), processes=2)
+    profile = Profile.load(path)
+    assert profile.processes == 2 and profile.threads >= 1
+    wanted = needed_configs(graph, 2, ["data", "owt"])
+    assert wanted is not None
+    for layer in graph.layers:
+        assert len(profile.seconds[layer.name]) >= 1 if wanted[layer.name] else True
+    written = path.stat().st_mtime_ns
+    assert profile_model(graph, 2, ["data"]) == path
+    assert path.stat().st_mtime_ns == written and Profile.load(path) == profile

@@ -204,8 +204,18 @@ def test_a_concurrent_profile_covers_the_same_tiles_with_every_core_busy(tiny):
     assert all(seconds > 0 for layer, tiles in together.seconds.items()
                for seconds in tiles.values() if tiny.by_name[layer].kind != "input")
     assert together.method == f"{alone.method}-2-concurrent"
-    assert calls[-1][:2] == (len(tiny.layers), len(tiny.layers))
+    assert [call[:2] for call in calls] == [(done, len(tiny.layers))
+                                           for done in range(1, len(tiny.layers) + 1)]
+    assert together.processes == 2 and alone.processes == 1
+    assert together.key == profile_key(tiny, together.device_name, processes=2) != alone.key
     assert profile_graph_concurrently(tiny, 2, 1, configs=configs, **FAST).method == alone.method
+    # a complete profile is its own answer; one measured alone cannot extend it
+    assert profile_graph_concurrently(tiny, 2, 2, configs=configs, existing=together,
+                                      **FAST) is together
+    with pytest.raises(LayerwiseError, match="2 profiler"):
+        profile_graph(tiny, 2, configs=configs, existing=together, **FAST)
+    with pytest.raises(LayerwiseError, match="processes must be >= 1"):
+        profile_graph_concurrently(tiny, 2, 0, configs=configs, **FAST)
 
 
 def test_save_and_load_round_trip(tmp_path, tiny_profile):
@@ -278,6 +288,7 @@ def test_profile_paths_separate_model_batch_device_and_torch(tmp_path, tiny):
     assert profile_key(tiny, "x", batch=16) != profile_key(tiny, "x")
     assert profile_key(tiny, "x", torch_version="9.9") != profile_key(tiny, "x")
     assert profile_key(tiny, "y") != profile_key(tiny, "x")
+    assert profile_key(tiny, "x", processes=2) == profile_key(tiny, "x") + "-x2"
     user = build_graph("tiny_cnn", batch=8).model_copy(update={"model": "pkg.mod:make"})
     assert "/" not in profile_key(user, "GPU / x") and ":" not in profile_key(user, "x")
 
@@ -355,6 +366,22 @@ def test_cli_profile_default_path_is_under_data_profiles(tmp_path, monkeypatch):
     assert Profile.load(path).batch == 4
 
 
+def test_cli_profile_with_the_ranks_of_a_run_at_once_has_its_own_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    alone = json.loads(_invoke(*PROFILE_ARGS, "--json").stdout)
+    result = _invoke(*PROFILE_ARGS, "--processes", "2", "--json")
+    assert result.exit_code == 0, result.output
+    together = json.loads(result.stdout)
+    assert together["processes"] == 2 and together["measured"] == alone["measured"]
+    assert together["path"] == alone["path"].removesuffix(".json") + "-x2.json"
+    profile = Profile.load(tmp_path / together["path"])
+    assert profile.processes == 2 and profile.method.endswith("-2-concurrent")
+    again = json.loads(_invoke(*PROFILE_ARGS, "--processes", "2", "--json").stdout)
+    assert again["measured"] == 0 and again["reused"] == together["measured"]
+    mixed = _invoke(*PROFILE_ARGS, "--processes", "2", "--out", alone["path"])
+    _assert_one_line_error(mixed, "1 profiler(s) at once")
+
+
 def test_cli_profile_rejects_a_profile_of_another_batch(tmp_path):
     out = tmp_path / "p.json"
     assert _invoke(*PROFILE_ARGS, "--out", str(out)).exit_code == 0
@@ -382,6 +409,7 @@ def test_cli_profile_cuda_without_cuda_is_one_line(tmp_path):
 
 def test_cli_profile_bad_numbers_are_one_line(tmp_path):
     _assert_one_line_error(_invoke("profile", "tiny_cnn", "--devices", "0"), "--devices")
+    _assert_one_line_error(_invoke(*PROFILE_ARGS, "--processes", "0"), "--processes")
     _assert_one_line_error(_invoke(*PROFILE_ARGS, "--repeats", "0",
                                    "--out", str(tmp_path / "p.json")), "repeats")
     _assert_one_line_error(_invoke("profile", "no_such_net", "--devices", "2"), "no_such_net")
