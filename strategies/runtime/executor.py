@@ -74,15 +74,15 @@ def _weights(state: _LayerState) -> list[nn.Parameter]:
             if isinstance(shard.tensor, nn.Parameter)]
 
 
-def _view4(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(as_4d(tuple(tensor.shape)))
+def _part(tensor: torch.Tensor, box: Box, within: Box) -> torch.Tensor:
+    """The part of a tile (or its gradient) covering `box`, the tile covering `within`.
 
-
-def _native(tensor: torch.Tensor, layer: Layer) -> torch.Tensor:
-    """A 4-d tile in the layer's own rank ((N, F) for a 2-d output)."""
-    if len(layer.output_shape) == 2:
-        return tensor.reshape(tensor.shape[0], tensor.shape[1])
-    return tensor
+    Tiles keep their layer's own rank, (N, F) after a linear layer or a flatten, so that
+    no step pays a reshape in and out of 4-d per layer (each is an autograd node forward and
+    backward); a 2-d tile's box ranges over h and w are (0, 1), and its first two slices
+    index it.
+    """
+    return tensor[local_slices(box, within)[: tensor.dim()]]
 
 
 class LayerwiseModel:
@@ -221,9 +221,9 @@ class LayerwiseModel:
             self._forward_layer(index, layer_plan, inputs)
         loss_share = self._loss_share(targets)
         loss = loss_share.detach().reshape(1).clone()
-        gradients = self._loss_backward(loss_share)
+        gradients: dict[str, torch.Tensor] = {}
         for index in reversed(range(len(self.plan.layers))):
-            self._backward_layer(index, self.plan.layers[index], gradients)
+            self._backward_layer(index, self.plan.layers[index], gradients, loss_share)
         # the global loss is summed in the last gradient bucket of all ranks where there is one
         everyone = tuple(range(self.comm.world))
         self._buckets.finish(riders={everyone: loss})
@@ -246,7 +246,7 @@ class LayerwiseModel:
         state = self.states.get(layer.name)
         if layer.kind == "input":
             if state is not None:
-                state.output = _view4(inputs)[local_slices(state.box, _full_box(layer))]
+                state.output = _part(inputs, state.box, _full_box(layer))
             return
         if layer.name in self._chained:  # the producer's tile, still in its autograd graph
             if state is not None:
@@ -281,8 +281,8 @@ class LayerwiseModel:
         sends = []
         for piece in input_plan.sends_from(self.rank):
             assert producer is not None and producer.output is not None
-            part = producer.output.detach()[local_slices(piece.box, producer.box)]
-            sends.append((piece.target, part.contiguous()))
+            part = _part(producer.output.detach(), piece.box, producer.box)
+            sends.append((piece.target, part.reshape(shape_of(piece.box)).contiguous()))
         needed = input_plan.needed.get(self.rank)
         pieces = input_plan.received_by(self.rank) if needed is not None else []
         if (needed is not None and producer is not None and len(pieces) == 1
@@ -303,13 +303,15 @@ class LayerwiseModel:
                 box[local_slices(piece.box, needed)] = next(received)
             else:
                 assert producer is not None and producer.output is not None
-                box[local_slices(piece.box, needed)] = (
-                    producer.output.detach()[local_slices(piece.box, producer.box)])
-        return box
+                part = _part(producer.output.detach(), piece.box, producer.box)
+                box[local_slices(piece.box, needed)] = part.reshape(shape_of(piece.box))
+        rank = len(self.plan.by_name[input_plan.producer].layer.output_shape)
+        return box.reshape(box.shape[:rank]) if rank == 2 else box  # the producer's rank
 
     def _compute(self, layer: Layer, state: _LayerState,
                  leaves: list[torch.Tensor | None]) -> torch.Tensor:
-        """The layer's main op on this rank's needed boxes: its output tile, 4-d."""
+        """The layer's main op on this rank's needed boxes: its output tile, in the layer's
+        own rank."""
         box = state.box
         node = self.nodes[layer.name]
         kind = layer.kind
@@ -327,9 +329,9 @@ class LayerwiseModel:
             assert first is not None
             shards = state.modules[layer.target]
             bias = shards.get("bias")
-            scores = F.linear(first.reshape(first.shape[0], -1), shards["weight"].tensor,
-                              bias.tensor if bias is not None else None)
-            return _view4(scores)
+            flat = first if first.dim() == 2 else first.reshape(first.shape[0], -1)
+            return F.linear(flat, shards["weight"].tensor,
+                            bias.tensor if bias is not None else None)
         if kind == "pool":
             assert first is not None and layer.geometry is not None
             mode, include_pad = _pool_mode(layer, node)
@@ -342,7 +344,7 @@ class LayerwiseModel:
                                                as_4d(layer.output_shape)[2:], mode)
         if kind == "flatten":
             assert first is not None
-            return _view4(first.reshape(first.shape[0], -1))
+            return first if first.dim() == 2 else first.reshape(first.shape[0], -1)
         if kind == "add":
             assert first is not None and leaves[1] is not None
             second = leaves[1]
@@ -362,16 +364,16 @@ class LayerwiseModel:
     def _elementwise(self, node: fx.Node, tile: torch.Tensor, layer: Layer,
                      state: _LayerState) -> torch.Tensor:
         """A one-input elementwise op on a tile (BatchNorm and dropout made split-exact)."""
-        native = _native(tile, layer)
+        native = tile
         if node.name in self._active_dropouts:
             mask = self._masks[node.name]
             slices = local_slices(state.box, _full_box(layer))[: native.dim()]
             if self._active_dropouts[node.name]:
                 slices = (*slices[:2], *([slice(None)] * (native.dim() - 2)))
-            return _view4(native * mask[slices])
+            return native * mask[slices]
         module = self._submodules.get(node.name)
         if isinstance(module, _BATCH_NORMS):
-            return _view4(self._batch_norm(module, native, layer, state, str(node.target)))
+            return self._batch_norm(module, native, layer, state, str(node.target))
         if node.name in self._in_place:
             native = native.clone()  # never write into a producer's tile or a leaf
         args = fx.node.map_arg(node.args, lambda _: native)
@@ -382,7 +384,7 @@ class LayerwiseModel:
             result = node.target(*args, **kwargs)  # type: ignore[operator]
         else:
             result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
-        return _view4(result)
+        return result
 
     def _batch_norm(self, module: nn.Module, x: torch.Tensor, layer: Layer,
                     state: _LayerState, target: str) -> torch.Tensor:
@@ -450,7 +452,7 @@ class LayerwiseModel:
             return self._empty(()).zero_()
         assert state.output is not None
         (n0, n1), (c0, _), _, _ = state.box
-        scores = _native(state.output, output.layer)
+        scores = state.output
         group = output.channel_group(self.rank)
 
         def group_reduce(op: dist.ReduceOp.RedOpType):  # noqa: ANN202
@@ -462,17 +464,8 @@ class LayerwiseModel:
                                      group_reduce(dist.ReduceOp.MAX),
                                      group_reduce(dist.ReduceOp.SUM))
 
-    def _loss_backward(self, loss_share: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Gradient of the loss with respect to this rank's output tile."""
-        output_name = self.plan.output.layer.name
-        state = self.states.get(output_name)
-        if state is None or state.output is None or not state.output.requires_grad:
-            return {}
-        (gradient,) = torch.autograd.grad(loss_share, state.output)
-        return {output_name: gradient}
-
     def _backward_layer(self, index: int, layer_plan: LayerPlan,
-                        gradients: dict[str, torch.Tensor]) -> None:
+                        gradients: dict[str, torch.Tensor], loss_share: torch.Tensor) -> None:
         layer = layer_plan.layer
         if layer.kind == "input":
             return
@@ -482,10 +475,20 @@ class LayerwiseModel:
                 self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
                                   _weights(state))
         elif state is not None and state.output is not None and state.output.requires_grad:
+            roots, root_gradients = [], []
             gradient = gradients.pop(layer.name, None)
-            if gradient is None:
-                gradient = torch.zeros_like(state.output)
-            torch.autograd.backward(state.output, gradient)
+            if gradient is not None:  # from its consumers
+                roots.append(state.output)
+                root_gradients.append(gradient.view(state.output.shape))
+            if layer.name == self.plan.output.layer.name and loss_share.requires_grad:
+                # the loss's backward runs on through this layer's tile in the same call (one
+                # autograd call fewer per step: the loss's gradient by the tile and then the
+                # tile's backward cost two)
+                roots.append(loss_share)
+                root_gradients.append(torch.ones_like(loss_share))
+            if not roots:  # nothing reached this tile: its weights' gradients are zero
+                roots, root_gradients = [state.output], [torch.zeros_like(state.output)]
+            torch.autograd.backward(roots, root_gradients)
             self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
                               _weights(state))
         if layer.name in self._chained:
@@ -507,7 +510,7 @@ class LayerwiseModel:
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             needed = input_plan.needed[self.rank]
             for piece in input_plan.received_by(self.rank):
-                part = grad[local_slices(piece.box, needed)]
+                part = _part(grad, piece.box, needed).reshape(shape_of(piece.box))
                 if piece.remote:
                     sends.append((piece.source, part.contiguous()))
                 else:

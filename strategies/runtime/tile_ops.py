@@ -84,7 +84,9 @@ def conv_tile(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tens
     c0, c1 = out_box[1]
     first_group, last_group = c0 // per_group_out, (c1 - 1) // per_group_out
     offset = first_group * per_group_in - in_channel_start
-    x = x[:, offset:offset + (last_group - first_group + 1) * per_group_in]
+    width = (last_group - first_group + 1) * per_group_in
+    if offset or width != x.shape[1]:  # a slice is an autograd node: only when it cuts
+        x = x[:, offset:offset + width]
     if _whole_rows_and_cols(out_box, in_size_hw, geometry):
         padded, padding = x, geometry.padding  # conv2d pads the global border itself
     else:
