@@ -668,6 +668,7 @@ def profile_graph(
     threads: int | None = None,
     budget_s: float = DEFAULT_BUDGET_S,
     processes: int = 1,
+    lockstep: Callable[[], None] | None = None,
 ) -> Profile:
     """Measure t_c of every distinct tile of every layer that `existing` lacks.
 
@@ -675,7 +676,8 @@ def profile_graph(
     `enumerate_configs(layer, devices)`). Input layers get 0 s without running anything.
     `progress(done_layers, total_layers, layer_name)` is called after each layer. With nothing
     left to measure, `existing` itself is returned. `processes` records how many profilers run
-    at once (profile_graph_concurrently's); `existing` must have been measured so too.
+    at once (profile_graph_concurrently's); `existing` must have been measured so too; they
+    wait for each other in `lockstep()`, called before each tile is measured.
     """
     target = resolve_device(device)
     kind: Literal["cpu", "cuda"] = "cuda" if target.type == "cuda" else "cpu"
@@ -705,6 +707,8 @@ def profile_graph(
                 if layer.kind == "input":
                     layer_seconds[key] = 0.0
                     continue
+                if lockstep is not None:
+                    lockstep()
                 layer_seconds[key] = measure_tile(layer, tile, target, warmup, repeats,
                                                   budget_s, grads)
             if progress is not None:
@@ -745,8 +749,10 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
     Ranks of a run on one machine share its cores' caches and memory bandwidth; a layer
     profiled alone on an idle machine ran ~1.3x faster than inside a 2-process step on a 2-core
     VM (ResNet-18). Each process measures every tile in the same order and waits for the others
-    after each layer, so the same layers run side by side; a tile's time is the slowest
-    process's, as every collective waits for the slowest rank. `options` are profile_graph's
+    before each tile, so that the same tile runs side by side on every core (waiting only per
+    layer, the processes drifted apart over a layer's tiles and ran partly alone: LeNet-5's
+    profile then predicted 0.7x its measured step); a tile's time is the slowest process's, as
+    every collective waits for the slowest rank. `options` are profile_graph's
     (`existing` too: each process measures only what it lacks); `progress` follows the first
     process. Ranks on GPUs each have their own device: profile those with profile_graph.
     """
@@ -795,13 +801,13 @@ def _report(layers_done: object, progress: ProgressCallback | None) -> None:
 
 def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[str, object],
                     processes: int, barrier: object, layers_done: object, folder: str) -> None:
-    def in_step(done: int, total: int, name: str) -> None:
-        barrier.wait()  # type: ignore[attr-defined]
+    def layer_done(done: int, total: int, name: str) -> None:
         if rank == 0:
             layers_done.put((done, total, name))  # type: ignore[attr-defined]
 
-    profile = profile_graph(graph, devices, progress=in_step,  # type: ignore[arg-type]
-                            processes=processes, **options)
+    profile = profile_graph(graph, devices, progress=layer_done,  # type: ignore[arg-type]
+                            processes=processes, lockstep=barrier.wait,  # type: ignore[attr-defined]
+                            **options)
     write_atomic(Path(folder, f"{rank}.json"), profile.model_dump_json())
 
 
