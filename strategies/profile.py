@@ -749,10 +749,10 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
     Ranks of a run on one machine share its cores' caches and memory bandwidth; a layer
     profiled alone on an idle machine ran ~1.3x faster than inside a 2-process step on a 2-core
     VM (ResNet-18). Each process measures every tile in the same order and waits for the others
-    before each tile, so that the same tile runs side by side on every core (waiting only per
-    layer, the processes drifted apart over a layer's tiles and ran partly alone: LeNet-5's
-    profile then predicted 0.7x its measured step); a tile's time is the slowest process's, as
-    every collective waits for the slowest rank. `options` are profile_graph's
+    before each tile, so that the same tile runs side by side on every core, as a run's ranks
+    compute (waiting only per layer, they could drift apart over a layer's many tiles and time
+    some alone); a tile's time is the slowest process's, as every collective waits for the
+    slowest rank. `options` are profile_graph's
     (`existing` too: each process measures only what it lacks); `progress` follows the first
     process. Ranks on GPUs each have their own device: profile those with profile_graph.
     """
