@@ -120,6 +120,8 @@ class _WholeBatchNorm(nn.BatchNorm2d):
     """BatchNorm over the whole batch of every process (SyncBatchNorm semantics), on CPUs."""
 
     def __init__(self, source: nn.BatchNorm2d, world: int) -> None:
+        if source.momentum is None:  # as the runtime: a cumulative average has no momentum
+            raise ValueError("BatchNorm with momentum=None is not supported; set a momentum")
         super().__init__(source.num_features, source.eps, source.momentum, source.affine,
                          source.track_running_stats, device=source.weight.device,
                          dtype=source.weight.dtype)
@@ -129,7 +131,7 @@ class _WholeBatchNorm(nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         count = x.numel() // x.shape[1] * self.world  # equal shares of the batch
         return sync_batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
-                               self.momentum or 0.1, self.eps, count, _sum_over_world)
+                               float(self.momentum), self.eps, count, _sum_over_world)
 
 
 def _sum_over_world(values: torch.Tensor) -> torch.Tensor:
