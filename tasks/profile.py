@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.baselines import baseline
+from strategies.baselines import BASELINES, baseline
 from strategies.graph import LayerGraph
 from strategies.profile import (
     Profile,
@@ -32,9 +32,10 @@ from strategies.space import ParallelConfig
 
 def needed_configs(graph: LayerGraph, devices: int, strategies: Sequence[str]
                    ) -> dict[str, list[ParallelConfig]] | None:
-    """Per layer, the configs whose t_c the strategies' costs read; None means all of them
-    (the layer-wise search costs every configuration)."""
-    if "layerwise" in strategies:
+    """Per layer, the configs whose t_c the strategies' costs read; None means all of them:
+    the layer-wise search costs every configuration, and the scheduled strategies (OWT's
+    schemes, pipelines, local parallelism) choose theirs by cost over many."""
+    if any(name not in BASELINES for name in strategies):
         return None
     assignments = [baseline(name, graph, devices) for name in strategies]
     return {layer.name: sorted({assignment[layer.name] for assignment in assignments},

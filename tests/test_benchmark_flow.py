@@ -1,8 +1,9 @@
 """The benchmark flow end to end on real components: Prefect's test harness, MLflow on a
 temporary SQLite file, torchrun with 2 gloo processes, nothing mocked.
 
-One flow run (tiny_cnn at 8x8 on synthetic data, data and OWT scheme b, 6 steps) is
-shared by the checks: starting torchrun costs seconds per run, the steps milliseconds.
+One flow run (tiny_cnn at 8x8 on synthetic data, profiled on this CPU, data and OWT scheme b,
+6 steps) is shared by the checks: starting torchrun costs seconds per run, the steps
+milliseconds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.slow
 STRATEGIES = ("data", "owt_b")  # a baseline and a scheduled strategy (its own engine)
 OVERRIDES = ("name=test-benchmark", "dataset=synthetic", "image_size=8", "classes=10",
              "nproc=2", "batch_per_device=4", "steps=6", "strategies=[data,owt_b]",
-             "profile=false", "train_deadline_s=240")
+             "profile=true", "train_deadline_s=240")
 ARTIFACTS = {"strategy.json", "result.json", "train.json", "per_layer.json",
              "per_layer_degrees.png"}
 METRICS = {"predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
@@ -141,24 +142,24 @@ def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
     assert Path(home) == tmp_path.resolve() / ".prefect" and timeout == "120"
 
 
-def test_the_profile_task_measures_as_the_ranks_of_a_cpu_run_and_caches(prefect_server,
-                                                                       tmp_path, monkeypatch):
-    """On CPUs the flow's ranks share the machine: its profile is measured by one profiler per
-    rank at once, in its own file, and a second benchmark measures nothing."""
-    from strategies.graph import build_graph
-    from strategies.profile import Profile, default_profile_path, device_name
-    from tasks.profile import needed_configs, profile_model
 
-    monkeypatch.chdir(tmp_path)
+def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmarked):
+    """On CPUs the flow's ranks share this machine: its profile is measured by one profiler per
+    rank at once, in a file of its own; a scheduled strategy (OWT scheme b chooses by cost)
+    needs every configuration."""
+    from strategies.graph import build_graph
+    from strategies.profile import (
+        Profile,
+        default_profile_path,
+        device_name,
+        missing_tiles,
+        tile_plan,
+    )
+
+    _, _, project = benchmarked
     graph = build_graph("tiny_cnn", batch=8, image_size=8, num_classes=10)
-    path = profile_model(graph, 2, ["data", "owt"])
-    assert path == default_profile_path(graph, device_name("cpu"), processes=2)
+    path = project / default_profile_path(graph, device_name("cpu"), processes=2)
+    assert [found.name for found in (project / "data" / "profiles").iterdir()] == [path.name]
     profile = Profile.load(path)
-    assert profile.processes == 2 and profile.threads >= 1
-    wanted = needed_configs(graph, 2, ["data", "owt"])
-    assert wanted is not None
-    for layer in graph.layers:
-        assert len(profile.seconds[layer.name]) >= 1 if wanted[layer.name] else True
-    written = path.stat().st_mtime_ns
-    assert profile_model(graph, 2, ["data"]) == path
-    assert path.stat().st_mtime_ns == written and Profile.load(path) == profile
+    assert profile.processes == 2 and profile.method.endswith("-2-concurrent")
+    assert not any(missing_tiles(tile_plan(graph, 2), profile).values())
