@@ -306,7 +306,7 @@ class LayerwiseModel:
                 part = _part(producer.output.detach(), piece.box, producer.box)
                 box[local_slices(piece.box, needed)] = part.reshape(shape_of(piece.box))
         rank = len(self.plan.by_name[input_plan.producer].layer.output_shape)
-        return box.reshape(box.shape[:rank]) if rank == 2 else box  # the producer's rank
+        return box.reshape(box.shape[:rank]) if rank < 4 else box  # the producer's rank
 
     def _compute(self, layer: Layer, state: _LayerState,
                  leaves: list[torch.Tensor | None]) -> torch.Tensor:
@@ -364,27 +364,24 @@ class LayerwiseModel:
     def _elementwise(self, node: fx.Node, tile: torch.Tensor, layer: Layer,
                      state: _LayerState) -> torch.Tensor:
         """A one-input elementwise op on a tile (BatchNorm and dropout made split-exact)."""
-        native = tile
         if node.name in self._active_dropouts:
             mask = self._masks[node.name]
-            slices = local_slices(state.box, _full_box(layer))[: native.dim()]
+            slices = local_slices(state.box, _full_box(layer))[: tile.dim()]
             if self._active_dropouts[node.name]:
-                slices = (*slices[:2], *([slice(None)] * (native.dim() - 2)))
-            return native * mask[slices]
+                slices = (*slices[:2], *([slice(None)] * (tile.dim() - 2)))
+            return tile * mask[slices]
         module = self._submodules.get(node.name)
         if isinstance(module, _BATCH_NORMS):
-            return self._batch_norm(module, native, layer, state, str(node.target))
+            return self._batch_norm(module, tile, layer, state, str(node.target))
         if node.name in self._in_place:
-            native = native.clone()  # never write into a producer's tile or a leaf
-        args = fx.node.map_arg(node.args, lambda _: native)
-        kwargs = fx.node.map_arg(node.kwargs, lambda _: native)
+            tile = tile.clone()  # never write into a producer's tile or a leaf
+        args = fx.node.map_arg(node.args, lambda _: tile)
+        kwargs = fx.node.map_arg(node.kwargs, lambda _: tile)
         if module is not None:
-            result = module(*args, **kwargs)
-        elif node.op == "call_function":
-            result = node.target(*args, **kwargs)  # type: ignore[operator]
-        else:
-            result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
-        return result
+            return module(*args, **kwargs)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)  # type: ignore[operator]
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
 
     def _batch_norm(self, module: nn.Module, x: torch.Tensor, layer: Layer,
                     state: _LayerState, target: str) -> torch.Tensor:
