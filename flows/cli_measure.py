@@ -72,7 +72,7 @@ def profile(
         help="torch CPU threads per profiler (default: one per core, shared evenly among "
              "--processes, as among the ranks of a run).")] = None,
     processes: Annotated[int, typer.Option(
-        help="Profilers at once, in lockstep layer by layer: the ranks a run will start on "
+        help="Profilers at once, in lockstep tile by tile: the ranks a run will start on "
              "this machine, which share its cores, caches and memory bandwidth (CPU only; "
              "the file name records it).")] = 1,
     force: Annotated[bool, typer.Option(
