@@ -84,8 +84,8 @@ def check_before_start(config: BenchmarkConfig) -> None:
 
 def prepare_run(config: Path | None, overrides: list[str]) -> BenchmarkConfig:
     """Everything `layerwise run` does before the flow: the config, the embedded defaults,
-    then the checks that would otherwise fail inside the flow. The defaults come before the
-    checks: those import Prefect, which reads its settings once, when it is first imported."""
+    then the checks that would otherwise fail inside the flow. The defaults come before
+    anything that could import Prefect, which reads its settings once, on first import."""
     from flows.benchmark_config import load_config
 
     benchmark_config = load_config(config, overrides)

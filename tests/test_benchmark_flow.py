@@ -142,7 +142,6 @@ def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
     assert Path(home) == tmp_path.resolve() / ".prefect" and timeout == "120"
 
 
-
 def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmarked):
     """On CPUs the flow's ranks share this machine: its profile is measured by one profiler per
     rank at once, in a file of its own; a scheduled strategy (OWT scheme b chooses by cost)

@@ -90,6 +90,12 @@ ZOO_CASES = [
     ("inception_v3", 20, 1), ("alexnet", 32, 1), ("vgg16", 32, 1),
 ]
 ZOO_ON_FOUR = ("tiny_cnn", "lenet5", "resnet18", "inception_v3")
+EVERY_STRATEGY = ("data", "model", "owt", "layerwise")
+# VGG-16 moves 134M fp64 weights per case (~30 s each here): its searched strategy only;
+# AlexNet runs all four with a large classifier and an upsampling adaptive pool (2x2 -> 6x6;
+# VGG-16's is 1x1 -> 7x7). Inception-v3 on 4 processes (~15 s per case): the channel splits of
+# model parallelism through its concats, and its searched strategy
+FEWER_STRATEGIES = {("vgg16", 2): ("layerwise",), ("inception_v3", 4): ("model", "layerwise")}
 
 
 @pytest.mark.parametrize(("world", "model", "size", "steps"), [
@@ -97,13 +103,7 @@ ZOO_ON_FOUR = ("tiny_cnn", "lenet5", "resnet18", "inception_v3")
     if world == 2 or model in ZOO_ON_FOUR
 ])
 def test_every_zoo_model_under_every_strategy_equals_one_device(world, model, size, steps):
-    # VGG-16 moves 134M fp64 weights per case (~30 s each here): its searched strategy only;
-    # AlexNet runs all four with a large classifier and an upsampling adaptive pool (2x2 ->
-    # 6x6; VGG-16's is 1x1 -> 7x7). Inception-v3 on 4 processes (~15 s per case): the channel
-    # splits of model parallelism through its concats, and its searched strategy
-    strategies = {"vgg16": ("layerwise",)}.get(model, ("data", "model", "owt", "layerwise"))
-    if model == "inception_v3" and world == 4:
-        strategies = ("model", "layerwise")
+    strategies = FEWER_STRATEGIES.get((model, world), EVERY_STRATEGY)
     cases = [named(model, strategy, world, batch=4, image_size=size, steps=steps, double=True)
              for strategy in strategies]
     for case, outcome in zip(cases, run_distributed(cases, world), strict=True):
