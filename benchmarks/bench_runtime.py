@@ -50,7 +50,13 @@ from strategies.calibrate import calibrate, calibrated_cluster
 from strategies.cost import CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
-from strategies.profile import concurrent_threads, profile_graph, profile_graph_concurrently
+from strategies.profile import (
+    SGD_MOMENTUM,
+    SGD_WEIGHT_DECAY,
+    concurrent_threads,
+    profile_graph,
+    profile_graph_concurrently,
+)
 from strategies.runtime.comm import Communicator, local_rendezvous
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.functions import sync_batch_norm
@@ -82,6 +88,12 @@ def _batches(job: Job, in_channels: int, device: torch.device,
             for _ in range(job.warmup + job.steps)]
 
 
+def _sgd(parameters: list[nn.Parameter]) -> torch.optim.SGD:
+    """SGD as `layerwise train` runs it by default, the update the profile times."""
+    return torch.optim.SGD(parameters, lr=0.01, momentum=SGD_MOMENTUM,
+                           weight_decay=SGD_WEIGHT_DECAY)
+
+
 def _step_function(job: Job, rank: int, world: int, device: torch.device):  # noqa: ANN202
     """One training step of the job's mode on this rank, as a closure over (inputs, targets)."""
     torch.manual_seed(0)
@@ -92,7 +104,7 @@ def _step_function(job: Job, rank: int, world: int, device: torch.device):  # no
         plan = build_plan(graph, assignment, world)
         model = LayerwiseModel(module, plan, Communicator(rank, world, plan.groups()))
         held = list(model.parameters())
-        optimizer = torch.optim.SGD(held, lr=0.01, momentum=0.9) if held else None
+        optimizer = _sgd(held) if held else None
 
         def layerwise_step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
             model.forward_backward(inputs, targets)
@@ -105,7 +117,7 @@ def _step_function(job: Job, rank: int, world: int, device: torch.device):  # no
     if job.mode in ("ddp", "ddp_syncbn"):
         module = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    optimizer = _sgd(list(module.parameters()))
     share = slice(rank * job.batch // world, (rank + 1) * job.batch // world)
 
     def plain_step(inputs: torch.Tensor, targets: torch.Tensor) -> None:

@@ -8,15 +8,17 @@
     layerwise calibrate --nproc 2 --quick --out data/profiles/cluster-local.yaml
     layerwise calibrate --nproc 8 --backend nccl
 
-`profile` measures t_c (Jia et al. 2018: forward + backward time of one layer tile) for every
-distinct tile of every layer under every configuration on up to N devices, and stores it under
-data/profiles/ (one file per model structure, global batch, device and torch version); a second
-run measures only tiles the file lacks. `calibrate` measures latency and bandwidth between N
-local torch.distributed processes and writes a cluster YAML for this machine.
+`profile` measures t_c (Jia et al. 2018's time of one layer tile: forward + backward, and the
+SGD update of its weight shard) for every distinct tile of every layer under every
+configuration on up to N devices, and stores it under data/profiles/ (one file per model
+structure, global batch, device and torch version); a second run measures only tiles the file
+lacks. `calibrate` measures latency and bandwidth between N local torch.distributed processes
+and writes a cluster YAML for this machine.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -83,12 +85,13 @@ def profile(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Measure forward+backward time of every layer tile (t_c) on this device.
+    """Measure the training-step time of every layer tile (t_c) on this device.
 
     Builds the model's layer graph at a global batch of --batch-per-device x --devices, finds
     the distinct tiles of every layer under every parallel configuration on up to --devices
     devices, runs each tile (the layer's own computation on tensors of the tile's shapes, then
-    backward) and stores the median times. Tiles already in the profile file are reused.
+    backward, then the SGD update of its weight shard) and stores the median times of the
+    passes and of the update. Tiles already in the profile file are reused.
     With --processes P, P profilers measure at once and each tile keeps the slowest time: a
     CPU run of P ranks on this machine is predicted from that profile.
     """
@@ -126,9 +129,9 @@ def profile(
                         num_classes=classes, in_channels=in_channels)
     name = device_name(target)
     path = out if out is not None else default_profile_path(graph, name, processes=processes)
-    existing = None
-    if path.exists() and not force:
-        existing = Profile.load(path)
+    existing = None if force else Profile.reusable(path)
+    stale = path.exists() and not force and existing is None
+    if existing is not None:
         try:
             existing.check_matches(graph, source=path)
             existing.check_device(name, torch.__version__, source=path)
@@ -151,7 +154,8 @@ def profile(
             f"profiling {model} on {name} ({target.type}{_at_once(processes)}), global batch "
             f"{graph.batch} ({batch_per_device} x {devices} devices): {measured_count} tiles to "
             "measure, "
-            f"reused {reused_count} tiles from {path if existing else 'nothing'}",
+            f"reused {reused_count} tiles from {path if existing else 'nothing'}"
+            + (f" ({path} was measured by an older layerwise: replacing it)" if stale else ""),
             highlight=False,
         )
     columns = (TextColumn("{task.description}"), BarColumn(),
@@ -176,7 +180,8 @@ def profile(
     layers = [
         {"name": layer.name, "label": layer.label, "tiles": len(plan[layer.name]),
          "measured": len(to_measure.get(layer.name, {})),
-         "total_ms": total_seconds(result, layer.name) * 1e3}
+         "total_ms": total_seconds(result, layer.name) * 1e3,
+         "update_ms": math.fsum(result.update_seconds.get(layer.name, {}).values()) * 1e3}
         for layer in graph.layers if layer.kind != "input"
     ]
     if as_json:
@@ -191,11 +196,11 @@ def profile(
         return
     table = Table(title=f"{model}: t_c per layer, {graph.batch} samples on {devices} devices",
                   title_justify="left")
-    for column in ("layer", "type", "tiles", "new", "sum of tile ms"):
+    for column in ("layer", "type", "tiles", "new", "sum of tile ms", "of it update ms"):
         table.add_column(column, justify="left" if column in ("layer", "type") else "right")
     for row in layers:
         table.add_row(row["name"], row["label"], str(row["tiles"]), str(row["measured"]),
-                      f"{row['total_ms']:.3f}")
+                      f"{row['total_ms']:.3f}", f"{row['update_ms']:.3f}")
     console.print(table)
     console.print(
         f"measured {measured_count} tiles in {elapsed:.1f} s, reused {reused_count} tiles; "

@@ -1,8 +1,11 @@
 """The cost model of Jia et al. 2018, Eq. 1: t_o = sum of (t_c + t_s) over layers + sum of t_x
 over edges, a plain sum with no overlap. Times and exact integer bytes are kept apart.
 
-- t_c(l, c): forward + backward time of the layer's largest tile (devices run their tiles at
-  once), from a measured `Profile` or from a roofline on the cluster's device (`--analytic`).
+- t_c(l, c): the compute one training step spends on the layer's largest tile (devices run
+  their tiles at once): its forward + backward and the SGD update of its weight shard (the
+  paper's t_c leaves the update out; ParaDL counts it as WU_l, and a data-parallel device
+  updates every weight: ~30% of AlexNet's step on a CPU). Both from a measured `Profile` or
+  from a roofline on the cluster's device (`--analytic`; the update memory-bound).
 - t_x(e, c_i, c_j): every consumer tile needs a box of its input (tiles.py); the parts of that
   box held by producer tiles on OTHER devices move. Bytes are counted exactly, forward
   (activations) and backward (their gradients, the same regions the other way; the network
@@ -81,7 +84,25 @@ class ComputeSource(Protocol):
 
     name: str
 
-    def tile_seconds(self, layer: Layer, tile: TileWork) -> float: ...
+    def tile_seconds(self, layer: Layer, tile: TileWork) -> float:
+        """Forward + backward of the tile."""
+        ...
+
+    def update_seconds(self, layer: Layer, tile: TileWork) -> float:
+        """The SGD update of the tile's weight shard (0 without weights)."""
+        ...
+
+
+# A memory-bound SGD-with-momentum update reads weight, gradient and momentum and writes weight
+# and momentum (weight decay reuses the weight it reads).
+WEIGHT_UPDATE_ACCESSES = 5
+
+
+def weight_update_seconds(weights: int | np.ndarray, memory_bandwidth: float,
+                          ) -> float | np.ndarray:
+    """The update of `weights` elements on the roofline: memory-bound,
+    WEIGHT_UPDATE_ACCESSES * 4 bytes per weight / memory bandwidth (ParaDL's WU_l)."""
+    return WEIGHT_UPDATE_ACCESSES * BYTES_PER_ELEMENT * weights / memory_bandwidth
 
 
 class AnalyticCompute:
@@ -104,6 +125,9 @@ class AnalyticCompute:
             np.int64(sum(_volume(s) for s in tile.input_shapes)),
             np.int64(tile.param_elements)))
 
+    def update_seconds(self, layer: Layer, tile: TileWork) -> float:
+        return float(weight_update_seconds(tile.param_elements, self.bytes_per_second))
+
     def volume_seconds(self, layer: Layer, out_elements: np.ndarray, input_elements: np.ndarray,
                        param_elements: np.ndarray) -> np.ndarray:
         """The roofline from element counts alone (arrays: one entry per tile)."""
@@ -117,7 +141,8 @@ class AnalyticCompute:
 
 
 class ProfiledCompute:
-    """t_c measured by `layerwise profile`: the median forward + backward time of the tile."""
+    """t_c measured by `layerwise profile`: the tile's median forward + backward time and
+    median weight update."""
 
     name = "profile"
 
@@ -128,6 +153,11 @@ class ProfiledCompute:
         if layer.kind == "input":
             return 0.0
         return self.profile.tile_seconds(layer.name, tile.key)
+
+    def update_seconds(self, layer: Layer, tile: TileWork) -> float:
+        if layer.kind == "input":
+            return 0.0
+        return self.profile.tile_update_seconds(layer.name, tile.key)
 
 
 def _volume(shape: Sequence[int]) -> int:
@@ -281,11 +311,25 @@ class CostModel:
         return self._tile_dim_cache[key]
 
     def compute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
-        """t_c of each config. The roofline needs only the largest tile's element counts,
-        which are products of per-dimension lengths: vectorised over configs."""
+        """t_c of each config: the tile's forward + backward and its weight update."""
+        return self.pass_seconds(layer, configs) + self.update_seconds(layer, configs)
+
+    def pass_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """Forward + backward of each config's largest tile. The roofline needs only its
+        element counts, which are products of per-dimension lengths: vectorised over configs."""
         if isinstance(self.compute, AnalyticCompute):
             return self.compute.volume_seconds(layer, *self._tile_volumes(layer, configs))
         return np.array([self.compute.tile_seconds(layer, self.tile(layer, c)) for c in configs])
+
+    def update_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """The SGD update of each config's largest weight shard (once per step)."""
+        if not layer.param_count:
+            return np.zeros(len(configs))
+        if isinstance(self.compute, AnalyticCompute):
+            return np.asarray(weight_update_seconds(self._tile_volumes(layer, configs)[2],
+                                                    self.compute.bytes_per_second), dtype=float)
+        return np.array([self.compute.update_seconds(layer, self.tile(layer, c))
+                         for c in configs])
 
     def _tile_volumes(self, layer: Layer, configs: Sequence[ParallelConfig],
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,7 +16,8 @@ slowest block's own work: the t_c of its layers at its config, its auxiliary hea
 time of what it sends (its output to k+1; overlapping: its input gradient to k-1). With the
 overlapping variant every block but the last also runs the next block's gradient back through
 its stashed forward, one more backward pass: priced as the backward's share of its layers'
-t_c (`BACKWARD_SHARE`, the roofline's 2 of 3 passes). `compute` and `transfer` are the slowest
+forward + backward (`BACKWARD_SHARE`, the roofline's 2 of 3 passes; t_c also holds the
+weight update, run once). `compute` and `transfer` are the slowest
 block's; nothing is all-reduced, so sync is 0. Transfer bytes are every activation crossing a
 cut (twice for overlapping: its gradient comes back), exactly what the engine counts. The
 profile measures the model's layers only, so the heads (global average pooling and one
@@ -38,7 +39,7 @@ from strategies.strategy import Strategy
 from strategies.tiles import TileWork
 
 VARIANTS: dict[str, str] = {"local": "greedy", "local_overlap": "overlapping"}
-BACKWARD_SHARE = 2 / 3  # of a layer's forward + backward t_c (backward ~ twice the forward)
+BACKWARD_SHARE = 2 / 3  # of a layer's forward + backward (backward ~ twice the forward)
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,13 @@ class _Pricing:
     def __init__(self, cost: CostModel, cuts: Sequence[Cut], overlapping: bool) -> None:
         self.cost = cost
         self.overlapping = overlapping
-        self.prefix = [0.0]  # prefix[i]: t_c of layers [0, i), each whole on one device
+        # prefix[i]: t_c of layers [0, i), each whole on one device; passes[i]: the forward +
+        # backward part of it (without the weight update)
+        self.prefix, self.passes = [0.0], [0.0]
+        whole = [ParallelConfig(devices=(0,))]
         for layer in cost.graph.layers:
-            seconds = cost.compute_seconds(layer, [ParallelConfig(devices=(0,))])[0]
-            self.prefix.append(self.prefix[-1] + float(seconds))
+            self.prefix.append(self.prefix[-1] + float(cost.compute_seconds(layer, whole)[0]))
+            self.passes.append(self.passes[-1] + float(cost.pass_seconds(layer, whole)[0]))
         crossing = {cut.position: cost.graph.by_name[cut.crossing] for cut in cuts}
         self.head = {position: head_seconds(cost, layer) for position, layer in crossing.items()}
         self.bytes = {position: activation_bytes(layer) for position, layer in crossing.items()}
@@ -120,7 +124,7 @@ class _Pricing:
         if end is not None:
             compute += self.head[end.position]
             if self.overlapping:  # the delayed gradient's backward pass
-                compute += BACKWARD_SHARE * layers
+                compute += BACKWARD_SHARE * (self.passes[last + 1] - self.passes[first])
             transfer += self._link_seconds(index, index + 1, self.bytes[end.position])
         if start is not None and self.overlapping:
             transfer += self._link_seconds(index, index - 1, self.bytes[start.position])
@@ -156,12 +160,14 @@ def head_layers(crossing: Layer, classes: int) -> list[Layer]:
 
 
 def head_seconds(cost: CostModel, crossing: Layer) -> float:
-    """Forward + backward of a block's auxiliary head on the cluster's roofline."""
+    """Forward + backward and weight update of a block's auxiliary head on the cluster's
+    roofline."""
     roofline = AnalyticCompute(cost.cluster)
-    return sum(roofline.tile_seconds(layer, TileWork(output_shape=layer.output_shape,
-                                                     input_shapes=layer.input_shapes,
-                                                     param_elements=layer.param_count))
-               for layer in head_layers(crossing, output_classes(cost.graph)))
+    tiles = [(layer, TileWork(output_shape=layer.output_shape, input_shapes=layer.input_shapes,
+                              param_elements=layer.param_count))
+             for layer in head_layers(crossing, output_classes(cost.graph))]
+    return sum(roofline.tile_seconds(layer, tile) + roofline.update_seconds(layer, tile)
+               for layer, tile in tiles)
 
 
 def output_classes(graph: LayerGraph) -> int:

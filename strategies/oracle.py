@@ -55,7 +55,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from strategies.cluster import Cluster, Link
-from strategies.cost import ComputeSource
+from strategies.cost import ComputeSource, weight_update_seconds
 from strategies.errors import ConfigError, LayerwiseError
 from strategies.files import first_error, write_atomic
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
@@ -96,8 +96,6 @@ DEFAULT_SAMPLES_PER_PE = 32
 # A feasible case above this share of the device's memory is labelled "memory": it runs, but
 # at the edge, so memory is what to relieve first.
 MEMORY_WARNING_FRACTION = 0.9
-# SGD with momentum: read weight, gradient, momentum; write weight, momentum.
-WEIGHT_UPDATE_ACCESSES = 5
 
 StrategyName = Literal[
     "serial", "data", "spatial", "filter", "channel", "pipeline", "data+filter", "data+spatial"
@@ -259,7 +257,8 @@ def split_forward_backward(seconds: float, weights: int) -> tuple[float, float]:
 
 
 def summary_from_graph(graph: LayerGraph, compute: ComputeSource) -> ModelSummary:
-    """The oracle's view of a layer graph, FW/BW per sample from `compute`.
+    """The oracle's view of a layer graph, FW/BW per sample and WU per iteration from
+    `compute`.
 
     `compute` is a ProfiledCompute (a profile measured at the graph's batch B) or an
     AnalyticCompute (the roofline on a cluster's device): the whole layer, the tile of the
@@ -285,6 +284,7 @@ def _layer_summary(layer: Layer, compute: ComputeSource, batch: int) -> LayerSum
         w=layer.param_count,
         fw_seconds=fw,
         bw_seconds=bw,
+        wu_seconds=compute.update_seconds(layer, whole_layer),
         flops=layer.flops / batch,
         in_channels=in_channels,
         out_channels=out_channels,
@@ -333,12 +333,6 @@ def allgather_seconds(pes: int, piece_bytes: float, link: Link | None) -> float:
     if link is None:
         return 0.0
     return (pes - 1) * link.time(piece_bytes)
-
-
-def weight_update_seconds(weights: int, memory_bandwidth: float) -> float:
-    """WU_l estimated as memory-bound: SGD with momentum reads weight, gradient and momentum and
-    writes weight and momentum, delta bytes each."""
-    return WEIGHT_UPDATE_ACCESSES * DELTA * weights / memory_bandwidth
 
 
 # ---------------------------------------------------------------------------------------------

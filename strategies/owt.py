@@ -30,10 +30,11 @@ counts exactly as much. Times are this module's model of each schedule (`predict
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from strategies.baselines import baseline
@@ -41,7 +42,7 @@ from strategies.cluster import Link, load_cluster
 from strategies.cost import AnalyticCompute, Breakdown, CostModel
 from strategies.errors import ConfigError
 from strategies.execution import OwtExecution
-from strategies.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
+from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
 from strategies.space import ParallelConfig
 from strategies.strategy import Strategy
 
@@ -55,10 +56,6 @@ SCHEMES: dict[str, tuple[Scheme, bool]] = {
     "owt_b_vb": ("b", True),
     "owt_c_vb": ("c", True),
 }
-
-# SGD with momentum and weight decay reads weight, gradient and momentum and writes momentum
-# and weight: five passes over the weights per update
-_SGD_ACCESSES = 5
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 REPRODUCE_MODEL = "alexnet"
@@ -175,10 +172,10 @@ def _handoff_seconds(scheme: Scheme, link: Link | None, workers: int, rows: int,
     return 2 * _all_gather_seconds(link, workers, rows // workers * features)
 
 
-def _seconds(cost: CostModel, names: Iterable[str],
-             assignment: dict[str, ParallelConfig]) -> float:
-    return sum(float(cost.compute_seconds(cost.graph.by_name[name], [assignment[name]])[0])
-               for name in names)
+def _seconds(seconds: Callable[[Layer, list[ParallelConfig]], np.ndarray], graph: LayerGraph,
+             names: Iterable[str], assignment: dict[str, ParallelConfig]) -> float:
+    """The sum of `seconds` (a CostModel's pass_seconds or update_seconds) over the layers."""
+    return sum(float(seconds(graph.by_name[name], [assignment[name]])[0]) for name in names)
 
 
 def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
@@ -186,8 +183,8 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
 
     - compute: Eq. 1's t_c of the OWT configs. The K passes of b rows (b, c) are taken to cost
       what one pass of B rows costs (the FC tiles scale with their rows); the variable batch
-      adds K-1 FC weight updates per step (each one `_SGD_ACCESSES` passes over the worker's
-      FC weights at the device's memory bandwidth).
+      adds K-1 FC weight updates per step (the cost model's update of the worker's FC shards,
+      measured or memory-bound).
     - transfer: h, one pass's hand-off forward and backward over the slowest link among the K
       devices. a: h, exposed. b, c: the next pass's hand-off runs during this pass's FC compute
       f, so only the first is exposed in full: h + (K-1) max(0, h - f), Krizhevsky's (K-1)/K
@@ -205,7 +202,7 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
     passes = 1 if scheme == "a" else workers
     per_worker = graph.batch // workers
     features = graph.by_name[split.flatten].output_shape[1]
-    fc_seconds = _seconds(cost, split.channels, assignment)
+    fc_seconds = _seconds(cost.pass_seconds, graph, split.channels, assignment)
     handoff = _handoff_seconds(scheme, link, workers, per_worker, features)
     rows = graph.batch // passes
     between_fc = sum(
@@ -216,18 +213,12 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
                 + passes * between_fc)
     compute = equation_1.compute_seconds
     if variable_batch:
-        fc_shard = sum(cost.tile(graph.by_name[name], assignment[name]).param_elements
-                       for name in split.channels)
-        compute += (passes - 1) * _update_seconds(cost, fc_shard)
+        compute += (passes - 1) * _seconds(cost.update_seconds, graph, split.channels,
+                                           assignment)
     sync = _sync_seconds(cost, split, link)
     return Breakdown(step_seconds=compute + transfer + sync, compute_seconds=compute,
                      transfer_seconds=transfer, sync_seconds=sync,
                      transfer_bytes=equation_1.transfer_bytes, sync_bytes=equation_1.sync_bytes)
-
-
-def _update_seconds(cost: CostModel, elements: int) -> float:
-    return (_SGD_ACCESSES * elements * BYTES_PER_ELEMENT
-            / cost.cluster.device.memory_bandwidth)
 
 
 def _sync_seconds(cost: CostModel, split: OwtSplit, link: Link | None) -> float:

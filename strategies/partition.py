@@ -11,18 +11,21 @@ stage hands one tensor to the next.
 
 The step time the search minimises (1F1B with a flush, as GPipe and PipeDream-flush):
 
-    T = (M + S - 1) * max_s a_s + max_s sync_s,  bubble = (S - 1) / (M + S - 1) of the first term
+    T = (M + S - 1) * max_s a_s + max_s (sync_s + u_s),  bubble = (S - 1) / (M + S - 1) of
+    the first term
     a_s = t_c(stage s, n{d_s}) / M + t_x(cut after s, one micro-batch: activation + its gradient)
     sync_s = ring all-reduce of stage s's weight gradients over its d_s devices, once per step
+    u_s = the SGD update of stage s's weights on each of its devices, once per step
 
 t_c is the cost model's forward + backward time of each layer's largest tile under n{d_s} at
-the global batch (cost.py, profiled or roofline); a micro-batch takes 1/M of it (linear in the
-samples: the efficiency real devices lose on small micro-batches is not modelled, which is why
-M is searched only up to 4S, GPipe's point of a negligible bubble). t_x follows cost.py: every
-device receives its rows of the crossing tensor at once over the slowest link to its senders,
-paying the latency per message; forward the activation, backward its gradient. The network
-input is not sent (every rank holds the global batch). Stages take consecutive device blocks in
-stage order (stage 0 from device 0).
+the global batch (`CostModel.pass_seconds`, profiled or roofline; u_s sums its
+`update_seconds`); a micro-batch takes 1/M of it (linear in the samples: the efficiency real
+devices lose on small micro-batches is not modelled, which is why M is searched only up to 4S,
+GPipe's point of a negligible bubble). t_x follows cost.py: every device receives its rows of
+the crossing tensor at once over the slowest link to its senders, paying the latency per
+message; forward the activation, backward its gradient. The network input is not sent (every
+rank holds the global batch). Stages take consecutive device blocks in stage order (stage 0
+from device 0).
 
 Merging: the search is an exact DP over the legal cuts, every S from 1 to min(devices, legal
 cuts + 1) and every power-of-two d_s (summing to the devices, dividing the micro-batch), for
@@ -32,7 +35,7 @@ returns is already merged wherever merging lowers T, and the report says which S
 
 The DP runs from the last layer back: per state (a boundary, the devices the stages after it
 use, the device count of the stage after it) it keeps the Pareto front of (max a_s, max
-sync_s, S) over the stages chosen so far; T grows with each of them, so a dominated suffix
+sync_s + u_s, S) over the stages chosen so far; T grows with each of them, so a dominated suffix
 cannot lead to the optimum. A suffix that cannot beat the best pipeline found so far (data
 parallelism to start with) is dropped (branch and bound; still exact).
 """
@@ -40,9 +43,11 @@ parallelism to start with) is dropped (branch and bound; still exact).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from strategies.cluster import Link
@@ -70,6 +75,7 @@ class StageReport(_Frozen):
     transfer_bytes: int  # the outgoing activations and their gradients, every micro-batch
     sync_seconds: float
     sync_bytes: int
+    update_seconds: float  # the SGD update of the stage's weights, once per step
 
 
 class PipelinePlan(_Frozen):
@@ -214,17 +220,23 @@ def _check_boundaries(graph: LayerGraph, stages: tuple[PipelineStage, ...]) -> N
 
 @dataclass(frozen=True)
 class StageCost:
-    """a_s's parts and sync_s of one stage under one M (seconds per micro-batch)."""
+    """a_s's parts (seconds per micro-batch), sync_s and u_s (per step) of one stage."""
 
     compute: float
     transfer: float
     transfer_bytes: int
     sync: float
     sync_bytes: int
+    update: float
 
     @property
     def busy(self) -> float:
         return self.compute + self.transfer
+
+    @property
+    def tail(self) -> float:
+        """What the stage does once per step after its last backward: sync, then update."""
+        return self.sync + self.update
 
 
 class PipelineCosts:
@@ -239,9 +251,10 @@ class PipelineCosts:
         self.cuts = legal_cuts(self.graph)
         self.widths = [d for d in _powers_of_two(self.devices) if d <= self.batch]
         # prefix sums over the layers: a stage's total is one subtraction
-        self._compute = {width: list(accumulate((self._tile_seconds(layer, width)
-                                                 for layer in graph.layers), initial=0.0))
+        self._compute = {width: self._prefix(self.cost.pass_seconds, width)
                          for width in self.widths}
+        self._update = {width: self._prefix(self.cost.update_seconds, width)
+                        for width in self.widths}
         self._params = list(accumulate((layer.param_count for layer in graph.layers),
                                        initial=0))
         self._two_rows = list(accumulate((_needs_two_rows(layer) for layer in graph.layers),
@@ -251,14 +264,17 @@ class PipelineCosts:
         self._links: dict[tuple[int, ...], Link] = {}
         self._cut_cache: dict[tuple[int, ...], float] = {}
 
-    def _tile_seconds(self, layer: Layer, width: int) -> float:
+    def _prefix(self, seconds: Callable[[Layer, list[ParallelConfig]], np.ndarray],
+                width: int) -> list[float]:
+        """Prefix sums over the layers of `seconds` under n{width}."""
         config = ParallelConfig(n=width, devices=tuple(range(width)))
-        return float(self.cost.compute_seconds(layer, [config])[0])
+        return list(accumulate((float(seconds(layer, [config])[0])
+                                for layer in self.graph.layers), initial=0.0))
 
     @property
     def one_device_seconds(self) -> float:
-        """t_c of the whole network on one device (S = 1, d = 1, M = 1)."""
-        return self._compute[1][-1]
+        """t_c of the whole network on one device (S = 1, d = 1, M = 1), update included."""
+        return self._compute[1][-1] + self._update[1][-1]
 
     def fits(self, start: int, stop: int, rows_per_device: int) -> bool:
         """Whether layers[start:stop] can train on `rows_per_device` samples (BatchNorm)."""
@@ -270,13 +286,14 @@ class PipelineCosts:
         compute = (self._compute[width][stop] - self._compute[width][start]) / micro_batches
         params = self._params[stop] - self._params[start]
         sync, sync_bytes = self._sync(first, width, params)
+        update = self._update[width][stop] - self._update[width][start]
         if stop == len(self.graph.layers):
-            return StageCost(compute, 0.0, 0, sync, sync_bytes)
+            return StageCost(compute, 0.0, 0, sync, sync_bytes, update)
         elements = self._elements[stop]
         rows = self.batch // micro_batches
         transfer = self._cut_seconds(stop, rows, first, width, next_width)
         transfer_bytes = 2 * self.batch * elements * BYTES_PER_ELEMENT
-        return StageCost(compute, transfer, transfer_bytes, sync, sync_bytes)
+        return StageCost(compute, transfer, transfer_bytes, sync, sync_bytes, update)
 
     def _sync(self, first: int, width: int, params: int) -> tuple[float, int]:
         """Ring all-reduce of the stage's gradients as one buffer (the engine's one call)."""
@@ -341,11 +358,11 @@ def evaluate(costs: PipelineCosts, boundaries: list[int], widths: list[int],
     count = len(widths)
     rounds = micro_batches + count - 1
     bottleneck = max(stage_costs, key=lambda stage: stage.busy)
-    sync = max(stage.sync for stage in stage_costs)
+    last = max(stage_costs, key=lambda stage: stage.tail)
     predicted = Breakdown(
-        step_seconds=rounds * bottleneck.busy + sync,
-        compute_seconds=rounds * bottleneck.compute,
-        transfer_seconds=rounds * bottleneck.transfer, sync_seconds=sync,
+        step_seconds=rounds * bottleneck.busy + last.tail,
+        compute_seconds=rounds * bottleneck.compute + last.update,
+        transfer_seconds=rounds * bottleneck.transfer, sync_seconds=last.sync,
         transfer_bytes=sum(stage.transfer_bytes for stage in stage_costs),
         sync_bytes=sum(stage.sync_bytes for stage in stage_costs))
     stages = tuple(
@@ -354,7 +371,7 @@ def evaluate(costs: PipelineCosts, boundaries: list[int], widths: list[int],
             devices=tuple(range(firsts[s], firsts[s] + widths[s])),
             compute_seconds=stage.compute, transfer_seconds=stage.transfer,
             transfer_bytes=stage.transfer_bytes, sync_seconds=stage.sync,
-            sync_bytes=stage.sync_bytes)
+            sync_bytes=stage.sync_bytes, update_seconds=stage.update)
         for s, stage in enumerate(stage_costs))
     return PipelinePlan(
         model=graph.model, devices=costs.devices, cluster=costs.cost.cluster.name,
@@ -367,10 +384,10 @@ def evaluate(costs: PipelineCosts, boundaries: list[int], widths: list[int],
 
 @dataclass(frozen=True)
 class _Point:
-    """A suffix of stages: max busy and max sync over them, how many, and the chain."""
+    """A suffix of stages: max busy and max tail over them, how many, and the chain."""
 
     busy: float
-    sync: float
+    tail: float
     count: int
     start: int  # boundary index of the suffix's first stage
     width: int
@@ -387,13 +404,13 @@ class _Target:
 
     def seconds(self, point: _Point, stages: int) -> float:
         """T of a pipeline of `stages` stages that ends with the suffix `point`, at least."""
-        return (self.micro_batches + max(stages, self.fewest) - 1) * point.busy + point.sync
+        return (self.micro_batches + max(stages, self.fewest) - 1) * point.busy + point.tail
 
     def beats(self, kept: _Point, point: _Point) -> bool:
         """Whether `kept` (no slower, sorted before) makes `point` useless: any stages put
         before both give `kept` a T no higher, and an acceptable pipeline whenever `point`
         gets one (fewer stages may fall below `fewest`; with `exact` no count serves twice)."""
-        if kept.sync > point.sync:
+        if kept.tail > point.tail:
             return False
         if self.exact:
             return kept.count == point.count
@@ -406,7 +423,7 @@ class _Target:
 def _pareto(points: list[_Point], target: _Target) -> list[_Point]:
     """The points no other point beats."""
     front: list[_Point] = []
-    for point in sorted(points, key=lambda p: (p.busy, p.sync, p.count)):
+    for point in sorted(points, key=lambda p: (p.busy, p.tail, p.count)):
         if not any(target.beats(kept, point) for kept in front):
             front.append(point)
     return front
@@ -444,10 +461,10 @@ def _search(costs: PipelineCosts, target: _Target,
                         continue
                     stage = costs.stage(positions[start], positions[index], left, width,
                                         next_width, micro_batches)
-                    if micro_batches * stage.busy + stage.sync > bound:
+                    if micro_batches * stage.busy + stage.tail > bound:
                         break  # a longer stage is no faster
                     successor = states[start].setdefault((used + width, width), [])
-                    successor.extend(_Point(max(p.busy, stage.busy), max(p.sync, stage.sync),
+                    successor.extend(_Point(max(p.busy, stage.busy), max(p.tail, stage.tail),
                                             p.count + 1, start, width, p) for p in front)
     return best
 

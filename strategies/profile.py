@@ -1,17 +1,21 @@
 """Measured compute time of every layer tile: t_c of Jia et al. 2018, section 3 and Eq. 1.
 
-t_c(l, c) is the forward + backward time of the largest tile of layer `l` under config `c`
-(devices run their tiles at once, so the largest one sets the pace). Jia et al. MEASURE it by
-running the layer in that configuration; so does this module: for each distinct tile of each
-layer it builds real tensors of the tile's shapes (`tiles.largest_tile`: the output box and
-the needed input boxes, halos included), runs the layer's own operation on them (conv with the
-tile's weight shard, pooling, linear, add, concat, flatten, elementwise) followed by its fused
-ops (BatchNorm in training mode, activations, dropout), then the backward pass, and keeps the
+t_c(l, c) is the time one training step spends computing the largest tile of layer `l` under
+config `c` (devices run their tiles at once, so the largest one sets the pace): its forward,
+its backward and the SGD update of its weight shard (ParaDL's WU_l; Jia et al.'s t_c leaves
+the update out, yet it is ~30% of AlexNet's step on a CPU and a data-parallel device updates
+every weight). Jia et al. MEASURE t_c by running the layer in that configuration; so does
+this module: for each distinct tile of each layer it builds real tensors of the tile's shapes
+(`tiles.largest_tile`: the output box and the needed input boxes, halos included), runs the
+layer's own operation on them as the runtime's tiles do (conv with the tile's weight shard,
+pooling, linear, add, concat, flatten, elementwise) followed by its fused ops (BatchNorm in
+training mode, activations, dropout), then the backward pass and the update, and keeps the
 median time. Values do not change the time, so the tensors are fresh random ones made from the
 layer's parameter shapes: the model's weights are never needed (a meta-device model works).
 
 Many configs share a tile (`TileWork.key`): each distinct key of each layer is measured once.
-A `Profile` holds the medians, layer name -> tile key -> seconds, with the identity of what was
+A `Profile` holds the medians, layer name -> tile key -> seconds (forward + backward in
+`seconds`, the update in `update_seconds`), with the identity of what was
 measured (model structure, global batch, device, torch version, dtype, and how many profilers
 ran at once). It is stored as JSON under data/profiles/, named so that a different model,
 batch, device, torch version or concurrency gets its own file; `profile_graph(existing=...)`
@@ -25,6 +29,8 @@ processes on this machine should be predicted from (`Profile.processes` = P).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import math
 import os
 import platform
@@ -36,8 +42,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.multiprocessing as torch_mp
@@ -56,8 +63,11 @@ __all__ = [
     "DEFAULT_WARMUP",
     "PROFILE_DIR",
     "SCHEMA_VERSION",
+    "SGD_MOMENTUM",
+    "SGD_WEIGHT_DECAY",
     "Profile",
     "TileProgram",
+    "TileTimes",
     "build_tile",
     "concurrent_threads",
     "default_profile_path",
@@ -72,7 +82,9 @@ __all__ = [
     "total_seconds",
 ]
 
-SCHEMA_VERSION = 1
+# 2: a tile's time includes the SGD update of its weight shard (1 did not: such a profile is
+# measured again, see Profile.reusable).
+SCHEMA_VERSION = 2
 PROFILE_DIR = Path("data") / "profiles"
 DTYPE = "float32"  # fp32 training, as in every paper layerwise implements
 
@@ -82,6 +94,13 @@ DEFAULT_REPEATS = {"cpu": 3, "cuda": 10}
 # Stop repeating a tile once its timed runs add up to this: big tiles are stable, and a CPU
 # profile of ResNet-18 must finish in minutes.
 DEFAULT_BUDGET_S = 0.2
+
+# A tile's step ends with the SGD update of its weight shard with the defaults of `layerwise
+# train` (momentum and weight decay each add a pass over the weights). A tiny rate keeps the
+# random weights where they are; the rate does not change the time.
+SGD_MOMENTUM = 0.9
+SGD_WEIGHT_DECAY = 1e-4
+UPDATE_LR = 1e-9
 
 DROPOUT_P = 0.5  # FusedOp does not carry p; the time of dropout does not depend on it
 
@@ -94,7 +113,9 @@ ProgressCallback = Callable[[int, int, str], None]
 
 
 class Profile(BaseModel):
-    """Median forward + backward seconds of each distinct tile of each layer of one model."""
+    """Median seconds of each distinct tile of each layer of one model: forward + backward in
+    `seconds`, the SGD update of the tile's weight shard in `update_seconds` (0 without
+    weights), both layer name -> tile key -> seconds."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -114,6 +135,7 @@ class Profile(BaseModel):
     warmup: int
     repeats: int
     seconds: dict[str, dict[str, float]]
+    update_seconds: dict[str, dict[str, float]]
     created: str
 
     @property
@@ -127,8 +149,18 @@ class Profile(BaseModel):
         return sum(len(tiles) for tiles in self.seconds.values())
 
     def tile_seconds(self, layer_name: str, tile_key: str) -> float:
-        """The measured t_c of one tile; LayerwiseError (one line) when it was not measured."""
-        tiles = self.seconds.get(layer_name)
+        """The measured forward + backward of one tile; LayerwiseError (one line) when it was
+        not measured."""
+        return self._lookup(self.seconds, layer_name, tile_key)
+
+    def tile_update_seconds(self, layer_name: str, tile_key: str) -> float:
+        """The measured SGD update of one tile's weight shard (0 for a layer without weights);
+        LayerwiseError (one line) when it was not measured."""
+        return self._lookup(self.update_seconds, layer_name, tile_key)
+
+    def _lookup(self, table: dict[str, dict[str, float]], layer_name: str,
+                tile_key: str) -> float:
+        tiles = table.get(layer_name)
         if tiles is None:
             raise LayerwiseError(
                 f"profile of {self.model} (batch {self.batch}, {self.device_name}) has no layer "
@@ -194,6 +226,21 @@ class Profile(BaseModel):
         """Read a profile written by `save`; LayerwiseError (one line) on any problem."""
         return read_json_model(cls, path, "profile",
                                "make one with `layerwise profile` (or profile again with --force)")
+
+    @classmethod
+    def reusable(cls, path: str | Path) -> Profile | None:
+        """The profile at `path` to extend, or None when there is none to extend: no file, or
+        one an older layerwise measured another way (a lower schema_version), which is then
+        measured again and replaced. A broken file or a newer schema is an error, as in load."""
+        source = Path(path)
+        if not source.exists():
+            return None
+        with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
+            data = json.loads(source.read_text(encoding="utf-8"))
+            version = data.get("schema_version") if isinstance(data, dict) else None
+            if isinstance(version, int) and version < SCHEMA_VERSION:
+                return None
+        return cls.load(source)
 
 
 def _profile_command(model: str, input_shape: Sequence[int], batch: int) -> str:
@@ -362,6 +409,31 @@ def _pad_to_window(x: torch.Tensor, layer: Layer, out_hw: Sequence[int]) -> torc
     return F.pad(x, pads) if any(pads) else x
 
 
+def _whole_rows_and_cols(layer: Layer, tile: TileWork) -> bool:
+    """Whether the tile holds every output row and column (a sample or channel split): the
+    runtime then lets the op pad the global border itself (tile_ops), with no padded copy.
+    A ceil_mode pool whose last window runs past the padding is not one of them."""
+    geometry = layer.geometry
+    assert geometry is not None
+    in_hw = as_4d(tile.input_shapes[0])[2:]
+    for axis, out_size in enumerate(tile.output_shape[2:]):
+        reach = geometry.dilation[axis] * (geometry.kernel[axis] - 1) + 1
+        size = in_hw[axis] + 2 * geometry.padding[axis]
+        if out_size != (size - reach) // geometry.stride[axis] + 1:
+            return False
+    return tuple(tile.output_shape[2:]) == tuple(as_4d(layer.output_shape)[2:])
+
+
+def _window_input(x: torch.Tensor, layer: Layer, tile: TileWork) -> tuple[torch.Tensor, tuple]:
+    """The window op's input and padding: the op's own padding for a tile of whole rows and
+    columns, else the needed box padded at the border as `_pad_to_window` does."""
+    geometry = layer.geometry
+    assert geometry is not None
+    if _whole_rows_and_cols(layer, tile):
+        return x, geometry.padding
+    return _pad_to_window(x, layer, tile.output_shape[2:]), (0, 0)
+
+
 def _conv(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
     geometry = layer.geometry
     assert geometry is not None
@@ -369,10 +441,10 @@ def _conv(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
     groups, rows = _conv_groups(layer, tile)
 
     def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
-        x = _pad_to_window(inputs[0], layer, tile.output_shape[2:])
+        x, padding = _window_input(inputs[0], layer, tile)
         weight, bias = params["weight"], params.get("bias")
         fused_bias = bias if rows == channels else None
-        y = F.conv2d(x, weight, fused_bias, stride=geometry.stride, padding=0,
+        y = F.conv2d(x, weight, fused_bias, stride=geometry.stride, padding=padding,
                      dilation=geometry.dilation, groups=groups)
         if rows != channels:
             y = y[:, :channels]
@@ -389,10 +461,10 @@ def _pool(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
     is_max = "max" in layer.op.lower()
 
     def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
-        x = _pad_to_window(inputs[0], layer, tile.output_shape[2:])
+        x, padding = _window_input(inputs[0], layer, tile)
         if is_max:
-            return F.max_pool2d(x, geometry.kernel, geometry.stride, 0, geometry.dilation)
-        return F.avg_pool2d(x, geometry.kernel, geometry.stride, 0)
+            return F.max_pool2d(x, geometry.kernel, geometry.stride, padding, geometry.dilation)
+        return F.avg_pool2d(x, geometry.kernel, geometry.stride, padding)
 
     return compute
 
@@ -542,35 +614,53 @@ def run_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu") -
 # ---------------------------------------------------------------------------------------------
 
 
-def _step(program: TileProgram, grad_output: torch.Tensor) -> None:
-    """One forward + backward of the tile; gradients returned, not accumulated into .grad."""
+class TileTimes(NamedTuple):
+    """Median seconds of one tile's training step, in its two parts: forward + backward (run
+    once per micro-batch) and the SGD update of its weight shard (once per step)."""
+
+    passes: float
+    update: float
+
+
+def _passes(program: TileProgram, grad_output: torch.Tensor) -> None:
+    """Forward and backward of the tile as a step runs them: the gradients cleared (set to
+    None, as zero_grad does), then backward into the leaves' .grad."""
+    for leaf in program.leaves:
+        leaf.grad = None
     output = program.forward()
-    leaves = program.leaves
-    if leaves and output.requires_grad:
-        torch.autograd.grad(output, leaves, grad_output, allow_unused=True)
+    if output.requires_grad:
+        output.backward(grad_output)
 
 
-def _cpu_times(step: Callable[[], None], repeats: int, budget_s: float) -> list[float]:
-    times: list[float] = []
-    while len(times) < repeats and (not times or sum(times) < budget_s):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+def _cpu_times(parts: Sequence[Callable[[], None]], repeats: int, budget_s: float,
+               ) -> list[list[float]]:
+    """Up to `repeats` runs of the parts in turn, each part timed; stops once runs add up to
+    `budget_s` (at least one run)."""
+    times: list[list[float]] = []
+    while len(times) < repeats and (not times or math.fsum(map(sum, times)) < budget_s):
+        run = []
+        for part in parts:
+            start = time.perf_counter()
+            part()
+            run.append(time.perf_counter() - start)
+        times.append(run)
     return times
 
 
-def _cuda_times(step: Callable[[], None], repeats: int, budget_s: float,
-                device: torch.device) -> list[float]:
-    times: list[float] = []
+def _cuda_times(parts: Sequence[Callable[[], None]], repeats: int, budget_s: float,
+                device: torch.device) -> list[list[float]]:
+    """As _cpu_times, timed by CUDA events recorded between the parts."""
+    times: list[list[float]] = []
     torch.cuda.synchronize(device)
-    while len(times) < repeats and (not times or sum(times) < budget_s):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1000.0)  # elapsed_time is in ms
+    while len(times) < repeats and (not times or math.fsum(map(sum, times)) < budget_s):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(parts) + 1)]
+        events[0].record()
+        for part, end in zip(parts, events[1:], strict=True):
+            part()
+            end.record()
+        events[-1].synchronize()
+        times.append([start.elapsed_time(end) / 1000.0  # elapsed_time is in ms
+                      for start, end in itertools.pairwise(events)])
     return times
 
 
@@ -578,16 +668,18 @@ def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu
                  warmup: int | None = None, repeats: int | None = None,
                  budget_s: float = DEFAULT_BUDGET_S,
                  needs_input_grad: Sequence[bool] | None = None,
-                 threads: int | None = None) -> float:
-    """Median seconds of one forward + backward of `tile` of `layer` on `device`.
+                 threads: int | None = None) -> TileTimes:
+    """Median seconds of one training step of `tile` of `layer` on `device`: forward +
+    backward, then the SGD update of its weight shard (momentum and weight decay as
+    `layerwise train`'s defaults), each timed on its own.
 
     `warmup` untimed runs first (stopping early once they use up `budget_s`), then up to
     `repeats` timed runs, stopping once the timed ones add up to `budget_s` (at least one).
     CUDA is timed with CUDA events, CPU with time.perf_counter, with `threads` torch threads
-    when given. The input layer takes 0 s.
+    when given. The input layer takes 0 s; a tile without weights has no update (0 s).
     """
     if layer.kind == "input":
-        return 0.0
+        return TileTimes(0.0, 0.0)
     target = torch.device(device)
     kind = "cuda" if target.type == "cuda" else "cpu"
     warmup = DEFAULT_WARMUP[kind] if warmup is None else warmup
@@ -597,18 +689,21 @@ def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu
     program = build_tile(layer, tile, target, needs_input_grad)
     grad_output = torch.randn(tile.output_shape, generator=torch.Generator().manual_seed(1))
     grad_output = grad_output.to(target)
-
-    def step() -> None:
-        _step(program, grad_output)
+    parts = [partial(_passes, program, grad_output)]
+    if program.params:
+        optimizer = torch.optim.SGD(list(program.params.values()), lr=UPDATE_LR,
+                                    momentum=SGD_MOMENTUM, weight_decay=SGD_WEIGHT_DECAY)
+        parts.append(optimizer.step)
 
     with _threads(threads):
         if kind == "cuda":
-            _cuda_times(step, warmup, budget_s, target)
-            times = _cuda_times(step, repeats, budget_s, target)
+            _cuda_times(parts, warmup, budget_s, target)
+            times = _cuda_times(parts, repeats, budget_s, target)
         else:
-            _cpu_times(step, warmup, budget_s)
-            times = _cpu_times(step, repeats, budget_s)
-    return statistics.median(times)
+            _cpu_times(parts, warmup, budget_s)
+            times = _cpu_times(parts, repeats, budget_s)
+    medians = [statistics.median(column) for column in zip(*times, strict=True)]
+    return TileTimes(medians[0], medians[1] if len(medians) > 1 else 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -695,22 +790,22 @@ def profile_graph(
     plan = tile_plan(graph, devices, configs)
     todo = missing_tiles(plan, existing)
     producers = graph.by_name
-    known = existing.seconds if existing is not None else {}
-    seconds = {layer: dict(tiles) for layer, tiles in known.items()}
+    seconds = {layer: dict(tiles) for layer, tiles in
+               (existing.seconds if existing is not None else {}).items()}
+    updates = {layer: dict(tiles) for layer, tiles in
+               (existing.update_seconds if existing is not None else {}).items()}
     rng_devices = [target.index or 0] if kind == "cuda" else []
     with _threads(threads), torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(0)  # dropout masks: the same inputs on every run
         for done, layer in enumerate(graph.layers, start=1):
             grads = [producers[source].kind != "input" for source in layer.inputs]
             layer_seconds = seconds.setdefault(layer.name, {})
+            layer_updates = updates.setdefault(layer.name, {})
             for key, tile in todo[layer.name].items():
-                if layer.kind == "input":
-                    layer_seconds[key] = 0.0
-                    continue
-                if lockstep is not None:
+                if layer.kind != "input" and lockstep is not None:
                     lockstep()
-                layer_seconds[key] = measure_tile(layer, tile, target, warmup, repeats,
-                                                  budget_s, grads)
+                layer_seconds[key], layer_updates[key] = measure_tile(
+                    layer, tile, target, warmup, repeats, budget_s, grads)
             if progress is not None:
                 progress(done, len(graph.layers), layer.name)
         thread_count = torch.get_num_threads()
@@ -731,6 +826,7 @@ def profile_graph(
         warmup=warmup,
         repeats=repeats,
         seconds=seconds,
+        update_seconds=updates,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
@@ -782,10 +878,15 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
             _report(layers_done, progress)
         profiles = [Profile.model_validate_json(Path(folder, f"{rank}.json").read_text(
             encoding="utf-8")) for rank in range(processes)]
-    seconds = {layer: {key: max(profile.seconds[layer][key] for profile in profiles)
-                       for key in tiles} for layer, tiles in profiles[0].seconds.items()}
+
+    def slowest(field: str) -> dict[str, dict[str, float]]:
+        tables = [getattr(profile, field) for profile in profiles]
+        return {layer: {key: max(table[layer][key] for table in tables) for key in tiles}
+                for layer, tiles in tables[0].items()}
+
     return profiles[0].model_copy(update={
-        "seconds": seconds, "method": f"{profiles[0].method}-{processes}-concurrent"})
+        "seconds": slowest("seconds"), "update_seconds": slowest("update_seconds"),
+        "method": f"{profiles[0].method}-{processes}-concurrent"})
 
 
 def _report(layers_done: object, progress: ProgressCallback | None) -> None:
@@ -812,5 +913,7 @@ def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[st
 
 
 def total_seconds(profile: Profile, layer_name: str) -> float:
-    """Sum of the measured times of a layer's tiles (what the CLI summary shows)."""
-    return math.fsum(profile.seconds.get(layer_name, {}).values())
+    """Sum of the measured step times of a layer's tiles, update included (what the CLI
+    summary shows)."""
+    return math.fsum([*profile.seconds.get(layer_name, {}).values(),
+                      *profile.update_seconds.get(layer_name, {}).values()])

@@ -50,7 +50,9 @@ def profile_model(graph: LayerGraph, devices: int, strategies: Sequence[str]) ->
     target = resolve_device(None)
     processes = devices if target.type == "cpu" else 1
     path = default_profile_path(graph, device_name(target), processes=processes)
-    existing = Profile.load(path) if path.exists() else None
+    existing = Profile.reusable(path)
+    if existing is None and path.exists():
+        logger.info("profile %s was measured by an older layerwise: measuring it again", path)
     started = time.perf_counter()
     profile = profile_graph_concurrently(
         graph, devices, processes, configs=needed_configs(graph, devices, strategies),

@@ -276,14 +276,18 @@ def test_search_space_matrices_equal_the_definition_pair_by_pair(model, devices,
 
 @pytest.mark.parametrize(("model", "devices"), [("inception_v3", 8), ("resnet18", 16)])
 def test_vectorised_roofline_equals_the_roofline_of_each_largest_tile(model, devices):
-    """t_c over a whole search space from per-dimension lengths, against one tile at a time."""
+    """t_c (passes and update) over a whole search space from per-dimension lengths, against
+    one tile at a time."""
     graph = build_graph(model, batch=4 * devices, image_size=32)
     cost = model_for(graph, devices)
     roofline = AnalyticCompute(CLUSTER)
     for layer in graph.layers:
         configs = cost.configs[layer.name]
-        expected = [roofline.tile_seconds(layer, largest_tile(layer, c)) for c in configs]
-        assert cost.compute_seconds(layer, configs).tolist() == expected, layer.name
+        tiles = [largest_tile(layer, c) for c in configs]
+        assert cost.pass_seconds(layer, configs).tolist() == [
+            roofline.tile_seconds(layer, tile) for tile in tiles], layer.name
+        assert cost.update_seconds(layer, configs) == pytest.approx(
+            [roofline.update_seconds(layer, tile) for tile in tiles], rel=1e-12), layer.name
 
 
 def test_int64_element_counts_give_the_same_matrices(monkeypatch):
@@ -301,10 +305,15 @@ def test_analytic_compute_scales_with_the_tile():
     graph = build_graph("vgg16", batch=64)
     cost = model_for(graph, 4)
     conv = graph.by_name["features_2"]
-    whole, half, quarter = cost.compute_seconds(
-        conv, [P("n1c1h1w1@0"), P("n2c1h1w1@0-1"), P("n4c1h1w1@0-3")])
+    configs = [P("n1c1h1w1@0"), P("n2c1h1w1@0-1"), P("n4c1h1w1@0-3")]
+    whole, half, quarter = cost.pass_seconds(conv, configs)
     assert whole == pytest.approx(2 * half, rel=1e-6)
     assert half == pytest.approx(2 * quarter, rel=1e-6)
+    # every sample split updates all the weights; a channel split updates its shard
+    updates = cost.update_seconds(conv, [*configs, P("n1c2h1w1@0-1")])
+    assert updates[0] == updates[1] == updates[2] == pytest.approx(2 * updates[3], rel=1e-6)
+    assert cost.compute_seconds(conv, configs).tolist() == pytest.approx(
+        [whole + updates[0], half + updates[1], quarter + updates[2]])
 
 
 def test_more_devices_than_the_cluster_has_is_a_clear_error():

@@ -313,11 +313,13 @@ def test_summary_from_graph_matches_the_layer_graph():
             compute.tile_seconds(layer, _whole_layer(layer)) / 8)
         backward_ratio = 2 if layer.param_count else 1
         assert entry.bw_seconds == pytest.approx(backward_ratio * entry.fw_seconds)
+        assert entry.wu_seconds == pytest.approx(  # memory-bound: 5 passes over 4-byte weights
+            5 * 4 * layer.param_count / ABCI.device.memory_bandwidth)
     assert summary.weights == graph.param_count
     assert summary.layers[0].kernel == (5, 5) and summary.layers[0].input_size == (32, 32)
 
 
-def test_summary_from_a_profile_divides_the_whole_layer_time_by_the_batch():
+def test_summary_from_a_profile_divides_the_whole_layer_time_by_the_batch_and_keeps_its_update():
     graph = build_graph("lenet5", batch=4)
     layers = [layer for layer in graph.layers if layer.kind != "input"]
     measured = Profile(
@@ -325,11 +327,14 @@ def test_summary_from_a_profile_divides_the_whole_layer_time_by_the_batch():
         device_name="test", device_type="cpu", torch_version="test", batch=4, devices=1,
         threads=1, method="by hand", warmup=0, repeats=1, created="today",
         seconds={layer.name: {_whole_layer(layer).key: 0.001 * (index + 1)}
-                 for index, layer in enumerate(layers)})
+                 for index, layer in enumerate(layers)},
+        update_seconds={layer.name: {_whole_layer(layer).key: 1e-5 * layer.param_count}
+                        for layer in layers})
     summary = summary_from_graph(graph, ProfiledCompute(measured))
     per_sample = {layer.name: 0.001 * (index + 1) / 4 for index, layer in enumerate(layers)}
     for entry in summary.layers:
         assert entry.fw_seconds + entry.bw_seconds == pytest.approx(per_sample[entry.name])
+        assert entry.wu_seconds == pytest.approx(1e-5 * entry.w)  # per iteration, measured
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Real torch everywhere; timings are only checked to be positive (tests never asse
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,10 +14,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from flows.cli_measure import register
-from strategies.cost import ProfiledCompute
+from strategies.cluster import load_cluster
+from strategies.cost import CostModel, ProfiledCompute
 from strategies.errors import LayerwiseError
 from strategies.graph import build_graph, trace
 from strategies.profile import (
+    SCHEMA_VERSION,
     Profile,
     build_tile,
     default_profile_path,
@@ -90,7 +93,9 @@ def test_every_tiny_cnn_layer_runs_on_its_tiles(tiny):
             tile = largest_tile(layer, config)
             assert tuple(run_tile(layer, tile).shape) == tile.output_shape, (layer.name, config)
         split = _some_configs(layer)[-1]
-        assert measure_tile(layer, largest_tile(layer, split), **FAST) > 0
+        times = measure_tile(layer, largest_tile(layer, split), **FAST)
+        assert times.passes > 0
+        assert (times.update > 0) == bool(layer.param_count), layer.name
     assert kinds == {"conv", "pool", "adaptive_pool", "add", "flatten", "linear"}
 
 
@@ -109,7 +114,7 @@ def test_grouped_conv_concat_and_elementwise_tiles_have_the_tile_shape():
     fc = graph.by_name["fc"]
     assert [op.op for op in fc.fused] == ["BatchNorm1d"]
     one_sample = largest_tile(fc, ParallelConfig(n=4, devices=(0, 1, 2, 3)))
-    assert measure_tile(fc, one_sample, **FAST) > 0  # BatchNorm of a single sample still runs
+    assert measure_tile(fc, one_sample, **FAST).passes > 0  # BatchNorm of a single sample runs
 
 
 def _conv_only(layer):
@@ -144,9 +149,12 @@ def test_profile_covers_every_config_of_every_layer(tiny, tiny_profile):
         configs = enumerate_configs(layer, 2)
         distinct = {largest_tile(layer, config).key for config in configs}
         assert set(profile.seconds[layer.name]) == distinct, layer.name
+        assert set(profile.update_seconds[layer.name]) == distinct, layer.name
         for config in configs:
             seconds = t_c(profile, layer, config)
             assert seconds == 0 if layer.kind == "input" else seconds > 0
+            update = profile.tile_update_seconds(layer.name, largest_tile(layer, config).key)
+            assert (update > 0) == bool(layer.param_count), (layer.name, config)
         measured += len(distinct) if layer.kind != "input" else 0
     plan = tile_plan(tiny, 2)
     assert measured == sum(len(tiles) for name, tiles in plan.items() if name != "x")
@@ -170,14 +178,18 @@ def test_reusing_a_complete_profile_measures_nothing(tiny, tiny_profile):
 def test_reuse_measures_only_the_missing_tiles(tiny, tiny_profile):
     profile, _ = tiny_profile
     seconds = {name: dict(tiles) for name, tiles in profile.seconds.items()}
+    updates = {name: dict(tiles) for name, tiles in profile.update_seconds.items()}
     dropped = seconds.pop("block_conv1")
-    partial = profile.model_copy(update={"seconds": seconds})
+    updates.pop("block_conv1")
+    partial = profile.model_copy(update={"seconds": seconds, "update_seconds": updates})
     missing = missing_tiles(tile_plan(tiny, 2), partial)
     assert {name for name, tiles in missing.items() if tiles} == {"block_conv1"}
     extended = profile_graph(tiny, 2, existing=partial, **FAST)
     assert set(extended.seconds["block_conv1"]) == set(dropped)
+    assert set(extended.update_seconds["block_conv1"]) == set(dropped)
     for name, tiles in seconds.items():
         assert extended.seconds[name] == tiles  # the very same floats: reused, not re-measured
+        assert extended.update_seconds[name] == updates[name]
 
 
 def test_given_configs_limit_what_is_measured(tiny):
@@ -200,7 +212,8 @@ def test_a_concurrent_profile_covers_the_same_tiles_with_every_core_busy(tiny):
     together = profile_graph_concurrently(tiny, 2, 2, configs=configs,
                                           progress=lambda *call: calls.append(call), **FAST)
     assert {layer: set(tiles) for layer, tiles in together.seconds.items()} == {
-        layer: set(tiles) for layer, tiles in alone.seconds.items()}
+        layer: set(tiles) for layer, tiles in alone.seconds.items()} == {
+        layer: set(tiles) for layer, tiles in together.update_seconds.items()}
     assert all(seconds > 0 for layer, tiles in together.seconds.items()
                for seconds in tiles.values() if tiny.by_name[layer].kind != "input")
     assert together.method == f"{alone.method}-2-concurrent"
@@ -418,4 +431,50 @@ def test_cli_profile_bad_numbers_are_one_line(tmp_path):
 def test_cli_profile_help_explains_the_command():
     result = _invoke("profile", "--help")
     assert result.exit_code == 0
-    assert "forward+backward" in result.stdout and "--batch-per-device" in result.stdout
+    assert "training-step time" in result.stdout and "--batch-per-device" in result.stdout
+
+
+def test_the_cost_models_t_c_is_a_tiles_passes_and_its_weight_update(tiny, tiny_profile):
+    """A step updates every weight a device holds once: the prediction counts it per tile."""
+    profile, _ = tiny_profile
+    cost = CostModel(tiny, load_cluster("local"), 2, ProfiledCompute(profile))
+    assignment = {layer.name: ParallelConfig(n=2, devices=(0, 1)) for layer in tiny.layers}
+    keys = {layer.name: largest_tile(layer, assignment[layer.name]).key for layer in tiny.layers}
+    passes = math.fsum(profile.seconds[name][key] for name, key in keys.items())
+    updates = math.fsum(profile.update_seconds[name][key] for name, key in keys.items())
+    assert updates > 0
+    assert cost.evaluate(assignment).compute_seconds == pytest.approx(passes + updates)
+    fc = tiny.by_name["fc"]
+    sharded = ParallelConfig(c=2, devices=(0, 1))
+    assert cost.update_seconds(fc, [sharded])[0] == profile.tile_update_seconds(
+        "fc", largest_tile(fc, sharded).key)
+
+
+def test_a_profile_from_an_older_layerwise_is_measured_again(tmp_path, tiny_profile):
+    """Schema 1 timed forward + backward only: extending it would mix two kinds of t_c."""
+    profile, _ = tiny_profile
+    path = tmp_path / "old.json"
+    old = json.loads(profile.model_dump_json())
+    old["schema_version"] = 1
+    del old["update_seconds"]
+    path.write_text(json.dumps(old))
+    assert Profile.reusable(path) is None
+    with pytest.raises(LayerwiseError, match="schema_version 1"):
+        Profile.load(path)
+    assert Profile.reusable(tmp_path / "none.json") is None
+    path.write_text("{not json")
+    with pytest.raises(LayerwiseError, match="not valid JSON"):
+        Profile.reusable(path)
+
+
+def test_cli_profile_replaces_a_profile_from_an_older_layerwise(tmp_path):
+    out = tmp_path / "p.json"
+    assert _invoke(*PROFILE_ARGS, "--out", str(out)).exit_code == 0
+    old = json.loads(out.read_text())
+    old["schema_version"] = 1
+    del old["update_seconds"]
+    out.write_text(json.dumps(old))
+    result = _invoke(*PROFILE_ARGS, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "reused 0 tiles" in result.stdout and "older layerwise" in result.stdout
+    assert Profile.load(out).schema_version == SCHEMA_VERSION
