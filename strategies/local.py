@@ -16,12 +16,12 @@ slowest block's own work: the t_c of its layers at its config, its auxiliary hea
 time of what it sends (its output to k+1; overlapping: its input gradient to k-1). With the
 overlapping variant every block but the last also runs the next block's gradient back through
 its stashed forward, one more backward pass: priced as the backward's share of its layers'
-forward + backward (`BACKWARD_SHARE`, the roofline's 2 of 3 passes; t_c also holds the
-weight update, run once). `compute` and `transfer` are the slowest
-block's; nothing is all-reduced, so sync is 0. Transfer bytes are every activation crossing a
-cut (twice for overlapping: its gradient comes back), exactly what the engine counts. The
-profile measures the model's layers only, so the heads (global average pooling and one
-Linear) are priced with the cluster's roofline.
+forward + backward (`BACKWARD_SHARE`, the roofline's 2 of 3 passes; t_c also holds the weight
+update, run once). `compute` and `transfer` are the slowest block's; nothing is all-reduced, so
+sync is 0. Transfer bytes are every activation crossing a cut (twice for overlapping: its
+gradient comes back), exactly what the engine counts. The profile measures the model's layers
+only, so the heads (global average pooling and one Linear) are priced with the cluster's
+roofline.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ training mode, activations, dropout), then the backward pass and the update, and
 median time. Values do not change the time, so the tensors are fresh random ones made from the
 layer's parameter shapes: the model's weights are never needed (a meta-device model works).
 
-Many configs share a tile (`TileWork.key`): each distinct key of each layer is measured once.
-A `Profile` holds the medians, layer name -> tile key -> seconds (forward + backward in
-`seconds`, the update in `update_seconds`), with the identity of what was
-measured (model structure, global batch, device, torch version, dtype, and how many profilers
-ran at once). It is stored as JSON under data/profiles/, named so that a different model,
-batch, device, torch version or concurrency gets its own file; `profile_graph(existing=...)`
-extends a profile with only the tiles it lacks.
+Many configs share a tile (`TileWork.key`): each distinct key of each layer is measured once. A
+`Profile` holds the medians, layer name -> tile key -> seconds (forward + backward in
+`seconds`, the update in `update_seconds`), with the identity of what was measured (model
+structure, global batch, device, torch version, dtype, and how many profilers ran at once). It
+is stored as JSON under data/profiles/, named so that a different model, batch, device, torch
+version or concurrency gets its own file; `profile_graph(existing=...)` extends a profile with
+only the tiles it lacks.
 
 On CPUs the ranks of one machine share its cores' caches and memory bandwidth, so
 `profile_graph_concurrently` runs one profiler per rank at once: the profile a run of P
@@ -424,7 +424,8 @@ def _whole_rows_and_cols(layer: Layer, tile: TileWork) -> bool:
     return tuple(tile.output_shape[2:]) == tuple(as_4d(layer.output_shape)[2:])
 
 
-def _window_input(x: torch.Tensor, layer: Layer, tile: TileWork) -> tuple[torch.Tensor, tuple]:
+def _window_input(x: torch.Tensor, layer: Layer, tile: TileWork,
+                  ) -> tuple[torch.Tensor, tuple[int, int]]:
     """The window op's input and padding: the op's own padding for a tile of whole rows and
     columns, else the needed box padded at the border as `_pad_to_window` does."""
     geometry = layer.geometry
