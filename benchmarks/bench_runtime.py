@@ -24,7 +24,8 @@ once on CPUs (`profile_graph_concurrently`: ranks share the cores' caches and me
 and its links from a calibration, which also sets the runtime's bucketed gradient sync.
 Printed per run: median step time, samples/s, the ratio to DDP, the cost model's predicted step
 time (profile + calibration) and measured/predicted, and the peak RSS (CPU) or peak allocated
-memory (CUDA) per rank.
+memory (CUDA) per rank; then each prediction's parts: compute (forward, backward and weight
+update), transfer and sync.
 """
 
 from __future__ import annotations
@@ -261,9 +262,10 @@ def main() -> None:
             ("DDP", run(job("ddp"), world), None)]
     if _has_batch_norm(args.model, args.image_size):
         rows.append(("DDP + SyncBN", run(job("ddp_syncbn"), world), None))
+    breakdowns = {name: cost.evaluate(assignment) for name, assignment in strategies.items()}
     for name, assignment in strategies.items():
-        predicted = cost.evaluate(assignment).step_seconds
-        rows.append((name, run(job("layerwise", assignment), world), predicted))
+        rows.append((name, run(job("layerwise", assignment), world),
+                     breakdowns[name].step_seconds))
 
     ddp_alone = float(rows[1][1]["median"])  # type: ignore[arg-type]
     single_memory = rows[0][1]["memory"][0]  # type: ignore[index]
@@ -288,6 +290,14 @@ def main() -> None:
             " / ".join(f"{m:.0f}" for m in memory),
             f"{max(memory) * 2**20 / single_memory:.2f}")
     console.print(table)
+    parts = Table(title="the predictions' parts (Eq. 1), ms per step")
+    for column in ("run", "compute (passes + update)", "transfer", "sync", "step"):
+        parts.add_column(column, justify="left" if column == "run" else "right")
+    for name, breakdown in breakdowns.items():
+        parts.add_row(name, *(f"{seconds * 1e3:.1f}" for seconds in (
+            breakdown.compute_seconds, breakdown.transfer_seconds, breakdown.sync_seconds,
+            breakdown.step_seconds)))
+    console.print(parts)
 
 
 if __name__ == "__main__":
