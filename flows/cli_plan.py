@@ -332,14 +332,15 @@ def _pipeline_table(pipeline: PipelinePlan) -> Table:
                         f"micro-batch(es), bubble {pipeline.bubble_fraction:.0%}, "
                         f"{pipeline.speedup:.2f}x one device", title_justify="left")
     for column in ("stage", "layers", "devices", "compute ms/mb", "transfer ms/mb",
-                   "sync ms"):
+                   "sync ms", "update ms"):
         table.add_column(column, justify="left" if column in ("layers", "devices")
                          else "right")
     for index, stage in enumerate(pipeline.stages):
         table.add_row(str(index), f"{stage.layers[0]} .. {stage.layers[-1]} "
                                   f"({len(stage.layers)})",
                       ",".join(map(str, stage.devices)), f"{stage.compute_seconds * 1e3:.2f}",
-                      f"{stage.transfer_seconds * 1e3:.2f}", f"{stage.sync_seconds * 1e3:.2f}")
+                      f"{stage.transfer_seconds * 1e3:.2f}", f"{stage.sync_seconds * 1e3:.2f}",
+                      f"{stage.update_seconds * 1e3:.2f}")
     return table
 
 
