@@ -30,7 +30,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from rich.table import Table
 
-from flows.benchmark_config import BenchmarkConfig, ModelVersion
+from flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
 from flows.cli_train import RUNS_DIR
 from flows.console import console
 from strategies.errors import LayerwiseError
@@ -40,6 +40,7 @@ from strategies.runtime.datasets import ImageSpec
 from strategies.runtime.result import RunResult
 from strategies.schedules import is_exact
 from tasks import track
+from tasks.calibrate import calibrate_links
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
 from tasks.search import oracle_step_seconds, search_strategies
@@ -47,7 +48,7 @@ from tasks.train import train_strategy
 from tasks.validate import check_accuracy, measure_accuracy
 
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
-MEASURED_STAGES = ("train", "profile")  # the work itself; the rest is the flow's overhead
+MEASURED_STAGES = ("train", "profile", "calibrate")  # the work itself; the rest is overhead
 
 
 class BenchmarkFailed(RuntimeError):
@@ -93,6 +94,7 @@ class Context:
     folder: Path
     image: ImageSpec | None
     clock: StageClock
+    cluster: str  # what the predictions use: config.cluster, or the calibrated cluster's file
 
 
 @flow(name="benchmark")
@@ -105,6 +107,10 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome]:
     with clock.stage("data"):
         image = prepare_data(config.dataset)
     _check_image(config, image)
+    cluster = config.cluster
+    if cluster == CALIBRATED:
+        with clock.stage("calibrate"):
+            cluster = str(calibrate_links(config.nproc))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
@@ -113,7 +119,7 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome]:
                                            config.model_dump(mode="json"), tags)
     context = Context(config=config, client=client, experiment_id=experiment_id,
                       parent_id=parent_id, tags=tags, folder=RUNS_DIR / f"benchmark-{stamp}",
-                      image=image, clock=clock)
+                      image=image, clock=clock, cluster=cluster)
     try:
         outcomes = [outcome for model in config.models
                     for outcome in _benchmark_model(context, model)]
@@ -160,9 +166,9 @@ def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
         with clock.stage("profile"):
             profile = profile_model(graph, config.nproc, config.strategies)
     with clock.stage("search"):
-        files = search_strategies(graph, config.cluster, config.nproc, profile,
+        files = search_strategies(graph, context.cluster, config.nproc, profile,
                                   config.strategies, folder / "strategies")
-        oracle = oracle_step_seconds(graph, config.cluster, config.nproc, profile,
+        oracle = oracle_step_seconds(graph, context.cluster, config.nproc, profile,
                                      config.strategies)
     baseline, baseline_error = _reference_accuracy(context, model, folder / "one-process")
     return [_benchmark_strategy(context, model, graph, name, files[name], profile, folder,
@@ -197,7 +203,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
         run_id = track.start_child_run(
             context.client, context.experiment_id, context.parent_id,
             f"{model.name}-{model.version}-{strategy}",
-            _run_params(config, model, graph, strategy), context.tags)
+            _run_params(context, model, graph, strategy), context.tags)
     out = folder / strategy
     try:
         if baseline is None:
@@ -233,7 +239,7 @@ def _train_options(context: Context, *, nproc: int, batch_per_device: int,
     """`layerwise train`'s run options for this benchmark."""
     config = context.config
     options: dict[str, Any] = {
-        "nproc": nproc, "cluster": config.cluster, "dataset": config.dataset,
+        "nproc": nproc, "cluster": context.cluster, "dataset": config.dataset,
         "batch_per_device": batch_per_device, "image_size": config.image_size,
         "classes": config.classes, "lr": config.lr, "momentum": config.momentum,
         "weight_decay": config.weight_decay, "seed": config.seed,
@@ -244,12 +250,13 @@ def _train_options(context: Context, *, nproc: int, batch_per_device: int,
     return options
 
 
-def _run_params(config: BenchmarkConfig, model: ModelVersion, graph: LayerGraph,
+def _run_params(context: Context, model: ModelVersion, graph: LayerGraph,
                 strategy: str) -> dict[str, Any]:
+    config = context.config
     return {
         "model": model.name, "model_version": model.version,
         "structure_hash": graph.structure_hash, "devices": config.nproc,
-        "cluster": config.cluster, "strategy": strategy,
+        "cluster": context.cluster, "strategy": strategy,
         "batch_per_device": config.batch_per_device,
         "global_batch": config.batch_per_device * config.nproc, "seed": config.seed,
         "dataset": config.dataset, "image_size": config.image_size, "steps": config.steps,

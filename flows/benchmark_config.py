@@ -16,12 +16,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from strategies.errors import LayerwiseError
 from strategies.files import first_error
 
 SCHEMA_VERSION = 1
+# `cluster: calibrated`: the flow measures this machine's links between its nproc ranks first
+CALIBRATED = "calibrated"
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark.yaml"
 StrategyName = Literal["layerwise", "data", "model", "owt", "spatial_h", "spatial_w",
                        "owt_a", "owt_b", "owt_c", "owt_a_vb", "owt_b_vb", "owt_c_vb",
@@ -57,11 +66,18 @@ class BenchmarkConfig(BaseModel):
     momentum: float = Field(ge=0)
     weight_decay: float = Field(ge=0)
     seed: int = Field(ge=0)
-    cluster: str = "local"
+    cluster: str = "local"  # a preset, a cluster YAML, or CALIBRATED (tasks/calibrate.py)
     tolerance: float = Field(default=1e-3, ge=0)
     inexact_tolerance: float = Field(default=0.1, ge=0)  # for strategies that are not exact
     profile: bool = True
     train_deadline_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _links_to_measure(self) -> BenchmarkConfig:
+        if self.cluster == CALIBRATED and self.nproc < 2:
+            raise ValueError(f"cluster: {CALIBRATED} measures the links between nproc >= 2 "
+                             f"processes (nproc is {self.nproc}); set cluster: local")
+        return self
 
     @field_validator("strategies")
     @classmethod

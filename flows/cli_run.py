@@ -59,6 +59,7 @@ def use_embedded_environment() -> None:
 
 def check_before_start(config: BenchmarkConfig) -> None:
     """What would fail inside the flow, found before Prefect starts (a second, not ten)."""
+    from flows.benchmark_config import CALIBRATED
     from strategies.cluster import load_cluster
     from strategies.errors import LayerwiseError
     from strategies.models import build_model
@@ -70,8 +71,10 @@ def check_before_start(config: BenchmarkConfig) -> None:
                         device="meta")
         except LayerwiseError as error:
             raise LayerwiseError(f"config models.{index}.name: {error}") from None
+    # a calibrated cluster is the `local` preset with this machine's measured links
+    name = "local" if config.cluster == CALIBRATED else config.cluster
     try:
-        cluster = load_cluster(config.cluster)
+        cluster = load_cluster(name)
     except LayerwiseError as error:
         raise LayerwiseError(f"config cluster: {error}") from None
     if cluster.num_devices < config.nproc:

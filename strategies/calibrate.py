@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict
 from strategies.cluster import Cluster, Link, load_cluster
 from strategies.errors import LayerwiseError
 from strategies.files import write_atomic
+from strategies.profile import PROFILE_DIR, device_name, safe_name
 from strategies.runtime.comm import local_rendezvous
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "CalibrationPoint",
     "calibrate",
     "calibrated_cluster",
+    "calibration_path",
     "fit_alpha_beta",
     "message_sizes",
 ]
@@ -382,3 +384,16 @@ def calibrated_cluster(calibration: Calibration, base: str | os.PathLike[str] | 
         "links": links,
         "sync": "bucketed",  # the runtime it measures sums gradients in buckets
     })
+
+
+def calibration_path(nproc: int, backend: str | None = None,
+                     root: str | os.PathLike[str] | None = None) -> Path:
+    """data/profiles/cluster-<device>-<backend>-x<nproc>-torch<version>.yaml under `root` (default:
+    the current directory): where the benchmark flow keeps this machine's calibrated cluster.
+    As a profile's key, anything that changes the links' times (the device, the backend, the
+    process count, torch) gets its own file."""
+    chosen = _resolve_backend(backend, nproc)
+    device = device_name("cuda" if chosen == "nccl" else "cpu")
+    key = (f"cluster-{safe_name(device, 40)}-{chosen}-x{nproc}"
+           f"-torch{safe_name(torch.__version__, 24)}")
+    return Path(root if root is not None else ".") / PROFILE_DIR / f"{key}.yaml"

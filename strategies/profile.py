@@ -78,6 +78,7 @@ __all__ = [
     "profile_key",
     "resolve_device",
     "run_tile",
+    "safe_name",
     "tile_plan",
     "total_seconds",
 ]
@@ -255,7 +256,7 @@ def _profile_command(model: str, input_shape: Sequence[int], batch: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _safe(text: str, limit: int = 48) -> str:
+def safe_name(text: str, limit: int = 48) -> str:
     """Lower-case file-name-safe text: runs of anything but letters, digits, '.', '_' -> '-'."""
     cleaned = re.sub(r"[^a-z0-9._]+", "-", text.lower()).strip("-.")
     return cleaned[:limit].rstrip("-.") or "unknown"
@@ -264,8 +265,8 @@ def _safe(text: str, limit: int = 48) -> str:
 def _key(model: str, structure_hash: str, device: str, dtype: str, batch: int,
          torch_version: str, processes: int = 1) -> str:
     concurrent = f"-x{processes}" if processes > 1 else ""
-    return (f"{_safe(model)}-{structure_hash}-{_safe(device, 40)}-{dtype}-b{batch}"
-            f"-torch{_safe(torch_version, 24)}{concurrent}")
+    return (f"{safe_name(model)}-{structure_hash}-{safe_name(device, 40)}-{dtype}-b{batch}"
+            f"-torch{safe_name(torch_version, 24)}{concurrent}")
 
 
 def profile_key(graph: LayerGraph, device_name: str, dtype: str = DTYPE,

@@ -1,13 +1,14 @@
 """The benchmark flow end to end on real components: Prefect's test harness, MLflow on a
 temporary SQLite file, torchrun with 2 gloo processes, nothing mocked.
 
-One flow run (tiny_cnn at 8x8 on synthetic data, profiled on this CPU, data and OWT scheme b,
-6 steps) is shared by the checks: starting torchrun costs seconds per run, the steps
-milliseconds.
+One flow run (tiny_cnn at 8x8 on synthetic data, profiled and its links calibrated on this CPU,
+data and OWT scheme b, 6 steps) is shared by the checks: starting torchrun costs seconds per
+run, the steps milliseconds.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 STRATEGIES = ("data", "owt_b")  # a baseline and a scheduled strategy (its own engine)
 OVERRIDES = ("name=test-benchmark", "dataset=synthetic", "image_size=8", "classes=10",
              "nproc=2", "batch_per_device=4", "steps=6", "strategies=[data,owt_b]",
-             "profile=true", "train_deadline_s=240")
+             "profile=true", "cluster=calibrated", "train_deadline_s=240")
 ARTIFACTS = {"strategy.json", "result.json", "train.json", "per_layer.json",
              "per_layer_degrees.png"}
 METRICS = {"predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
@@ -74,7 +75,7 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert params["model"] == "tiny_cnn" and params["model_version"] == "v1"
-    assert params["devices"] == "2" and params["cluster"] == "local"
+    assert params["devices"] == "2" and params["cluster"].endswith("-x2-torch2.13.0-cpu.yaml")
     assert params["batch_per_device"] == "4" and params["global_batch"] == "8"
     assert len(params["structure_hash"]) > 8 and params["seed"] == "0"
     metrics = run.data.metrics
@@ -158,7 +159,36 @@ def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmar
     _, _, project = benchmarked
     graph = build_graph("tiny_cnn", batch=8, image_size=8, num_classes=10)
     path = project / default_profile_path(graph, device_name("cpu"), processes=2)
-    assert [found.name for found in (project / "data" / "profiles").iterdir()] == [path.name]
+    profiles = [found.name for found in (project / "data" / "profiles").iterdir()
+                if not found.name.startswith("cluster-")]
+    assert profiles == [path.name]
     profile = Profile.load(path)
     assert profile.processes == 2 and profile.method.endswith("-2-concurrent")
     assert not any(missing_tiles(tile_plan(graph, 2), profile).values())
+
+
+def test_a_calibrated_cluster_is_measured_once_and_predicts_the_runs(benchmarked):
+    """`cluster: calibrated` measures this machine's links between the flow's ranks before the
+    search, keeps them under data/profiles/, and every prediction and run uses that file."""
+    from strategies.calibrate import calibration_path
+    from strategies.cluster import load_cluster
+
+    client, _, project = benchmarked
+    path = calibration_path(2)
+    cluster = load_cluster(project / path)
+    assert cluster.name == "local-calibrated" and cluster.num_devices == 2
+    assert cluster.sync == "bucketed" and cluster.links.intra_node.ring_latency is not None
+    assert (project / path).with_name(f"{path.stem}.calibration.json").is_file()
+    experiment = client.get_experiment_by_name("test-benchmark")
+    for run in client.search_runs([experiment.experiment_id], "params.strategy = 'data'"):
+        assert run.data.params["cluster"] == str(path)
+        settings = Path(client.download_artifacts(run.info.run_id, "train.json"))
+        assert json.loads(settings.read_text(encoding="utf-8"))["cluster"] == str(path)
+
+
+def test_calibrating_needs_two_ranks():
+    from strategies.errors import LayerwiseError
+
+    with pytest.raises(LayerwiseError, match="nproc >= 2") as error:
+        load_config(None, ["cluster=calibrated", "nproc=1"])
+    assert "\n" not in str(error.value)

@@ -134,7 +134,8 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
     uri = f"sqlite:///{project / 'mlflow.db'}"
     command = [str(LAYERWISE), "run", "--set", "dataset=synthetic", "--set", "image_size=8",
                "--set", "batch_per_device=4", "--set", "steps=100000", "--set",
-               "strategies=[data]", "--set", "profile=false", "--set", "name=interrupted"]
+               "strategies=[data]", "--set", "profile=false", "--set", "cluster=local",
+               "--set", "name=interrupted"]
     launcher = subprocess.Popen(command, cwd=project, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL,
                                 env={**os.environ, track.TRACKING_VARIABLE: uri})
