@@ -1,15 +1,17 @@
-"""The benchmark flow: data -> profile -> search -> train -> validate -> track, per model version.
+"""The benchmark flow: data -> calibrate -> profile -> search -> train -> validate -> track.
 
     layerwise run                                       # configs/benchmark.yaml, see cli_run.py
     layerwise run --set strategies=[data,owt] --set steps=80
 
-For each model version: build its layer graph at the global batch, profile t_c on this machine
-(or take the roofline), search the layer-wise strategy and cost the baselines, train the
-one-process reference (strategy data on 1 process, the same global batch and seed), then train
-each strategy on `nproc` torchrun processes, check its validation accuracy against the
-reference, and record it in a nested MLflow run. A failing strategy fails its own MLflow run
-and the others still run; the flow then fails naming it. The flow prints how long each stage
-took, its own overhead (everything but torchrun and profiling) and a comparison table.
+With `cluster: calibrated` it first measures this machine's links between the `nproc` ranks
+(tasks/calibrate.py, once per project). For each model version: build its layer graph at the
+global batch, profile t_c on this machine (or take the roofline), search the layer-wise
+strategy and cost the baselines, train the one-process reference (strategy data on 1 process,
+the same global batch and seed), then train each strategy on `nproc` torchrun processes, check
+its validation accuracy against the reference, and record it in a nested MLflow run. A failing
+strategy fails its own MLflow run and the others still run; the flow then fails naming it. The
+flow prints how long each stage took, its own overhead (everything but torchrun, profiling and
+calibration) and a comparison table.
 """
 
 from __future__ import annotations
