@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from flows.benchmark_config import load_config
 from flows.cli import app
 from flows.cli_run import embedded_environment
+from strategies.calibrate import calibration_path
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +76,7 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert params["model"] == "tiny_cnn" and params["model_version"] == "v1"
-    assert params["devices"] == "2" and params["cluster"].endswith("-x2-torch2.13.0-cpu.yaml")
+    assert params["devices"] == "2" and params["cluster"] == str(calibration_path(2))
     assert params["batch_per_device"] == "4" and params["global_batch"] == "8"
     assert len(params["structure_hash"]) > 8 and params["seed"] == "0"
     metrics = run.data.metrics
@@ -167,11 +168,11 @@ def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmar
     assert not any(missing_tiles(tile_plan(graph, 2), profile).values())
 
 
-def test_a_calibrated_cluster_is_measured_once_and_predicts_the_runs(benchmarked):
+def test_a_calibrated_cluster_is_measured_kept_and_used_by_the_runs(benchmarked, monkeypatch):
     """`cluster: calibrated` measures this machine's links between the flow's ranks before the
-    search, keeps them under data/profiles/, and every prediction and run uses that file."""
-    from strategies.calibrate import calibration_path
+    search, keeps them under data/profiles/ for later runs, and every run uses that file."""
     from strategies.cluster import load_cluster
+    from tasks.calibrate import calibrate_links
 
     client, _, project = benchmarked
     path = calibration_path(2)
@@ -180,10 +181,13 @@ def test_a_calibrated_cluster_is_measured_once_and_predicts_the_runs(benchmarked
     assert cluster.sync == "bucketed" and cluster.links.intra_node.ring_latency is not None
     assert (project / path).with_name(f"{path.stem}.calibration.json").is_file()
     experiment = client.get_experiment_by_name("test-benchmark")
-    for run in client.search_runs([experiment.experiment_id], "params.strategy = 'data'"):
-        assert run.data.params["cluster"] == str(path)
-        settings = Path(client.download_artifacts(run.info.run_id, "train.json"))
-        assert json.loads(settings.read_text(encoding="utf-8"))["cluster"] == str(path)
+    [run] = client.search_runs([experiment.experiment_id], "params.strategy = 'data'")
+    settings = Path(client.download_artifacts(run.info.run_id, "train.json"))
+    assert json.loads(settings.read_text(encoding="utf-8"))["cluster"] == str(path)
+    measured = (project / path).stat().st_mtime_ns
+    monkeypatch.chdir(project)
+    assert calibrate_links(2) == path  # the next run reuses the file: nothing measured
+    assert (project / path).stat().st_mtime_ns == measured
 
 
 def test_calibrating_needs_two_ranks():
