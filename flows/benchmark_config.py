@@ -66,7 +66,7 @@ class BenchmarkConfig(BaseModel):
     momentum: float = Field(ge=0)
     weight_decay: float = Field(ge=0)
     seed: int = Field(ge=0)
-    cluster: str = "local"  # a preset, a cluster YAML, or CALIBRATED (tasks/calibrate.py)
+    cluster: str = CALIBRATED  # or a preset or a cluster YAML (tasks/calibrate.py)
     tolerance: float = Field(default=1e-3, ge=0)
     inexact_tolerance: float = Field(default=0.1, ge=0)  # for strategies that are not exact
     profile: bool = True

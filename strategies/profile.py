@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict
 from strategies.errors import LayerwiseError
 from strategies.files import read_json_model, write_atomic
 from strategies.graph import Layer, LayerGraph
+from strategies.runtime.tile_ops import whole_rows_and_cols
 from strategies.space import ParallelConfig, enumerate_configs
 from strategies.tiles import TileWork, as_4d, largest_tile
 
@@ -410,28 +411,16 @@ def _pad_to_window(x: torch.Tensor, layer: Layer, out_hw: Sequence[int]) -> torc
     return F.pad(x, pads) if any(pads) else x
 
 
-def _whole_rows_and_cols(layer: Layer, tile: TileWork) -> bool:
-    """Whether the tile holds every output row and column (a sample or channel split): the
-    runtime then lets the op pad the global border itself (tile_ops), with no padded copy.
-    A ceil_mode pool whose last window runs past the padding is not one of them."""
-    geometry = layer.geometry
-    assert geometry is not None
-    in_hw = as_4d(tile.input_shapes[0])[2:]
-    for axis, out_size in enumerate(tile.output_shape[2:]):
-        reach = geometry.dilation[axis] * (geometry.kernel[axis] - 1) + 1
-        size = in_hw[axis] + 2 * geometry.padding[axis]
-        if out_size != (size - reach) // geometry.stride[axis] + 1:
-            return False
-    return tuple(tile.output_shape[2:]) == tuple(as_4d(layer.output_shape)[2:])
-
-
 def _window_input(x: torch.Tensor, layer: Layer, tile: TileWork,
                   ) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The window op's input and padding: the op's own padding for a tile of whole rows and
-    columns, else the needed box padded at the border as `_pad_to_window` does."""
+    """The window op's input and padding, as the runtime's tile_ops choose them: the op's own
+    padding for a tile of whole rows and columns (a sample or channel split; no padded copy),
+    else the needed box padded at the border as `_pad_to_window` does."""
     geometry = layer.geometry
     assert geometry is not None
-    if _whole_rows_and_cols(layer, tile):
+    n, c, h, w = as_4d(tile.output_shape)
+    _, _, in_h, in_w = as_4d(layer.input_shapes[0])
+    if whole_rows_and_cols(((0, n), (0, c), (0, h), (0, w)), (in_h, in_w), geometry):
         return x, geometry.padding
     return _pad_to_window(x, layer, tile.output_shape[2:]), (0, 0)
 

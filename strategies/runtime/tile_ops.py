@@ -53,7 +53,7 @@ def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry:
     return F.pad(x, (left, right, top, bottom), value=value)
 
 
-def _whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
+def whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
     """Whether the tile holds every output row and column (a sample or channel split).
 
     Then conv2d's own padding is the global padding, and rows past the last window that the
@@ -87,7 +87,7 @@ def conv_tile(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tens
     width = (last_group - first_group + 1) * per_group_in
     if offset or width != x.shape[1]:  # a slice is an autograd node: only when it cuts
         x = x[:, offset:offset + width]
-    if _whole_rows_and_cols(out_box, in_size_hw, geometry):
+    if whole_rows_and_cols(out_box, in_size_hw, geometry):
         padded, padding = x, geometry.padding  # conv2d pads the global border itself
     else:
         padded, padding = _pad_borders(x, out_box, in_size_hw, geometry, 0.0), (0, 0)
@@ -132,7 +132,7 @@ def pool_tile(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Ge
     which a plain avg_pool2d of the tile cannot know: it depends on where the window sits in the
     whole tensor, not in the tile. A tile of whole rows and columns is the full op's own call.
     """
-    if _whole_rows_and_cols(out_box, in_size_hw, geometry):  # the full op's own call
+    if whole_rows_and_cols(out_box, in_size_hw, geometry):  # the full op's own call
         if mode == "max":
             return F.max_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
                                 geometry.dilation)
