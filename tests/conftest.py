@@ -6,6 +6,36 @@ from collections.abc import Iterator
 
 import pytest
 
+# Modules whose module-scoped fixture runs a whole flow or launches processes for many tests:
+# under xdist each goes whole to one worker, so that the fixture runs once (on every worker that
+# got one of its tests, otherwise). xdist_group marks cannot say this: with pytest 9.2,
+# `--dist loadgroup` silently ignores them (the worker's nodeid suffix no longer takes effect).
+WHOLE_MODULES = frozenset(f"tests/test_{name}.py" for name in (
+    "benchmark_flow", "compare_flow", "pipeline", "local", "owt", "calibrate"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduling with each of WHOLE_MODULES one scope, every other test its own
+    (as `--dist load` spreads them)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in WHOLE_MODULES else nodeid
+
+    return ModulesTogether(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (a stable sort: each keeps its place among its kind), so that the quick
+    ones fill in at the end of a parallel run instead of a long one starting last. First of
+    the hooks: pytest's own reordering then keeps each module's module-scoped fixtures to one
+    setup."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
 
 @pytest.fixture(scope="module")
 def prefect_server() -> Iterator[None]:

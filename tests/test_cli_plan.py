@@ -87,6 +87,7 @@ def test_search_rejects_bad_requests():
                             "--analytic"]), "has 8 devices")
 
 
+@pytest.mark.slow
 def test_reproduce_optcnn_covers_the_papers_grid():
     result = runner.invoke(app, ["reproduce", "optcnn", "--json"])
     assert result.exit_code == 0, result.output

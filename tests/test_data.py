@@ -116,6 +116,7 @@ def test_bad_params_are_one_clear_line(tmp_path, capsys):
     assert main(["--params", str(tmp_path / "missing.yaml")]) == 2
 
 
+@pytest.mark.slow
 def test_dvc_repro_prepare_builds_tracks_and_skips_unchanged_data(tmp_path):
     dvc = str(Path(sys.executable).parent / "dvc")
     repo = data_repo(tmp_path)

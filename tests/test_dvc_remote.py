@@ -10,6 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.dvc_repo import ROOT, data_repo, dvc
 
 
@@ -18,6 +20,7 @@ def tree_bytes(folder: Path) -> dict[str, bytes]:
             for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
+@pytest.mark.slow
 def test_push_then_pull_restores_the_prepared_data_byte_for_byte(tmp_path):
     repo = data_repo(tmp_path)
     shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")

@@ -203,6 +203,7 @@ def test_given_configs_limit_what_is_measured(tiny):
         t_c(profile, layer, ParallelConfig(n=2, devices=(0, 1)))
 
 
+@pytest.mark.slow
 def test_a_concurrent_profile_covers_the_same_tiles_with_every_core_busy(tiny):
     """Two profilers at once (as two ranks of a run share the machine): the same tiles as one,
     each timed; the profile says how it was measured."""
@@ -379,6 +380,7 @@ def test_cli_profile_default_path_is_under_data_profiles(tmp_path, monkeypatch):
     assert Profile.load(path).batch == 4
 
 
+@pytest.mark.slow
 def test_cli_profile_with_the_ranks_of_a_run_at_once_has_its_own_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     alone = json.loads(_invoke(*PROFILE_ARGS, "--json").stdout)
