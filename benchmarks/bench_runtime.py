@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/bench_runtime.py                     # resnet18, 2 processes
     .venv/bin/python benchmarks/bench_runtime.py --model lenet5 --nproc 2 --steps 20
+    .venv/bin/python benchmarks/bench_runtime.py --model alexnet --steps 8 --trials 3
 
-All runs happen side by side in this one invocation, on the same model, global batch and data,
-each in fresh processes (gloo on CPU, NCCL on CUDA when there are enough GPUs) so that peak
-memory is its own:
+All runs happen in this one invocation, on the same model, global batch and data, gloo on CPU
+and NCCL on CUDA when there are enough GPUs:
 - `one process`: the plain module, one process (the memory baseline);
 - `DDP`: torch's DistributedDataParallel (the throughput baseline);
 - `DDP + SyncBN` (models with BatchNorm): DDP normalising over the whole batch of all processes,
@@ -14,29 +14,36 @@ memory is its own:
   BatchNorm (`strategies.runtime.functions.sync_batch_norm`) in the same modules;
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
-Each run of this runtime first trains alone (warm-up, then its steps: the peak memory), then
-builds a DDP replica of the model in the same processes (and a DDP + SyncBN one) and alternates
-their steps with its own (in turns, on the same batches) for its timed steps: its step time and
-its ratios to them come from those interleaved steps, so that all see the same state of the
-machine.
-The prediction's t_c comes from a profile of this machine taken with one profiler per rank at
-once on CPUs (`profile_graph_concurrently`: ranks share the cores' caches and memory bandwidth),
-and its links from a calibration, which also sets the runtime's bucketed gradient sync.
-Printed per run: median step time, samples/s, the ratio to DDP, the cost model's predicted step
-time (profile + calibration) and measured/predicted, and the peak RSS (CPU) or peak allocated
-memory (CUDA) per rank; then each prediction's parts: compute (forward, backward and weight
-update), transfer and sync.
+Each run first trains alone in fresh processes for its warm-up steps: its peak memory. Then come
+`--trials` trials. Each profiles the tiles the three strategies use (the predictions) and then
+has one set of processes build every multi-process run side by side and give each a step on
+every batch in turn (in a new seeded order for each batch): all step times, their ratios and
+their ratios to the predictions come from these interleaved steps, so that every run sees the
+same state of the machine, and each prediction comes from a profile taken just before (separate
+invocations of one run drift by up to 40% here, and back-to-back profiles of the same tiles by
+up to 28%). Printed: medians over the trials, and the range of measured/predicted.
+The searched strategy comes from a profile of every configuration taken first; t_c comes from
+profiles of this machine taken with one profiler per rank at once on CPUs
+(`profile_graph_concurrently`: ranks share the cores' caches and memory bandwidth), and the
+links from a calibration, which also sets the runtime's bucketed gradient sync. Printed per run:
+median step time, samples/s, the ratio to DDP, the cost model's predicted step time (profile +
+calibration), measured/predicted and its range over the trials, and the peak RSS (CPU) or peak
+allocated memory (CUDA) per rank; then each prediction's parts: compute (forward, backward and
+weight update), transfer and sync, and each strategy's speed-up over data parallelism, predicted
+and measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,12 +55,13 @@ from torch import nn
 
 from strategies.baselines import baseline
 from strategies.calibrate import calibrate, calibrated_cluster
-from strategies.cost import CostModel, ProfiledCompute
+from strategies.cost import Breakdown, CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.profile import (
     SGD_MOMENTUM,
     SGD_WEIGHT_DECAY,
+    Profile,
     concurrent_threads,
     profile_graph,
     profile_graph_concurrently,
@@ -68,14 +76,20 @@ from strategies.space import ParallelConfig
 
 
 @dataclass(frozen=True)
+class Run:
+    name: str  # the table's row
+    mode: str  # "single", "ddp", "ddp_syncbn" or "layerwise"
+    strategy: dict[str, str]  # layer -> config text, for "layerwise"
+
+
+@dataclass(frozen=True)
 class Job:
     model: str
     image_size: int
     batch: int  # global
-    steps: int
+    steps: int  # interleaved timed steps after the warm-up; 0: the warm-up alone
     warmup: int
-    mode: str  # "single", "ddp", "ddp_syncbn" or "layerwise"
-    strategy: dict[str, str]
+    runs: tuple[Run, ...]
     threads: int
     cuda: bool
 
@@ -95,13 +109,14 @@ def _sgd(parameters: list[nn.Parameter]) -> torch.optim.SGD:
                            weight_decay=SGD_WEIGHT_DECAY)
 
 
-def _step_function(job: Job, rank: int, world: int, device: torch.device):  # noqa: ANN202
-    """One training step of the job's mode on this rank, as a closure over (inputs, targets)."""
+def _step_function(job: Job, run: Run, rank: int, world: int,  # noqa: ANN202
+                   device: torch.device):
+    """One training step of the run on this rank, as a closure over (inputs, targets)."""
     torch.manual_seed(0)
     module = build_model(job.model, num_classes=10, image_size=job.image_size, device=device)
-    if job.mode == "layerwise":
+    if run.mode == "layerwise":
         graph = build_graph(job.model, job.batch, job.image_size, 10)
-        assignment = {name: ParallelConfig.parse(text) for name, text in job.strategy.items()}
+        assignment = {name: ParallelConfig.parse(text) for name, text in run.strategy.items()}
         plan = build_plan(graph, assignment, world)
         model = LayerwiseModel(module, plan, Communicator(rank, world, plan.groups()))
         held = list(model.parameters())
@@ -113,9 +128,9 @@ def _step_function(job: Job, rank: int, world: int, device: torch.device):  # no
                 optimizer.step()
                 optimizer.zero_grad()
         return layerwise_step
-    if job.mode == "ddp_syncbn":
+    if run.mode == "ddp_syncbn":
         module = _whole_batch_norms(module, world, device)
-    if job.mode in ("ddp", "ddp_syncbn"):
+    if run.mode in ("ddp", "ddp_syncbn"):
         module = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = _sgd(list(module.parameters()))
@@ -188,36 +203,31 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
     dist.init_process_group(backend, init_method=rendezvous, rank=rank,
                             world_size=world)
     try:
-        step = _step_function(job, rank, world, device)
+        steps = [_step_function(job, run, rank, world, device) for run in job.runs]
         channels = build_graph(job.model, 2, job.image_size, 10).input_shape[1]
         batches = _batches(job, channels, device)
-        times = [_timed(step, batch, device) for batch in batches][job.warmup:]
+        for step in steps:
+            for batch in batches[:job.warmup]:
+                _timed(step, batch, device)
+        times: list[list[float]] = [[] for _ in steps]
+        for index, batch in enumerate(batches[job.warmup:]):
+            # a new order per batch, the same on every rank: no run always follows the same one
+            for turn in random.Random(index).sample(range(len(steps)), len(steps)):
+                times[turn].append(_timed(steps[turn], batch, device))
         memories: list[int | None] = [None] * world
         dist.all_gather_object(memories, peak_memory_bytes(device))
-        result: dict[str, object] = {"median": statistics.median(times), "memory": memories}
-        if job.mode == "layerwise":
-            baselines = ["ddp", *(["ddp_syncbn"] if _has_batch_norm(job.model, job.image_size)
-                                  else [])]
-            steps = {"own": step} | {mode: _step_function(replace(job, mode=mode), rank,
-                                                          world, device)
-                                     for mode in baselines}
-            for mode in baselines:
-                for batch in batches[:job.warmup]:
-                    _timed(steps[mode], batch, device)
-            times: dict[str, list[float]] = {key: [] for key in steps}
-            for index, batch in enumerate(batches[job.warmup:]):
-                turns = list(steps.items())
-                for key, function in turns if index % 2 else reversed(turns):
-                    times[key].append(_timed(function, batch, device))
-            result.update({key: statistics.median(values) for key, values in times.items()})
-            result["median"] = result.pop("own")
+        result = {"memory": memories,
+                  "medians": {run.name: statistics.median(seconds)
+                              for run, seconds in zip(job.runs, times, strict=True) if seconds}}
         if rank == 0:
             torch.save(result, out)
     finally:
         dist.destroy_process_group()
 
 
-def run(job: Job, world: int) -> dict[str, object]:
+def run(job: Job, world: int) -> dict[str, Any]:
+    """The job on `world` fresh processes: {"memory": peak bytes per rank, "medians": seconds
+    per run with timed steps}."""
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-") as folder:
         out = os.path.join(folder, "result.pt")
         torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), job, out),
@@ -233,8 +243,9 @@ def main() -> None:
     parser.add_argument("--batch-per-device", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
-    console = Console(width=132)
+    console = Console(width=150)
     world = args.nproc
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     threads = concurrent_threads(world)
@@ -243,60 +254,86 @@ def main() -> None:
 
     console.print(f"calibrating {world} {'nccl' if cuda else 'gloo'} processes ...")
     cluster = calibrated_cluster(calibrate(world, "nccl" if cuda else "gloo"))
+
+    def profile(configs: dict[str, list[ParallelConfig]] | None = None) -> Profile:
+        if cuda:
+            return profile_graph(graph, world, configs, device="cuda", threads=threads)
+        # every core busy, as in the runs
+        return profile_graph_concurrently(graph, world, world, configs=configs, device="cpu",
+                                          threads=threads)
+
     console.print(f"profiling {args.model} on {world} devices ({threads} threads) ...")
-    if cuda:
-        profile = profile_graph(graph, world, device="cuda", threads=threads)
-    else:  # every core busy, as in the runs
-        profile = profile_graph_concurrently(graph, world, world, device="cpu", threads=threads)
-    cost = CostModel(graph, cluster, world, ProfiledCompute(profile))
+    cost = CostModel(graph, cluster, world, ProfiledCompute(profile()))
     strategies = {"data": baseline("data", graph, world), "owt": baseline("owt", graph, world),
                   "layerwise": optimal_strategy(cost).assignment}
+    used = {layer.name: sorted({assignment[layer.name] for assignment in strategies.values()},
+                               key=lambda config: config.text) for layer in graph.layers}
 
-    def job(mode: str, strategy: dict[str, ParallelConfig] | None = None) -> Job:
-        texts = {name: config.text for name, config in (strategy or {}).items()}
-        return Job(model=args.model, image_size=args.image_size, batch=batch,
-                   steps=args.steps, warmup=args.warmup, mode=mode, strategy=texts,
-                   threads=threads, cuda=cuda)
-
-    rows = [("one process", run(job("single"), 1), None),
-            ("DDP", run(job("ddp"), world), None)]
+    runs = [Run("DDP", "ddp", {})]
     if _has_batch_norm(args.model, args.image_size):
-        rows.append(("DDP + SyncBN", run(job("ddp_syncbn"), world), None))
-    breakdowns = {name: cost.evaluate(assignment) for name, assignment in strategies.items()}
-    for name, assignment in strategies.items():
-        rows.append((name, run(job("layerwise", assignment), world),
-                     breakdowns[name].step_seconds))
+        runs.append(Run("DDP + SyncBN", "ddp_syncbn", {}))
+    runs += [Run(name, "layerwise", {layer: config.text for layer, config in assignment.items()})
+             for name, assignment in strategies.items()]
 
-    ddp_alone = float(rows[1][1]["median"])  # type: ignore[arg-type]
-    single_memory = rows[0][1]["memory"][0]  # type: ignore[index]
+    def job(runs: tuple[Run, ...], steps: int) -> Job:
+        return Job(model=args.model, image_size=args.image_size, batch=batch, steps=steps,
+                   warmup=args.warmup, runs=runs, threads=threads, cuda=cuda)
+
+    console.print(f"one process: {args.warmup} + {args.steps} steps ...")
+    single = run(job((Run("one process", "single", {}),), args.steps), 1)
+    memories = {"one process": single["memory"]}
+    for each in runs:
+        console.print(f"{each.name} alone: {args.warmup} steps for its peak memory ...")
+        memories[each.name] = run(job((each,), 0), world)["memory"]
+    rounds: list[dict[str, float]] = []
+    predictions: list[dict[str, Breakdown]] = []
+    for trial in range(1, args.trials + 1):
+        console.print(f"trial {trial}/{args.trials}: profiling the strategies' tiles, then "
+                      f"{len(runs)} runs side by side, {args.warmup} + {args.steps} steps "
+                      f"each, interleaved ...")
+        cost = CostModel(graph, cluster, world, ProfiledCompute(profile(used)))
+        predictions.append({name: cost.evaluate(assignment)
+                            for name, assignment in strategies.items()})
+        rounds.append(run(job(tuple(runs), args.steps), world)["medians"])
+    medians = single["medians"] | {name: statistics.median(trial[name] for trial in rounds)
+                                   for name in rounds[0]}
+    errors = {name: sorted(trial[name] / predicted[name].step_seconds
+                           for trial, predicted in zip(rounds, predictions, strict=True))
+              for name in strategies}
+
+    single_memory = memories["one process"][0]
     table = Table(title=f"{args.model}, {args.image_size}px, global batch {batch}, {world} "
-                        f"{'GPUs (nccl)' if cuda else 'CPU processes (gloo)'}")
-    synced_alone = next((float(result["median"]) for name, result, _ in rows  # type: ignore[arg-type]
-                         if name == "DDP + SyncBN"), None)
+                        f"{'GPUs (nccl)' if cuda else 'CPU processes (gloo)'}; medians over "
+                        f"{args.trials} trials")
     for column in ("run", "step ms", "samples/s", "vs DDP", "vs DDP+SyncBN", "predicted ms",
-                   "measured/pred", "peak MB per rank", "memory vs 1 proc"):
+                   "measured/pred", "its range", "peak MB per rank", "memory vs 1 proc"):
         table.add_column(column, justify="left" if column == "run" else "right")
-    for name, result, predicted in rows:
-        seconds = float(result["median"])  # type: ignore[arg-type]
-        ddp_seconds = float(result.get("ddp", ddp_alone))  # type: ignore[arg-type]
-        synced = result.get("ddp_syncbn", synced_alone)
-        memory = [m / 2**20 for m in result["memory"]]  # type: ignore[union-attr]
+    synced = medians.get("DDP + SyncBN")
+    for name, seconds in medians.items():
+        predicted = (statistics.median(trial[name].step_seconds for trial in predictions)
+                     if name in strategies else None)
+        memory = [m / 2**20 for m in memories[name]]
         table.add_row(
             name, f"{seconds * 1e3:.1f}", f"{batch / seconds:.0f}",
-            f"{ddp_seconds / seconds:.2f}",
-            f"{float(synced) / seconds:.2f}" if synced else "",  # type: ignore[arg-type]
+            f"{medians['DDP'] / seconds:.2f}", f"{synced / seconds:.2f}" if synced else "",
             f"{predicted * 1e3:.1f}" if predicted else "",
-            f"{seconds / predicted:.2f}" if predicted else "",
+            f"{statistics.median(errors[name]):.2f}" if name in errors else "",
+            f"{errors[name][0]:.2f}-{errors[name][-1]:.2f}" if name in errors else "",
             " / ".join(f"{m:.0f}" for m in memory),
             f"{max(memory) * 2**20 / single_memory:.2f}")
     console.print(table)
-    parts = Table(title="the predictions' parts (Eq. 1), ms per step")
-    for column in ("run", "compute (passes + update)", "transfer", "sync", "step"):
+    parts = Table(title="the predictions' parts (Eq. 1), ms per step, medians over the trials, "
+                        "and each strategy's speed-up over data parallelism")
+    fields = ("compute_seconds", "transfer_seconds", "sync_seconds", "step_seconds")
+    for column in ("run", "compute (passes + update)", "transfer", "sync", "step",
+                   "speed-up predicted", "speed-up measured"):
         parts.add_column(column, justify="left" if column == "run" else "right")
-    for name, breakdown in breakdowns.items():
-        parts.add_row(name, *(f"{seconds * 1e3:.1f}" for seconds in (
-            breakdown.compute_seconds, breakdown.transfer_seconds, breakdown.sync_seconds,
-            breakdown.step_seconds)))
+    median_parts = {name: [statistics.median(getattr(trial[name], field) for trial in predictions)
+                           for field in fields] for name in strategies}
+    for name, seconds in median_parts.items():
+        parts.add_row(name, *(f"{value * 1e3:.1f}" for value in seconds),
+                      f"{median_parts['data'][-1] / seconds[-1]:.2f}",
+                      f"{medians['data'] / medians[name]:.2f}")
     console.print(parts)
 
 
