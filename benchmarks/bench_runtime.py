@@ -245,6 +245,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
+    for name in ("nproc", "batch_per_device", "steps", "warmup", "trials"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     console = Console(width=150)
     world = args.nproc
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
