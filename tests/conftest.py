@@ -31,9 +31,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first (a stable sort: each keeps its place among its kind), so that the quick
-    ones fill in at the end of a parallel run instead of a long one starting last. First of
-    the hooks: pytest's own reordering then keeps each module's module-scoped fixtures to one
-    setup."""
+    ones fill in at the end of a parallel run instead of a long one starting last. The tests
+    that share a costly module fixture are all slow, so they stay together and it is set up
+    once; pytest's own regrouping by parametrized fixtures runs after this."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
