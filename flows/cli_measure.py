@@ -251,14 +251,11 @@ def calibrate(
     --nproc devices: pass that file wherever a cluster is accepted.
     """
     from strategies.calibrate import calibrate as measure
-    from strategies.calibrate import calibrated_cluster
-    from strategies.files import write_atomic
+    from strategies.calibrate import calibrated_cluster, save_calibration
 
     calibration = measure(nproc, backend=backend, quick=quick)
+    raw_path = save_calibration(calibration, out)
     cluster = calibrated_cluster(calibration)
-    write_atomic(out, cluster.to_yaml())
-    raw_path = out.with_name(f"{out.stem}.calibration.json")
-    write_atomic(raw_path, calibration.to_json())
     if as_json:
         print_json({"schema_version": 1, "cluster_path": str(out),
                     "calibration_path": str(raw_path),

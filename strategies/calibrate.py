@@ -54,6 +54,7 @@ __all__ = [
     "calibrate",
     "calibrated_cluster",
     "calibration_path",
+    "save_calibration",
     "fit_alpha_beta",
     "message_sizes",
 ]
@@ -384,6 +385,17 @@ def calibrated_cluster(calibration: Calibration, base: str | os.PathLike[str] | 
         "links": links,
         "sync": "bucketed",  # the runtime it measures sums gradients in buckets
     })
+
+
+def save_calibration(calibration: Calibration, out: str | os.PathLike[str]) -> Path:
+    """Write the calibrated cluster to `out` and the raw measurements next to it as
+    <stem>.calibration.json, both atomically; returns the measurements' path. The cluster file
+    comes last, so that a file there means a complete calibration (the flow reuses it)."""
+    cluster_path = Path(out)
+    raw_path = cluster_path.with_name(f"{cluster_path.stem}.calibration.json")
+    write_atomic(raw_path, calibration.to_json())
+    write_atomic(cluster_path, calibrated_cluster(calibration).to_yaml())
+    return raw_path
 
 
 def calibration_path(nproc: int, backend: str | None = None,

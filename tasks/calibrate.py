@@ -17,9 +17,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.calibrate import calibrate, calibrated_cluster, calibration_path
+from strategies.calibrate import calibrate, calibration_path, save_calibration
 from strategies.cluster import load_cluster
-from strategies.files import write_atomic
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)
@@ -35,8 +34,7 @@ def calibrate_links(nproc: int) -> Path:
         return path
     started = time.perf_counter()
     calibration = calibrate(nproc)
-    write_atomic(path.with_name(f"{path.stem}.calibration.json"), calibration.to_json())
-    write_atomic(path, calibrated_cluster(calibration).to_yaml())
+    save_calibration(calibration, path)
     link = calibration.link
     logger.info("links between %d processes measured in %.1f s: latency %.3g ms, bandwidth "
                 "%.3g GB/s point-to-point; written to %s", nproc, time.perf_counter() - started,
