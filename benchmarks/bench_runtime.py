@@ -21,12 +21,14 @@ every batch in turn (in a new seeded order for each batch): all step times, thei
 their ratios to the predictions come from these interleaved steps, so that every run sees the
 same state of the machine, and each prediction comes from a profile taken just before (separate
 invocations of one run drift by up to 40% here, and back-to-back profiles of the same tiles by
-up to 28%). Printed: medians over the trials, and the range of measured/predicted.
+up to 28%). Printed: medians over the trials, and the range of measured/predicted; the ratios
+to DDP are paired, DDP's step over the run's on the same batch, median over every trial's
+batches (the two steps ran moments apart, so drift between batches stays out of the ratio).
 The searched strategy comes from a profile of every configuration taken first; t_c comes from
 profiles of this machine taken with one profiler per rank at once on CPUs
-(`profile_graph_concurrently`: ranks share the cores' caches and memory bandwidth), and the
-links from a calibration, which also sets the runtime's bucketed gradient sync. Printed per run:
-median step time, samples/s, the ratio to DDP, the cost model's predicted step time (profile +
+(`profile_graph_concurrently`: ranks share the cores' caches and memory bandwidth), and the links
+from a calibration, which also sets the runtime's bucketed gradient sync. Printed per run: median
+step time, samples/s, the paired ratios to DDP, the cost model's predicted step time (profile +
 calibration), measured/predicted and its range over the trials, and the peak RSS (CPU) or peak
 allocated memory (CUDA) per rank; then each prediction's parts: compute (forward, backward and
 weight update), transfer and sync, and each strategy's speed-up over data parallelism, predicted
@@ -217,7 +219,7 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
         memories: list[int | None] = [None] * world
         dist.all_gather_object(memories, peak_memory_bytes(device))
         result = {"memory": memories,
-                  "medians": {run.name: statistics.median(seconds)
+                  "seconds": {run.name: seconds
                               for run, seconds in zip(job.runs, times, strict=True) if seconds}}
         if rank == 0:
             torch.save(result, out)
@@ -226,13 +228,24 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
 
 
 def run(job: Job, world: int) -> dict[str, Any]:
-    """The job on `world` fresh processes: {"memory": peak bytes per rank, "medians": seconds
-    per run with timed steps}."""
+    """The job on `world` fresh processes: {"memory": peak bytes per rank, "seconds": each
+    timed step's seconds per run with timed steps, in batch order}."""
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-") as folder:
         out = os.path.join(folder, "result.pt")
         torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), job, out),
                                  nprocs=world, join=True, start_method="spawn")
         return torch.load(Path(out))
+
+
+def _paired_ratio(steps: list[dict[str, list[float]]], baseline_run: str, name: str) -> float:
+    """The baseline's step time over the run's, batch by batch, median over every trial.
+
+    The two steps of one batch ran moments apart in the same processes, so each ratio sees one
+    state of the machine; a ratio of medians would mix the drift between batches into it.
+    """
+    return statistics.median(
+        base / seconds for trial in steps
+        for base, seconds in zip(trial[baseline_run], trial[name], strict=True))
 
 
 def main() -> None:
@@ -288,7 +301,7 @@ def main() -> None:
     for each in runs:
         console.print(f"{each.name} alone: {args.warmup} steps for its peak memory ...")
         memories[each.name] = run(job((each,), 0), world)["memory"]
-    rounds: list[dict[str, float]] = []
+    steps: list[dict[str, list[float]]] = []
     predictions: list[dict[str, Breakdown]] = []
     for trial in range(1, args.trials + 1):
         console.print(f"trial {trial}/{args.trials}: profiling the strategies' tiles, then "
@@ -297,9 +310,11 @@ def main() -> None:
         cost = CostModel(graph, cluster, world, ProfiledCompute(profile(used)))
         predictions.append({name: cost.evaluate(assignment)
                             for name, assignment in strategies.items()})
-        rounds.append(run(job(tuple(runs), args.steps), world)["medians"])
-    medians = single["medians"] | {name: statistics.median(trial[name] for trial in rounds)
-                                   for name in rounds[0]}
+        steps.append(run(job(tuple(runs), args.steps), world)["seconds"])
+    rounds = [{name: statistics.median(seconds) for name, seconds in trial.items()}
+              for trial in steps]
+    medians = {"one process": statistics.median(single["seconds"]["one process"])} | {
+        name: statistics.median(trial[name] for trial in rounds) for name in rounds[0]}
     errors = {name: sorted(trial[name] / predicted[name].step_seconds
                            for trial, predicted in zip(rounds, predictions, strict=True))
               for name in strategies}
@@ -311,14 +326,20 @@ def main() -> None:
     for column in ("run", "step ms", "samples/s", "vs DDP", "vs DDP+SyncBN", "predicted ms",
                    "measured/pred", "its range", "peak MB per rank", "memory vs 1 proc"):
         table.add_column(column, justify="left" if column == "run" else "right")
-    synced = medians.get("DDP + SyncBN")
+    synced = "DDP + SyncBN" in medians
+
+    def paired(baseline_run: str, name: str) -> str:
+        if name == "one process":  # not in the interleaved steps
+            return f"{medians[baseline_run] / medians[name]:.2f}"
+        return f"{_paired_ratio(steps, baseline_run, name):.2f}"
+
     for name, seconds in medians.items():
         predicted = (statistics.median(trial[name].step_seconds for trial in predictions)
                      if name in strategies else None)
         memory = [m / 2**20 for m in memories[name]]
         table.add_row(
             name, f"{seconds * 1e3:.1f}", f"{batch / seconds:.0f}",
-            f"{medians['DDP'] / seconds:.2f}", f"{synced / seconds:.2f}" if synced else "",
+            paired("DDP", name), paired("DDP + SyncBN", name) if synced else "",
             f"{predicted * 1e3:.1f}" if predicted else "",
             f"{statistics.median(errors[name]):.2f}" if name in errors else "",
             f"{errors[name][0]:.2f}-{errors[name][-1]:.2f}" if name in errors else "",
