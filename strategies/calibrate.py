@@ -11,10 +11,11 @@ local processes with the backend the runtime will use (gloo on CPU, NCCL on GPUs
 for message sizes from 4 B to 16 MiB, and fits alpha and beta by least squares on relative
 error (so that 4 B and 16 MiB count alike). Each timed message follows a few milliseconds of
 compute on every rank, as a message in a training step follows a layer's compute, and a point
-is the mean over its repeats: a step pays the sum of its messages, slow ones included. With
-gloo on this project's 2-core machine that is what the runtime sees, and an idle message is
-not: a small exchange right after a barrier took 0.3 ms (median), after 3 ms of compute
-3.5 ms (median; mean 2.8 ms), and a small all-reduce's mean is 2-3x its median.
+is the mean over its repeats, taken in rounds that visit every size in a new order (the
+machine's drift then falls on all sizes alike): a step pays the sum of its messages, slow ones
+included. With gloo on this project's 2-core machine that is what the runtime sees, and an idle
+message is not: a small exchange right after a barrier took 0.3 ms (median), after 3 ms of
+compute 3.5 ms (median; mean 2.8 ms), and a small all-reduce's mean is 2-3x its median.
 `calibrated_cluster` puts the point-to-point fit into the `local` preset as its intra-node
 link, so a search can plan for this machine.
 
@@ -28,6 +29,7 @@ import datetime
 import json
 import multiprocessing
 import os
+import random
 import socket
 import statistics
 import tempfile
@@ -147,13 +149,13 @@ def _compute(device: torch.device, seconds: float = COMPUTE_SECONDS) -> None:
         _synchronize(device)
 
 
-def _exchange(rank: int, buffer: torch.Tensor, rounds: int) -> list[float]:
+def _exchange(rank: int, buffer: torch.Tensor, incoming: torch.Tensor, rounds: int,
+              ) -> list[float]:
     """Rank 0's times of `rounds` exchanges with rank 1, each started together after a
-    barrier and a stretch of compute: both send `buffer` and receive as much at once through
-    batch_isend_irecv, as the runtime's transfers between layers do. Ranks above 1 only join
-    the barriers."""
+    barrier and a stretch of compute: both send `buffer` and receive as much into `incoming`
+    at once through batch_isend_irecv, as the runtime's transfers between layers do. Ranks
+    above 1 only join the barriers."""
     times: list[float] = []
-    incoming = torch.empty_like(buffer)
     for _ in range(rounds):
         dist.barrier()
         if rank > 1:
@@ -210,18 +212,33 @@ def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Seq
 
 def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
              repeats: int) -> list[tuple[str, int, float]]:
-    """[kind, bytes, mean seconds] rows of every size (rank 0's; other ranks: empty)."""
+    """[kind, bytes, mean seconds] rows of every size (rank 0's; other ranks: empty).
+
+    Each round times one exchange and one all_reduce of every size, the sizes in a new seeded
+    order per round (the same on every rank): the machine's drift over the seconds a
+    calibration takes then falls on all sizes alike instead of bending the fit, as it did when
+    each size took its repeats in one block.
+    """
+    buffers = {size: torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
+               for size in sizes}
+    incoming = {size: torch.empty_like(buffer) for size, buffer in buffers.items()}
+    p2p: dict[int, list[float]] = {size: [] for size in sizes}
+    reduce: dict[int, list[float]] = {size: [] for size in sizes}
+    for index in range(warmup + repeats):
+        for size in random.Random(index).sample(list(sizes), len(sizes)):
+            times = _exchange(rank, buffers[size], incoming[size], 1)
+            reduced = _all_reduce(buffers[size], 1)
+            if index >= warmup:
+                p2p[size] += times
+                reduce[size] += reduced
+    dist.barrier()
+    if rank != 0:
+        return []
     rows: list[tuple[str, int, float]] = []
     for size in sizes:
-        buffer = torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
-        p2p = _exchange(rank, buffer, warmup + repeats)[warmup:]
-        dist.barrier()
-        reduce = _all_reduce(buffer, warmup + repeats)[warmup:]
-        if rank == 0:
-            nbytes = buffer.numel() * BYTES_PER_ELEMENT
-            rows.append(("p2p", nbytes, statistics.mean(p2p)))
-            rows.append(("allreduce", nbytes, statistics.mean(reduce)))
-    dist.barrier()
+        nbytes = buffers[size].numel() * BYTES_PER_ELEMENT
+        rows.append(("p2p", nbytes, statistics.mean(p2p[size])))
+        rows.append(("allreduce", nbytes, statistics.mean(reduce[size])))
     return rows
 
 
