@@ -15,17 +15,18 @@ and NCCL on CUDA when there are enough GPUs:
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
 Each run first trains alone in fresh processes for its warm-up steps: its peak memory. Then come
-`--trials` trials. Each profiles the tiles the three strategies use (the predictions) and then
-has one set of processes build every multi-process run side by side and give each a step on
-every batch in turn (in a new seeded order for each batch): all step times, their ratios and
-their ratios to the predictions come from these interleaved steps, so that every run sees the
-same state of the machine, and each prediction comes from a profile taken just before (separate
-invocations of one run drift by up to 40% here, and back-to-back profiles of the same tiles by
-up to 28%). Printed: medians over the trials, and the range of measured/predicted; the ratios
-to DDP are paired, DDP's step over the run's on the same batch, median over every trial's
-batches (the two steps ran moments apart, so drift between batches stays out of the ratio).
-The searched strategy comes from a profile of every configuration taken first; t_c comes from
-profiles of this machine taken with one profiler per rank at once on CPUs
+`--trials` trials. Each calibrates the links and profiles the tiles the three strategies use (the
+predictions) and then has one set of processes build every multi-process run side by side and give
+each a step on every batch in turn (in a new seeded order for each batch): all step times, their
+ratios and their ratios to the predictions come from these interleaved steps, so that every run
+sees the same state of the machine, and each prediction comes from a calibration and a profile
+taken just before (separate invocations of one run drift by up to 40% here, back-to-back profiles
+of the same tiles by up to 28%, and calibrations' ring latency by up to 1.8x). Printed: medians
+over the trials, and the range of measured/predicted; the ratios to DDP are paired, DDP's step over
+the run's on the same batch, median over every trial's batches (the two steps ran moments apart, so
+drift between batches stays out of the ratio).
+The searched strategy comes from a profile of every configuration and a calibration taken first;
+t_c comes from profiles of this machine taken with one profiler per rank at once on CPUs
 (`profile_graph_concurrently`: ranks share the cores' caches and memory bandwidth), and the links
 from a calibration, which also sets the runtime's bucketed gradient sync. Printed per run: median
 step time, samples/s, the paired ratios to DDP, the cost model's predicted step time (profile +
@@ -268,8 +269,9 @@ def main() -> None:
     batch = args.batch_per_device * world
     graph = build_graph(args.model, batch, args.image_size, 10)
 
-    console.print(f"calibrating {world} {'nccl' if cuda else 'gloo'} processes ...")
-    cluster = calibrated_cluster(calibrate(world, "nccl" if cuda else "gloo"))
+    backend = "nccl" if cuda else "gloo"
+    console.print(f"calibrating {world} {backend} processes ...")
+    cluster = calibrated_cluster(calibrate(world, backend))
 
     def profile(configs: dict[str, list[ParallelConfig]] | None = None) -> Profile:
         if cuda:
@@ -304,10 +306,11 @@ def main() -> None:
     steps: list[dict[str, list[float]]] = []
     predictions: list[dict[str, Breakdown]] = []
     for trial in range(1, args.trials + 1):
-        console.print(f"trial {trial}/{args.trials}: profiling the strategies' tiles, then "
-                      f"{len(runs)} runs side by side, {args.warmup} + {args.steps} steps "
-                      f"each, interleaved ...")
-        cost = CostModel(graph, cluster, world, ProfiledCompute(profile(used)))
+        console.print(f"trial {trial}/{args.trials}: calibrating, profiling the strategies' "
+                      f"tiles, then {len(runs)} runs side by side, {args.warmup} + "
+                      f"{args.steps} steps each, interleaved ...")
+        trial_cluster = calibrated_cluster(calibrate(world, backend))
+        cost = CostModel(graph, trial_cluster, world, ProfiledCompute(profile(used)))
         predictions.append({name: cost.evaluate(assignment)
                             for name, assignment in strategies.items()})
         steps.append(run(job(tuple(runs), args.steps), world)["seconds"])
