@@ -309,7 +309,12 @@ def main() -> None:
         console.print(f"trial {trial}/{args.trials}: calibrating, profiling the strategies' "
                       f"tiles, then {len(runs)} runs side by side, {args.warmup} + "
                       f"{args.steps} steps each, interleaved ...")
-        trial_cluster = calibrated_cluster(calibrate(world, backend))
+        calibration = calibrate(world, backend)
+        console.print(f"  links: exchange {calibration.p2p_latency * 1e3:.2f} ms + "
+                      f"{calibration.p2p_bandwidth / 1e6:.0f} MB/s, all-reduce ring steps "
+                      f"{calibration.allreduce_latency * 1e3:.2f} ms + "
+                      f"{calibration.allreduce_bandwidth / 1e6:.0f} MB/s")
+        trial_cluster = calibrated_cluster(calibration)
         cost = CostModel(graph, trial_cluster, world, ProfiledCompute(profile(used)))
         predictions.append({name: cost.evaluate(assignment)
                             for name, assignment in strategies.items()})
