@@ -58,6 +58,7 @@ from torch import nn
 
 from strategies.baselines import baseline
 from strategies.calibrate import calibrate, calibrated_cluster
+from strategies.cluster import Cluster
 from strategies.cost import Breakdown, CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
@@ -270,8 +271,18 @@ def main() -> None:
     graph = build_graph(args.model, batch, args.image_size, 10)
 
     backend = "nccl" if cuda else "gloo"
-    console.print(f"calibrating {world} {backend} processes ...")
-    cluster = calibrated_cluster(calibrate(world, backend))
+
+    def calibrated() -> Cluster:
+        """This machine's links as they are now, printed."""
+        console.print(f"calibrating {world} {backend} processes ...")
+        calibration = calibrate(world, backend)
+        console.print(f"  links: exchange {calibration.p2p_latency * 1e3:.2f} ms + "
+                      f"{calibration.p2p_bandwidth / 1e6:.0f} MB/s, all-reduce ring steps "
+                      f"{calibration.allreduce_latency * 1e3:.2f} ms + "
+                      f"{calibration.allreduce_bandwidth / 1e6:.0f} MB/s")
+        return calibrated_cluster(calibration)
+
+    cluster = calibrated()
 
     def profile(configs: dict[str, list[ParallelConfig]] | None = None) -> Profile:
         if cuda:
@@ -306,16 +317,10 @@ def main() -> None:
     steps: list[dict[str, list[float]]] = []
     predictions: list[dict[str, Breakdown]] = []
     for trial in range(1, args.trials + 1):
-        console.print(f"trial {trial}/{args.trials}: calibrating, profiling the strategies' "
-                      f"tiles, then {len(runs)} runs side by side, {args.warmup} + "
-                      f"{args.steps} steps each, interleaved ...")
-        calibration = calibrate(world, backend)
-        console.print(f"  links: exchange {calibration.p2p_latency * 1e3:.2f} ms + "
-                      f"{calibration.p2p_bandwidth / 1e6:.0f} MB/s, all-reduce ring steps "
-                      f"{calibration.allreduce_latency * 1e3:.2f} ms + "
-                      f"{calibration.allreduce_bandwidth / 1e6:.0f} MB/s")
-        trial_cluster = calibrated_cluster(calibration)
-        cost = CostModel(graph, trial_cluster, world, ProfiledCompute(profile(used)))
+        console.print(f"trial {trial}/{args.trials}: a calibration, a profile of the "
+                      f"strategies' tiles, then {len(runs)} runs side by side, {args.warmup} + "
+                      f"{args.steps} steps each, interleaved")
+        cost = CostModel(graph, calibrated(), world, ProfiledCompute(profile(used)))
         predictions.append({name: cost.evaluate(assignment)
                             for name, assignment in strategies.items()})
         steps.append(run(job(tuple(runs), args.steps), world)["seconds"])

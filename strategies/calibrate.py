@@ -149,40 +149,33 @@ def _compute(device: torch.device, seconds: float = COMPUTE_SECONDS) -> None:
         _synchronize(device)
 
 
-def _exchange(rank: int, buffer: torch.Tensor, incoming: torch.Tensor, rounds: int,
-              ) -> list[float]:
-    """Rank 0's times of `rounds` exchanges with rank 1, each started together after a
-    barrier and a stretch of compute: both send `buffer` and receive as much into `incoming`
-    at once through batch_isend_irecv, as the runtime's transfers between layers do. Ranks
-    above 1 only join the barriers."""
-    times: list[float] = []
-    for _ in range(rounds):
-        dist.barrier()
-        if rank > 1:
-            continue
-        peer = 1 - rank
-        _compute(buffer.device)
-        start = time.perf_counter()
-        operations = [dist.P2POp(dist.isend, buffer, peer), dist.P2POp(dist.irecv, incoming, peer)]
-        for work in dist.batch_isend_irecv(operations):
-            work.wait()
-        _synchronize(buffer.device)
-        times.append(time.perf_counter() - start)
-    return times
+def _exchange(rank: int, buffer: torch.Tensor, incoming: torch.Tensor) -> float | None:
+    """Rank 0's time of one exchange with rank 1, started together after a barrier and a
+    stretch of compute: both send `buffer` and receive as much into `incoming` at once through
+    batch_isend_irecv, as the runtime's transfers between layers do. Ranks above 1 only join
+    the barrier (None)."""
+    dist.barrier()
+    if rank > 1:
+        return None
+    peer = 1 - rank
+    _compute(buffer.device)
+    start = time.perf_counter()
+    operations = [dist.P2POp(dist.isend, buffer, peer), dist.P2POp(dist.irecv, incoming, peer)]
+    for work in dist.batch_isend_irecv(operations):
+        work.wait()
+    _synchronize(buffer.device)
+    return time.perf_counter() - start
 
 
-def _all_reduce(buffer: torch.Tensor, rounds: int) -> list[float]:
-    """This rank's times of `rounds` all_reduces, each started together after a barrier and
-    a stretch of compute."""
-    times: list[float] = []
-    for _ in range(rounds):
-        dist.barrier()
-        _compute(buffer.device)
-        start = time.perf_counter()
-        dist.all_reduce(buffer)
-        _synchronize(buffer.device)
-        times.append(time.perf_counter() - start)
-    return times
+def _all_reduce(buffer: torch.Tensor) -> float:
+    """This rank's time of one all_reduce, started together after a barrier and a stretch of
+    compute."""
+    dist.barrier()
+    _compute(buffer.device)
+    start = time.perf_counter()
+    dist.all_reduce(buffer)
+    _synchronize(buffer.device)
+    return time.perf_counter() - start
 
 
 def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Sequence[int],
@@ -226,11 +219,13 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
     reduce: dict[int, list[float]] = {size: [] for size in sizes}
     for index in range(warmup + repeats):
         for size in random.Random(index).sample(list(sizes), len(sizes)):
-            times = _exchange(rank, buffers[size], incoming[size], 1)
-            reduced = _all_reduce(buffers[size], 1)
-            if index >= warmup:
-                p2p[size] += times
-                reduce[size] += reduced
+            exchanged = _exchange(rank, buffers[size], incoming[size])
+            reduced = _all_reduce(buffers[size])
+            if index < warmup:
+                continue
+            reduce[size].append(reduced)
+            if exchanged is not None:
+                p2p[size].append(exchanged)
     dist.barrier()
     if rank != 0:
         return []
