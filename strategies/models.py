@@ -52,6 +52,7 @@ __all__ = [
     "ResNet",
     "TinyCNN",
     "VGG",
+    "WideFC",
     "alexnet",
     "build_model",
     "inception_v3",
@@ -64,6 +65,7 @@ __all__ = [
     "resnet152",
     "tiny_cnn",
     "vgg16",
+    "wide_fc",
 ]
 
 USER_DEFAULT_CHANNELS = 3
@@ -98,6 +100,8 @@ def _paths(name: str, small: bool, aux: bool = False) -> list[list[_Op]]:
         return [[(3, 2, 1), (2, 2, 0)]]
     if name == "lenet5":
         return [[(5, 1, 0), (2, 2, 0), (5, 1, 0), (2, 2, 0)]]
+    if name == "wide_fc":
+        return [[(2, 2, 0), (2, 2, 0)]]
     if name == "alexnet":
         return [[(11, 1 if small else 4, 2), (3, 2, 0), (3, 2, 0), (3, 2, 0)]]
     if name == "vgg16":
@@ -225,6 +229,34 @@ class LeNet5(nn.Module):
             nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
             nn.Linear(120, 84), nn.ReLU(),
             nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        return self.classifier(x)
+
+
+class WideFC(nn.Module):
+    """Two small convolutions, then three wide fully connected layers: AlexNet's shape in
+    miniature, where Krizhevsky's argument for OWT holds (DESIGN 3.2): the convolutions hold
+    0.06% of the 8.4M weights, the FC layers the rest, so data parallelism all-reduces 34 MB
+    of FC gradients per step while a channel split of the FC layers moves a 0.5 MB activation.
+
+    ``avgpool`` (adaptive, to 8x8, no parameters) is the identity at 32x32 and lets larger
+    inputs reach the 2048-wide classifier.
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 2048) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d((8, 8))
+        self.classifier = nn.Sequential(
+            nn.Linear(32 * 8 * 8, width), nn.ReLU(),
+            nn.Linear(width, width), nn.ReLU(),
+            nn.Linear(width, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -630,6 +662,12 @@ def lenet5(num_classes: int = 10, image_size: int = 32, in_channels: int = 1) ->
     return LeNet5(num_classes, in_channels)
 
 
+def wide_fc(num_classes: int = 10, image_size: int = 32, in_channels: int = 1) -> WideFC:
+    """Small convolutions and wide FC layers, 8,417,994 parameters at 10 classes; >= 4 px."""
+    _prepare("wide_fc", num_classes, image_size, in_channels)
+    return WideFC(num_classes, in_channels)
+
+
 def alexnet(num_classes: int = 1000, image_size: int = 224, in_channels: int = 3) -> AlexNet:
     """AlexNet, torchvision layout (61,100,840 parameters at 1000 classes).
 
@@ -687,6 +725,7 @@ def inception_v3(num_classes: int = 1000, image_size: int = 299, in_channels: in
 _FACTORIES: dict[str, Callable[..., nn.Module]] = {
     "tiny_cnn": tiny_cnn,
     "lenet5": lenet5,
+    "wide_fc": wide_fc,
     "alexnet": alexnet,
     "vgg16": vgg16,
     "resnet18": resnet18,
@@ -699,6 +738,7 @@ _FACTORIES: dict[str, Callable[..., nn.Module]] = {
 _DESCRIPTIONS: dict[str, tuple[str, int, int, int]] = {  # description, C, H=W, classes
     "tiny_cnn": ("Tiny residual CNN for fast tests (layerwise)", 3, 32, 10),
     "lenet5": ("LeNet-5 (LeCun et al. 1998), ReLU and max-pooling", 1, 32, 10),
+    "wide_fc": ("Small convolutions, wide FC layers: OWT's shape (layerwise)", 1, 32, 10),
     "alexnet": ("AlexNet (Krizhevsky 2014 / 2012), torchvision layout", 3, 224, 1000),
     "vgg16": ("VGG-16 (Simonyan & Zisserman 2015), configuration D, torchvision layout",
               3, 224, 1000),
