@@ -9,6 +9,7 @@ result.json: per-step loss and time, measured bytes next to the cost model's pre
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,6 +41,9 @@ class TrainSettings(BaseModel):
     momentum: float
     weight_decay: float
     seed: int
+    # float64 makes rounding too small to flip a ReLU or a max-pool tie, so a strategy's
+    # weights must equal one device's to ~1e-13: what `layerwise verify` trains in
+    dtype: Literal["float32", "float64"] = "float32"
 
     @property
     def world(self) -> int:
@@ -85,7 +89,9 @@ class RunResult(BaseModel):
     strategy: Strategy  # its name, per-layer configs and the prediction for this run
     nproc: int  # all processes, over all nodes
     steps: tuple[StepRecord, ...]
-    step_seconds_median: float
+    warmup_steps: int  # the first steps, left out of the step-time statistics
+    step_seconds_median: float  # over the steps after the warm-up
+    step_seconds_quartiles: tuple[float, float]  # 25th and 75th percentile of the same steps
     throughput_samples_per_s: float
     bytes_per_step: ByteCounts
     predicted_bytes_per_step: ByteCounts

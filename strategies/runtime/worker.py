@@ -70,6 +70,9 @@ RESULT_FILE = "result.json"
 ERRORS_DIR = "errors"
 DEFAULT_TIMEOUT_SECONDS = 120.0
 DEFAULT_CHECKPOINT_EVERY = 100
+# Steps left out of the step-time statistics: the first ones allocate buffers and warm caches
+# (at most this many, and never more than half the steps)
+WARMUP_STEPS = 5
 
 _SOURCE_LOCATION = re.compile(r"^\[[^\]]*:\d+\]\s*")  # gloo's "[.../pair.cc:553] " prefix
 
@@ -205,6 +208,7 @@ def start(out: Path, timeout: float) -> Run:
         raise LayerwiseError(f"{out / SETTINGS_FILE} is for {settings.world} processes, "
                              f"torchrun started {world}")
     graph = LayerGraph.model_validate_json((out / GRAPH_FILE).read_text(encoding="utf-8"))
+    torch.set_default_dtype(getattr(torch, settings.dtype))  # weights, buffers, activations
     torch.manual_seed(settings.seed)  # same weights on every rank; dropout draws follow
     module = build_model(settings.model, num_classes=settings.classes,
                          image_size=settings.image_size, in_channels=settings.in_channels)
@@ -230,7 +234,7 @@ def choose_device(local_rank: int, local_world: int) -> tuple[torch.device, str]
 def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes]:
     """One SGD step on the global batch; its time excludes drawing the batch."""
     x, y = run.batches.batch_at(step)
-    inputs = torch.from_numpy(x).to(run.device)
+    inputs = torch.from_numpy(x).to(run.device, torch.get_default_dtype())
     targets = torch.from_numpy(y).to(run.device)
     synchronize(run.device)
     started = time.perf_counter()
@@ -276,11 +280,15 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
     def total(category: str) -> int:
         return sum(layer.get(category, 0) for layer in by_layer.values())
 
-    median = statistics.median(record.seconds for record in records)
+    warmup = warmup_steps(len(records))
+    timed = [record.seconds for record in records[warmup:]]
+    median = statistics.median(timed)
+    quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
     predicted = run.strategy.predicted
     return RunResult(
         model=run.settings.model, strategy=run.strategy, nproc=run.settings.world,
-        steps=tuple(records), step_seconds_median=median,
+        steps=tuple(records), warmup_steps=warmup, step_seconds_median=median,
+        step_seconds_quartiles=(quartiles[0], quartiles[2]),
         throughput_samples_per_s=run.settings.global_batch / median,
         bytes_per_step=ByteCounts(transfer=total("transfer"), sync=total("sync")),
         predicted_bytes_per_step=ByteCounts(transfer=predicted.transfer_bytes,
@@ -294,6 +302,11 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         host=socket.gethostname(),
         finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
+
+
+def warmup_steps(steps: int) -> int:
+    """How many of a run's first `steps` the step-time statistics leave out."""
+    return min(WARMUP_STEPS, steps // 2)
 
 
 def device_name(device: torch.device) -> str:

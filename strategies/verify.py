@@ -1,0 +1,136 @@
+"""Exactness of a strategy, proven in float64 against plain one-device training.
+
+The runtime's contract is that a step under an exact strategy computes what one device's SGD
+step on the same global batch computes (DESIGN 6). Float32 cannot show it: training is chaotic
+and a reduction in another order moves the loss by 1e-4 within a few steps (DESIGN 3.7). In
+float64 that rounding is ~1e-16 per operation, too small to flip a ReLU or a max-pool tie, so
+after K steps every weight of an exact strategy equals the plain module's to ~1e-13 while a
+real error (a missing halo row, a gradient summed twice) shows at 1e-3 or more.
+
+`reference_run` trains the plain module (no parallelism, torch's own SGD) on the run's own
+settings, seed and global batches, in float64; `compare` reads what a run saved (model.pt and
+result.json) and measures the largest difference of every loss and every parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+
+from strategies.models import build_model
+from strategies.runtime.datasets import GlobalBatches, load_dataset
+from strategies.runtime.result import RunResult, TrainSettings
+
+# Relative difference an exact strategy stays under. float64 rounding over a few steps gives
+# 1e-15..1e-13 (measured on the zoo at 2 and 4 processes); a wrong tile or gradient gives
+# 1e-3 or more: 1e-10 separates them by three orders of magnitude on either side.
+EXACT_TOLERANCE = 1e-10
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The plain module's losses per step and its final state_dict."""
+
+    losses: tuple[float, ...]
+    state: dict[str, torch.Tensor]
+
+
+class Divergence(BaseModel):
+    """How far a run's losses and weights are from one device's, after `steps` steps.
+
+    Differences are relative: a loss's to the reference loss, a tensor's largest absolute
+    difference to the reference tensor's largest magnitude (so a weight near zero does not
+    inflate it). `exact` is None for strategies that are not exact by design (local updates,
+    OWT's variable batch, pipelines that normalise BatchNorm per micro-batch): their
+    divergence is reported, not judged.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    strategy: str
+    nproc: int
+    steps: int
+    max_loss_difference: float
+    max_parameter_difference: float
+    worst_parameter: str
+    tolerance: float
+    exact: bool | None
+
+    @property
+    def largest(self) -> float:
+        return max(self.max_loss_difference, self.max_parameter_difference)
+
+
+def reference_run(settings: TrainSettings, steps: int) -> ReferenceRun:
+    """`steps` SGD steps of the plain module in float64 on the run's settings and batches.
+
+    Seeding, building the module and loading the data happen in the torchrun worker's order,
+    so the weights and the dropout masks the runtime replays are the same draws.
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(settings.seed)
+        module = build_model(settings.model, num_classes=settings.classes,
+                             image_size=settings.image_size, in_channels=settings.in_channels)
+        data = load_dataset(settings.dataset, settings.image_size, settings.classes,
+                            settings.in_channels, settings.seed, Path(settings.data_root))
+        batches = GlobalBatches(data.train, settings.global_batch, settings.seed)
+        optimizer = torch.optim.SGD(module.parameters(), lr=settings.lr,
+                                    momentum=settings.momentum,
+                                    weight_decay=settings.weight_decay)
+        losses = []
+        for step in range(1, steps + 1):
+            x, y = batches.batch_at(step)
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(module(torch.from_numpy(x).to(torch.float64)),
+                                   torch.from_numpy(y))
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:
+        torch.set_default_dtype(previous)
+    return ReferenceRun(losses=tuple(losses),
+                        state={key: value.detach().clone()
+                               for key, value in module.state_dict().items()})
+
+
+def compare(result: RunResult, state: dict[str, torch.Tensor], reference: ReferenceRun,
+            exact: bool) -> Divergence:
+    """The run's divergence from `reference` (its losses per step and its final weights)."""
+    losses = [record.loss for record in result.steps]
+    if len(losses) != len(reference.losses):
+        raise ValueError(f"the run has {len(losses)} steps, the reference "
+                         f"{len(reference.losses)}")
+    loss_difference = max(abs(a - b) / max(abs(b), 1e-300)
+                          for a, b in zip(losses, reference.losses, strict=True))
+    if state.keys() != reference.state.keys():
+        raise ValueError("the run's model.pt does not hold the module's state_dict keys: "
+                         f"{sorted(state.keys() ^ reference.state.keys())[:5]}")
+    worst, worst_difference = "", 0.0
+    for key, expected in reference.state.items():
+        difference = _relative_difference(state[key], expected)
+        if difference >= worst_difference:
+            worst, worst_difference = key, difference
+    return Divergence(strategy=result.strategy.name, nproc=result.nproc, steps=len(losses),
+                      max_loss_difference=loss_difference,
+                      max_parameter_difference=worst_difference, worst_parameter=worst,
+                      tolerance=EXACT_TOLERANCE,
+                      exact=(max(loss_difference, worst_difference) <= EXACT_TOLERANCE
+                             if exact else None))
+
+
+def _relative_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest |actual - expected| over the largest |expected|; integer buffers exactly."""
+    if actual.shape != expected.shape:
+        return float("inf")
+    if not expected.is_floating_point():
+        return 0.0 if torch.equal(actual, expected) else float("inf")
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    difference = float((actual.double() - expected.double()).abs().max()) if expected.numel() \
+        else 0.0
+    return difference / scale if scale > 0 else difference
