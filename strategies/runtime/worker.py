@@ -1,8 +1,8 @@
 """One rank of `layerwise train`: the torchrun entry point.
 
     python -m torch.distributed.run --nproc-per-node 2 --max-restarts 0 \\
-        -m strategies.runtime.worker --out runs/RUN --steps 100 [--checkpoint-every 50] \\
-        [--timeout 120] [--resume]
+        -m strategies.runtime.worker --out runs/RUN [runs/RUN2 ...] --steps 100 \\
+        [--checkpoint-every 50] [--timeout 120] [--resume]
 
 `layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
 model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer
@@ -130,8 +130,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m strategies.runtime.worker",
         description="One rank of a layer-wise training run (start it with torchrun).")
-    parser.add_argument("--out", type=Path, required=True,
-                        help=f"run folder holding {STRATEGY_FILE} and {SETTINGS_FILE}")
+    parser.add_argument("--out", type=Path, nargs="+", required=True,
+                        help=f"run folder holding {STRATEGY_FILE} and {SETTINGS_FILE}; several "
+                             "train one after another in the same processes (layerwise verify "
+                             "checks many strategies for the price of one start)")
     parser.add_argument("--steps", type=_positive, required=True,
                         help="train until this step (the launcher turns --epochs into steps)")
     parser.add_argument("--checkpoint-every", type=_positive, default=DEFAULT_CHECKPOINT_EVERY,
@@ -140,7 +142,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds a collective may wait for its peers")
     parser.add_argument("--resume", action="store_true",
                         help=f"continue from the run folder's {CHECKPOINT_NAME}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.resume and len(args.out) > 1:
+        parser.error("--resume continues one run folder")
+    return args
 
 
 def _positive(text: str) -> int:
@@ -153,10 +158,13 @@ def _positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    out = args.out[0]
     try:
-        train(args)
+        process = join(args.timeout)
+        for out in args.out:
+            train(out, args, process)
     except BaseException as error:
-        record_failure(args.out, rank, error)
+        record_failure(out, rank, error)
         raise
     dist.destroy_process_group()
 
@@ -169,11 +177,31 @@ def record_failure(out: Path, rank: int, error: BaseException) -> None:
     write_atomic(out / ERRORS_DIR / f"rank{rank}.json", json.dumps(failure) + "\n")
 
 
-def train(args: argparse.Namespace) -> None:
+@dataclass(frozen=True)
+class Process:
+    """This process's place in the job, joined once for all its run folders."""
+
+    rank: int
+    world: int
+    device: torch.device
+    backend: str
+
+
+def join(timeout: float) -> Process:
+    """Pick this process's device and join the torchrun job."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    device, backend = choose_device(local_rank, local_world)
+    rank, world = init_distributed(backend, timeout)
+    return Process(rank=rank, world=world, device=device, backend=backend)
+
+
+def train(out: Path, args: argparse.Namespace, process: Process) -> None:
     """Train until --steps, checkpointing; rank 0 writes model.pt and result.json at the end."""
     fault = Fault.from_environment()
-    run = start(args.out, args.timeout)
-    checkpoint = args.out / CHECKPOINT_NAME
+    run = start(out, process)
+    checkpoint = out / CHECKPOINT_NAME
     done, records = load_checkpoint(checkpoint, run.engine) if args.resume else (0, [])
     if done >= args.steps:
         raise LayerwiseError(f"the checkpoint is at step {done}: ask for more steps")
@@ -190,20 +218,16 @@ def train(args: argparse.Namespace) -> None:
             fault.fire(run.rank, step)
     result = gather_result(run, records, step_bytes, done)
     if state is not None and result is not None:
-        with atomic_path(args.out / MODEL_FILE) as temporary:
+        with atomic_path(out / MODEL_FILE) as temporary:
             torch.save(state, temporary)
-        result.save(args.out / RESULT_FILE)
+        result.save(out / RESULT_FILE)
 
 
-def start(out: Path, timeout: float) -> Run:
-    """Join the job and build this rank's engine (its model parts and optimizer) and batches."""
+def start(out: Path, process: Process) -> Run:
+    """Build this rank's engine (its model parts and optimizer) and batches for one run."""
     settings = TrainSettings.load(out / SETTINGS_FILE)
     strategy = Strategy.load(out / STRATEGY_FILE)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    device, backend = choose_device(local_rank, local_world)
-    rank, world = init_distributed(backend, timeout)
+    rank, world, device = process.rank, process.world, process.device
     if world != settings.world:
         raise LayerwiseError(f"{out / SETTINGS_FILE} is for {settings.world} processes, "
                              f"torchrun started {world}")
@@ -219,7 +243,7 @@ def start(out: Path, timeout: float) -> Run:
                         settings.in_channels, settings.seed, Path(settings.data_root))
     batches = GlobalBatches(data.train, settings.global_batch, settings.seed)
     return Run(settings=settings, strategy=strategy, engine=engine, batches=batches,
-               device=device, backend=backend)
+               device=device, backend=process.backend)
 
 
 def choose_device(local_rank: int, local_world: int) -> tuple[torch.device, str]:
