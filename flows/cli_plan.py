@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from strategies.cost import CostModel
     from strategies.graph import LayerGraph
     from strategies.oracle import OracleCase
-    from strategies.partition import PipelinePlan
+    from strategies.schedules.pipeline.planner import PipelinePlan
     from strategies.search import SearchResult
     from strategies.strategy import Strategy
 
@@ -160,7 +160,7 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     pipeline = None
     for name in baselines:
         if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
-            from strategies.partition import pipeline_report, plan_strategy
+            from strategies.schedules.pipeline.planner import pipeline_report, plan_strategy
 
             pipeline = pipeline_report(cost)
             strategies[name] = plan_strategy(pipeline, graph)

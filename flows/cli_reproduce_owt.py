@@ -7,7 +7,7 @@ AlexNet (224 px, 1000 classes), 128 images per GPU, one ImageNet epoch (1,281,16
 1, 2, 4 and 8 GPUs of the k20x8 preset (two PCIe groups of 4; traffic across the groups at
 half the throughput), t_c from the roofline on the K20; every OWT scheme with the fixed and
 the variable batch (scheme a has one FC pass, so only its fixed batch is listed). The step
-model is strategies/owt.py's `predict`.
+model is strategies/schedules/owt/planner.py's `predict`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from flows.console import console, print_json
 
 def reproduce_owt(as_json: bool) -> None:
     """Print the predicted epoch time and speedup of every scheme, batch mode and GPU count."""
-    from strategies.owt import (
+    from strategies.schedules.owt.planner import (
         IMAGENET_TRAIN_IMAGES,
         REPRODUCE_BATCH_PER_GPU,
         REPRODUCE_CLUSTER,

@@ -8,9 +8,10 @@ from pydantic import BaseModel, ConfigDict
 
 from strategies.cost import Breakdown
 from strategies.errors import ConfigError
-from strategies.execution import Execution, LayerwiseExecution
+from strategies.execution import LayerwiseExecution
 from strategies.files import read_json_model, write_atomic
 from strategies.graph import LayerGraph
+from strategies.schedules import Execution
 from strategies.space import ParallelConfig, check_config
 
 SCHEMA_VERSION = 1

@@ -28,7 +28,11 @@ from strategies.cluster import load_cluster
 from strategies.cost import AnalyticCompute, CostModel
 from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
-from strategies.local import (
+from strategies.models import build_model
+from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from strategies.runtime.result import RunResult, TrainSettings
+from strategies.schedules.local.engine import LocalEngine, auxiliary_heads
+from strategies.schedules.local.planner import (
     Cut,
     best_cuts,
     block_cuts,
@@ -38,10 +42,6 @@ from strategies.local import (
     local_strategy,
     predict,
 )
-from strategies.models import build_model
-from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.local import LocalEngine, auxiliary_heads
-from strategies.runtime.result import RunResult, TrainSettings
 from strategies.strategy import Strategy
 from tests.distributed import spawn_cases
 

@@ -25,10 +25,10 @@ from strategies.cost import AnalyticCompute, CostModel
 from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.models import build_model
-from strategies.owt import build_strategy
-from strategies.runtime.engine import EngineContext
-from strategies.runtime.owt import OwtEngine
+from strategies.runtime.engine_base import EngineContext
 from strategies.runtime.result import TrainSettings
+from strategies.schedules.owt.engine import OwtEngine
+from strategies.schedules.owt.planner import build_strategy
 from strategies.strategy import Strategy
 from tests import distributed
 from tests.distributed import Outcome, assert_same_training, spawn_cases
@@ -193,9 +193,10 @@ def _pass_rows(scheme: str, batch: int, workers: int) -> list[torch.Tensor]:
 
 
 def variable_batch_reference(case: OwtCase, workers: int) -> Outcome:
-    """LeNet-5 on one process under the variable batch rule of strategies/runtime/owt.py: an
-    SGD step of the classifier after every pass, on that pass's mean loss; one step of the
-    features per global batch, on the gradient of the mean of the pass losses."""
+    """LeNet-5 on one process under the variable batch rule of
+    strategies/schedules/owt/engine.py: an SGD step of the classifier after every pass, on that
+    pass's mean loss; one step of the features per global batch, on the gradient of the mean of
+    the pass losses."""
     module = _module(case)
     try:
         features_sgd = _sgd(module.features.parameters())

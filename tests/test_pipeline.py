@@ -26,10 +26,13 @@ from flows.cli import app
 from strategies.cluster import cluster_from_mapping, load_cluster
 from strategies.cost import AnalyticCompute, CostModel
 from strategies.errors import ConfigError
-from strategies.execution import PipelineExecution, PipelineStage
 from strategies.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
 from strategies.models import build_model
-from strategies.partition import (
+from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from strategies.runtime.result import RunResult, TrainSettings
+from strategies.schedules.pipeline.engine import PipelineEngine
+from strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
+from strategies.schedules.pipeline.planner import (
     MICRO_BATCHES_PER_STAGE,
     PipelineCosts,
     check_execution,
@@ -39,9 +42,6 @@ from strategies.partition import (
     plan_strategy,
     row_pieces,
 )
-from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.pipeline import PipelineEngine
-from strategies.runtime.result import RunResult, TrainSettings
 from strategies.strategy import Strategy
 from tests import distributed
 from tests.distributed import spawn_cases

@@ -23,7 +23,7 @@ import torch
 
 from strategies.errors import LayerwiseError
 from strategies.files import atomic_path
-from strategies.runtime.engine import MODEL_STATE_KEY, Engine
+from strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
 from strategies.runtime.result import StepRecord
 
 CHECKPOINT_NAME = "checkpoint.pt"

@@ -50,7 +50,8 @@ from strategies.models import build_model
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from strategies.runtime.comm import Category, init_distributed
 from strategies.runtime.datasets import GlobalBatches, load_dataset
-from strategies.runtime.engine import Engine, EngineContext, build_engine
+from strategies.runtime.engine import build_engine
+from strategies.runtime.engine_base import Engine, EngineContext
 from strategies.runtime.result import (
     ByteCounts,
     RunResult,

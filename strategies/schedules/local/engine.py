@@ -1,6 +1,6 @@
 """Local parallelism executed (Laskin, Metz et al. 2020, DESIGN 3.4): one block per rank.
 
-Rank k holds block k (contiguous layers, strategies/local.py cuts them) and, except the last,
+Rank k holds block k (contiguous layers, planner.py cuts them) and, except the last,
 an auxiliary head: global average pooling and one Linear to the classes. Each block learns
 from its own loss, the cross-entropy of its head (the last block: the model's classifier), so
 no gradient has to wait for the blocks after it: a rank updates (its own SGD over block and
@@ -58,12 +58,12 @@ from torch import fx, nn
 from torch.func import functional_call
 
 from strategies.errors import ConfigError
-from strategies.execution import LocalExecution
 from strategies.graph import Layer, LayerGraph
-from strategies.local import Cut, block_cuts, output_classes
 from strategies.runtime.comm import ByteCounter
-from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
+from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.functions import dropout_mask
+from strategies.schedules.local.execution import LocalExecution
+from strategies.schedules.local.planner import Cut, block_cuts, output_classes
 
 ACTIVATION_TAG = 1  # block k -> k+1: block k's output
 GRADIENT_TAG = 2  # block k+1 -> k (overlapping): dL_{k+1} / d(block k's output)

@@ -53,8 +53,8 @@ from pydantic import BaseModel, ConfigDict
 from strategies.cluster import Link
 from strategies.cost import Breakdown, CostModel
 from strategies.errors import ConfigError
-from strategies.execution import PipelineExecution, PipelineStage
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
 from strategies.space import ParallelConfig
 from strategies.strategy import Strategy
 
@@ -536,7 +536,7 @@ def pipeline_report(cost: CostModel) -> PipelinePlan:
 def build_strategy(name: str, cost: CostModel) -> Strategy:
     """The `pipeline` strategy: per-layer n{d_s} on each stage's devices, 1F1B execution."""
     if name != "pipeline":
-        raise ConfigError(f"strategies.partition builds 'pipeline', not '{name}'")
+        raise ConfigError(f"strategies.schedules.pipeline builds 'pipeline', not '{name}'")
     return plan_strategy(optimal_pipeline(cost), cost.graph)
 
 

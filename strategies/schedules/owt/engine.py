@@ -1,7 +1,7 @@
 """OWT (Krizhevsky 2014, DESIGN 3.2) on torch.distributed: one worker per rank.
 
 Every worker keeps a full replica of the sample-parallel part (every layer up to the flatten,
-strategies/owt.py) and runs it on its own b = B/K rows of the global batch; it keeps rows
+planner.py) and runs it on its own b = B/K rows of the global batch; it keeps rows
 [start, stop) of every FC layer's weight and bias (its 1/K of the neurons). One step:
 1. draw every dropout mask over the whole global batch, in the plain module's forward order
    (as the layer-wise executor does), so that each worker's rows and columns of a mask are the
@@ -48,12 +48,12 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from strategies.errors import ConfigError
-from strategies.execution import OwtExecution
 from strategies.graph import Layer, LayerGraph
-from strategies.owt import OwtSplit, check_owt, owt_assignment
 from strategies.runtime.comm import ByteCounter, Communicator, ring_bytes
-from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
+from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.functions import dropout_mask, sharded_cross_entropy, sync_batch_norm
+from strategies.schedules.owt.execution import OwtExecution
+from strategies.schedules.owt.planner import OwtSplit, check_owt, owt_assignment
 from strategies.space import tile_range
 from strategies.strategy import Strategy
 

@@ -5,7 +5,7 @@ only where exactly one tensor crosses it (never inside a residual block), becaus
 fed by one activation and its auxiliary head reads one. Block k runs whole on device k (every
 layer `n1c1h1w1@k`), trains on its own loss and sends its output forward; with the
 overlapping variant it also sends the gradient of its loss with respect to its input back one
-block (strategies/runtime/local.py executes both).
+block (engine.py executes both).
 
 Which cuts: an exact dynamic programme over the legal cut points minimises the largest block
 cost, the quantity the prediction reports, so the partition is optimal under it.
@@ -32,8 +32,8 @@ from math import prod
 
 from strategies.cost import AnalyticCompute, Breakdown, CostModel
 from strategies.errors import ConfigError
-from strategies.execution import LocalBlock, LocalExecution
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from strategies.schedules.local.execution import LocalBlock, LocalExecution
 from strategies.space import ParallelConfig
 from strategies.strategy import Strategy
 from strategies.tiles import TileWork

@@ -19,7 +19,7 @@ With `variable_batch` the FC weights take one SGD step after each of the K parti
 the gradient of that pass's mean loss (batch b), while the conv weights take one step per
 global batch (batch B); scheme a has one pass, so its variable batch equals its fixed batch
 (`owt_a_vb` is accepted and identical to `owt_a`). The exact rule is in
-strategies/runtime/owt.py, which runs these schemes.
+engine.py, which runs these schemes.
 
 Bytes: every scheme moves what Eq. 1 counts for the OWT configs: each worker's b x F rows to the
 K-1 others and their gradients back, and the column all-gathers between consecutive FC layers,
@@ -41,8 +41,8 @@ from strategies.baselines import baseline
 from strategies.cluster import Link, load_cluster
 from strategies.cost import AnalyticCompute, Breakdown, CostModel
 from strategies.errors import ConfigError
-from strategies.execution import OwtExecution
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
+from strategies.schedules.owt.execution import OwtExecution
 from strategies.space import ParallelConfig
 from strategies.strategy import Strategy
 

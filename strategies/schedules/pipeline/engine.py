@@ -2,7 +2,7 @@
 
     layerwise train lenet5 --strategy pipeline --nproc 2 --steps 100
 
-Every rank belongs to one stage of the strategy's `PipelineExecution` (strategies/partition.py
+Every rank belongs to one stage of the strategy's `PipelineExecution` (planner.py
 chose the cuts, each stage's devices and M). A stage's module is the fx subgraph of its layers
 (torch.fx.symbolic_trace of the plain module, then split_module). A step cuts the global batch
 into M micro-batches and runs them one-forward-one-backward: stage s of S runs min(S-1-s, M)
@@ -40,13 +40,18 @@ from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
 from strategies.errors import ConfigError
-from strategies.execution import PipelineExecution
 from strategies.graph import LayerGraph
-from strategies.partition import check_execution, crossing, row_pieces, stage_assignment
 from strategies.runtime.buckets import flatten_into
 from strategies.runtime.comm import ByteCounter, Communicator
-from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
+from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.functions import dropout_mask
+from strategies.schedules.pipeline.execution import PipelineExecution
+from strategies.schedules.pipeline.planner import (
+    check_execution,
+    crossing,
+    row_pieces,
+    stage_assignment,
+)
 
 _FORWARD, _BACKWARD = 0, 1
 _Sent = tuple[dist.Work, torch.Tensor]  # a send in progress and the piece it sends

@@ -1,0 +1,148 @@
+"""The strategies from the literature, one folder each, and the registry that names them.
+
+A strategy from a paper is a planner (its per-layer configs, its schedule and its predicted
+cost, for a CostModel), an engine (one rank's share of a training step under that schedule) and
+an execution type (the schedule as the Strategy JSON states it). Each lives in its folder here;
+`SCHEDULES` holds one entry per folder, and everything else reads it: the names
+`layerwise train --strategy` and `layerwise search --baselines` accept (`SCHEDULED`,
+`scheduled_strategy`), their help (`schedule_help`), which runs equal one device's SGD
+(`INEXACT`, `is_exact`), the `Execution` union `Strategy.execution` holds, and the engine the
+torchrun worker builds (strategies/runtime/engine.py). Planners and engines are imported by
+path when asked for, so the worker imports no planner it does not run and a planner no engine;
+execution types are imported here, as the Strategy contract needs them all.
+
+Add a strategy
+--------------
+1. A folder `strategies/schedules/<name>/` with an `__init__.py` citing the paper and
+   - `planner.py`: `build_strategy(name, cost) -> Strategy` (per-layer configs via
+     `Strategy.from_assignment`, the execution, the predicted cost); it rejects other names;
+   - if the per-layer configs alone do not say how it runs: `execution.py`, an
+     `ExecutionBase` subclass (strategies/execution.py) with `kind: Literal["<name>"]` and the
+     schedule's options, pure pydantic; and `engine.py`, a class built from an
+     `EngineContext` that meets the `Engine` protocol (strategies/runtime/engine_base.py).
+     Without them the layer-wise executor runs its configs (`LayerwiseExecution`).
+2. One entry in `SCHEDULES`: its names, the names inexact by design, and the paths above.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import reduce
+from operator import or_
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
+
+from strategies.errors import ConfigError
+from strategies.execution import ExecutionBase, LayerwiseExecution
+from strategies.schedules.local.execution import LocalExecution
+from strategies.schedules.owt.execution import OwtExecution
+from strategies.schedules.pipeline.execution import PipelineExecution
+
+if TYPE_CHECKING:
+    from strategies.cost import CostModel
+    from strategies.graph import LayerGraph
+    from strategies.runtime.engine_base import Engine, EngineContext
+    from strategies.strategy import Strategy
+
+LAYERWISE_ENGINE = "strategies.runtime.engine:LayerwiseEngine"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """One strategy family: the names users give it, how it is planned, run and judged.
+
+    `builder` and `engine` are "module:attribute" paths, imported only when used.
+    """
+
+    help: str  # one phrase for the CLI, citing the paper
+    names: tuple[str, ...] = ()  # what --strategy / --baselines accept; none: not built by name
+    builder: str | None = None  # (name, cost) -> Strategy
+    execution: type[ExecutionBase] = LayerwiseExecution
+    engine: str = LAYERWISE_ENGINE  # built from an EngineContext on every rank
+    inexact: tuple[str, ...] = ()  # names whose step is not one device's SGD step by design
+
+    def __post_init__(self) -> None:
+        if self.names and self.builder is None:
+            raise ValueError(f"schedule {self.names} names no builder")
+        if not set(self.inexact) <= set(self.names):
+            raise ValueError(f"inexact names {self.inexact} are not among {self.names}")
+
+    def build(self, name: str, cost: CostModel) -> Strategy:
+        """The strategy `name` for `cost`'s graph and devices, with its predicted cost."""
+        assert self.builder is not None  # `SCHEDULED` holds only schedules with a builder
+        return _load(self.builder)(name, cost)
+
+    def build_engine(self, context: EngineContext) -> Engine:
+        """This rank's engine for `context.strategy`."""
+        return _load(self.engine)(context)
+
+
+SCHEDULES: tuple[Schedule, ...] = (
+    Schedule(help="Jia et al. 2018: every layer's tiles as its config says"),
+    Schedule(
+        names=("owt_a", "owt_b", "owt_c", "owt_a_vb", "owt_b_vb", "owt_c_vb"),
+        inexact=("owt_b_vb", "owt_c_vb"),  # FC weights step K times per step
+        execution=OwtExecution,
+        builder="strategies.schedules.owt.planner:build_strategy",
+        engine="strategies.schedules.owt.engine:OwtEngine",
+        help="Krizhevsky 2014's one weird trick: sample-parallel convs, channel-parallel FC, "
+             "hand-off a all-gather, b broadcast per turn, c 1/K per round; _vb variable batch"),
+    Schedule(
+        names=("pipeline",),
+        execution=PipelineExecution,
+        builder="strategies.schedules.pipeline.planner:build_strategy",
+        engine="strategies.schedules.pipeline.engine:PipelineEngine",
+        help="Akintoye et al. 2023: contiguous stages, 1F1B micro-batches"),
+    Schedule(
+        names=("local", "local_overlap"),
+        inexact=("local", "local_overlap"),  # local losses, not global backprop
+        execution=LocalExecution,
+        builder="strategies.schedules.local.planner:build_strategy",
+        engine="strategies.schedules.local.engine:LocalEngine",
+        help="Laskin et al. 2020: blocks with local losses, greedy or overlapping"),
+)
+
+SCHEDULED: dict[str, Schedule] = {name: schedule for schedule in SCHEDULES
+                                  for name in schedule.names}
+
+INEXACT: frozenset[str] = frozenset(name for schedule in SCHEDULES for name in schedule.inexact)
+
+Execution = Annotated[
+    reduce(or_, dict.fromkeys(schedule.execution for schedule in SCHEDULES)),
+    Field(discriminator="kind"),
+]
+
+
+def _load(path: str) -> Any:
+    """The attribute a "module:attribute" path names, importing its module."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def schedule_of(execution: ExecutionBase) -> Schedule:
+    """The first entry whose execution type `execution` is: the one whose engine runs it."""
+    return next(schedule for schedule in SCHEDULES if type(execution) is schedule.execution)
+
+
+def is_exact(strategy: Strategy, graph: LayerGraph) -> bool:
+    """Whether a step under `strategy` equals one device's SGD step (up to rounding).
+
+    Not: the INEXACT ones by design, nor an execution that is not on this graph
+    (`ExecutionBase.exact_on`: a pipeline with BatchNorm across devices or micro-batches).
+    """
+    return strategy.name not in INEXACT and strategy.execution.exact_on(graph)
+
+
+def scheduled_strategy(name: str, cost: CostModel) -> Strategy:
+    """The named strategy for `cost`'s graph and devices, with its predicted cost."""
+    if name not in SCHEDULED:
+        raise ConfigError(f"unknown strategy '{name}'; choose from {', '.join(SCHEDULED)}")
+    return SCHEDULED[name].build(name, cost)
+
+
+def schedule_help() -> str:
+    """The scheduled strategies for a CLI help text: each family's names, then its phrase."""
+    return "; ".join(f"{'|'.join(schedule.names)} ({schedule.help})"
+                     for schedule in SCHEDULES if schedule.names)
