@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from flows.cli.console import console, human_count, print_json, user_errors
-from strategies.jobs.options import DEFAULT_BATCH_PER_DEVICE
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 
 def register(app: typer.Typer) -> None:

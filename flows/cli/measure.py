@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.table import Table
 
 from flows.cli.console import console, human_count, print_json, user_errors
-from strategies.jobs.options import DEFAULT_BATCH_PER_DEVICE
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 DEFAULT_CLUSTER_OUT = Path("data") / "profiles" / "cluster-local.yaml"
 # Per-call cost of a tile run in FLOP-equivalents, so the time-left estimate does not treat

@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from flows.cli.console import console, print_json, user_errors
-from strategies.jobs.options import DEFAULT_BATCH_PER_DEVICE
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 if TYPE_CHECKING:
     from strategies.cost import CostModel

@@ -35,7 +35,7 @@ from rich.progress import (
 from rich.table import Table
 
 from flows.cli.console import console, error_console, human_count, user_errors
-from strategies.jobs.options import DEFAULT_BATCH_PER_DEVICE
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 if TYPE_CHECKING:
     from strategies.jobs.job import Job

@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from strategies.errors import LayerwiseError
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
-DEFAULT_BATCH_PER_DEVICE = 32  # Jia et al. 2018 train with 32 images per GPU
 # The order in which out-of-range options are reported (the first one found is named).
 _RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "lr", "seed", "momentum",
                       "weight_decay")
