@@ -1,6 +1,6 @@
 """The benchmark flow: data -> calibrate -> profile -> search -> train -> validate -> track.
 
-    layerwise run                                       # configs/benchmark.yaml, see cli_run.py
+    layerwise run                           # configs/benchmark.yaml, see flows/cli/run.py
     layerwise run --set strategies=[data,owt] --set steps=80
 
 With `cluster: calibrated` it first measures this machine's links between the `nproc` ranks
@@ -33,10 +33,11 @@ from prefect.runtime import flow_run
 from rich.table import Table
 
 from flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
-from flows.cli_train import RUNS_DIR
-from flows.console import console
+from flows.cli.console import console
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph, build_graph
+from strategies.jobs.job import RUNS_DIR
+from strategies.jobs.options import TrainOptions
 from strategies.profile import device_name, resolve_device
 from strategies.runtime.datasets import ImageSpec
 from strategies.runtime.result import RunResult
@@ -237,19 +238,16 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
 
 
 def _train_options(context: Context, *, nproc: int, batch_per_device: int,
-                   profile: Path | None) -> dict[str, Any]:
-    """`layerwise train`'s run options for this benchmark."""
+                   profile: Path | None) -> TrainOptions:
+    """The training run's options for this benchmark."""
     config = context.config
-    options: dict[str, Any] = {
-        "nproc": nproc, "cluster": context.cluster, "dataset": config.dataset,
-        "batch_per_device": batch_per_device, "image_size": config.image_size,
-        "classes": config.classes, "lr": config.lr, "momentum": config.momentum,
-        "weight_decay": config.weight_decay, "seed": config.seed,
-        "profile": str(profile) if profile is not None else None,
-    }
-    if context.image is not None:
-        options["in_channels"] = context.image.channels
-    return options
+    return TrainOptions(
+        nproc=nproc, cluster=context.cluster, dataset=config.dataset,
+        batch_per_device=batch_per_device, image_size=config.image_size,
+        classes=config.classes, lr=config.lr, momentum=config.momentum,
+        weight_decay=config.weight_decay, seed=config.seed,
+        profile=str(profile) if profile is not None else None,
+        in_channels=context.image.channels if context.image is not None else None)
 
 
 def _run_params(context: Context, model: ModelVersion, graph: LayerGraph,

@@ -5,7 +5,8 @@ per rank, `profile_graph_concurrently`); on a GPU each rank has its own device a
 measures. The profile file under data/profiles/ is keyed by model structure, global batch,
 device, dtype, torch version and that concurrency (`strategies.profile.profile_key`), so it is
 the cache: a second benchmark of the same model on the same machine measures nothing, and one
-that needs more configurations measures only the missing tiles.
+that needs more configurations measures only the missing tiles. A file is reused under the
+same rule as `layerwise profile`'s (strategies.jobs.profile_reuse).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from prefect.cache_policies import NO_CACHE
 
 from strategies.baselines import BASELINES, baseline
 from strategies.graph import LayerGraph
+from strategies.jobs.profile_reuse import reusable_profile
 from strategies.profile import (
-    Profile,
     concurrent_threads,
     default_profile_path,
     device_name,
@@ -49,8 +50,9 @@ def profile_model(graph: LayerGraph, devices: int, strategies: Sequence[str]) ->
     logger = get_run_logger()
     target = resolve_device(None)
     processes = devices if target.type == "cpu" else 1
-    path = default_profile_path(graph, device_name(target), processes=processes)
-    existing = Profile.reusable(path)
+    name = device_name(target)
+    path = default_profile_path(graph, name, processes=processes)
+    existing = reusable_profile(path, graph, name, processes)
     if existing is None and path.exists():
         logger.info("profile %s was measured by an older layerwise: measuring it again", path)
     started = time.perf_counter()

@@ -13,9 +13,10 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.cli_plan import baseline_strategy, cost_model, searched_strategy
 from strategies.graph import LayerGraph
-from strategies.schedules import SCHEDULED, scheduled_strategy
+from strategies.jobs.costing import cost_model
+from strategies.jobs.named_strategies import strategy_by_name
+from strategies.search import SearchResult
 
 
 @task(name="search", cache_policy=NO_CACHE)
@@ -24,16 +25,14 @@ def search_strategies(graph: LayerGraph, cluster: str, devices: int, profile: Pa
     """Strategy name -> its JSON file in `out`, predicted with the profile or the roofline."""
     logger = get_run_logger()
     cost = cost_model(graph, cluster, devices, profile, analytic=profile is None)
+
+    def log_search(result: SearchResult) -> None:
+        logger.info("layer-wise search: %.3f s (%s, final graph %d node(s))",
+                    result.search_seconds, result.search_method, result.final_graph_nodes)
+
     files = {}
     for name in strategies:
-        if name == "layerwise":
-            strategy, result = searched_strategy(cost)
-            logger.info("layer-wise search: %.3f s (%s, final graph %d node(s))",
-                        result.search_seconds, result.search_method, result.final_graph_nodes)
-        elif name in SCHEDULED:
-            strategy = scheduled_strategy(name, cost)
-        else:
-            strategy = baseline_strategy(cost, name)
+        strategy = strategy_by_name(name, cost, on_search=log_search)
         files[name] = strategy.save(out / f"{name}.strategy.json")
         logger.info("%s: predicted %.3f ms per step, %d transfer + %d sync bytes", name,
                     strategy.predicted.step_seconds * 1e3, strategy.predicted.transfer_bytes,

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from flows.benchmark_config import load_config
 from flows.cli import app
-from flows.cli_run import embedded_environment
+from flows.cli.run import embedded_environment
 from strategies.calibrate import calibration_path
 
 pytestmark = pytest.mark.slow
@@ -131,7 +131,7 @@ def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
     """Prefect reads its settings once, on import: set later, the local server's home and its
     120 s first-start limit would not apply (its first start takes ~20 s on 2 cores, Prefect's
     own limit)."""
-    script = ("from flows.cli_run import prepare_run\n"
+    script = ("from flows.cli.run import prepare_run\n"
               "prepare_run(None, ['dataset=synthetic'])\n"
               "from prefect.settings import get_current_settings\n"
               "settings = get_current_settings()\n"

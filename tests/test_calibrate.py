@@ -10,7 +10,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from flows.cli_measure import register
+from flows.cli.measure import register
 from strategies.calibrate import (
     Calibration,
     _run_workers,

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows.cli_train import new_job, run_torchrun, torchrun_command, write_run_folder
+from strategies.jobs.job import new_job
+from strategies.jobs.launch import run_torchrun, torchrun_command, write_run_folder
+from strategies.jobs.options import TrainOptions
 from tasks import track
 
 pytestmark = pytest.mark.slow
@@ -119,12 +121,12 @@ def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, stop_signal):
 
 def test_a_run_past_its_deadline_is_stopped_with_its_workers(tmp_path):
     out = tmp_path / "run"
-    options = {"nproc": 2, "image_size": 8, "batch_per_device": 4}
+    options = TrainOptions(nproc=2, image_size=8, batch_per_device=4)
     job = new_job("tiny_cnn", "data", options, out, analytic=True)
     command = torchrun_command(job, 100000, 100000, 60.0, None, None)
     write_run_folder(job)
     with pytest.raises(TimeoutError, match="deadline of 8 s"):
-        run_torchrun(command, job, lambda lines: lines.read(), deadline_s=8.0)
+        run_torchrun(command, job, deadline_s=8.0)
     _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
 
 

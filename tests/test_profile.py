@@ -13,7 +13,7 @@ import typer
 from torch import nn
 from typer.testing import CliRunner
 
-from flows.cli_measure import register
+from flows.cli.measure import register
 from strategies.cluster import load_cluster
 from strategies.cost import CostModel, ProfiledCompute
 from strategies.errors import LayerwiseError

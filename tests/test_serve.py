@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flows.benchmark_config import load_config
 from flows.cli import app
-from flows.cli_serve import check_cron
+from flows.cli.serve import check_cron
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,12 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.cli_plan import baseline_strategy, cost_model
-from flows.cli_train import LOG_FILE, RUN_DEFAULTS, failure_line
 from strategies.graph import build_graph
+from strategies.jobs.costing import cost_model
+from strategies.jobs.failure import failure_line
+from strategies.jobs.launch import LOG_FILE
+from strategies.jobs.named_strategies import strategy_by_name
+from strategies.jobs.options import TrainOptions
 from strategies.models import build_model
 from strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
@@ -50,14 +53,14 @@ def one_line_error(result, code: int, *fragments: str) -> str:
 def strategy_file(path: Path, model: str, devices: int, image_size: int = 8) -> Path:
     """Data parallelism saved as a strategy file, as `layerwise search --save` writes one."""
     graph = build_graph(model, batch=4 * devices, image_size=image_size, num_classes=10)
-    baseline_strategy(cost_model(graph, "local", devices, None, True), "data").save(path)
+    strategy_by_name("data", cost_model(graph, "local", devices, None, True)).save(path)
     return path
 
 
 def test_the_profile_times_the_update_that_train_runs_by_default():
     """The cost model's t_c holds the SGD update the profile timed: the one a run takes."""
-    assert (RUN_DEFAULTS["momentum"], RUN_DEFAULTS["weight_decay"]) == (SGD_MOMENTUM,
-                                                                          SGD_WEIGHT_DECAY)
+    defaults = TrainOptions()
+    assert (defaults.momentum, defaults.weight_decay) == (SGD_MOMENTUM, SGD_WEIGHT_DECAY)
 
 
 def test_train_measures_the_bytes_the_cost_model_predicts(tmp_path):

@@ -18,8 +18,6 @@ error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 
-DEFAULT_BATCH_PER_DEVICE = 32  # Jia et al. 2018 train with 32 images per GPU
-
 
 def user_errors(command: Command) -> Command:
     """Turn a LayerwiseError into one line on stderr and exit code 2 (no traceback)."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 import typer
 from rich.table import Table
 
-from flows.console import console, print_json, user_errors
+from flows.cli.console import console, print_json, user_errors
 from strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.console import console, error_console, user_errors
+from flows.cli.console import console, error_console, user_errors
 
 if TYPE_CHECKING:
     from flows.benchmark_config import BenchmarkConfig

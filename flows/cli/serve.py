@@ -6,7 +6,7 @@
     layerwise serve --cron "30 1 * * 1-5" --config nightly.yaml --set steps=200
 
 The process serves until stopped (Ctrl-C) and runs each scheduled benchmark in this directory,
-with the same embedded defaults as `layerwise run` (cli_run.py). Prefect's ephemeral API runs
+with the same embedded defaults as `layerwise run` (flows/cli/run.py). Prefect's ephemeral API runs
 no scheduler, so without a server the deployment would never fire: the command says so in one
 line instead of waiting forever. prefect.yaml holds the same deployment for work pools.
 """
@@ -18,8 +18,8 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_run import use_embedded_environment
-from flows.console import user_errors
+from flows.cli.console import user_errors
+from flows.cli.run import use_embedded_environment
 from strategies.errors import LayerwiseError
 
 DEPLOYMENT_NAME = "nightly-benchmark"

@@ -33,7 +33,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.console import DEFAULT_BATCH_PER_DEVICE, console, human_count, print_json, user_errors
+from flows.cli.console import console, human_count, print_json, user_errors
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 DEFAULT_CLUSTER_OUT = Path("data") / "profiles" / "cluster-local.yaml"
 # Per-call cost of a tile run in FLOP-equivalents, so the time-left estimate does not treat
@@ -95,12 +96,10 @@ def profile(
     With --processes P, P profilers measure at once and each tile keeps the slowest time: a
     CPU run of P ranks on this machine is predicted from that profile.
     """
-    import torch
-
     from strategies.errors import ConfigError, LayerwiseError
     from strategies.graph import build_graph
+    from strategies.jobs.profile_reuse import ProfileMismatchError, reusable_profile
     from strategies.profile import (
-        Profile,
         concurrent_threads,
         default_profile_path,
         device_name,
@@ -129,15 +128,11 @@ def profile(
                         num_classes=classes, in_channels=in_channels)
     name = device_name(target)
     path = out if out is not None else default_profile_path(graph, name, processes=processes)
-    existing = None if force else Profile.reusable(path)
+    try:
+        existing = None if force else reusable_profile(path, graph, name, processes)
+    except ProfileMismatchError as error:
+        raise LayerwiseError(f"{error}; or pass --force to replace that file") from None
     stale = path.exists() and not force and existing is None
-    if existing is not None:
-        try:
-            existing.check_matches(graph, source=path)
-            existing.check_device(name, torch.__version__, source=path)
-            existing.check_processes(processes, source=path)
-        except LayerwiseError as error:
-            raise LayerwiseError(f"{error}; or pass --force to replace that file") from None
     plan = tile_plan(graph, devices)
     todo = missing_tiles(plan, existing)
     to_measure = {layer: tiles for layer, tiles in todo.items()

@@ -1,4 +1,4 @@
-"""The `layerwise` command line.
+"""What there is to plan for: the model zoo, a model's layer graph, the cluster presets.
 
     layerwise models
     layerwise graph vgg16 --cluster p100x16
@@ -6,23 +6,6 @@
     layerwise graph mypkg.nets:make_net --image-size 64 --classes 10
     layerwise clusters
     layerwise clusters show k20x8
-    layerwise profile resnet18 --devices 4 --image-size 32
-    layerwise calibrate --nproc 2
-    layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
-    layerwise reproduce optcnn
-    layerwise reproduce owt
-    layerwise search alexnet --devices 4 --cluster local --analytic --baselines pipeline,paradl
-    layerwise oracle resnet50 --platform abci --gpus 4,64,1024
-    layerwise train tiny_cnn --strategy data --nproc 2 --steps 50 --image-size 16
-    layerwise train resnet18 --strategy layerwise --nproc 4 --image-size 32 --out runs/r18
-    layerwise train resnet18 --resume runs/r18 --steps 400
-    layerwise train lenet5 --strategy owt_b --nproc 2 --dataset digits --epochs 2
-    layerwise run --set steps=80 --set strategies=[data,owt]
-    layerwise compare --experiment layerwise-benchmark --json
-    layerwise serve --cron "0 2 * * *"
-
-Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
-request) prints one line to stderr and exits with code 2.
 """
 
 from __future__ import annotations
@@ -33,26 +16,22 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.console import (
-    DEFAULT_BATCH_PER_DEVICE,
-    console,
-    human_count,
-    print_json,
-    user_errors,
-)
+from flows.cli.console import console, human_count, print_json, user_errors
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
-app = typer.Typer(
-    help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-clusters_app = typer.Typer(
-    help="List cluster presets, or show one as YAML.", invoke_without_command=True
-)
-app.add_typer(clusters_app, name="clusters")
 
-@app.command()
+def register(app: typer.Typer) -> None:
+    """Add `models`, `graph` and the `clusters` group to the CLI."""
+    app.command("models")(models)
+    app.command("graph")(graph)
+    clusters_app = typer.Typer(
+        help="List cluster presets, or show one as YAML.", invoke_without_command=True
+    )
+    clusters_app.callback()(clusters)
+    clusters_app.command("show")(clusters_show)
+    app.add_typer(clusters_app, name="clusters")
+
+
 @user_errors
 def models(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -83,7 +62,6 @@ def models(
     )
 
 
-@app.command()
 @user_errors
 def graph(
     model: Annotated[str, typer.Argument(help="Zoo name or package.module:factory.")],
@@ -173,7 +151,6 @@ def graph(
     )
 
 
-@clusters_app.callback()
 @user_errors
 def clusters(ctx: typer.Context) -> None:
     """List the cluster presets (any command taking a cluster also takes a YAML path)."""
@@ -203,7 +180,6 @@ def _link_text(link: Any) -> str:
     return f"{human_count(link.bandwidth)}B/s, {link.latency * 1e6:g} us"
 
 
-@clusters_app.command("show")
 @user_errors
 def clusters_show(
     name: Annotated[str, typer.Argument(help="Preset name or path to a cluster YAML file.")],
@@ -212,22 +188,3 @@ def clusters_show(
     from strategies.cluster import load_cluster
 
     sys.stdout.write(load_cluster(name).to_yaml())
-
-
-def _register_commands() -> None:
-    from flows import cli_compare, cli_measure, cli_oracle, cli_plan, cli_run, cli_serve, cli_train
-
-    cli_measure.register(app)
-    cli_plan.register(app)
-    cli_train.register(app)
-    cli_run.register(app)
-    cli_compare.register(app)
-    cli_serve.register(app)
-    cli_oracle.register(app)
-
-
-_register_commands()
-
-
-def main() -> None:
-    app()

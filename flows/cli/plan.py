@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.console import DEFAULT_BATCH_PER_DEVICE, console, print_json, user_errors
+from flows.cli.console import console, print_json, user_errors
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 if TYPE_CHECKING:
     from strategies.cost import CostModel
@@ -32,27 +33,6 @@ PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
 PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
 PAPER_DEVICES = (1, 2, 4, 8, 16)
 PARADL = "paradl"  # the --baselines entry that adds the ParaDL oracle's cases
-
-
-def _compute_source(graph: Any, cluster: Any, profile: Path | None, analytic: bool,
-                    device_count: int) -> Any:
-    from strategies.cost import AnalyticCompute, ProfiledCompute
-    from strategies.errors import LayerwiseError
-
-    if analytic and profile:
-        raise LayerwiseError("give either --profile FILE or --analytic, not both")
-    if analytic:
-        return AnalyticCompute(cluster)
-    if profile is None:
-        raise LayerwiseError(
-            f"no cost source: run `layerwise profile {graph.model} --devices {device_count}` "
-            "and pass --profile FILE, or plan with --analytic (roofline on the cluster's device)"
-        )
-    from strategies.profile import Profile
-
-    loaded = Profile.load(profile)
-    loaded.check_matches(graph, graph.batch)
-    return ProfiledCompute(loaded)
 
 
 @dataclass(frozen=True)
@@ -98,55 +78,21 @@ class Plan:
         }
 
 
-def cost_model(graph: LayerGraph, cluster_name: str, devices: int, profile: Path | None,
-               analytic: bool, placement: str = "origin") -> CostModel:
-    """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the roofline."""
-    from strategies.cluster import load_cluster
-    from strategies.cost import CostModel
-    from strategies.errors import LayerwiseError
-
-    if placement not in ("origin", "aligned"):
-        raise LayerwiseError(f"--placement must be origin or aligned (got {placement})")
-    cluster = load_cluster(cluster_name)
-    compute = _compute_source(graph, cluster, profile, analytic, devices)
-    return CostModel(graph, cluster, devices, compute, placement=placement)  # type: ignore[arg-type]
-
-
-def searched_strategy(cost: CostModel) -> tuple[Strategy, SearchResult]:
-    """The optimal layer-wise strategy under `cost`, and how the search went."""
-    from strategies.search import optimal_strategy
-    from strategies.strategy import Strategy
-
-    result = optimal_strategy(cost)
-    strategy = Strategy.from_assignment(
-        "layerwise", cost.graph, cost.devices, cost.cluster.name, cost.compute.name,
-        result.assignment, result.predicted)
-    return strategy, result
-
-
-def baseline_strategy(cost: CostModel, name: str) -> Strategy:
-    """A baseline (strategies.baselines) on `cost`'s devices, with its predicted cost."""
-    from strategies.baselines import BASELINES, baseline
-    from strategies.errors import LayerwiseError
-    from strategies.strategy import Strategy
-
-    if name not in BASELINES:
-        raise LayerwiseError(f"unknown baseline '{name}'; choose from {', '.join(BASELINES)}")
-    assignment = baseline(name, cost.graph, cost.devices)
-    return Strategy.from_assignment(name, cost.graph, cost.devices, cost.cluster.name,
-                                    cost.compute.name, assignment, cost.evaluate(assignment))
-
-
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
          image_size: int | None, classes: int | None, in_channels: int | None,
          profile: Path | None, analytic: bool, baselines: list[str], placement: str) -> Plan:
     """Search the optimal strategy and cost the baselines and the scheduled strategies."""
-    from strategies.baselines import BASELINES
     from strategies.errors import LayerwiseError
     from strategies.graph import build_graph
-    from strategies.schedules import SCHEDULED, scheduled_strategy
+    from strategies.jobs.costing import cost_model
+    from strategies.jobs.named_strategies import (
+        LAYERWISE,
+        searched_strategy,
+        strategy_by_name,
+        strategy_names,
+    )
 
-    known = (*BASELINES, *SCHEDULED, PARADL)
+    known = (*(name for name in strategy_names() if name != LAYERWISE), PARADL)
     unknown = sorted(set(baselines) - set(known))
     if unknown:
         raise LayerwiseError(
@@ -156,7 +102,7 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
                         num_classes=classes, in_channels=in_channels)
     cost = cost_model(graph, cluster_name, devices, profile, analytic, placement)
     best, result = searched_strategy(cost)
-    strategies = {"layerwise": best}
+    strategies = {LAYERWISE: best}
     pipeline = None
     for name in baselines:
         if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
@@ -165,8 +111,7 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
             pipeline = pipeline_report(cost)
             strategies[name] = plan_strategy(pipeline, graph)
         elif name != PARADL:
-            strategies[name] = (scheduled_strategy(name, cost) if name in SCHEDULED
-                                else baseline_strategy(cost, name))
+            strategies[name] = strategy_by_name(name, cost)
     return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
                 cost_source=cost.compute.name, placement=placement, search=result,
                 strategies=strategies, pipeline=pipeline,
@@ -245,7 +190,7 @@ def register(app: typer.Typer) -> None:
         from strategies.errors import LayerwiseError
 
         if experiment == "owt":
-            from flows.cli_reproduce_owt import reproduce_owt
+            from flows.cli.reproduce_owt import reproduce_owt
 
             reproduce_owt(as_json)
             return

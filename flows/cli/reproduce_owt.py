@@ -16,7 +16,7 @@ import contextlib
 
 from rich.table import Table
 
-from flows.console import console, print_json
+from flows.cli.console import console, print_json
 
 
 def reproduce_owt(as_json: bool) -> None:

@@ -5,7 +5,7 @@
     layerwise compare --json > comparison.json
     MLFLOW_TRACKING_URI=http://mlflow:5000 layerwise compare --experiment nightly
 
-The same embedded defaults as `layerwise run` (cli_run.py). The experiment and its store are
+The same embedded defaults as `layerwise run` (flows/cli/run.py). The experiment and its store are
 checked before Prefect starts, so a wrong name costs a second and prints one line.
 """
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from flows.cli_run import use_embedded_environment
-from flows.console import console, print_json, user_errors
+from flows.cli.console import console, print_json, user_errors
+from flows.cli.run import use_embedded_environment
 from strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:

@@ -1,0 +1,62 @@
+"""The `layerwise` command line: one Typer app, one module per command group.
+
+    layerwise models
+    layerwise graph vgg16 --cluster p100x16
+    layerwise graph resnet50 --devices 8 --batch 256 --json
+    layerwise graph mypkg.nets:make_net --image-size 64 --classes 10
+    layerwise clusters
+    layerwise clusters show k20x8
+    layerwise profile resnet18 --devices 4 --image-size 32
+    layerwise calibrate --nproc 2
+    layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
+    layerwise reproduce optcnn
+    layerwise reproduce owt
+    layerwise search alexnet --devices 4 --cluster local --analytic --baselines pipeline,paradl
+    layerwise oracle resnet50 --platform abci --gpus 4,64,1024
+    layerwise train tiny_cnn --strategy data --nproc 2 --steps 50 --image-size 16
+    layerwise train resnet18 --strategy layerwise --nproc 4 --image-size 32 --out runs/r18
+    layerwise train resnet18 --resume runs/r18 --steps 400
+    layerwise train lenet5 --strategy owt_b --nproc 2 --dataset digits --epochs 2
+    layerwise run --set steps=80 --set strategies=[data,owt]
+    layerwise compare --experiment layerwise-benchmark --json
+    layerwise serve --cron "0 2 * * *"
+
+Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
+request) prints one line to stderr and exits with code 2. The commands are thin adapters: the
+work is in strategies.jobs (shared with the Prefect tasks) and the flows; what is here parses
+options and draws on the terminal.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from flows.cli import (
+    compare,
+    describe,
+    measure,
+    oracle,
+    plan,
+    run,
+    serve,
+    train,
+)
+
+app = typer.Typer(
+    help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+describe.register(app)
+measure.register(app)
+plan.register(app)
+train.register(app)
+run.register(app)
+compare.register(app)
+serve.register(app)
+oracle.register(app)
+
+
+def main() -> None:
+    app()

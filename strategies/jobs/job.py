@@ -1,0 +1,168 @@
+"""A training job checked before any process starts: its settings, strategy, layer graph,
+batches and run folder.
+
+Everything that can be wrong is found here (one-line LayerwiseError): the strategy against the
+model's layer graph at the global batch (batch per device x processes), the dataset against the
+model's input, the run folder, a resumed run's options against the run it continues.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strategies.cluster import load_cluster
+from strategies.errors import ConfigError, LayerwiseError
+from strategies.graph import LayerGraph, build_graph
+from strategies.jobs.costing import cost_model
+from strategies.jobs.named_strategies import strategy_by_name, strategy_names
+from strategies.jobs.options import TrainOptions
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
+from strategies.runtime.datasets import (
+    DEFAULT_ROOT,
+    GlobalBatches,
+    load_dataset,
+    prepared_spec,
+)
+from strategies.runtime.plan import build_plan
+from strategies.runtime.result import TrainSettings
+from strategies.runtime.worker import SETTINGS_FILE, STRATEGY_FILE
+from strategies.strategy import Strategy
+
+RUNS_DIR = Path("runs")  # where run folders go unless one is named; relative to the project
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked run, ready to launch: what it trains, where it writes, where it starts."""
+
+    settings: TrainSettings
+    strategy: Strategy
+    graph: LayerGraph
+    batches: GlobalBatches
+    out: Path
+    checkpoint_step: int | None  # the step to resume after; None starts at step 1
+
+
+def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path | None,
+            analytic: bool) -> Job:
+    """A run from the options given (defaults for the rest), checked before anything exists."""
+    if strategy is None:
+        raise LayerwiseError("pass --strategy layerwise|data|model|owt|FILE (or --resume DIR)")
+    if options.nproc is None:
+        raise LayerwiseError("pass --nproc N, the number of processes per node")
+    folder = _fresh_out(out, model, strategy)
+    world = options.nproc * options.nnodes
+    fixed = prepared_spec(options.dataset, DEFAULT_ROOT)
+    graph = build_graph(
+        model, batch=options.batch_per_device * world,
+        image_size=_given_or(options.image_size, fixed.image_size if fixed else None),
+        num_classes=_given_or(options.classes, fixed.classes if fixed else None),
+        in_channels=_given_or(options.in_channels, fixed.channels if fixed else None))
+    chosen = _resolve_strategy(strategy, graph, world, options, analytic)
+    settings = TrainSettings(
+        model=model, strategy=strategy, data_root=str(DEFAULT_ROOT.resolve()),
+        image_size=graph.input_shape[2], in_channels=graph.input_shape[1],
+        classes=graph.by_name[graph.outputs[0]].output_shape[1],
+        **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
+    return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
+               out=folder, checkpoint_step=None)
+
+
+def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
+                out: Path | None) -> Job:
+    """The run in `folder` as it was defined; options given again must not change it."""
+    settings = TrainSettings.load(folder / SETTINGS_FILE)
+    if out is not None and out.resolve() != folder.resolve():
+        raise LayerwiseError(f"--resume continues in {folder}; drop --out {out}")
+    repeated = {"model": model, **options.given_values(),
+                **({"strategy": strategy} if strategy else {})}
+    for key, value in repeated.items():
+        if value != getattr(settings, key):
+            raise LayerwiseError(
+                f"--resume {folder} continues the same run: its {key} is "
+                f"{getattr(settings, key)!r}, not {value!r}; drop that option or start a new run")
+    graph = build_graph(settings.model, batch=settings.global_batch,
+                        image_size=settings.image_size, num_classes=settings.classes,
+                        in_channels=settings.in_channels)
+    saved = Strategy.load(folder / STRATEGY_FILE)
+    _check_strategy(saved, str(folder / STRATEGY_FILE), graph, settings.world)
+    return Job(settings=settings, strategy=saved, graph=graph, batches=_batches(settings),
+               out=folder, checkpoint_step=checkpoint_step(folder / CHECKPOINT_NAME))
+
+
+def total_steps(job: Job, steps: int | None, epochs: int | None) -> int:
+    """The step the run trains until: `steps`, else `epochs` (default 1) over the data."""
+    total = steps if steps is not None else (epochs or 1) * job.batches.steps_per_epoch
+    done = job.checkpoint_step or 0
+    if total <= done:
+        raise LayerwiseError(f"the checkpoint in {job.out} is at step {done}; ask for more "
+                             f"with --steps N (N > {done})")
+    return total
+
+
+def _given_or(value: int | None, fallback: int | None) -> int | None:
+    return value if value is not None else fallback
+
+
+def _resolve_strategy(spec: str, graph: LayerGraph, world: int, options: TrainOptions,
+                      analytic: bool) -> Strategy:
+    """The strategy `spec` names, checked against `graph`, with the cost model's prediction."""
+    cluster = load_cluster(options.cluster)
+    if cluster.num_devices < world:
+        raise ConfigError(
+            f"cluster '{cluster.name}' has {cluster.num_devices} devices, fewer than the {world} "
+            f"processes; pass --cluster with at least {world} (e.g. a file written by "
+            f"`layerwise calibrate --nproc {world}`)")
+    profile = Path(options.profile) if options.profile else None
+    cost = cost_model(graph, options.cluster, world, profile, analytic or profile is None)
+    if spec in strategy_names():
+        return strategy_by_name(spec, cost)
+    if not Path(spec).is_file():
+        raise LayerwiseError(f"--strategy {spec}: not a strategy name "
+                             f"({', '.join(strategy_names())}) nor a strategy file")
+    loaded = Strategy.load(spec)
+    assignment = _check_strategy(loaded, spec, graph, world)
+    if loaded.execution.kind != "layerwise":  # Eq. 1 does not price its schedule
+        return loaded
+    return loaded.model_copy(update={"cluster": cost.cluster.name,
+                                     "cost_source": cost.compute.name,
+                                     "predicted": cost.evaluate(assignment)})
+
+
+def _check_strategy(strategy: Strategy, source: str, graph: LayerGraph,
+                    world: int) -> dict[str, Any]:
+    """The strategy's configs after checking them against the model on `world` processes."""
+    try:
+        assignment = strategy.check_against(graph, world)
+        build_plan(graph, assignment, world)
+    except ConfigError as error:
+        raise ConfigError(f"--strategy {source}: {error}") from None
+    return assignment
+
+
+def _batches(settings: TrainSettings) -> GlobalBatches:
+    """The run's batches: checks the dataset fits the model and holds a global batch."""
+    data = load_dataset(settings.dataset, settings.image_size, settings.classes,
+                        settings.in_channels, settings.seed, Path(settings.data_root))
+    return GlobalBatches(data.train, settings.global_batch, settings.seed)
+
+
+def _fresh_out(out: Path | None, model: str, strategy: str) -> Path:
+    """`out` if it is new or empty, else a new folder under runs/ named after the run."""
+    if out is not None:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise LayerwiseError(f"--out {out} already holds files; continue that run with "
+                                 f"--resume {out} or choose a new folder")
+        return out
+    name = Path(strategy).stem if strategy.endswith(".json") else strategy
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}-{name}-{stamp}")
+    candidate, suffix = RUNS_DIR / base, 1
+    while candidate.exists():
+        suffix += 1
+        candidate = RUNS_DIR / f"{base}-{suffix}"
+    return candidate

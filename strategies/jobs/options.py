@@ -1,0 +1,89 @@
+"""The options of a training run: the typed contract between `layerwise train`, the benchmark
+flow and the torchrun job.
+
+Range errors are one-line LayerwiseErrors that name the command-line option, so that a user
+sees the same line whichever way the run was asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from strategies.errors import LayerwiseError
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+
+# The order in which out-of-range options are reported (the first one found is named).
+_RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "lr", "seed", "momentum",
+                      "weight_decay")
+
+
+class TrainOptions(BaseModel):
+    """What defines a training run besides its model and strategy.
+
+    The fields a caller set are `model_fields_set`: a resumed run checks exactly those against
+    the run it continues. None for image_size, classes and in_channels means the prepared
+    dataset's, else the model's; nproc must be given for a new run.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nproc: int | None = Field(default=None, gt=0)  # processes per node
+    nnodes: int = Field(default=1, gt=0)
+    cluster: str = "local"  # preset or YAML for the prediction
+    profile: str | None = None  # profile JSON for the predicted t_c; None: the roofline
+    dataset: str = "synthetic"
+    batch_per_device: int = Field(default=DEFAULT_BATCH_PER_DEVICE, gt=0)
+    image_size: int | None = None
+    classes: int | None = None
+    in_channels: int | None = None
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.9, ge=0)
+    weight_decay: float = Field(default=1e-4, ge=0)
+    seed: int = Field(default=0, ge=0)
+
+    @classmethod
+    def given(cls, **values: Any) -> TrainOptions:
+        """The options a user gave (None: not given, its default applies); LayerwiseError
+        naming the first one out of range."""
+        try:
+            return cls(**{name: value for name, value in values.items() if value is not None})
+        except ValidationError as error:
+            raise LayerwiseError(_range_error(error)) from None
+
+    def given_values(self) -> dict[str, Any]:
+        """The options that were set, by name, in field order."""
+        return {name: getattr(self, name) for name in type(self).model_fields
+                if name in self.model_fields_set}
+
+
+def check_launch_numbers(steps: int | None, epochs: int | None, checkpoint_every: int,
+                         timeout: float) -> None:
+    """LayerwiseError for a run length, checkpoint interval or collective timeout out of range."""
+    if steps is not None and epochs is not None:
+        raise LayerwiseError("give --steps or --epochs, not both")
+    for name, value in {"steps": steps, "epochs": epochs, "checkpoint_every": checkpoint_every,
+                        "timeout": timeout}.items():
+        if value is not None and value <= 0:
+            raise LayerwiseError(f"{_flag(name)} must be > 0 (got {value})")
+
+
+def _range_error(error: ValidationError) -> str:
+    """One line for the first option out of range, as the command line names it."""
+    problems = {str(problem["loc"][0]): problem for problem in error.errors()}
+    ranked = sorted(problems, key=lambda name: (_RANGE_CHECK_ORDER.index(name)
+                                                if name in _RANGE_CHECK_ORDER
+                                                else len(_RANGE_CHECK_ORDER)))
+    name = ranked[0]
+    problem = problems[name]
+    bound = problem.get("ctx", {})
+    if "gt" in bound:
+        return f"{_flag(name)} must be > {bound['gt']:g} (got {problem['input']})"
+    if "ge" in bound:
+        return f"{_flag(name)} must be >= {bound['ge']:g} (got {problem['input']})"
+    return f"{_flag(name)}: {problem['msg']} (got {problem['input']!r})"
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
