@@ -17,6 +17,7 @@
     layerwise train resnet18 --strategy layerwise --nproc 4 --image-size 32 --out runs/r18
     layerwise train resnet18 --resume runs/r18 --steps 400
     layerwise train lenet5 --strategy owt_b --nproc 2 --dataset digits --epochs 2
+    layerwise verify lenet5 --strategy all --nproc 2
     layerwise run --set steps=80 --set strategies=[data,owt]
     layerwise compare --experiment layerwise-benchmark --json
     layerwise serve --cron "0 2 * * *"
@@ -40,6 +41,7 @@ from flows.cli import (
     run,
     serve,
     train,
+    verify,
 )
 
 app = typer.Typer(
@@ -52,6 +54,7 @@ describe.register(app)
 measure.register(app)
 plan.register(app)
 train.register(app)
+verify.register(app)
 run.register(app)
 compare.register(app)
 serve.register(app)

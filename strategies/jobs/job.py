@@ -54,7 +54,7 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
         raise LayerwiseError("pass --strategy layerwise|data|model|owt|FILE (or --resume DIR)")
     if options.nproc is None:
         raise LayerwiseError("pass --nproc N, the number of processes per node")
-    folder = _fresh_out(out, model, strategy)
+    folder = fresh_folder(out, model, strategy)
     world = options.nproc * options.nnodes
     fixed = prepared_spec(options.dataset, DEFAULT_ROOT)
     graph = build_graph(
@@ -151,7 +151,7 @@ def _batches(settings: TrainSettings) -> GlobalBatches:
     return GlobalBatches(data.train, settings.global_batch, settings.seed)
 
 
-def _fresh_out(out: Path | None, model: str, strategy: str) -> Path:
+def fresh_folder(out: Path | None, model: str, strategy: str) -> Path:
     """`out` if it is new or empty, else a new folder under runs/ named after the run."""
     if out is not None:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -16,7 +16,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import IO, NamedTuple
 
 from strategies.errors import LayerwiseError
@@ -43,8 +44,11 @@ class StepProgress(NamedTuple):
 
 
 def torchrun_command(job: Job, total: int, checkpoint_every: int, timeout: float,
-                     node_rank: int | None, rdzv_endpoint: str | None) -> list[str]:
-    """torchrun starting the job's workers on this node, to train until step `total`."""
+                     node_rank: int | None, rdzv_endpoint: str | None,
+                     also: Sequence[Path] = ()) -> list[str]:
+    """torchrun starting the job's workers on this node, to train until step `total`; the run
+    folders `also` (written like the job's, same processes) train after it in the same
+    workers."""
     command = [sys.executable, "-m", "torch.distributed.run",
                "--nproc-per-node", str(job.settings.nproc), "--max-restarts", "0"]
     if job.settings.nnodes > 1:
@@ -55,7 +59,8 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int, timeout: float
                     "--rdzv-endpoint", rdzv_endpoint]
     elif node_rank is not None or rdzv_endpoint is not None:
         raise LayerwiseError("--node-rank and --rdzv-endpoint are for --nnodes > 1")
-    command += ["-m", "strategies.runtime.worker", "--out", str(job.out), "--steps", str(total),
+    command += ["-m", "strategies.runtime.worker", "--out", str(job.out), *map(str, also),
+                "--steps", str(total),
                 "--checkpoint-every", str(checkpoint_every), "--timeout", str(timeout)]
     if job.checkpoint_step is not None:
         command.append("--resume")

@@ -1,0 +1,113 @@
+"""`layerwise verify`: prove a strategy exact against one device, in float64.
+
+    layerwise verify lenet5 --strategy layerwise --nproc 2
+    layerwise verify resnet18 --strategy data,owt,spatial_h --nproc 4 --image-size 32
+    layerwise verify wide_fc --strategy all --nproc 2 --steps 5 --dataset digits
+    layerwise verify mypkg.nets:make_net --strategy net.strategy.json --nproc 2 --json
+
+Each strategy trains K steps in float64 on N torchrun processes (one launch for all of them),
+then the plain module trains the same K steps on one process; every loss and every weight is
+compared (strategies/verify.py). Exit code 0 when every strategy exact by design stays within
+1e-10, 1 when one does not, 2 for bad input. Strategies not exact by design (local updates,
+OWT's variable batch, pipelines normalising BatchNorm per micro-batch) report their divergence.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from flows.cli.console import console, user_errors
+from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+
+if TYPE_CHECKING:
+    from strategies.jobs.verify import VerifyReport
+
+VERIFY_BATCH_PER_DEVICE = 4  # exactness needs no big batch; small ones keep it quick
+
+
+def register(app: typer.Typer) -> None:
+    """Add `verify` to the CLI."""
+    app.command("verify")(verify)
+
+
+@user_errors
+def verify(
+    model: Annotated[str, typer.Argument(help="Zoo name or package.module:factory.")],
+    strategy: Annotated[str, typer.Option(
+        help="Strategy names, comma-separated (as `train --strategy` takes them), a strategy "
+             "file, or `all` (every strategy that applies).")],
+    nproc: Annotated[int, typer.Option(help="Processes.")],
+    steps: Annotated[int, typer.Option(help="SGD steps compared.")] = 3,
+    dataset: Annotated[str | None, typer.Option(
+        help="synthetic (the default), digits or any folder prepared under data/prepared/.")
+    ] = None,
+    batch_per_device: Annotated[int, typer.Option(
+        help=f"Samples per process (`train` defaults to {DEFAULT_BATCH_PER_DEVICE}).")
+    ] = VERIFY_BATCH_PER_DEVICE,
+    image_size: Annotated[int | None, typer.Option(
+        help="Input height and width (default: the dataset's, else the model's).")] = None,
+    classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
+    in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
+    lr: Annotated[float | None, typer.Option(help="SGD learning rate (default 0.05).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (default 0).")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Cluster preset or YAML the searched strategy is priced on (default local).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Folder for the float64 runs (default: a new one under runs/).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Train strategies in float64 and compare every loss and weight with one device."""
+    from strategies.jobs.job import fresh_folder
+    from strategies.jobs.options import TrainOptions
+    from strategies.jobs.verify import requested_strategies, verify_strategies
+
+    options = TrainOptions.given(nproc=nproc, cluster=cluster, dataset=dataset,
+                                 batch_per_device=batch_per_device, image_size=image_size,
+                                 classes=classes, in_channels=in_channels, lr=lr, seed=seed)
+    names, every = requested_strategies(strategy)
+    folder = fresh_folder(out, model, "verify")
+    with console.status(f"verifying {len(names)} strateg{'y' if len(names) == 1 else 'ies'} "
+                        f"of {model} on {nproc} processes in float64", spinner="dots") as status:
+        report = verify_strategies(
+            model, names, options, steps, folder, skip_inapplicable=every,
+            on_progress=lambda name, progress: status.update(
+                f"verifying {name}: step {progress.step}/{progress.steps}"))
+    if as_json:
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    else:
+        _print_report(report)
+    if report.failed:
+        raise typer.Exit(code=1)
+
+
+def _print_report(report: VerifyReport) -> None:
+    table = Table(title=f"{report.model} on {report.nproc} processes, {report.steps} steps in "
+                        "float64, against one process", title_justify="left")
+    for column in ("strategy", "loss diff", "weight diff", "worst weight", "verdict"):
+        table.add_column(column, justify="right" if "diff" in column else "left")
+    for divergence in report.divergences:
+        verdict = {True: "[green]exact[/]", False: "[bold red]DIFFERS[/]",
+                   None: "inexact by design"}[divergence.exact]
+        table.add_row(divergence.strategy, f"{divergence.max_loss_difference:.1e}",
+                      f"{divergence.max_parameter_difference:.1e}", divergence.worst_parameter,
+                      verdict)
+    console.print(table)
+    for skipped in report.skipped:
+        console.print(f"skipped {skipped.strategy}: {skipped.reason}", highlight=False,
+                      soft_wrap=True)
+    exact = [d for d in report.divergences if d.exact is not None]
+    tolerance = report.divergences[0].tolerance
+    if report.failed:
+        names = ", ".join(d.strategy for d in report.failed)
+        console.print(f"[bold red]not exact:[/] {names} left one device's results by more than "
+                      f"{tolerance:g} (runs in {report.folder})", highlight=False, soft_wrap=True)
+    elif exact:
+        console.print(f"every exact strategy ({len(exact)}) matches one device within "
+                      f"{tolerance:g} (relative, largest over losses and weights)",
+                      highlight=False, soft_wrap=True)

@@ -1,0 +1,134 @@
+"""The exactness check of `layerwise verify` and the benchmark flow's verify stage.
+
+Every strategy asked for becomes a training job in float64 (its own run folder under `out`),
+all of them train K steps one after another in one torchrun launch (starting processes costs
+seconds, a few small steps milliseconds), and each run's losses and final weights are compared
+with the plain module trained on the same settings and batches (strategies/verify.py). The
+settings differ only in the strategy, so one reference serves them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from strategies.errors import LayerwiseError
+from strategies.jobs.failure import failure_line
+from strategies.jobs.job import Job, new_job
+from strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
+from strategies.jobs.named_strategies import strategy_names
+from strategies.jobs.options import TrainOptions
+from strategies.runtime.result import RunResult
+from strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, ERRORS_DIR, MODEL_FILE, RESULT_FILE
+from strategies.schedules import is_exact
+from strategies.verify import Divergence, compare, reference_run
+
+ALL = "all"
+DEFAULT_VERIFY_STEPS = 3  # enough for momentum and weight decay to act on every weight
+
+
+class VerifyFailed(LayerwiseError):
+    """The float64 runs could not be trained (a worker failed): not a verdict on exactness."""
+
+
+class Skipped(BaseModel):
+    """A strategy `all` named that does not apply to this model and process count."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    strategy: str
+    reason: str
+
+
+class VerifyReport(BaseModel):
+    """Every checked strategy's divergence from one-device training, and those skipped."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    nproc: int
+    steps: int
+    folder: str
+    divergences: tuple[Divergence, ...]
+    skipped: tuple[Skipped, ...] = ()
+
+    @property
+    def failed(self) -> tuple[Divergence, ...]:
+        """The exact-by-design strategies whose runs left one device's results."""
+        return tuple(d for d in self.divergences if d.exact is False)
+
+
+def requested_strategies(spec: str) -> tuple[list[str], bool]:
+    """The names in `spec` (comma-separated, or `all`) and whether `all` asked for them."""
+    if spec.strip() == ALL:
+        return list(strategy_names()), True
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if not names:
+        raise LayerwiseError(f"--strategy: name one or more of {', '.join(strategy_names())} "
+                             f"(comma-separated), a strategy file, or {ALL}")
+    return names, False
+
+
+def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptions,
+                      steps: int, out: Path, *, skip_inapplicable: bool = False,
+                      on_progress: Callable[[str, StepProgress], None] | None = None,
+                      deadline_s: float | None = None) -> VerifyReport:
+    """Train each strategy `steps` steps in float64 on `options.nproc` processes and measure
+    its distance from one device; `skip_inapplicable` reports strategies that do not fit the
+    model or process count instead of failing on them."""
+    if steps < 1:
+        raise LayerwiseError(f"--steps must be >= 1 (got {steps})")
+    jobs, skipped = _float64_jobs(model, strategies, options, out, skip_inapplicable)
+    if not jobs:
+        raise LayerwiseError(f"no strategy applies to {model} on {options.nproc} processes: "
+                             + "; ".join(f"{s.strategy}: {s.reason}" for s in skipped))
+    for job in jobs:
+        write_run_folder(job)
+    command = torchrun_command(jobs[0], steps, steps, DEFAULT_TIMEOUT_SECONDS, None, None,
+                               also=[job.out for job in jobs[1:]])
+    names = iter([job.settings.strategy for job in jobs])
+    current = [next(names)]
+
+    def progress(step: StepProgress) -> None:
+        if on_progress is not None:
+            on_progress(current[0], step)
+        if step.step == step.steps:
+            current[0] = next(names, current[0])
+
+    code = run_torchrun(command, jobs[0], on_progress=progress, deadline_s=deadline_s)
+    if code != 0:
+        failed = next((job for job in jobs if (job.out / ERRORS_DIR).is_dir()), jobs[0])
+        raise VerifyFailed(f"verify {failed.settings.strategy}: "
+                           + failure_line(failed.out, code, range(failed.settings.nproc)))
+    reference = reference_run(jobs[0].settings, steps)
+    divergences = tuple(
+        compare(RunResult.load(job.out / RESULT_FILE),
+                torch.load(job.out / MODEL_FILE, weights_only=True), reference,
+                is_exact(job.strategy, job.graph))
+        for job in jobs)
+    return VerifyReport(model=model, nproc=jobs[0].settings.world, steps=steps,
+                        folder=str(out), divergences=divergences, skipped=tuple(skipped))
+
+
+def _float64_jobs(model: str, strategies: Sequence[str], options: TrainOptions, out: Path,
+                  skip_inapplicable: bool) -> tuple[list[Job], list[Skipped]]:
+    """One checked float64 job per strategy, each in its own folder under `out`."""
+    jobs, skipped = [], []
+    for name in strategies:
+        folder = out / re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(name).stem if name.endswith(
+            ".json") else name)
+        try:
+            job = new_job(model, name, options, folder, analytic=options.profile is None)
+        except LayerwiseError as error:
+            if not skip_inapplicable:
+                raise
+            skipped.append(Skipped(strategy=name, reason=str(error)))
+            continue
+        jobs.append(dataclasses.replace(
+            job, settings=job.settings.model_copy(update={"dtype": "float64"})))
+    return jobs, skipped
