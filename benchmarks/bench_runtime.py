@@ -57,9 +57,10 @@ from rich.table import Table
 from torch import nn
 
 from strategies.baselines import baseline
+from strategies.breakdown import Breakdown
 from strategies.calibrate import calibrate, calibrated_cluster
 from strategies.cluster import Cluster
-from strategies.cost import Breakdown, CostModel, ProfiledCompute
+from strategies.cost import CostModel, ProfiledCompute
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.profile import (

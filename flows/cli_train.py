@@ -54,8 +54,8 @@ from flows.console import (
 
 if TYPE_CHECKING:
     from strategies.graph import LayerGraph
+    from strategies.run import RunResult, TrainSettings
     from strategies.runtime.datasets import GlobalBatches
-    from strategies.runtime.result import RunResult, TrainSettings
     from strategies.strategy import Strategy
 
 RUNS_DIR = Path("runs")
@@ -199,8 +199,8 @@ def new_job(model: str, strategy: str | None, given: dict[str, Any], out: Path |
     """A run from the options given (defaults for the rest), checked before anything exists."""
     from strategies.errors import LayerwiseError
     from strategies.graph import build_graph
+    from strategies.run import TrainSettings
     from strategies.runtime.datasets import DEFAULT_ROOT, prepared_spec
-    from strategies.runtime.result import TrainSettings
 
     if strategy is None:
         raise LayerwiseError("pass --strategy layerwise|data|model|owt|FILE (or --resume DIR)")
@@ -230,8 +230,8 @@ def _resumed_job(folder: Path, model: str, strategy: str | None, given: dict[str
     """The run in `folder` as it was defined; options given again must not change it."""
     from strategies.errors import LayerwiseError
     from strategies.graph import build_graph
+    from strategies.run import TrainSettings
     from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
-    from strategies.runtime.result import TrainSettings
     from strategies.runtime.worker import SETTINGS_FILE, STRATEGY_FILE
     from strategies.strategy import Strategy
 
@@ -543,8 +543,8 @@ def _unrecorded_failure(log: Path, where: str) -> str:
 
 
 def _report(job: Job, as_json: bool) -> None:
+    from strategies.run import RunResult
     from strategies.runtime.checkpoint import CHECKPOINT_NAME
-    from strategies.runtime.result import RunResult
     from strategies.runtime.worker import MODEL_FILE, RESULT_FILE
 
     result = RunResult.load(job.out / RESULT_FILE)

@@ -36,8 +36,8 @@ from functools import cache, cached_property
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
+from strategies.breakdown import Breakdown
 from strategies.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
@@ -64,19 +64,6 @@ _TileDim = tuple[tuple[int, int], tuple[int, ...]]
 # enough that the passes over it stay in cache.
 _CHUNK_ELEMENTS = 1 << 17
 _INT32_LIMIT = 2**31
-
-
-class Breakdown(BaseModel):
-    """Predicted cost of one training step under a strategy."""
-
-    model_config = ConfigDict(frozen=True)
-
-    step_seconds: float
-    compute_seconds: float
-    transfer_seconds: float
-    sync_seconds: float
-    transfer_bytes: int
-    sync_bytes: int
 
 
 class ComputeSource(Protocol):

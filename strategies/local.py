@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from strategies.cost import AnalyticCompute, Breakdown, CostModel
+from strategies.breakdown import Breakdown
+from strategies.cost import AnalyticCompute, CostModel
 from strategies.errors import ConfigError
 from strategies.execution import LocalBlock, LocalExecution
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph

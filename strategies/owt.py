@@ -38,8 +38,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from strategies.baselines import baseline
+from strategies.breakdown import Breakdown
 from strategies.cluster import Link, load_cluster
-from strategies.cost import AnalyticCompute, Breakdown, CostModel
+from strategies.cost import AnalyticCompute, CostModel
 from strategies.errors import ConfigError
 from strategies.execution import OwtExecution
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph

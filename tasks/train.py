@@ -26,7 +26,7 @@ from flows.cli_train import (
     total_steps,
     write_run_folder,
 )
-from strategies.runtime.result import RunResult
+from strategies.run import RunResult
 from strategies.runtime.worker import (
     DEFAULT_TIMEOUT_SECONDS,
     PROGRESS_PREFIX,

@@ -39,9 +39,9 @@ from strategies.local import (
     predict,
 )
 from strategies.models import build_model
+from strategies.run import RunResult, TrainSettings
 from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.local import LocalEngine, auxiliary_heads
-from strategies.runtime.result import RunResult, TrainSettings
 from strategies.strategy import Strategy
 from tests.distributed import spawn_cases
 

@@ -26,9 +26,9 @@ from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.models import build_model
 from strategies.owt import build_strategy
+from strategies.run import TrainSettings
 from strategies.runtime.engine import EngineContext
 from strategies.runtime.owt import OwtEngine
-from strategies.runtime.result import TrainSettings
 from strategies.strategy import Strategy
 from tests import distributed
 from tests.distributed import Outcome, assert_same_training, spawn_cases

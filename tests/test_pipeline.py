@@ -39,9 +39,9 @@ from strategies.partition import (
     plan_strategy,
     row_pieces,
 )
+from strategies.run import RunResult, TrainSettings
 from strategies.runtime.engine import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.pipeline import PipelineEngine
-from strategies.runtime.result import RunResult, TrainSettings
 from strategies.strategy import Strategy
 from tests import distributed
 from tests.distributed import spawn_cases

@@ -22,8 +22,8 @@ from flows.cli_train import LOG_FILE, RUN_DEFAULTS, failure_line
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
+from strategies.run import RunResult
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
-from strategies.runtime.result import RunResult
 
 pytestmark = pytest.mark.slow
 

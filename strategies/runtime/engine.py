@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from strategies.graph import LayerGraph
+from strategies.run import TrainSettings
 from strategies.runtime.comm import ByteCounter, Communicator
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.plan import build_plan
-from strategies.runtime.result import TrainSettings
 from strategies.strategy import Strategy
 
 MODEL_STATE_KEY = "model"  # training_state()'s entry that model.pt holds
