@@ -60,7 +60,8 @@ from strategies.baselines import baseline
 from strategies.breakdown import Breakdown
 from strategies.calibrate import calibrate, calibrated_cluster
 from strategies.cluster import Cluster
-from strategies.cost import CostModel, ProfiledCompute
+from strategies.compute import ProfiledCompute
+from strategies.cost import CostModel
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.profile import (

@@ -36,7 +36,7 @@ PARADL = "paradl"  # the --baselines entry that adds the ParaDL oracle's cases
 
 def _compute_source(graph: Any, cluster: Any, profile: Path | None, analytic: bool,
                     device_count: int) -> Any:
-    from strategies.cost import AnalyticCompute, ProfiledCompute
+    from strategies.compute import AnalyticCompute, ProfiledCompute
     from strategies.errors import LayerwiseError
 
     if analytic and profile:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from math import prod
 
 from strategies.breakdown import Breakdown
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.execution import LocalBlock, LocalExecution
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph

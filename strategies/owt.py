@@ -40,7 +40,8 @@ from pydantic import BaseModel, ConfigDict
 from strategies.baselines import baseline
 from strategies.breakdown import Breakdown
 from strategies.cluster import Link, load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.execution import OwtExecution
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph

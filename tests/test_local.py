@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.local import (

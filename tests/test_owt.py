@@ -21,7 +21,8 @@ from torch import nn
 from typer.testing import CliRunner
 
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.models import build_model

@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from strategies.cluster import cluster_from_mapping, load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.execution import PipelineExecution, PipelineStage
 from strategies.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
