@@ -36,7 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from strategies.runtime.result import RunResult
+from strategies.run import RunResult
 from tasks.validate import validation_accuracy
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"

@@ -57,9 +57,11 @@ from rich.table import Table
 from torch import nn
 
 from strategies.baselines import baseline
+from strategies.breakdown import Breakdown
 from strategies.calibrate import calibrate, calibrated_cluster
 from strategies.cluster import Cluster
-from strategies.cost import Breakdown, CostModel, ProfiledCompute
+from strategies.compute import ProfiledCompute
+from strategies.cost import CostModel
 from strategies.graph import build_graph
 from strategies.models import build_model
 from strategies.profile import (

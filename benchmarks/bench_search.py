@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from strategies.cluster import Cluster, load_cluster
-from strategies.cost import AnalyticCompute, CostModel, Placement
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel, Placement
 from strategies.graph import build_graph
 from strategies.models import ZOO
 from strategies.search import solve

@@ -39,8 +39,8 @@ from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.job import RUNS_DIR
 from strategies.jobs.options import TrainOptions
 from strategies.profile import device_name, resolve_device
+from strategies.run import RunResult
 from strategies.runtime.datasets import ImageSpec
-from strategies.runtime.result import RunResult
 from strategies.schedules import is_exact
 from tasks import track
 from tasks.calibrate import calibrate_links

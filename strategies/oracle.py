@@ -55,7 +55,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from strategies.cluster import Cluster, Link
-from strategies.cost import ComputeSource, weight_update_seconds
+from strategies.compute import ComputeSource, weight_update_seconds
 from strategies.errors import ConfigError, LayerwiseError
 from strategies.files import first_error, write_atomic
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
@@ -251,7 +251,7 @@ def _read_document(source: Path, what: str) -> Any:
 def split_forward_backward(seconds: float, weights: int) -> tuple[float, float]:
     """(FW, BW) of a forward + backward time: backward costs about twice the forward in a layer
     with weights (input and weight gradients) and about the forward otherwise, the rule
-    cost.AnalyticCompute uses."""
+    compute.AnalyticCompute uses."""
     forward_share = 1 / 3 if weights else 1 / 2
     return seconds * forward_share, seconds * (1 - forward_share)
 

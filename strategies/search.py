@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from strategies.cost import Breakdown, CostModel
+from strategies.breakdown import Breakdown
+from strategies.cost import CostModel
 from strategies.errors import LayerwiseError
 from strategies.space import ParallelConfig
 

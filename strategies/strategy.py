@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from strategies.cost import Breakdown
+from strategies.breakdown import Breakdown
 from strategies.errors import ConfigError
 from strategies.execution import LayerwiseExecution
 from strategies.files import read_json_model, write_atomic

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from strategies.models import build_model
+from strategies.run import RunResult, TrainSettings
 from strategies.runtime.datasets import GlobalBatches, load_dataset
-from strategies.runtime.result import RunResult, TrainSettings
 
 # Relative difference an exact strategy stays under. float64 rounding over a few steps gives
 # 1e-15..1e-13 (measured on the zoo at 2 and 4 processes); a wrong tile or gradient gives

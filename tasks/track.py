@@ -30,7 +30,7 @@ from mlflow.utils.time import get_current_time_millis
 
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
-from strategies.runtime.result import RunResult
+from strategies.run import RunResult
 from strategies.space import DIMS, ParallelConfig
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"

@@ -20,7 +20,7 @@ from strategies.jobs.failure import failure_line
 from strategies.jobs.job import new_job, total_steps
 from strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
 from strategies.jobs.options import TrainOptions, check_launch_numbers
-from strategies.runtime.result import RunResult
+from strategies.run import RunResult
 from strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, RESULT_FILE
 
 PROGRESS_LINES = 5  # progress lines logged per run: enough to see it move, not one per step

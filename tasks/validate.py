@@ -16,8 +16,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from strategies.models import build_model
+from strategies.run import TrainSettings
 from strategies.runtime.datasets import load_dataset
-from strategies.runtime.result import TrainSettings
 from strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
 
 EVAL_BATCH = 256

@@ -20,7 +20,8 @@ from strategies.calibrate import (
     message_sizes,
 )
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import LayerwiseError
 from strategies.graph import build_graph
 from strategies.space import ParallelConfig

@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from strategies import cost as cost_module
+from strategies import cost_tables
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel, configs_for
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel, configs_for
 from strategies.errors import ConfigError
 from strategies.graph import build_graph, trace
 from strategies.space import ParallelConfig, enumerate_configs
@@ -246,7 +247,7 @@ def test_search_space_matrices_equal_the_definition_pair_by_pair(model, devices,
     graph = build_graph(model, batch=4 * devices, image_size=32)
     cost = CostModel(graph, CLUSTER, devices, AnalyticCompute(CLUSTER), placement=placement)
     for layer in graph.layers:  # t_c's tiles from cached per-dim parts: largest_tile's
-        assert all(cost.tile(layer, config) == largest_tile(layer, config)
+        assert all(cost.tiles(layer).largest(config) == largest_tile(layer, config)
                    for config in cost.configs[layer.name])
         assert cost.configs[layer.name] == configs_for(layer, devices, placement)
     rng = random.Random(f"{model}-{devices}")
@@ -295,7 +296,7 @@ def test_int64_element_counts_give_the_same_matrices(monkeypatch):
     graph = build_graph("resnet18", batch=32, image_size=32)
     edges = [(graph.by_name[u], graph.by_name[v]) for u, v in graph.edges[:6]]
     narrow = [model_for(graph, 8).edge(u, v) for u, v in edges]
-    monkeypatch.setattr(cost_module, "_INT32_LIMIT", 0)
+    monkeypatch.setattr(cost_tables, "_INT32_LIMIT", 0)
     wide = [model_for(graph, 8).edge(u, v) for u, v in edges]
     for (s32, b32), (s64, b64) in zip(narrow, wide, strict=True):
         assert np.array_equal(s32, s64) and np.array_equal(b32, b64)

@@ -25,12 +25,13 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.models import build_model
+from strategies.run import RunResult, TrainSettings
 from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.result import RunResult, TrainSettings
 from strategies.schedules.local.engine import LocalEngine, auxiliary_heads
 from strategies.schedules.local.planner import (
     Cut,

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, ProfiledCompute
+from strategies.compute import AnalyticCompute, ProfiledCompute
 from strategies.errors import LayerwiseError
 from strategies.graph import build_graph
 from strategies.oracle import (

@@ -21,12 +21,13 @@ from torch import nn
 from typer.testing import CliRunner
 
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import LayerGraph, build_graph, trace
 from strategies.models import build_model
+from strategies.run import TrainSettings
 from strategies.runtime.engine_base import EngineContext
-from strategies.runtime.result import TrainSettings
 from strategies.schedules.owt.engine import OwtEngine
 from strategies.schedules.owt.planner import build_strategy
 from strategies.strategy import Strategy

@@ -24,12 +24,13 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from strategies.cluster import cluster_from_mapping, load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
 from strategies.models import build_model
+from strategies.run import RunResult, TrainSettings
 from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.result import RunResult, TrainSettings
 from strategies.schedules.pipeline.engine import PipelineEngine
 from strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
 from strategies.schedules.pipeline.planner import (

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from flows.cli.measure import register
 from strategies.cluster import load_cluster
-from strategies.cost import CostModel, ProfiledCompute
+from strategies.compute import ProfiledCompute
+from strategies.cost import CostModel
 from strategies.errors import LayerwiseError
 from strategies.graph import build_graph, trace
 from strategies.profile import (

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from strategies.baselines import baseline
 from strategies.cluster import load_cluster
-from strategies.cost import AnalyticCompute, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.graph import build_graph
 from strategies.runtime.plan import build_plan
 from strategies.search import optimal_strategy

@@ -25,8 +25,8 @@ from strategies.jobs.named_strategies import strategy_by_name
 from strategies.jobs.options import TrainOptions
 from strategies.models import build_model
 from strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
+from strategies.run import RunResult
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
-from strategies.runtime.result import RunResult
 
 pytestmark = pytest.mark.slow
 

@@ -141,7 +141,7 @@ def model_summary(model: str, cluster: Cluster, profile: Path | None, image_size
     """The oracle's view of MODEL and where its FW/BW come from: a summary file as written; a
     model's layer graph timed by a profile (at the profile's batch) or by the roofline on the
     platform's device (at `samples_per_gpu`, 32 when fitting memory)."""
-    from strategies.cost import AnalyticCompute, ProfiledCompute
+    from strategies.compute import AnalyticCompute, ProfiledCompute
     from strategies.graph import build_graph
     from strategies.oracle import DEFAULT_SAMPLES_PER_PE, ModelSummary, summary_from_graph
     from strategies.profile import Profile

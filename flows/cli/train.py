@@ -39,7 +39,7 @@ from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 if TYPE_CHECKING:
     from strategies.jobs.job import Job
-    from strategies.runtime.result import RunResult
+    from strategies.run import RunResult
 
 
 def register(app: typer.Typer) -> None:
@@ -157,8 +157,8 @@ def _run_with_progress_bar(command: list[str], job: Job, quiet: bool) -> int:
 
 
 def _report(job: Job, as_json: bool) -> None:
+    from strategies.run import RunResult
     from strategies.runtime.checkpoint import CHECKPOINT_NAME
-    from strategies.runtime.result import RunResult
     from strategies.runtime.worker import MODEL_FILE, RESULT_FILE
 
     result = RunResult.load(job.out / RESULT_FILE)

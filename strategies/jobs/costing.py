@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from strategies.cluster import Cluster, load_cluster
-from strategies.cost import AnalyticCompute, CostModel, Placement, ProfiledCompute
+from strategies.compute import AnalyticCompute, ProfiledCompute
+from strategies.cost import CostModel, Placement
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.profile import Profile

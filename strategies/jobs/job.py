@@ -20,6 +20,7 @@ from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.costing import cost_model
 from strategies.jobs.named_strategies import strategy_by_name, strategy_names
 from strategies.jobs.options import TrainOptions
+from strategies.run import TrainSettings
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
 from strategies.runtime.datasets import (
     DEFAULT_ROOT,
@@ -28,7 +29,6 @@ from strategies.runtime.datasets import (
     prepared_spec,
 )
 from strategies.runtime.plan import build_plan
-from strategies.runtime.result import TrainSettings
 from strategies.runtime.worker import SETTINGS_FILE, STRATEGY_FILE
 from strategies.strategy import Strategy
 

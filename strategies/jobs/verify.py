@@ -23,7 +23,7 @@ from strategies.jobs.job import Job, new_job
 from strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
 from strategies.jobs.named_strategies import strategy_names
 from strategies.jobs.options import TrainOptions
-from strategies.runtime.result import RunResult
+from strategies.run import RunResult
 from strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, ERRORS_DIR, MODEL_FILE, RESULT_FILE
 from strategies.schedules import is_exact
 from strategies.verify import Divergence, compare, reference_run

@@ -23,8 +23,8 @@ import torch
 
 from strategies.errors import LayerwiseError
 from strategies.files import atomic_path
+from strategies.run import StepRecord
 from strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
-from strategies.runtime.result import StepRecord
 
 CHECKPOINT_NAME = "checkpoint.pt"
 SCHEMA_VERSION = 2

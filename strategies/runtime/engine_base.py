@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from strategies.graph import LayerGraph
+from strategies.run import TrainSettings
 from strategies.runtime.comm import ByteCounter
-from strategies.runtime.result import TrainSettings
 from strategies.strategy import Strategy
 
 MODEL_STATE_KEY = "model"  # training_state()'s entry that model.pt holds

@@ -47,17 +47,12 @@ from strategies.errors import LayerwiseError
 from strategies.files import atomic_path, write_atomic
 from strategies.graph import LayerGraph
 from strategies.models import build_model
+from strategies.run import ByteCounts, RunResult, StepRecord, TrainSettings
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from strategies.runtime.comm import Category, init_distributed
 from strategies.runtime.datasets import GlobalBatches, load_dataset
 from strategies.runtime.engine import build_engine
 from strategies.runtime.engine_base import Engine, EngineContext
-from strategies.runtime.result import (
-    ByteCounts,
-    RunResult,
-    StepRecord,
-    TrainSettings,
-)
 from strategies.strategy import Strategy
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "

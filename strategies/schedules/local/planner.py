@@ -30,7 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from strategies.cost import AnalyticCompute, Breakdown, CostModel
+from strategies.breakdown import Breakdown
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from strategies.schedules.local.execution import LocalBlock, LocalExecution

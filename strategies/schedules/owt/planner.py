@@ -38,8 +38,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from strategies.baselines import baseline
+from strategies.breakdown import Breakdown
 from strategies.cluster import Link, load_cluster
-from strategies.cost import AnalyticCompute, Breakdown, CostModel
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
 from strategies.schedules.owt.execution import OwtExecution

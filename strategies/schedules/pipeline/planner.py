@@ -50,8 +50,9 @@ from itertools import accumulate
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from strategies.breakdown import Breakdown
 from strategies.cluster import Link
-from strategies.cost import Breakdown, CostModel
+from strategies.cost import CostModel
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage

@@ -1,0 +1,539 @@
+"""The vectorised tables behind `CostModel` (cost.py): the terms of Jia et al. 2018, Eq. 1 for
+every config of a layer's search space at once, which the search needs whole.
+
+- `LayerTiles`: the largest tile of a layer under any config (as `tiles.largest_tile`), and
+  the element counts of many at once, from per-dimension parts computed once (t_c).
+- `TransferTables`: t_x of every pair of producer and consumer configs of an edge.
+
+Why our own code: the box overlaps factor per dimension (along each dim the needed range of a
+tile depends only on its index along that dim), so the whole C_i x C_j matrix of an edge is a
+few numpy gathers and products; no library computes this. The definition they equal bit for
+bit, pair by pair and tile by tile, is in tests/test_cost.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from strategies.cluster import Cluster
+from strategies.graph import BYTES_PER_ELEMENT, Layer
+from strategies.space import ParallelConfig, tile_range
+from strategies.tiles import TileWork, as_4d, needed_range, output_ranges
+
+# Cap on elements of one (producer configs x devices x consumer configs) work array; small
+# enough that the passes over it stay in cache.
+_CHUNK_ELEMENTS = 1 << 17
+_INT32_LIMIT = 2**31
+
+# Dimensions whose per-dim tables are multiplied into one table: (n, c) and (h, w).
+_GROUPS = ((0, 1), (2, 3))
+
+
+# ---- t_c: the largest tile of each config ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileDim:
+    """Along one dimension under one degree: the largest tile's output range (the first such)
+    and the length of the range it needs of each input (as `tiles.largest_tile`)."""
+
+    output: tuple[int, int]
+    needed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TileVolumes:
+    """Element counts of each config's largest tile (one entry per config): what its shapes
+    in `LayerTiles.largest` multiply out to."""
+
+    output: np.ndarray
+    inputs: np.ndarray  # summed over the layer's inputs
+    params: np.ndarray  # the weights the tile's device holds (a channel split shards them)
+
+
+class LayerTiles:
+    """A layer's largest tile under any config, from per-dimension parts computed once."""
+
+    def __init__(self, layer: Layer) -> None:
+        self.layer = layer
+        self._dims: dict[tuple[int, int], TileDim] = {}
+        self._largest: dict[tuple[int, ...], TileWork] = {}
+
+    def along(self, dim: int, degree: int) -> TileDim:
+        """The largest tile's part along `dim` when the layer is split `degree` ways."""
+        key = (dim, degree)
+        if key not in self._dims:
+            layer = self.layer
+            ranges = output_ranges(layer, dim, degree)
+            largest = max(ranges, key=lambda r: r[1] - r[0])
+            lengths = []
+            for index in range(len(layer.input_shapes)):
+                start, stop = needed_range(layer, index, dim, largest)
+                lengths.append(max(stop - start, 0))
+            self._dims[key] = TileDim(output=largest, needed=tuple(lengths))
+        return self._dims[key]
+
+    def largest(self, config: ParallelConfig) -> TileWork:
+        """`tiles.largest_tile(layer, config)`."""
+        if config.degrees not in self._largest:
+            layer = self.layer
+            parts = [self.along(dim, degree) for dim, degree in enumerate(config.degrees)]
+            rank = len(layer.output_shape)
+            output_shape = tuple(part.output[1] - part.output[0] for part in parts)[:rank]
+            input_shapes = tuple(
+                tuple(part.needed[index] for part in parts)[: len(shape)]
+                for index, shape in enumerate(layer.input_shapes)
+            )
+            c_start, c_stop = parts[1].output
+            param_elements = layer.param_count * (c_stop - c_start) // as_4d(layer.output_shape)[1]
+            self._largest[config.degrees] = TileWork.model_construct(
+                output_shape=output_shape, input_shapes=input_shapes,
+                param_elements=param_elements)
+        return self._largest[config.degrees]
+
+    def volumes(self, configs: Sequence[ParallelConfig]) -> TileVolumes:
+        """Element counts of each config's largest tile, as products of per-dim lengths."""
+        layer = self.layer
+        exponents = np.array([[degree.bit_length() - 1 for degree in config.degrees]
+                              for config in configs], dtype=np.int64).reshape(-1, 4)
+        out = np.ones(len(configs), dtype=np.int64)
+        inputs = np.ones((len(layer.input_shapes), len(configs)), dtype=np.int64)
+        out_lengths = []
+        for dim in range(4):
+            parts = [self.along(dim, 1 << level)
+                     for level in range(int(exponents[:, dim].max(initial=0)) + 1)]
+            out_lengths.append(
+                np.array([part.output[1] - part.output[0] for part in parts])[exponents[:, dim]])
+            out *= out_lengths[-1]
+            inputs *= np.array([part.needed for part in parts], dtype=np.int64).reshape(
+                len(parts), -1).T[:, exponents[:, dim]]
+        # a channel split shards the weights
+        params = layer.param_count * out_lengths[1] // as_4d(layer.output_shape)[1]
+        return TileVolumes(output=out, inputs=inputs.sum(axis=0), params=params)
+
+
+# ---- t_x: per-config tables ------------------------------------------------------------------
+
+
+@cache
+def _tile_indices(degrees: tuple[int, int, int, int]) -> np.ndarray:
+    """(size, 4) tile index along (n, c, h, w) of each tile, in `ParallelConfig.tiles` order."""
+    size = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+    return np.stack(np.unravel_index(np.arange(size), degrees), axis=1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class GroupStates:
+    """For one group of two dims, the distinct (exponent, tile index) states a device can be in
+    under a list of configs, and the distinct exponent pairs of the configs."""
+
+    state: np.ndarray  # (C, D) state of each config's devices
+    state_exponents: np.ndarray  # (2, S) exponent along each of the two dims of each state
+    state_tiles: np.ndarray  # (2, S) tile index along each of the two dims of each state
+    pair: np.ndarray  # (C,) exponent pair of each config
+    pair_exponents: np.ndarray  # (2, A) the exponents of each pair
+
+
+@dataclass(frozen=True)
+class BlockLinks:
+    """Seconds per byte and latency of the slowest link between each device and the other
+    devices of each config's block (zero where there is no other device), (C, D) each."""
+
+    seconds_per_byte: np.ndarray
+    latency: np.ndarray
+
+
+class ConfigTable:
+    """Per-config arrays of a list of configs: degree exponents, tile index per device, links.
+
+    For each group of two dims it also numbers the distinct states and exponent pairs
+    (`GroupStates`), so that an edge's per-dim tables can be multiplied into one small table
+    per group.
+    """
+
+    def __init__(self, configs: Sequence[ParallelConfig], devices: int,
+                 links: BlockLinks) -> None:
+        count = len(configs)
+        self.links = links
+        self.exponents = np.zeros((count, 4), dtype=np.int64)
+        # tile index along each dim of the tile held by each device; -1 where none
+        self.tile_of = np.full((count, devices, 4), -1, dtype=np.int64)
+        for row, config in enumerate(configs):
+            self.exponents[row] = [degree.bit_length() - 1 for degree in config.degrees]
+            self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
+        # one past the highest device of each config: devices beyond hold no tile
+        self.extent = np.array([max(config.devices) + 1 for config in configs], dtype=np.int64)
+        levels = devices.bit_length()
+        width = (1 << (levels - 1)) + 1
+        tile = np.where(self.tile_of < 0, width - 1, self.tile_of)  # -1 reads the zero slot
+        groups = []
+        for d0, d1 in _GROUPS:
+            e0, e1 = self.exponents[:, None, d0], self.exponents[:, None, d1]
+            key = ((e0 * width + tile[..., d0]) * levels + e1) * width + tile[..., d1]
+            unique, state = np.unique(key, return_inverse=True)
+            i1, rest = unique % width, unique // width
+            s1, rest = rest % levels, rest // levels
+            i0, s0 = rest % width, rest // width
+            pair_key = self.exponents[:, d0] * levels + self.exponents[:, d1]
+            pairs, pair = np.unique(pair_key, return_inverse=True)
+            groups.append(GroupStates(
+                state=state.reshape(count, devices), state_exponents=np.stack([s0, s1]),
+                state_tiles=np.stack([i0, i1]), pair=pair.reshape(count),
+                pair_exponents=np.stack([pairs // levels, pairs % levels])))
+        self.groups: tuple[GroupStates, ...] = tuple(groups)
+
+
+# ---- t_x: per-edge tables --------------------------------------------------------------------
+
+
+class DimTable:
+    """Along one dimension, every pair of power-of-two degrees of the producer and consumer.
+
+    Rows number producer tiles as a * width + i (tile i of 2^a tiles), columns consumer tiles
+    as b * width + j; the last slot of i and j is all zeros so that a tile index of -1 (no tile
+    on that device) reads zero:
+    - pairs[(a, i), (b, j)]: elements shared by producer tile i and the range consumer tile j
+      needs (int32: at most the dimension's size);
+    - producers_touching[a, (b, j)]: producer tiles of 2^a that consumer tile j needs from;
+    - consumers_touching[(a, i), b] and row_sum[(a, i), b]: consumer tiles of 2^b that need
+      producer tile i, and the elements of i they need in total;
+    - need_len[b, j]: the length of the range consumer tile j needs.
+    """
+
+    def __init__(self, producer_size: int, starts: np.ndarray, stops: np.ndarray,
+                 levels: int) -> None:
+        width = (1 << (levels - 1)) + 1
+        # every (exponent, tile index) of one side, all exponents together
+        exponent = np.repeat(np.arange(levels), 1 << np.arange(levels))
+        index = np.concatenate([np.arange(1 << level) for level in range(levels)])
+        p_starts, p_stops = tile_range(producer_size, 1 << exponent, index)
+        self.need_len = np.zeros((levels, width), dtype=np.int64)
+        self.need_len[exponent, index] = np.maximum(stops - starts, 0)
+        shared = (np.minimum(p_stops[:, None], stops[None, :])
+                  - np.maximum(p_starts[:, None], starts[None, :]))
+        overlap = np.zeros((levels, width, levels, width), dtype=np.int32)
+        overlap[exponent[:, None], index[:, None], exponent[None, :],
+                index[None, :]] = np.maximum(shared, 0)
+        touching = overlap > 0
+        self.pairs = overlap.reshape(levels * width, levels * width)
+        self.producers_touching = touching.sum(axis=1, dtype=np.int32).reshape(levels, -1)
+        self.consumers_touching = touching.sum(axis=3, dtype=np.int32).reshape(-1, levels)
+        self.row_sum = overlap.sum(axis=3, dtype=np.int64).reshape(-1, levels)
+
+
+@dataclass(frozen=True)
+class GroupTerms:
+    """An edge's per-dim tables of one group of two dims multiplied into one table, indexed by
+    the states and exponent pairs that the producer's and consumer's `ConfigTable` number."""
+
+    p_state: np.ndarray  # (P, D) state of each producer config's devices
+    q_state: np.ndarray  # (Q, D)
+    p_pair: np.ndarray  # (P,) exponent pair of each producer config
+    q_pair: np.ndarray  # (Q,)
+    same: np.ndarray  # (S, T) elements a device holds of what it needs
+    recv: np.ndarray  # (A, T) producer tiles a consumer tile needs
+    row: np.ndarray  # (S, B) elements of a producer tile needed in all
+    sent: np.ndarray  # (S, B) consumer tiles a producer tile feeds
+
+
+def _bound(groups: Sequence[GroupTerms]) -> int:
+    """An upper bound on every element count the pairs multiply out to."""
+    first, second = groups
+    return max(int(first.same.max(initial=0)) * int(second.same.max(initial=0)),
+               int(first.row.max(initial=0)) * int(second.row.max(initial=0)))
+
+
+@dataclass(frozen=True)
+class EdgeDims:
+    """The four per-dimension tables of one edge (n, c, h, w) and their ids: edges with equal
+    ids have equal tables."""
+
+    ids: tuple[int, ...]
+    dims: tuple[DimTable, ...]
+
+    def need(self, qtab: ConfigTable) -> np.ndarray:
+        """(Q, D) elements each consumer tile needs."""
+        product = np.ones(qtab.tile_of.shape[:2], dtype=np.int64)
+        for dim, table in enumerate(self.dims):
+            product *= table.need_len[qtab.exponents[:, dim, None], qtab.tile_of[:, :, dim]]
+        return product
+
+    def terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[GroupTerms, ...]:
+        """The per-dim tables of each group of two dims multiplied into one table."""
+        width = self.dims[0].need_len.shape[1]
+        groups = []
+        for group, dims in enumerate(_GROUPS):
+            p, q = ptab.groups[group], qtab.groups[group]
+            parts = []
+            for k, dim in enumerate(dims):
+                table = self.dims[dim]
+                # table row of each producer state (S,), column of each consumer state (T,)
+                p_at = p.state_exponents[k] * width + p.state_tiles[k]
+                q_at = q.state_exponents[k] * width + q.state_tiles[k]
+                parts.append((
+                    np.take(table.pairs[p_at], q_at, axis=1),  # (S, T)
+                    np.take(table.producers_touching[p.pair_exponents[k]], q_at,
+                            axis=1),  # (A, T)
+                    np.take(table.row_sum[p_at], q.pair_exponents[k], axis=1),  # (S, B)
+                    np.take(table.consumers_touching[p_at], q.pair_exponents[k],
+                            axis=1),  # (S, B)
+                ))
+            (same, recv, row, sent), (same_1, recv_1, row_1, sent_1) = parts
+            if int(same.max(initial=0)) * int(same_1.max(initial=0)) >= _INT32_LIMIT:
+                same = same.astype(np.int64)
+            groups.append(GroupTerms(
+                p_state=p.state, q_state=q.state, p_pair=p.pair, q_pair=q.pair,
+                same=same * same_1,
+                recv=recv * recv_1,  # at most the number of devices squared
+                row=row * row_1, sent=sent * sent_1))
+        return tuple(groups)
+
+
+# ---- t_x: pairs of configs, device by device -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProducerSide:
+    """The producer configs' per-device terms, (P, D) and per group, in extent order."""
+
+    state: list[np.ndarray]  # per group: (P, D) state of each device
+    same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
+    recv: list[np.ndarray]  # per group: (P, T) producer tiles a consumer state needs
+    seconds_per_element: np.ndarray  # (P, D) over the producer block's slowest link
+    latency: np.ndarray  # (P, D)
+
+
+@dataclass(frozen=True)
+class ConsumerSide:
+    """The consumer configs' per-device terms, (D, Q) and per group, in extent order."""
+
+    state: list[np.ndarray]  # per group: (D, Q) state of each device
+    row: list[np.ndarray]  # per group: (S, Q) elements of a producer state needed in all
+    sent: list[np.ndarray]  # per group: (S, Q) consumer tiles a producer state feeds
+    need: np.ndarray  # (D, Q) elements each device's consumer tile needs
+    seconds_per_element: np.ndarray  # (D, Q) over the consumer block's slowest link
+    latency: np.ndarray  # (D, Q)
+
+
+def _pair_block(producer: ProducerSide, consumer: ConsumerSide, rows: slice, columns: slice,
+                extent: int, backward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """t_x seconds and forward elements of producer configs `rows` x consumer configs
+    `columns`, over devices [0, extent), as (P, D, Q) arrays reduced over D.
+
+    Per device: `same` elements it holds of what its consumer tile needs, the producer tiles
+    it receives from, and (backward) its producer tile's elements needed elsewhere and the
+    consumer tiles it sends to. Forward time is the slowest device's remote elements over its
+    producer block's link plus latency per message; backward likewise over the consumer's.
+    The expression and its order of operations are the reference's, so results are equal
+    bit for bit.
+    """
+    devices = slice(0, extent)
+    same = recv = None
+    for group in range(len(_GROUPS)):
+        table = producer.same[group]
+        index = (producer.state[group][rows, devices, None] * table.shape[1]
+                 + consumer.state[group][None, devices, columns])
+        part = table.ravel().take(index)
+        same = part if same is None else np.multiply(same, part, out=same)
+        part = np.take(producer.recv[group][rows], consumer.state[group][devices, columns],
+                       axis=1)
+        recv = part if recv is None else np.multiply(recv, part, out=recv)
+    held = same > 0
+    np.subtract(recv, held, out=recv)
+    remote = np.subtract(consumer.need[None, devices, columns], same)
+    forward = remote * producer.seconds_per_element[rows, devices, None]
+    forward += recv * producer.latency[rows, devices, None]
+    seconds = forward.max(axis=1)
+    elements = remote.sum(axis=1, dtype=np.int64)
+    if backward:
+        row_sum = sent = None
+        for group in range(len(_GROUPS)):
+            state = producer.state[group][rows, devices]
+            part = np.take(consumer.row[group][:, columns], state, axis=0)
+            row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
+            part = np.take(consumer.sent[group][:, columns], state, axis=0)
+            sent = part if sent is None else np.multiply(sent, part, out=sent)
+        np.subtract(sent, held, out=sent)
+        np.subtract(row_sum, same, out=row_sum)
+        back = row_sum * consumer.seconds_per_element[None, devices, columns]
+        back += sent * consumer.latency[None, devices, columns]
+        seconds = seconds + back.max(axis=1)
+    return seconds, elements
+
+
+class TransferTables:
+    """t_x of every pair of producer and consumer configs of an edge, on `devices` devices of
+    `cluster`; the tables it builds are shared by every edge and config list that can."""
+
+    def __init__(self, cluster: Cluster, devices: int) -> None:
+        self.cluster = cluster
+        self.devices = devices
+        self._levels = devices.bit_length()  # power-of-two degrees 2^0 .. 2^(levels-1)
+        self._block_links: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._config_tables: dict[tuple[object, ...], ConfigTable] = {}
+        self._needed: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
+        self._space_ids: dict[Hashable, int] = {}
+        self._space_contents: dict[tuple[object, ...], int] = {}
+        self._matrices: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def matrices(self, producer: Layer, consumer: Layer,
+                 producer_configs: Sequence[ParallelConfig],
+                 consumer_configs: Sequence[ParallelConfig],
+                 spaces: tuple[Hashable, Hashable] | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, bytes) of t_x for every pair of producer and consumer configs.
+
+        `spaces` says that the configs are the two layers' whole search spaces and names them
+        (equal names, equal lists): edges whose four per-dimension tables and two search spaces
+        are equal have equal matrices, which are then computed once (repeated blocks, and
+        branches that read one tensor through layers of the same geometry).
+        """
+        dims = self._edge_dims(producer, consumer)
+        backward = producer.kind != "input"  # the network input needs no gradient
+        if spaces is None:
+            return self._pairs(dims, producer_configs, consumer_configs, backward)
+        key = (dims.ids, self._space_id(spaces[0], producer_configs),
+               self._space_id(spaces[1], consumer_configs), backward)
+        if key not in self._matrices:
+            self._matrices[key] = self._pairs(dims, producer_configs, consumer_configs,
+                                              backward)
+        return self._matrices[key]
+
+    def _space_id(self, space: Hashable, configs: Sequence[ParallelConfig]) -> int:
+        """Equal search spaces (as lists of configs) get equal ids."""
+        if space not in self._space_ids:
+            content = tuple((config.degrees, config.devices) for config in configs)
+            self._space_ids[space] = self._space_contents.setdefault(content,
+                                                                     len(self._space_contents))
+        return self._space_ids[space]
+
+    def _edge_dims(self, producer: Layer, consumer: Layer) -> EdgeDims:
+        """The edge's per-dimension tables and their ids; equal ranges share one table."""
+        input_index = consumer.inputs.index(producer.name)
+        ids, dims = [], []
+        for dim, size in enumerate(as_4d(producer.output_shape)):
+            starts, stops = self._needed_ranges(consumer, input_index, dim)
+            key = (size, starts.tobytes(), stops.tobytes())
+            if key not in self._dim_tables:
+                table = DimTable(size, starts, stops, self._levels)
+                self._dim_tables[key] = (len(self._dim_tables), table)
+            ident, table = self._dim_tables[key]
+            ids.append(ident)
+            dims.append(table)
+        return EdgeDims(ids=tuple(ids), dims=tuple(dims))
+
+    def _needed_ranges(self, consumer: Layer, input_index: int,
+                       dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, stops) of the input range each consumer tile needs along `dim`, for every
+        power-of-two degree in turn (the order of `DimTable`)."""
+        key = (consumer.name, input_index, dim)
+        if key not in self._needed:
+            ranges = [needed_range(consumer, input_index, dim, out)
+                      for level in range(self._levels)
+                      for out in output_ranges(consumer, dim, 1 << level)]
+            starts, stops = np.array(ranges, dtype=np.int64).reshape(-1, 2).T
+            empty = stops <= starts  # needs nothing (concat): one form, so tables are shared
+            self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
+        return self._needed[key]
+
+    def _links_of_block(self, block: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per byte and latency of the slowest link between each device and the other
+        devices of `block` (zero where there is no other device)."""
+        if block not in self._block_links:
+            per_byte = np.zeros(self.devices)
+            latency = np.zeros(self.devices)
+            members = set(block)
+            inside = self.cluster.slowest_link(members) if len(members) > 1 else None
+            for device in range(self.devices):
+                if device in members:
+                    link = inside
+                else:
+                    link = self.cluster.slowest_link(members | {device})
+                if link is not None:
+                    per_byte[device] = 1.0 / link.bandwidth
+                    latency[device] = link.latency
+            self._block_links[block] = (per_byte, latency)
+        return self._block_links[block]
+
+    def _config_table(self, configs: Sequence[ParallelConfig]) -> ConfigTable:
+        """The config table of `configs` (cached: layers share search spaces)."""
+        key = tuple((config.degrees, config.devices) for config in configs)
+        if key not in self._config_tables:
+            rows = [self._links_of_block(config.devices) for config in configs]
+            links = BlockLinks(
+                seconds_per_byte=np.array([per_byte for per_byte, _ in rows]).reshape(
+                    len(configs), self.devices),
+                latency=np.array([latency for _, latency in rows]).reshape(
+                    len(configs), self.devices))
+            self._config_tables[key] = ConfigTable(configs, self.devices, links)
+        return self._config_tables[key]
+
+    def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
+               qconfs: Sequence[ParallelConfig],
+               backward: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Every pair's t_x from per-device terms (see `_pair_block`).
+
+        A device outside both configs' blocks holds and needs nothing, so its terms are zero
+        and, all terms being >= 0, leave the max and the sum over devices unchanged. Configs
+        are therefore sorted by extent (one past their highest device) and each block of pairs
+        only looks at devices below the larger extent of the two.
+        """
+        ptab, qtab = self._config_table(pconfs), self._config_table(qconfs)
+        groups = dims.terms(ptab, qtab)
+        need = dims.need(qtab)  # (Q, D) needed elements of each consumer tile
+        # element counts in int32 where no product can reach 2^31 (counts of tiles always)
+        bound = max(_bound(groups), int(need.max(initial=0)))
+        dtype = np.int32 if bound < _INT32_LIMIT else np.int64
+        p_order = np.argsort(ptab.extent, kind="stable")
+        q_order = np.argsort(qtab.extent, kind="stable")
+        # producer side as (P, D), consumer side as (D, Q), both in extent order; bytes per
+        # element are folded into the seconds per byte (a power of two: exact)
+        producer = ProducerSide(
+            state=[terms.p_state[p_order] for terms in groups],
+            same=[terms.same.astype(dtype, copy=False) for terms in groups],
+            recv=[terms.recv[terms.p_pair[p_order]] for terms in groups],
+            seconds_per_element=ptab.links.seconds_per_byte[p_order] * BYTES_PER_ELEMENT,
+            latency=ptab.links.latency[p_order],
+        )
+        consumer = ConsumerSide(
+            state=[np.ascontiguousarray(terms.q_state[q_order].T) for terms in groups],
+            row=[terms.row[:, terms.q_pair[q_order]].astype(dtype) for terms in groups],
+            sent=[terms.sent[:, terms.q_pair[q_order]] for terms in groups],
+            need=np.ascontiguousarray(need[q_order].T.astype(dtype)),
+            seconds_per_element=np.ascontiguousarray(
+                qtab.links.seconds_per_byte[q_order].T * BYTES_PER_ELEMENT),
+            latency=np.ascontiguousarray(qtab.links.latency[q_order].T),
+        )
+        p_extent, q_extent = ptab.extent[p_order], qtab.extent[q_order]
+        if len(pconfs) * len(qconfs) * self.devices <= _CHUNK_ELEMENTS:
+            # small: one block over every device costs less than many calls
+            p_extent = np.full(len(pconfs), self.devices)
+            q_extent = np.full(len(qconfs), self.devices)
+        seconds = np.zeros((len(pconfs), len(qconfs)))
+        elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
+        for extent in np.unique(np.concatenate([p_extent, q_extent])):
+            p_at = np.searchsorted(p_extent, [extent, extent], side="left")
+            p_at[1] = np.searchsorted(p_extent, extent, side="right")
+            q_at = np.searchsorted(q_extent, [extent, extent], side="left")
+            q_at[1] = np.searchsorted(q_extent, extent, side="right")
+            # producers at this extent x consumers up to it; producers below x consumers at it
+            for p_rows, q_columns in ((slice(p_at[0], p_at[1]), slice(0, q_at[1])),
+                                      (slice(0, p_at[0]), slice(q_at[0], q_at[1]))):
+                if p_rows.stop <= p_rows.start or q_columns.stop <= q_columns.start:
+                    continue
+                columns = q_columns.stop - q_columns.start
+                step = max(1, _CHUNK_ELEMENTS // (int(extent) * columns))
+                for start in range(p_rows.start, p_rows.stop, step):
+                    rows = slice(start, min(start + step, p_rows.stop))
+                    seconds[rows, q_columns], elements[rows, q_columns] = _pair_block(
+                        producer, consumer, rows, q_columns, int(extent), backward)
+        passes = 2 if backward else 1  # forward, and backward unless input
+        p_back, q_back = np.argsort(p_order), np.argsort(q_order)
+        seconds = seconds[p_back][:, q_back]
+        elements = elements[p_back][:, q_back]
+        return seconds, passes * elements * BYTES_PER_ELEMENT
