@@ -1,4 +1,5 @@
-"""The benchmark flow: data -> calibrate -> profile -> search -> train -> validate -> track.
+"""The benchmark flow: data -> calibrate -> profile -> search -> verify -> train -> validate
+-> track.
 
     layerwise run                           # configs/benchmark.yaml, see flows/cli/run.py
     layerwise run --set strategies=[data,owt] --set steps=80
@@ -6,15 +7,16 @@
 With `cluster: calibrated` it first measures this machine's links between the `nproc` ranks
 (tasks/calibrate.py, once per project). For each model version: build its layer graph at the
 global batch, profile t_c on this machine (or take the roofline), search the layer-wise
-strategy and cost the baselines, train the one-process reference (strategy data on 1 process,
-the same global batch and seed), then train each strategy on `nproc` torchrun processes, check
-its validation accuracy against the reference, and record it in a nested MLflow run. A failing
-strategy fails its own MLflow run and the others still run; the flow then fails naming it. The
-flow prints how long each stage took, its own overhead (everything but torchrun, profiling and
-calibration) and a comparison table.
+strategy and cost the baselines, prove every strategy file exact in float64 against one process
+(a few steps, tasks/verify.py), train the one-process reference (strategy data on 1 process,
+the same global batch and seed), then train each strategy on `nproc` torchrun processes, judge
+its validation accuracy against the reference (a binomial bound in images, strategies/
+accuracy.py), and record it in a nested MLflow run. A failed check fails its own task and
+MLflow run, keeps every measured number, and the other strategies still run; the flow then
+ends Failed, naming it once. The flow prints how long each stage took, its own overhead
+(everything but torchrun, profiling and calibration), a comparison table and, in words, which
+strategy won by how much; the table is also the flow run's Prefect artifact.
 """
-
-from __future__ import annotations
 
 import contextlib
 import datetime
@@ -28,12 +30,14 @@ from typing import Any
 
 import torch
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
 from rich.table import Table
 
 from flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
 from flows.cli.console import console
+from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.job import RUNS_DIR
@@ -42,16 +46,21 @@ from strategies.profile import device_name, resolve_device
 from strategies.run import RunResult
 from strategies.runtime.datasets import ImageSpec
 from strategies.schedules import is_exact
+from strategies.space import DIMS, ParallelConfig
+from strategies.verify import Divergence
 from tasks import track
 from tasks.calibrate import calibrate_links
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
 from tasks.search import oracle_step_seconds, search_strategies
 from tasks.train import train_strategy
-from tasks.validate import check_accuracy, measure_accuracy
+from tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
+from tasks.verify import verify_exactness
 
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
-MEASURED_STAGES = ("train", "profile", "calibrate")  # the work itself; the rest is overhead
+BASELINE_STRATEGY = "data"  # what the summary measures the winner against
+MEASURED_STAGES = ("train", "profile", "calibrate", "verify")  # the work; the rest is overhead
+VERIFY_STEPS = 3  # float64 steps per strategy in the verify stage
 
 
 class BenchmarkFailed(RuntimeError):
@@ -60,14 +69,33 @@ class BenchmarkFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one (model version, strategy) run gave, or why it failed."""
+    """What one (model version, strategy) run measured and how its checks went.
+
+    Every measured number is kept whatever failed: `error` says what failed (a check or the
+    run itself), `result` is None only when nothing was measured.
+    """
 
     model: ModelVersion
     strategy: str
     result: RunResult | None = None
-    accuracy: float | None = None
-    baseline: float | None = None
+    accuracy: AccuracyCheck | None = None
+    divergence: Divergence | None = None
     error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.name} {self.model.version} {self.strategy}"
+
+    @property
+    def status(self) -> str:
+        if self.error is None:
+            return "passed"
+        if self.result is None:
+            return "run failed"
+        if self.divergence is not None and self.divergence.exact is False:
+            return "not exact"
+        return "accuracy differs" if self.accuracy is not None and not self.accuracy.passed \
+            else "failed"
 
 
 @dataclass
@@ -100,8 +128,21 @@ class Context:
     cluster: str  # what the predictions use: config.cluster, or the calibrated cluster's file
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The one-process run every strategy's accuracy is judged against."""
+
+    correct: int | None = None
+    images: int | None = None
+    error: str | None = None
+
+    @property
+    def accuracy(self) -> float | None:
+        return None if self.correct is None or not self.images else self.correct / self.images
+
+
 @flow(name="benchmark")
-def benchmark(config: BenchmarkConfig) -> list[Outcome]:
+def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
     """Benchmark every model version under every strategy; see the module docstring."""
     started = time.perf_counter()
     clock = StageClock()
@@ -126,17 +167,20 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome]:
     try:
         outcomes = [outcome for model in config.models
                     for outcome in _benchmark_model(context, model)]
-    except (KeyboardInterrupt, SystemExit):  # stopped: say so in MLflow, then stop
+    except Exception as error:  # broken: say so in MLflow, then go on failing
+        track.fail_run(client, parent_id, error)
+        raise
+    except BaseException:  # stopped (Ctrl-C, SIGTERM): say so in MLflow, then stop
         track.kill_run(client, parent_id)
         raise
     failed = [outcome for outcome in outcomes if outcome.error is not None]
     with clock.stage("track"):
-        _finish_parent(context, failed, time.perf_counter() - started)
+        _finish_parent(context, outcomes, failed, time.perf_counter() - started)
     _print_report(context, outcomes, time.perf_counter() - started)
     if failed:
-        raise BenchmarkFailed("; ".join(f"{o.model.name} {o.model.version} {o.strategy}: "
-                                        f"{o.error}" for o in failed))
-    return outcomes
+        return Failed(message=f"{len(failed)} of {len(outcomes)} strategy runs failed: "
+                              + ", ".join(outcome.label for outcome in failed), data=outcomes)
+    return Completed(data=outcomes)
 
 
 def _prefect_ui_url() -> str | None:
@@ -158,8 +202,9 @@ def _check_image(config: BenchmarkConfig, image: ImageSpec | None) -> None:
 
 
 def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
-    """Profile, search, the one-process reference, then every strategy of one model version."""
+    """Profile, search, verify, the one-process reference, then every strategy of one model."""
     config, clock = context.config, context.clock
+    label = f"{model.name} {model.version}"
     folder = context.folder / f"{model.name}-{model.version}".replace(":", "_")
     graph = build_graph(model.name, batch=config.batch_per_device * config.nproc,
                         image_size=config.image_size, num_classes=config.classes,
@@ -167,79 +212,126 @@ def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
     profile = None
     if config.profile:
         with clock.stage("profile"):
-            profile = profile_model(graph, config.nproc, config.strategies)
+            profile = profile_model.with_options(task_run_name=f"profile[{label}]")(
+                graph, config.nproc, config.strategies)
     with clock.stage("search"):
-        files = search_strategies(graph, context.cluster, config.nproc, profile,
-                                  config.strategies, folder / "strategies")
-        oracle = oracle_step_seconds(graph, context.cluster, config.nproc, profile,
-                                     config.strategies)
-    baseline, baseline_error = _reference_accuracy(context, model, folder / "one-process")
+        files = search_strategies.with_options(task_run_name=f"search[{label}]")(
+            graph, context.cluster, config.nproc, profile, config.strategies,
+            folder / "strategies")
+        oracle = oracle_step_seconds.with_options(task_run_name=f"oracle[{label}]")(
+            graph, context.cluster, config.nproc, profile, config.strategies)
+    divergences, verify_error = _verify(context, model, files, profile, folder / "verify")
+    reference = _reference_accuracy(context, model, folder / "one-process")
     return [_benchmark_strategy(context, model, graph, name, files[name], profile, folder,
-                                baseline, baseline_error, oracle.get(name))
+                                reference, divergences.get(name), verify_error,
+                                oracle.get(name))
             for name in config.strategies]
 
 
-def _reference_accuracy(context: Context, model: ModelVersion,
-                        out: Path) -> tuple[float | None, str | None]:
-    """Validation accuracy of one-process training with the same global batch and seed."""
+def _verify(context: Context, model: ModelVersion, files: dict[str, Path],
+            profile: Path | None, out: Path) -> tuple[dict[str, Divergence], str | None]:
+    """Each strategy file's float64 divergence from one process, by strategy name."""
     config = context.config
+    options = _train_options(context, nproc=config.nproc,
+                             batch_per_device=config.batch_per_device, profile=profile)
+    try:
+        with context.clock.stage("verify"):
+            report = verify_exactness.with_options(
+                task_run_name=f"verify[{model.name} {model.version}]")(
+                model.name, list(files.values()), options, VERIFY_STEPS, out,
+                config.train_deadline_s)
+    except Exception as error:  # each strategy's outcome reports it; training goes on
+        return {}, f"the float64 verify stage failed: {error}"
+    return dict(zip(files, report.divergences, strict=True)), None
+
+
+def _reference_accuracy(context: Context, model: ModelVersion, out: Path) -> Reference:
+    """Validation counts of one-process training with the same global batch and seed."""
+    config = context.config
+    label = f"{model.name} {model.version} one-process"
     options = _train_options(context, nproc=1,
                              batch_per_device=config.batch_per_device * config.nproc,
                              profile=None)
     try:
         with context.clock.stage("train"):
-            train_strategy(model.name, REFERENCE_STRATEGY, options, config.steps, out,
-                           config.train_deadline_s)
+            train_strategy.with_options(task_run_name=f"train[{label}]")(
+                model.name, REFERENCE_STRATEGY, options, config.steps, out,
+                config.train_deadline_s)
         with context.clock.stage("validate"):
-            return measure_accuracy(out), None
+            correct, images = measure_accuracy.with_options(
+                task_run_name=f"validate[{label}]")(out)
     except Exception as error:  # every strategy's run reports it; the flow goes on
-        return None, f"the one-process reference failed: {error}"
+        return Reference(error=f"the one-process reference failed: {error}")
+    return Reference(correct=correct, images=images)
 
 
 def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph,
                         strategy: str, strategy_file: Path, profile: Path | None, folder: Path,
-                        baseline: float | None, baseline_error: str | None,
-                        oracle_seconds: float | None) -> Outcome:
-    """Train, validate and track one strategy; its failure is recorded, not raised."""
+                        reference: Reference, divergence: Divergence | None,
+                        verify_error: str | None, oracle_seconds: float | None) -> Outcome:
+    """Train, validate, judge and track one strategy; a failure is recorded, not raised."""
     config, clock = context.config, context.clock
+    label = f"{model.name} {model.version} {strategy}"
     with clock.stage("track"):
         run_id = track.start_child_run(
             context.client, context.experiment_id, context.parent_id,
             f"{model.name}-{model.version}-{strategy}",
             _run_params(context, model, graph, strategy), context.tags)
     out = folder / strategy
+    result = check = None
     try:
-        if baseline is None:
-            raise RuntimeError(baseline_error)
         options = _train_options(context, nproc=config.nproc,
                                  batch_per_device=config.batch_per_device, profile=profile)
         with clock.stage("train"):
-            result = train_strategy(model.name, str(strategy_file), options, config.steps, out,
-                                    config.train_deadline_s)
-        with clock.stage("validate"):
-            accuracy = measure_accuracy(out)
+            result = train_strategy.with_options(task_run_name=f"train[{label}]")(
+                model.name, str(strategy_file), options, config.steps, out,
+                config.train_deadline_s)
+        if reference.correct is not None and reference.images is not None:
+            with clock.stage("validate"):
+                correct, images = measure_accuracy.with_options(
+                    task_run_name=f"validate[{label}]")(out)
+                exact = is_exact(result.strategy, graph)
+                verdict = judge_accuracy.with_options(task_run_name=f"check accuracy[{label}]")(
+                    correct, reference.correct, images,
+                    config.tolerance if exact else config.inexact_tolerance, return_state=True)
+                check = accuracy_of(verdict)
         with clock.stage("track"):
-            track.log_strategy_run(context.client, run_id, result, graph, out, accuracy,
-                                   baseline, oracle_seconds)
-        exact = is_exact(result.strategy, graph)
-        check_accuracy(strategy, accuracy, baseline,
-                       config.tolerance if exact else config.inexact_tolerance)
-    except Exception as error:  # recorded in its MLflow run; the other strategies go on
-        with clock.stage("track"):
-            track.fail_run(context.client, run_id, error)
-        return Outcome(model=model, strategy=strategy, baseline=baseline, error=str(error))
-    except (KeyboardInterrupt, SystemExit):
+            track.record_strategy_run.with_options(task_run_name=f"track[{label}]")(
+                context.client, run_id, result, graph, out, check, divergence, oracle_seconds)
+        error = _first_failure(reference, divergence, verify_error, check)
+    except Exception as failure:  # recorded in its MLflow run; the other strategies go on
+        error = str(failure)
+    except BaseException:
         track.kill_run(context.client, run_id)
         raise
     with clock.stage("track"):
-        track.finish_run(context.client, run_id)
-    return Outcome(model=model, strategy=strategy, result=result, accuracy=accuracy,
-                   baseline=baseline)
+        if error is None:
+            track.finish_run(context.client, run_id)
+        else:
+            track.fail_run(context.client, run_id, BenchmarkFailed(error))
+    return Outcome(model=model, strategy=strategy, result=result, accuracy=check,
+                   divergence=divergence, error=error)
+
+
+def _first_failure(reference: Reference, divergence: Divergence | None,
+                   verify_error: str | None, check: AccuracyCheck | None) -> str | None:
+    """Why a trained strategy failed its checks, or None when it passed them all."""
+    if verify_error is not None:
+        return verify_error
+    if divergence is not None and divergence.exact is False:
+        return (f"not exact: float64 training left one process's by "
+                f"{divergence.largest:.1e} ({divergence.worst_parameter}), above "
+                f"{divergence.tolerance:g}")
+    if reference.error is not None:
+        return reference.error
+    if check is not None and not check.passed:
+        return f"accuracy {check.describe()}"
+    return None
 
 
 def _train_options(context: Context, *, nproc: int, batch_per_device: int,
                    profile: Path | None) -> TrainOptions:
-    """The training run's options for this benchmark."""
+    """The run options of this benchmark's training jobs."""
     config = context.config
     return TrainOptions(
         nproc=nproc, cluster=context.cluster, dataset=config.dataset,
@@ -264,11 +356,15 @@ def _run_params(context: Context, model: ModelVersion, graph: LayerGraph,
     }
 
 
-def _finish_parent(context: Context, failed: list[Outcome], elapsed: float) -> None:
-    """Stage times on the parent run, a Prefect artifact pointing at it, and its status."""
+def _finish_parent(context: Context, outcomes: list[Outcome], failed: list[Outcome],
+                   elapsed: float) -> None:
+    """Stage times on the parent run, the results table and a pointer to MLflow as Prefect
+    artifacts, and the parent's status."""
     seconds = _stage_seconds(context.clock, elapsed)
     for name, value in seconds.items():
         context.client.log_metric(context.parent_id, f"{name.replace(' ', '_')}_seconds", value)
+    create_table_artifact(key="benchmark-results", table=_table_rows(outcomes),
+                          description="Predicted vs measured per training step, checks")
     create_markdown_artifact(
         key="mlflow-run",
         markdown=f"MLflow experiment `{context.config.name}`, parent run "
@@ -288,46 +384,134 @@ def _stage_seconds(clock: StageClock, elapsed: float) -> dict[str, float]:
     return seconds
 
 
+COLUMNS = ("model", "strategy", "pred. ms", "meas. ms (IQR)", f"x {BASELINE_STRATEGY}",
+           "pred. bytes", "meas. bytes", "val acc", "1-proc acc", "verify", "status")
+
+
+def _table_rows(outcomes: list[Outcome]) -> list[dict[str, str]]:
+    """One row of formatted numbers per outcome; '-' only for what was not measured."""
+    rows = []
+    for outcome in outcomes:
+        result, check, divergence = outcome.result, outcome.accuracy, outcome.divergence
+        speedup = _speedup(outcome, outcomes)
+        values = [f"{outcome.model.name} {outcome.model.version}", outcome.strategy]
+        if result is None:
+            values += ["-"] * 5
+        else:
+            low, high = result.step_seconds_quartiles
+            predicted = result.predicted_bytes_per_step
+            measured = result.bytes_per_step
+            values += [f"{result.predicted_step_seconds * 1e3:.1f}",
+                       f"{result.step_seconds_median * 1e3:.1f} ({low * 1e3:.1f}-"
+                       f"{high * 1e3:.1f})",
+                       "-" if speedup is None else f"{speedup[0]:.2f}",
+                       f"{predicted.transfer + predicted.sync:,}",
+                       f"{measured.transfer + measured.sync:,}"]
+        values += ["-" if check is None else f"{check.accuracy:.2%}",
+                   "-" if check is None else f"{check.reference_accuracy:.2%}",
+                   _verify_text(divergence), outcome.status]
+        rows.append(dict(zip(COLUMNS, values, strict=True)))
+    return rows
+
+
+def _verify_text(divergence: Divergence | None) -> str:
+    if divergence is None:
+        return "-"
+    verdict = {True: "exact", False: "DIFFERS", None: "inexact"}[divergence.exact]
+    return f"{verdict} {divergence.largest:.0e}"
+
+
+def _speedup(outcome: Outcome, outcomes: list[Outcome]) -> tuple[float, float] | None:
+    """(measured, predicted) step time of the same model's baseline over this one's."""
+    baseline = next((other for other in outcomes if other.model == outcome.model
+                     and other.strategy == BASELINE_STRATEGY and other.result is not None),
+                    None)
+    if baseline is None or outcome.result is None:
+        return None
+    return (baseline.result.step_seconds_median / outcome.result.step_seconds_median,
+            baseline.result.predicted_step_seconds / outcome.result.predicted_step_seconds)
+
+
 def _print_report(context: Context, outcomes: list[Outcome], elapsed: float) -> None:
     stages = _stage_seconds(context.clock, elapsed)
     console.print("stages: " + ", ".join(f"{name} {value:.1f} s" for name, value in
                                          stages.items()) + f"; flow total {elapsed:.1f} s",
                   highlight=False, soft_wrap=True)
-    console.print(_comparison_table(outcomes))
-    for outcome in outcomes:
-        if outcome.error is not None:
-            console.print(f"[bold red]failed:[/] {outcome.model.name} {outcome.model.version} "
-                          f"{outcome.strategy}: {outcome.error}", highlight=False,
-                          soft_wrap=True)
+    table = Table(title="benchmark: predicted vs measured per training step (median after "
+                        "warm-up, interquartile range)", title_justify="left")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column in ("model", "strategy", "verify",
+                                                              "status") else "right")
+    for row in _table_rows(outcomes):
+        style = None if row["status"] == "passed" else "red"
+        table.add_row(*row.values(), style=style)
+    console.print(table)
     console.print(f"MLflow: {ui_command(os.environ[track.TRACKING_VARIABLE])}",
                   highlight=False, soft_wrap=True)
+    for line in summary_lines(outcomes):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
-def _comparison_table(outcomes: list[Outcome]) -> Table:
-    table = Table(title="benchmark: predicted vs measured per training step",
-                  title_justify="left")
-    for column in ("model", "strategy", "pred. ms", "meas. ms", "samples/s", "pred. bytes",
-                   "meas. bytes", "val acc", "1-proc acc"):
-        table.add_column(column, justify="left" if column in ("model", "strategy") else "right")
+def summary_lines(outcomes: list[Outcome]) -> list[str]:
+    """In words, per model: which strategy won and by how much, and how the checks went."""
+    lines = []
+    for model in dict.fromkeys(outcome.model for outcome in outcomes):
+        mine = [outcome for outcome in outcomes if outcome.model == model]
+        lines += _winner_lines(model, mine) + _check_lines(mine)
+    return lines
+
+
+def _winner_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
+    measured = [outcome for outcome in outcomes if outcome.result is not None]
+    if not measured:
+        return []
+    best = min(measured, key=lambda outcome: outcome.result.step_seconds_median)
+    speedup = _speedup(best, outcomes)
+    if speedup is None or best.strategy == BASELINE_STRATEGY:
+        return [f"{model.name} {model.version}: '{best.strategy}' ran fastest, "
+                f"{best.result.step_seconds_median * 1e3:.1f} ms per step."]
+    execution = best.result.strategy.execution.describe()
+    return [f"{model.name} {model.version}: '{best.strategy}' won, {speedup[0]:.2f}x the "
+            f"throughput of {BASELINE_STRATEGY} parallelism measured "
+            f"({best.result.step_seconds_median * 1e3:.1f} against "
+            f"{best.result.step_seconds_median * speedup[0] * 1e3:.1f} ms per step), "
+            f"{speedup[1]:.2f}x predicted; {execution}: "
+            f"{_split_summary(best.result)}."]
+
+
+def _split_summary(result: RunResult) -> str:
+    """Which layers the strategy splits how, e.g. 'x..flatten n2, classifier_0..4 c2'."""
+    groups: list[tuple[str, str, str]] = []
+    for choice in result.strategy.layers:
+        degrees = ParallelConfig.parse(choice.config).degrees
+        split = "".join(f"{dim}{degree}" for dim, degree in zip(DIMS, degrees, strict=True)
+                        if degree > 1) or "one device"
+        if groups and groups[-1][2] == split:
+            groups[-1] = (groups[-1][0], choice.name, split)
+        else:
+            groups.append((choice.name, choice.name, split))
+    return ", ".join(f"{first}{'' if first == last else '..' + last} {split}"
+                     for first, last, split in groups)
+
+
+def _check_lines(outcomes: list[Outcome]) -> list[str]:
+    lines = []
+    verified = [o.divergence for o in outcomes if o.divergence is not None
+                and o.divergence.exact is not None]
+    if verified and all(d.exact for d in verified):
+        lines.append(f"verify: every exact strategy ({len(verified)}) matched one process in "
+                     f"float64 within {verified[0].tolerance:g} (largest difference "
+                     f"{max(d.largest for d in verified):.0e}).")
+    checks = [o.accuracy for o in outcomes if o.accuracy is not None]
+    if checks and all(check.passed for check in checks):
+        worst = max(checks, key=lambda check: check.difference_images)
+        lines.append(f"accuracy: every fp32 run within its tolerance of one-process training "
+                     f"(at most {worst.difference_images} of {worst.images} images apart; "
+                     f"tolerance {worst.tolerance_images}, {worst.rule}).")
     for outcome in outcomes:
-        label = f"{outcome.model.name} {outcome.model.version}"
-        result = outcome.result
-        if result is None:
-            table.add_row(label, outcome.strategy, *["-"] * 5, "failed",
-                          _percent(outcome.baseline))
-            continue
-        predicted = result.predicted_bytes_per_step
-        measured = result.bytes_per_step
-        table.add_row(
-            label, outcome.strategy, f"{result.predicted_step_seconds * 1e3:.2f}",
-            f"{result.step_seconds_median * 1e3:.2f}", f"{result.throughput_samples_per_s:,.0f}",
-            f"{predicted.transfer + predicted.sync:,}", f"{measured.transfer + measured.sync:,}",
-            _percent(outcome.accuracy), _percent(outcome.baseline))
-    return table
-
-
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2%}"
+        if outcome.error is not None:
+            lines.append(f"failed: {outcome.label}: {outcome.error}")
+    return lines
 
 
 def ui_command(tracking_uri: str) -> str:

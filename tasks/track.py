@@ -27,11 +27,15 @@ from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from mlflow.entities import Experiment, Metric, Param, RunStatus
 from mlflow.utils.time import get_current_time_millis
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
+from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.run import RunResult
 from strategies.space import DIMS, ParallelConfig
+from strategies.verify import Divergence
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
 DVC_LOCK = Path("dvc.lock")
@@ -166,30 +170,39 @@ def _param_text(value: Any) -> str:
     return text[:_MAX_PARAM_LENGTH]
 
 
-def log_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph: LayerGraph,
-                     run_folder: Path, accuracy: float, baseline_accuracy: float,
-                     oracle_seconds: float | None = None) -> None:
-    """Metrics, the per-layer table and figure, the strategy JSON and the RunResult."""
-    client.log_batch(run_id, metrics=run_metrics(result, accuracy, baseline_accuracy,
-                                                 oracle_seconds))
+@task(name="track", cache_policy=NO_CACHE)
+def record_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph: LayerGraph,
+                        run_folder: Path, accuracy: AccuracyCheck | None,
+                        divergence: Divergence | None,
+                        oracle_seconds: float | None = None) -> None:
+    """Metrics, the per-layer table and figure, the strategy JSON and the RunResult, whether
+    or not the run's checks passed (a failed check must not hide what was measured)."""
+    client.log_batch(run_id, metrics=run_metrics(result, accuracy, divergence, oracle_seconds))
+    if accuracy is not None:
+        client.set_tag(run_id, "accuracy_check", accuracy.describe()[:_MAX_PARAM_LENGTH])
     client.log_table(run_id, per_layer_table(result, graph), "per_layer.json")
     client.log_figure(run_id, degrees_figure(result), "per_layer_degrees.png")
     for name in ("strategy.json", "result.json", "train.json"):
         client.log_artifact(run_id, str(run_folder / name))
 
 
-def run_metrics(result: RunResult, accuracy: float, baseline_accuracy: float,
+def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
+                divergence: Divergence | None,
                 oracle_seconds: float | None = None) -> list[Metric]:
     """The contract's metrics; train_loss once per step, the rest once. With the ParaDL
-    oracle's step time, also it and its accuracy (predicted / measured, as Kahira et al.)."""
+    oracle's step time, also it and its accuracy (predicted / measured, as Kahira et al.);
+    with the float64 verify stage's divergence, its largest relative difference."""
     now = get_current_time_millis()
     predicted = result.strategy.predicted
+    low, high = result.step_seconds_quartiles
     values = {
         "predicted_step_seconds": predicted.step_seconds,
         "predicted_compute_seconds": predicted.compute_seconds,
         "predicted_transfer_seconds": predicted.transfer_seconds,
         "predicted_sync_seconds": predicted.sync_seconds,
         "step_seconds": result.step_seconds_median,
+        "step_seconds_p25": low,
+        "step_seconds_p75": high,
         "throughput_samples_per_s": result.throughput_samples_per_s,
         "transfer_bytes_per_step": result.bytes_per_step.transfer,
         "sync_bytes_per_step": result.bytes_per_step.sync,
@@ -198,10 +211,15 @@ def run_metrics(result: RunResult, accuracy: float, baseline_accuracy: float,
         # relative to the measurement, as Jia et al. report theirs ("within 10%")
         "cost_model_error": abs(result.step_seconds_median - predicted.step_seconds)
         / result.step_seconds_median,
-        "val_accuracy": accuracy,
-        "baseline_val_accuracy": baseline_accuracy,
-        "accuracy_gap": accuracy - baseline_accuracy,
     }
+    if accuracy is not None:
+        values |= {"val_accuracy": accuracy.accuracy,
+                   "baseline_val_accuracy": accuracy.reference_accuracy,
+                   "accuracy_gap": accuracy.accuracy - accuracy.reference_accuracy,
+                   "accuracy_gap_images": accuracy.correct - accuracy.reference_correct,
+                   "accuracy_tolerance_images": accuracy.tolerance_images}
+    if divergence is not None:
+        values["verify_max_difference"] = divergence.largest
     if oracle_seconds is not None:
         values["oracle_step_seconds"] = oracle_seconds
         values["oracle_accuracy"] = oracle_seconds / result.step_seconds_median

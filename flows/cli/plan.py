@@ -19,6 +19,7 @@ from rich.table import Table
 
 from flows.cli.console import console, print_json, user_errors
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from strategies.schedules import schedule_help
 
 if TYPE_CHECKING:
     from strategies.cost import CostModel
@@ -151,8 +152,8 @@ def register(app: typer.Typer) -> None:
         in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
         baselines: Annotated[
             str, typer.Option(help="Comma-separated: data, model, owt, spatial_h, spatial_w, "
-                                   "owt_a|b|c[_vb], pipeline, local, local_overlap, paradl "
-                                   "(the ParaDL oracle's analytic cases).")
+                                   f"{schedule_help()}; paradl (the ParaDL oracle's analytic "
+                                   "cases).")
         ] = "data,model,owt",
         placement: Annotated[
             str, typer.Option(help="origin: every layer's devices start at 0 (fast); aligned: "

@@ -108,13 +108,12 @@ def run(
     """Run the benchmark flow: data, profile, search, train, validate, track in MLflow."""
     started = time.perf_counter()
     benchmark_config = prepare_run(config, overrides or [])
-    from flows.benchmark import BenchmarkFailed, benchmark
+    from flows.benchmark import benchmark
 
-    try:
-        benchmark(benchmark_config)
-    except BenchmarkFailed as error:
-        error_console.print(f"[bold red]error:[/] benchmark failed: {error}", highlight=False,
-                            soft_wrap=True)
-        raise typer.Exit(code=1) from None
+    state = benchmark(benchmark_config, return_state=True)
+    if state.is_failed():  # the report above names what failed and why, once
+        error_console.print(f"[bold red]error:[/] benchmark failed: {state.message}",
+                            highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
     console.print(f"layerwise run took {time.perf_counter() - started:.1f} s in all "
                   "(with Prefect's start-up)", highlight=False)

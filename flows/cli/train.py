@@ -36,6 +36,7 @@ from rich.table import Table
 
 from flows.cli.console import console, error_console, human_count, user_errors
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from strategies.schedules import schedule_help
 
 if TYPE_CHECKING:
     from strategies.jobs.job import Job
@@ -52,8 +53,8 @@ def train(
     model: Annotated[str, typer.Argument(help="Zoo name or package.module:factory.")],
     strategy: Annotated[str | None, typer.Option(
         help="layerwise (search now), a baseline (data, model, owt, spatial_h, spatial_w), "
-             "a scheduled strategy (owt_a|b|c[_vb], pipeline, local, local_overlap) or a "
-             "strategy JSON file from `layerwise search --save`.")] = None,
+             f"a scheduled strategy: {schedule_help()}; or a strategy JSON file from "
+             "`layerwise search --save`.")] = None,
     nproc: Annotated[int | None, typer.Option(help="Processes per node.")] = None,
     cluster: Annotated[str | None, typer.Option(
         help="Cluster preset or YAML for the prediction (default local).")] = None,

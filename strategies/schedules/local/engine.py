@@ -214,7 +214,8 @@ class LocalEngine:
                              {f"{AUX_KEY}{self.rank}.{name}": parameter
                               for name, parameter in self.head.named_parameters()})
         self.optimizer = context.sgd([*self.weights.values(), *self.head_weights.values()])
-        self.dtype = next(iter(self.weights.values())).dtype if self.weights else torch.float32
+        # the module's, also on a rank whose block holds no weights (a pooling-only block)
+        self.dtype = next(context.module.parameters()).dtype
         self._counter = ByteCounter()
         # sends in flight (work, payload kept alive), the previous step's last
         self._sends: list[list[tuple[dist.Work, torch.Tensor]]] = []

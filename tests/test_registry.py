@@ -1,0 +1,19 @@
+"""The strategy registry is the one list of strategy names: everything else derives from it."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from flows.benchmark_config import StrategyName
+from strategies.jobs.named_strategies import strategy_names
+from strategies.schedules import INEXACT, SCHEDULED, schedule_help
+
+
+def test_the_benchmark_config_accepts_exactly_the_names_the_registry_knows() -> None:
+    assert set(get_args(StrategyName)) == set(strategy_names())
+
+
+def test_the_help_names_every_scheduled_strategy() -> None:
+    help_text = schedule_help()
+    assert all(name in help_text for name in SCHEDULED)
+    assert INEXACT <= set(SCHEDULED)
