@@ -52,6 +52,7 @@ from tasks import track
 from tasks.calibrate import calibrate_links
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
+from tasks.record import record_strategy_run
 from tasks.search import oracle_step_seconds, search_strategies
 from tasks.train import train_strategy
 from tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
@@ -296,7 +297,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                     config.tolerance if exact else config.inexact_tolerance, return_state=True)
                 check = accuracy_of(verdict)
         with clock.stage("track"):
-            track.record_strategy_run.with_options(task_run_name=f"track[{label}]")(
+            record_strategy_run.with_options(task_run_name=f"track[{label}]")(
                 context.client, run_id, result, graph, out, check, divergence, oracle_seconds)
         error = _first_failure(reference, divergence, verify_error, check)
     except Exception as failure:  # recorded in its MLflow run; the other strategies go on

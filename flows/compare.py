@@ -38,7 +38,7 @@ COMPARED_METRICS = (
     "predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
     "predicted_transfer_bytes_per_step", "transfer_bytes_per_step",
     "predicted_sync_bytes_per_step", "sync_bytes_per_step", "cost_model_error",
-    "val_accuracy", "baseline_val_accuracy", "oracle_step_seconds",
+    "val_accuracy", "baseline_val_accuracy", "oracle_step_seconds", "verify_max_difference",
 )
 DELTA_METRICS = ("step_seconds", "throughput_samples_per_s", "transfer_bytes_per_step",
                  "sync_bytes_per_step", "val_accuracy")

@@ -27,8 +27,6 @@ from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from mlflow.entities import Experiment, Metric, Param, RunStatus
 from mlflow.utils.time import get_current_time_millis
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
@@ -170,8 +168,7 @@ def _param_text(value: Any) -> str:
     return text[:_MAX_PARAM_LENGTH]
 
 
-@task(name="track", cache_policy=NO_CACHE)
-def record_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph: LayerGraph,
+def log_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph: LayerGraph,
                         run_folder: Path, accuracy: AccuracyCheck | None,
                         divergence: Divergence | None,
                         oracle_seconds: float | None = None) -> None:

@@ -27,8 +27,9 @@ from strategies.verify import EXACT_TOLERANCE
 pytestmark = pytest.mark.slow
 
 STRATEGIES = ("data", "owt_b")  # a baseline and a scheduled strategy (its own engine)
-OVERRIDES = ("name=test-benchmark", "models.0.name=tiny_cnn", "dataset=synthetic", "image_size=8", "classes=10",
-             "nproc=2", "batch_per_device=4", "steps=6", "strategies=[data,owt_b]",
+OVERRIDES = ("name=test-benchmark", "models.0.name=tiny_cnn", "dataset=synthetic",
+             "image_size=8", "classes=10", "nproc=2", "batch_per_device=4", "steps=6",
+             "strategies=[data,owt_b]",
              "profile=true", "cluster=calibrated", "train_deadline_s=240")
 ARTIFACTS = {"strategy.json", "result.json", "train.json", "per_layer.json",
              "per_layer_degrees.png"}

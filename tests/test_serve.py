@@ -1,7 +1,6 @@
-"""`layerwise serve` without a scheduler to talk to, and prefect.yaml's deployment.
-
-No Prefect server can be started here, so these check the paths a user hits first: a bad cron
-string, no PREFECT_API_URL, and a PREFECT_API_URL where nothing answers; each is one line.
+"""`layerwise serve`: the paths a user hits first (a bad cron string, no PREFECT_API_URL, a
+PREFECT_API_URL where nothing answers: one line each), prefect.yaml's deployment, and a served
+deployment that really runs against Prefect's test server.
 """
 
 from __future__ import annotations
@@ -64,3 +63,58 @@ def test_prefect_yaml_deploys_the_benchmark_flow_with_the_embedded_config():
     [schedule] = deployment["schedules"]
     check_cron(schedule["cron"])
     assert deployment["parameters"]["config"] == load_config(None).model_dump(mode="json")
+
+
+SERVED = ("name=served", "models.0.name=tiny_cnn", "dataset=synthetic", "image_size=8",
+          "batch_per_device=4", "steps=2", "strategies=[data]", "profile=false",
+          "cluster=local", "train_deadline_s=240")
+SERVE_LIMIT_SECONDS = 600  # far above a served run's ~60 s: reached only if it never fires
+
+
+@pytest.mark.slow
+def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_server, tmp_path):
+    """`layerwise serve` registers the deployment against a real server; a run started through
+    the API executes in the serve process's runner (where Prefect rebuilds the flow's parameter
+    model from its entrypoint), completes, and writes its MLflow runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.cli.serve import DEPLOYMENT_NAME
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    environment = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+                   "PREFECT_RUNNER_POLL_FREQUENCY": "1", "MLFLOW_TRACKING_URI": uri,
+                   "PREFECT_HOME": str(tmp_path / ".prefect"),
+                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    command = [str(Path(sys.executable).parent / "layerwise"), "serve", "--cron", "0 2 * * *"]
+    for override in SERVED:
+        command += ["--set", override]
+    server = subprocess.Popen(command, cwd=tmp_path, env=environment, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + SERVE_LIMIT_SECONDS
+        run = None
+        while run is None and time.monotonic() < deadline and server.poll() is None:
+            try:
+                run = run_deployment(f"benchmark/{DEPLOYMENT_NAME}",
+                                     timeout=SERVE_LIMIT_SECONDS)
+            except ObjectNotFound:  # not registered yet: serve is still starting
+                time.sleep(2)
+        assert server.poll() is None, server.stderr.read() if server.stderr else ""
+        assert run is not None
+        assert run.state is not None and run.state.is_completed(), run.state
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(60)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("served")
+    assert experiment is not None
+    statuses = {run.info.status for run in client.search_runs([experiment.experiment_id])}
+    assert statuses == {"FINISHED"}

@@ -83,15 +83,15 @@ def _print(comparison: Comparison) -> None:
     columns = (["run"] if several else []) + [
         "model", "strategy", "pred. ms", "ParaDL ms", "meas. ms", "samples/s",
         "transfer B pred.",
-        "transfer B meas.", "sync B pred.", "sync B meas.", "val acc", "1-proc acc"]
+        "transfer B meas.", "sync B pred.", "sync B meas.", "val acc", "1-proc acc", "status"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("run", "model", "strategy")
                          else "right")
     for row in comparison.rows:
         metric = row.metrics
         cells = [f"{row.model} {row.model_version}", row.strategy]
-        if metric["step_seconds"] is None:
-            cells += ["-"] * 8 + [row.status.lower(), _percent(metric["baseline_val_accuracy"])]
+        if metric["step_seconds"] is None:  # nothing was measured: the run failed before
+            cells += ["-"] * 9 + [_percent(metric["baseline_val_accuracy"])]
         else:
             cells += [_number(metric["predicted_step_seconds"], 1e3, ".2f"),
                       _number(metric["oracle_step_seconds"], 1e3, ".2f"),
@@ -102,6 +102,8 @@ def _print(comparison: Comparison) -> None:
                           "predicted_sync_bytes_per_step", "sync_bytes_per_step")),
                       _percent(metric["val_accuracy"]),
                       _percent(metric["baseline_val_accuracy"])]
+        cells.append(row.status.lower() if row.error is None
+                     else f"{row.status.lower()}: {row.error}")
         table.add_row(*([row.parent_run_name] if several else []), *cells)
     console.print(table)
     for change in comparison.changes:

@@ -1,0 +1,30 @@
+"""Tracking task: one strategy run's measurements into its MLflow run (tasks/track.py).
+
+A task of its own, so that the Prefect UI shows the logging as a step of the flow and a failure
+to log as a failed task. tasks/track.py itself imports no Prefect: the CLI reads its defaults
+before Prefect may be imported (Prefect reads its settings once, on import).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow import MlflowClient
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from strategies.accuracy import AccuracyCheck
+from strategies.graph import LayerGraph
+from strategies.run import RunResult
+from strategies.verify import Divergence
+from tasks.track import log_strategy_run
+
+
+@task(name="track", cache_policy=NO_CACHE)
+def record_strategy_run(client: MlflowClient, run_id: str, result: RunResult,
+                        graph: LayerGraph, run_folder: Path, accuracy: AccuracyCheck | None,
+                        divergence: Divergence | None,
+                        oracle_seconds: float | None = None) -> None:
+    """Log what the run measured and how its checks went, whether they passed or not."""
+    log_strategy_run(client, run_id, result, graph, run_folder, accuracy, divergence,
+                     oracle_seconds)
