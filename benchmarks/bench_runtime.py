@@ -70,7 +70,8 @@ from strategies.profile import (
     profile_graph,
     profile_graph_concurrently,
 )
-from strategies.runtime.comm import Communicator, local_rendezvous
+from strategies.rendezvous import local_rendezvous
+from strategies.runtime.comm import Communicator
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.functions import sync_batch_norm
 from strategies.runtime.plan import build_plan
