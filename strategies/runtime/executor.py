@@ -20,19 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import fx, nn
 
+from strategies import ops
 from strategies.errors import ConfigError
+from strategies.fx_nodes import active_dropout, count_include_pad
 from strategies.graph import Layer
-from strategies.runtime import tile_ops
 from strategies.runtime.buckets import GradientBuckets
 from strategies.runtime.comm import Communicator
-from strategies.runtime.functions import dropout_mask, sharded_cross_entropy, sync_batch_norm
+from strategies.runtime.functions import sharded_cross_entropy
 from strategies.runtime.plan import (
     Box,
     InputPlan,
@@ -44,7 +43,6 @@ from strategies.runtime.plan import (
 from strategies.tiles import as_4d
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
-_DROPOUTS = (nn.Dropout, nn.Dropout2d)
 
 
 @dataclass
@@ -125,13 +123,12 @@ class LayerwiseModel:
                    for name in (layer.name, *(fused.name for fused in layer.fused))}
         # (node, output shape, p, per-channel) of every active dropout, in forward order
         self._dropouts = [
-            (node.name, holders[node.name].output_shape, probability,
-             self._is_feature_dropout(node))
+            (node.name, holders[node.name].output_shape, *found)
             for node in self.graph_module.graph.nodes
-            if (probability := self._dropout_probability(node)) is not None
+            if (found := active_dropout(node, self.graph_module)) is not None
         ]
         # active dropout node -> whether its mask is per channel (dropout2d)
-        self._active_dropouts = {name: features for name, _, _, features in self._dropouts}
+        self._active_dropouts = {name: per_channel for name, _, _, per_channel in self._dropouts}
         self._in_place = {name for name, node in self.nodes.items() if self._writes_input(node)}
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
@@ -235,8 +232,8 @@ class LayerwiseModel:
     def _draw_dropout_masks(self) -> None:
         """Draw every dropout mask of the step, in the forward order of the plain module."""
         self._masks = {
-            name: dropout_mask(shape, probability, features, self.device, self.dtype)
-            for name, shape, probability, features in self._dropouts
+            name: ops.dropout_mask(shape, probability, per_channel, self.device, self.dtype)
+            for name, shape, probability, per_channel in self._dropouts
         }
 
     # ---- forward -------------------------------------------------------------------------
@@ -312,69 +309,32 @@ class LayerwiseModel:
                  leaves: list[torch.Tensor | None]) -> torch.Tensor:
         """The layer's main op on this rank's needed boxes: its output tile, in the layer's
         own rank."""
-        box = state.box
         node = self.nodes[layer.name]
-        kind = layer.kind
-        first = leaves[0]
-        if kind == "conv":
-            assert first is not None and layer.geometry is not None
-            shards = state.modules[layer.target]
-            bias = shards.get("bias")
-            needed = state.plan.inputs[0].needed[self.rank]
-            return tile_ops.conv_tile(
-                first, box, as_4d(layer.input_shapes[0])[2:], shards["weight"].tensor,
-                bias.tensor if bias is not None else None, layer.geometry,
-                as_4d(layer.output_shape)[1], needed[1][0])
-        if kind == "linear":
-            assert first is not None
-            shards = state.modules[layer.target]
-            bias = shards.get("bias")
-            flat = first if first.dim() == 2 else first.reshape(first.shape[0], -1)
-            return F.linear(flat, shards["weight"].tensor,
-                            bias.tensor if bias is not None else None)
-        if kind == "pool":
-            assert first is not None and layer.geometry is not None
-            mode, include_pad = _pool_mode(layer, node)
-            return tile_ops.pool_tile(first, box, as_4d(layer.input_shapes[0])[2:],
-                                      layer.geometry, mode, include_pad)
-        if kind == "adaptive_pool":
-            assert first is not None
-            mode = "max" if "max" in layer.op.lower() else "avg"
-            return tile_ops.adaptive_pool_tile(first, box, as_4d(layer.input_shapes[0])[2:],
-                                               as_4d(layer.output_shape)[2:], mode)
-        if kind == "flatten":
-            assert first is not None
-            return first if first.dim() == 2 else first.reshape(first.shape[0], -1)
-        if kind == "add":
-            assert first is not None and leaves[1] is not None
-            second = leaves[1]
-            if layer.op == "sub":
-                return first - second
-            if layer.op == "mul":
-                return first * second
-            return first + second
-        if kind == "concat":
-            present = [leaf for leaf in leaves if leaf is not None]
-            return torch.cat(present, dim=layer.concat_dim or 0)
-        if kind == "elementwise":
+        if layer.kind == "elementwise":
+            first = leaves[0]
             assert first is not None
             return self._elementwise(node, first, layer, state)
-        raise ConfigError(f"layer '{layer.name}': the runtime cannot execute kind '{kind}'")
+        shards = state.modules.get(layer.target, {})
+        weight, bias = shards.get("weight"), shards.get("bias")
+        return ops.layer_op(layer, leaves, weight.tensor if weight is not None else None,
+                            bias.tensor if bias is not None else None, state.box,
+                            count_include_pad(layer.op, node))
 
     def _elementwise(self, node: fx.Node, tile: torch.Tensor, layer: Layer,
                      state: _LayerState) -> torch.Tensor:
         """A one-input elementwise op on a tile (BatchNorm and dropout made split-exact)."""
         if node.name in self._active_dropouts:
-            mask = self._masks[node.name]
-            slices = local_slices(state.box, _full_box(layer))[: tile.dim()]
-            if self._active_dropouts[node.name]:
-                slices = (*slices[:2], *([slice(None)] * (tile.dim() - 2)))
-            return tile * mask[slices]
+            return ops.dropout(tile, self._masks[node.name], state.box,
+                               self._active_dropouts[node.name])
         module = self._submodules.get(node.name)
         if isinstance(module, _BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))
-        if node.name in self._in_place:
-            tile = tile.clone()  # never write into a producer's tile or a leaf
+        return ops.activation(tile, lambda x: self._call(node, module, x),
+                              node.name in self._in_place)
+
+    @staticmethod
+    def _call(node: fx.Node, module: nn.Module | None, tile: torch.Tensor) -> torch.Tensor:
+        """The node's own operation with `tile` for its one tensor argument."""
         args = fx.node.map_arg(node.args, lambda _: tile)
         kwargs = fx.node.map_arg(node.kwargs, lambda _: tile)
         if module is not None:
@@ -399,38 +359,14 @@ class LayerwiseModel:
             raise ConfigError(f"layer '{layer.name}': BatchNorm with momentum=None (cumulative "
                               "average) is not supported; set a momentum")
         group = state.plan.replica_group(self.rank)
-        if len(group) == 1:
-            return F.batch_norm(x, tensor("running_mean"), tensor("running_var"),
-                                tensor("weight"), tensor("bias"), True, module.momentum,
-                                module.eps)
         sizes = as_4d(layer.output_shape)
-        count = sizes[0] * sizes[2] * sizes[3]
 
         def reduce(values: torch.Tensor) -> torch.Tensor:
             return self.comm.all_reduce(values, group, (layer.name, "sync"))
 
-        return sync_batch_norm(x, tensor("weight"), tensor("bias"), tensor("running_mean"),
-                               tensor("running_var"), module.momentum, module.eps, count,
-                               reduce)
-
-    def _dropout_probability(self, node: fx.Node) -> float | None:
-        """p of a dropout node that is active in training, else None."""
-        probability: float | None = None
-        if node.op == "call_module":
-            module = self._submodules[node.name]
-            if isinstance(module, _DROPOUTS):
-                probability = module.p
-        elif node.op == "call_function" and node.target in (F.dropout, F.dropout2d):
-            training = _argument(node, 2, "training", True)
-            probability = float(_argument(node, 1, "p", 0.5)) if training else None
-        if probability is not None and probability > 0:
-            return float(probability)
-        return None
-
-    def _is_feature_dropout(self, node: fx.Node) -> bool:
-        if node.op == "call_module":
-            return isinstance(self._submodules[node.name], nn.Dropout2d)
-        return node.target is F.dropout2d
+        return ops.batch_norm(x, tensor("weight"), tensor("bias"), tensor("running_mean"),
+                              tensor("running_var"), module.momentum, module.eps,
+                              sizes[0] * sizes[2] * sizes[3], reduce if len(group) > 1 else None)
 
     def _writes_input(self, node: fx.Node) -> bool:
         """Whether an elementwise node writes into its input (inplace=True or a `method_`)."""
@@ -650,18 +586,3 @@ def _full_box(layer: Layer) -> Box:
 def _tag(layer_index: int, input_index: int, direction: int) -> int:
     """A message tag unique to one redistribution phase (gloo matches messages by tag)."""
     return (layer_index * 64 + input_index) * 2 + direction
-
-
-def _argument(node: fx.Node, index: int, name: str, default: Any) -> Any:
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
-def _pool_mode(layer: Layer, node: fx.Node) -> tuple[str, bool]:
-    """("max" | "avg", count_include_pad) of a pooling layer."""
-    if "max" in layer.op.lower():
-        return "max", True
-    if node.op == "call_module":
-        return "avg", "count_include_pad=False" not in layer.op
-    return "avg", bool(_argument(node, 5, "count_include_pad", True))

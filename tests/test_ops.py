@@ -20,17 +20,9 @@ from torch import Tensor
 from torch.testing import assert_close
 
 from strategies.graph import Geometry, Layer, LayerKind
-from strategies.runtime.tile_ops import (
-    Box,
-    PoolMode,
-    Range,
-    adaptive_pool_tile,
-    conv_tile,
-    global_padding,
-    pool_tile,
-)
+from strategies.ops import PoolMode, adaptive_pool, conv, global_padding, pool
 from strategies.space import tile_range
-from strategies.tiles import needed_range
+from strategies.tiles import Box, Range, needed_range
 
 EXAMPLES = settings(max_examples=25, deadline=None)
 MODES: tuple[PoolMode, ...] = ("max", "avg")
@@ -166,7 +158,7 @@ def _check_conv(x: Tensor, weight: Tensor, bias: Tensor | None, geometry: Geomet
     def tile_op(box_x: Tensor, out_box: Box, weight: Tensor | None, bias: Tensor | None
                 ) -> Tensor:
         assert weight is not None
-        return conv_tile(box_x, out_box, (x.shape[2], x.shape[3]), weight, bias, geometry,
+        return conv(box_x, out_box, (x.shape[2], x.shape[3]), weight, bias, geometry,
                          out_channels, needed(out_box)[1][0])
 
     _check_tiles(x, y, full_grads, grad, degrees, needed, tile_op, params)
@@ -226,7 +218,7 @@ def test_conv_tile_finds_its_groups_in_a_wider_box() -> None:
     y = F.conv2d(x, weight, bias, padding=1, groups=2)
     for c0, c1 in [(2, 5), (3, 6), (4, 6)]:
         box: Box = ((0, 1), (c0, c1), (0, 7), (0, 6))
-        out = conv_tile(x, box, (7, 6), weight[c0:c1], bias[c0:c1], geometry, 6, 0)
+        out = conv(x, box, (7, 6), weight[c0:c1], bias[c0:c1], geometry, 6, 0)
         assert_close(out, y[:, c0:c1])
 
 
@@ -246,7 +238,7 @@ def _check_pool(x: Tensor, geometry: Geometry, mode: PoolMode, count_include_pad
         return _sliding_box(layer, out_box, out_box[1])
 
     def tile_op(box_x: Tensor, out_box: Box, *_: Tensor | None) -> Tensor:
-        return pool_tile(box_x, out_box, (x.shape[2], x.shape[3]), geometry, mode,
+        return pool(box_x, out_box, (x.shape[2], x.shape[3]), geometry, mode,
                          count_include_pad)
 
     _check_tiles(x, y, full_grads, grad, degrees, needed, tile_op, [])
@@ -329,7 +321,7 @@ def _check_adaptive(x: Tensor, out_size: tuple[int, int], mode: PoolMode,
         return box
 
     def tile_op(box_x: Tensor, out_box: Box, *_: Tensor | None) -> Tensor:
-        return adaptive_pool_tile(box_x, out_box, in_size, out_size, mode)
+        return adaptive_pool(box_x, out_box, in_size, out_size, mode)
 
     _check_tiles(x, y, full_grads, grad, degrees, needed, tile_op, [])
 
