@@ -35,7 +35,7 @@ it at the end of its step. Other ranks return their own block's loss.
 
 BatchNorm: each block runs on one device over the whole batch, so its statistics are the
 batch's (exact per block). Dropout: every rank draws every mask of the model from the global
-generator in the plain module's forward order (functions.dropout_mask, as the layer-wise
+generator in the plain module's forward order (ops.dropout_mask, as the layer-wise
 executor) and applies its block's. Drawing only its own block's masks would be cheaper, but
 then each rank's generator would drift apart, and a checkpoint holds rank 0's generator state
 only (restored on every rank): a resumed run would draw other masks. So masks equal one
