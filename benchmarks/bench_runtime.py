@@ -11,7 +11,7 @@ and NCCL on CUDA when there are enough GPUs:
 - `DDP + SyncBN` (models with BatchNorm): DDP normalising over the whole batch of all processes,
   the function one device and this runtime compute (plain DDP normalises each process's samples
   alone): torch's SyncBatchNorm on CUDA; on CPUs, where it raises, layerwise's synchronised
-  BatchNorm (`strategies.runtime.functions.sync_batch_norm`) in the same modules;
+  BatchNorm (`strategies.ops.sync_batch_norm`) in the same modules;
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
 Each run first trains alone in fresh processes for its warm-up steps: its peak memory. Then come
@@ -64,6 +64,7 @@ from strategies.compute import ProfiledCompute
 from strategies.cost import CostModel
 from strategies.graph import build_graph
 from strategies.models import build_model
+from strategies.ops import sync_batch_norm
 from strategies.profile import (
     SGD_MOMENTUM,
     SGD_WEIGHT_DECAY,
@@ -72,9 +73,9 @@ from strategies.profile import (
     profile_graph,
     profile_graph_concurrently,
 )
-from strategies.runtime.comm import Communicator, local_rendezvous
+from strategies.rendezvous import local_rendezvous
+from strategies.runtime.comm import Communicator
 from strategies.runtime.executor import LayerwiseModel
-from strategies.runtime.functions import sync_batch_norm
 from strategies.runtime.plan import build_plan
 from strategies.runtime.worker import peak_memory_bytes, synchronize
 from strategies.search import optimal_strategy

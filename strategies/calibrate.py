@@ -48,7 +48,7 @@ from strategies.cluster import Cluster, Link, load_cluster
 from strategies.errors import LayerwiseError
 from strategies.files import write_atomic
 from strategies.profile import PROFILE_DIR, device_name, safe_name
-from strategies.runtime.comm import local_rendezvous
+from strategies.rendezvous import local_rendezvous
 
 __all__ = [
     "Calibration",

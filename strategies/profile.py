@@ -6,12 +6,13 @@ its backward and the SGD update of its weight shard (ParaDL's WU_l; Jia et al.'s
 the update out, yet it is ~30% of AlexNet's step on a CPU and a data-parallel device updates
 every weight). Jia et al. MEASURE t_c by running the layer in that configuration; so does
 this module: for each distinct tile of each layer it builds real tensors of the tile's shapes
-(`tiles.largest_tile`: the output box and the needed input boxes, halos included), runs the
-layer's own operation on them as the runtime's tiles do (conv with the tile's weight shard,
-pooling, linear, add, concat, flatten, elementwise) followed by its fused ops (BatchNorm in
-training mode, activations, dropout), then the backward pass and the update, and keeps the
-median time. Values do not change the time, so the tensors are fresh random ones made from the
-layer's parameter shapes: the model's weights are never needed (a meta-device model works).
+(`tiles.largest_tile`: the output box and the needed input boxes, halos included), runs on
+them the very functions the runtime's tiles run (`strategies.ops`: conv with the tile's weight
+shard, pooling, linear, add, concat, flatten, elementwise) followed by its fused ops
+(BatchNorm in training mode, activations, dropout), then the backward pass and the update, and
+keeps the median time. Values do not change the time, so the tensors are fresh random ones
+made from the layer's parameter shapes: the model's weights are never needed (a meta-device
+model works).
 
 Many configs share a tile (`TileWork.key`): each distinct key of each layer is measured once. A
 `Profile` holds the medians, layer name -> tile key -> seconds (forward + backward in
@@ -51,12 +52,13 @@ import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
+from strategies import ops
 from strategies.errors import LayerwiseError
 from strategies.files import read_json_model, write_atomic
+from strategies.fx_nodes import count_include_pad
 from strategies.graph import Layer, LayerGraph
-from strategies.runtime.tile_ops import whole_rows_and_cols
 from strategies.space import ParallelConfig, enumerate_configs
-from strategies.tiles import TileWork, as_4d, largest_tile
+from strategies.tiles import TileWork, as_4d, largest_tile, tile_box
 
 __all__ = [
     "DEFAULT_BUDGET_S",
@@ -105,6 +107,9 @@ SGD_WEIGHT_DECAY = 1e-4
 UPDATE_LR = 1e-9
 
 DROPOUT_P = 0.5  # FusedOp does not carry p; the time of dropout does not depend on it
+# BatchNorm's momentum and eps are not in the graph: torch's defaults (they do not change the time)
+BATCH_NORM_MOMENTUM = 0.1
+BATCH_NORM_EPS = 1e-5
 
 ProgressCallback = Callable[[int, int, str], None]
 
@@ -333,13 +338,19 @@ def device_name(device: str | torch.device = "cpu") -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+# a tile's forward: (its input boxes, its parameter shards by name) -> its output
+Compute = Callable[[Sequence[torch.Tensor], Mapping[str, torch.Tensor]], torch.Tensor]
+# a one-input elementwise op: (tensor, the tile's parameter shards by name) -> tensor
+Elementwise = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class TileProgram:
     """Leaf tensors of one tile and the forward computation that produces its output."""
 
     inputs: tuple[torch.Tensor, ...]
     params: dict[str, torch.Tensor]
-    compute: Callable[[Sequence[torch.Tensor], Mapping[str, torch.Tensor]], torch.Tensor]
+    compute: Compute
 
     def forward(self) -> torch.Tensor:
         return self.compute(self.inputs, self.params)
@@ -353,21 +364,6 @@ class TileProgram:
 
 def _tile_channels(tile: TileWork) -> int:
     return as_4d(tile.output_shape)[1]
-
-
-def _conv_groups(layer: Layer, tile: TileWork) -> tuple[int, int]:
-    """(groups the tile spans, weight rows it computes) for a conv layer's tile.
-
-    A channel range that ends inside a group computes whole groups' worth of rows per group
-    and keeps the first `channels` of them (rare: only grouped convs with uneven splits).
-    """
-    geometry = layer.geometry
-    channels = _tile_channels(tile)
-    if geometry is None or geometry.groups == 1:
-        return 1, channels
-    in_per_group = layer.param_shapes["weight"][1]
-    groups = max(as_4d(tile.input_shapes[0])[1] // in_per_group, 1)
-    return groups, groups * -(-channels // groups)
 
 
 def _tile_param_shapes(layer: Layer, tile: TileWork) -> dict[str, tuple[int, ...]]:
@@ -384,117 +380,47 @@ def _tile_param_shapes(layer: Layer, tile: TileWork) -> dict[str, tuple[int, ...
         if shape and shape[0] == out_channels:
             shape = (channels, *shape[1:])
         shapes[name] = shape
-    if layer.kind == "conv" and "weight" in shapes:
-        _, rows = _conv_groups(layer, tile)
-        shapes["weight"] = (rows, *shapes["weight"][1:])
     return shapes
 
 
-def _pad_to_window(x: torch.Tensor, layer: Layer, out_hw: Sequence[int]) -> torch.Tensor:
-    """Zero-pad (or crop) the needed box so a padding-0 window op gives exactly `out_hw`.
-
-    The needed box holds the halo rows/columns that exist; what is missing is the layer's own
-    padding at the border (put first, up to the layer's padding, then at the end: ceil_mode).
-    """
-    geometry = layer.geometry
-    assert geometry is not None
-    pads: list[int] = []
-    for axis in (1, 0):  # F.pad lists the last dim (w) first
-        size = x.shape[2 + axis]
-        span = geometry.dilation[axis] * (geometry.kernel[axis] - 1) + 1
-        required = (out_hw[axis] - 1) * geometry.stride[axis] + span
-        if size > required:
-            x = x.narrow(2 + axis, 0, required)
-        missing = max(required - size, 0)
-        before = min(geometry.padding[axis], missing)
-        pads.extend((before, missing - before))
-    return F.pad(x, pads) if any(pads) else x
+def _whole_group(values: torch.Tensor) -> torch.Tensor:
+    """The replica group's all-reduce of BatchNorm statistics, as one device computes it: the
+    transfer is the cost model's sync time (t_s), not the tile's compute."""
+    return values
 
 
-def _window_input(x: torch.Tensor, layer: Layer, tile: TileWork,
-                  ) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The window op's input and padding, as the runtime's tile_ops choose them: the op's own
-    padding for a tile of whole rows and columns (a sample or channel split; no padded copy),
-    else the needed box padded at the border as `_pad_to_window` does."""
-    geometry = layer.geometry
-    assert geometry is not None
-    n, c, h, w = as_4d(tile.output_shape)
-    _, _, in_h, in_w = as_4d(layer.input_shapes[0])
-    if whole_rows_and_cols(((0, n), (0, c), (0, h), (0, w)), (in_h, in_w), geometry):
-        return x, geometry.padding
-    return _pad_to_window(x, layer, tile.output_shape[2:]), (0, 0)
+def _batch_norm(layer: Layer, tile: TileWork, prefix: str,
+                device: torch.device) -> Elementwise:
+    """BatchNorm of the tile as the runtime's tile runs it (`ops.batch_norm`): torch's own
+    when the tile holds every sample and position of its channels, else synchronised over its
+    replica group; its running statistics updated as the runtime's shards are."""
+    n, _, h, w = as_4d(layer.output_shape)
+    tile_n, channels, tile_h, tile_w = as_4d(tile.output_shape)
+    count = n * h * w
+    reduce = None if tile_n * tile_h * tile_w == count else _whole_group
+    running_mean = torch.zeros(channels, device=device)
+    running_var = torch.ones(channels, device=device)
+
+    def apply(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return ops.batch_norm(x, params.get(f"{prefix}weight"), params.get(f"{prefix}bias"),
+                              running_mean, running_var, BATCH_NORM_MOMENTUM, BATCH_NORM_EPS,
+                              count, reduce)
+
+    return apply
 
 
-def _conv(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
-    geometry = layer.geometry
-    assert geometry is not None
-    channels = _tile_channels(tile)
-    groups, rows = _conv_groups(layer, tile)
+def _dropout(tile: TileWork, per_channel: bool) -> Elementwise:
+    """Dropout of the tile (`ops.dropout`) with its mask drawn as it runs (`ops.dropout_mask`):
+    a step draws every mask, so the draw is timed with the op."""
+    shape = tuple(tile.output_shape)
+    n, c, h, w = as_4d(shape)
+    box = ((0, n), (0, c), (0, h), (0, w))  # the mask is the tile's own
 
-    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
-        x, padding = _window_input(inputs[0], layer, tile)
-        weight, bias = params["weight"], params.get("bias")
-        fused_bias = bias if rows == channels else None
-        y = F.conv2d(x, weight, fused_bias, stride=geometry.stride, padding=padding,
-                     dilation=geometry.dilation, groups=groups)
-        if rows != channels:
-            y = y[:, :channels]
-            if bias is not None:
-                y = y + bias.view(1, -1, 1, 1)
-        return y
+    def apply(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        mask = ops.dropout_mask(shape, DROPOUT_P, per_channel, x.device, x.dtype)
+        return ops.dropout(x, mask, box, per_channel)
 
-    return compute
-
-
-def _pool(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
-    geometry = layer.geometry
-    assert geometry is not None
-    is_max = "max" in layer.op.lower()
-
-    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
-        x, padding = _window_input(inputs[0], layer, tile)
-        if is_max:
-            return F.max_pool2d(x, geometry.kernel, geometry.stride, padding, geometry.dilation)
-        return F.avg_pool2d(x, geometry.kernel, geometry.stride, padding)
-
-    return compute
-
-
-def _adaptive_pool(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
-    size = tuple(tile.output_shape[2:])
-    pool = F.adaptive_max_pool2d if "max" in layer.op.lower() else F.adaptive_avg_pool2d
-    return lambda inputs, params: pool(inputs[0], size)
-
-
-def _linear(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
-    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
-        x = inputs[0].flatten(1) if len(tile.output_shape) == 2 else inputs[0]
-        return F.linear(x, params["weight"], params.get("bias"))
-
-    return compute
-
-
-def _binary(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
-    combine = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}.get(layer.op)
-    if combine is None:
-        raise LayerwiseError(f"cannot profile layer '{layer.name}': binary op '{layer.op}' is "
-                             "not add, sub or mul")
-    return lambda inputs, params: combine(inputs[0], inputs[1])
-
-
-def _batch_norm(x: torch.Tensor, weight: torch.Tensor | None,
-                bias: torch.Tensor | None) -> torch.Tensor:
-    """BatchNorm in training mode; one value per channel cannot be normalised, use stats."""
-    if x.numel() // max(x.shape[1], 1) > 1:
-        return F.batch_norm(x, None, None, weight, bias, training=True)
-    channels = x.shape[1]
-    mean = torch.zeros(channels, device=x.device)
-    var = torch.ones(channels, device=x.device)
-    return F.batch_norm(x, mean, var, weight, bias, training=False)
-
-
-def _dropout2d(x: torch.Tensor) -> torch.Tensor:
-    return F.dropout2d(x, DROPOUT_P, True) if x.dim() == 4 else F.dropout(x, DROPOUT_P, True)
+    return apply
 
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -507,14 +433,14 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
     "hardswish": F.hardswish,
-    "dropout": lambda x: F.dropout(x, DROPOUT_P, True),
-    "dropout2d": _dropout2d,
     "identity": lambda x: x,
     "contiguous": lambda x: x.contiguous(),
     "add_scalar": lambda x: x + 1.0,
     "sub_scalar": lambda x: x - 1.0,
     "mul_scalar": lambda x: x * 2.0,
 }
+# dropout op -> whether its mask is drawn per (sample, channel)
+_DROPOUTS = {"dropout": False, "dropout2d": True}
 # nn module class name -> the functional name above
 _MODULE_OPS = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "ELU": "elu",
                "GELU": "gelu", "SiLU": "silu", "Sigmoid": "sigmoid", "Tanh": "tanh",
@@ -522,50 +448,48 @@ _MODULE_OPS = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "ELU
                "Identity": "identity"}
 
 
-def _elementwise(op: str, layer: Layer) -> Callable[..., torch.Tensor]:
-    """The function of a one-input elementwise op: (tensor, weight, bias) -> tensor."""
+def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
+                 device: torch.device) -> Elementwise:
+    """A one-input elementwise op on the tile, as the runtime's tile runs it: (tensor, params)
+    -> tensor, its parameters named `prefix` + name in params ("" for the layer's own op,
+    "target." for a fused one)."""
     if op in ("BatchNorm1d", "BatchNorm2d"):
-        return _batch_norm
-    activation = _ACTIVATIONS.get(_MODULE_OPS.get(op, op))
-    if activation is None:
+        return _batch_norm(layer, tile, prefix, device)
+    name = _MODULE_OPS.get(op, op)
+    if name in _DROPOUTS:
+        return _dropout(tile, _DROPOUTS[name])
+    function = _ACTIVATIONS.get(name)
+    if function is None:
         raise LayerwiseError(f"cannot profile layer '{layer.name}': no tile runner for "
                              f"elementwise op '{op}'")
-    return lambda x, weight, bias: activation(x)
+    return lambda x, params: ops.activation(x, function, writes_input=False)
 
 
-def _main_op(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
-    kind = layer.kind
-    if kind == "conv":
-        return _conv(layer, tile)
-    if kind == "pool":
-        return _pool(layer, tile)
-    if kind == "adaptive_pool":
-        return _adaptive_pool(layer, tile)
-    if kind == "linear":
-        return _linear(layer, tile)
-    if kind == "add":
-        return _binary(layer, tile)
-    if kind == "concat":
-        dim = layer.concat_dim if layer.concat_dim is not None else 1
-        return lambda inputs, params: torch.cat(list(inputs), dim=dim)
-    if kind == "flatten":
-        shape = tile.output_shape
-        return lambda inputs, params: inputs[0].reshape(shape)
-    if kind == "elementwise":
-        apply = _elementwise(layer.op, layer)
-        return lambda inputs, params: apply(inputs[0], params.get("weight"), params.get("bias"))
-    raise LayerwiseError(f"cannot profile layer '{layer.name}' of kind '{kind}'")
+def _main_op(layer: Layer, tile: TileWork, device: torch.device) -> Compute:
+    """The layer's own op on the tile: the runtime's `ops.layer_op` at a place of the tile's
+    shapes (`tiles.tile_box`), or its elementwise op."""
+    if layer.kind == "elementwise":
+        apply = _elementwise(layer.op, layer, tile, "", device)
+        return lambda inputs, params: apply(inputs[0], params)
+    box = tile_box(layer, tile)
+    include_pad = count_include_pad(layer.op, None)
+
+    def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
+        return ops.layer_op(layer, inputs, params.get("weight"), params.get("bias"), box,
+                            include_pad)
+
+    return compute
 
 
-def _tile_compute(layer: Layer, tile: TileWork) -> Callable[..., torch.Tensor]:
+def _tile_compute(layer: Layer, tile: TileWork, device: torch.device) -> Compute:
     """The layer's operation on the tile, then its fused ops in order."""
-    main = _main_op(layer, tile)
-    fused = [(_elementwise(op.op, layer), op.target) for op in layer.fused]
+    main = _main_op(layer, tile, device)
+    fused = [_elementwise(op.op, layer, tile, f"{op.target}.", device) for op in layer.fused]
 
     def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
         y = main(inputs, params)
-        for apply, target in fused:
-            y = apply(y, params.get(f"{target}.weight"), params.get(f"{target}.bias"))
+        for apply in fused:
+            y = apply(y, params)
         return y
 
     return compute
@@ -592,7 +516,7 @@ def build_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu",
     inputs = tuple(leaf(shape, grad) for shape, grad in zip(tile.input_shapes, grads,
                                                             strict=True))
     params = {name: leaf(shape, True) for name, shape in _tile_param_shapes(layer, tile).items()}
-    return TileProgram(inputs=inputs, params=params, compute=_tile_compute(layer, tile))
+    return TileProgram(inputs=inputs, params=params, compute=_tile_compute(layer, tile, target))
 
 
 def run_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from strategies.errors import ConfigError
 from strategies.graph import Layer
 from strategies.space import DIMS, ParallelConfig, tile_range
 
 Range = tuple[int, int]
+Box = tuple[Range, Range, Range, Range]  # one range per dimension of the 4-d view (n, c, h, w)
 
 
 def as_4d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -121,3 +123,31 @@ def largest_tile(layer: Layer, config: ParallelConfig) -> TileWork:
     param_elements = layer.param_count * (c_stop - c_start) // out_channels
     return TileWork(output_shape=output_shape, input_shapes=tuple(input_shapes),
                     param_elements=param_elements)
+
+
+def tile_box(layer: Layer, tile: TileWork) -> Box:
+    """An output box of `layer` with `tile`'s shapes: along each dimension, the first place
+    where the output range has the tile's length and its needed input ranges the tile's.
+
+    A TileWork keeps shapes only (tiles of equal shapes take equal time, `TileWork.key`), but
+    a tile op also reads where its box lies: which borders it pads, which groups of a grouped
+    conv it spans. Any place with these shapes pads as much and spans as many groups, so the
+    profiler times the tile at this one.
+    """
+    out = as_4d(tile.output_shape)
+    sizes = as_4d(layer.output_shape)
+    inputs = [as_4d(shape) for shape in tile.input_shapes]
+    box: list[Range] = []
+    for dim in range(4):
+        length = out[dim]
+        for start in range(sizes[dim] - length + 1):
+            needed = [needed_range(layer, index, dim, (start, start + length))
+                      for index in range(len(inputs))]
+            if all(max(stop - first, 0) == shape[dim]
+                   for (first, stop), shape in zip(needed, inputs, strict=True)):
+                box.append((start, start + length))
+                break
+        else:
+            raise ConfigError(f"layer '{layer.name}' has no tile of shape {tile.output_shape} "
+                              f"needing {tile.input_shapes}")
+    return (box[0], box[1], box[2], box[3])

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from strategies.graph import build_graph
 from strategies.models import build_model
-from strategies.runtime.comm import Communicator, local_rendezvous
+from strategies.rendezvous import local_rendezvous
+from strategies.runtime.comm import Communicator
 from strategies.runtime.executor import LayerwiseModel
 from strategies.runtime.plan import build_plan
 from strategies.space import ParallelConfig

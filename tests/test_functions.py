@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from strategies.runtime.functions import sharded_cross_entropy, sync_batch_norm
+from strategies.ops import sync_batch_norm
+from strategies.runtime.functions import sharded_cross_entropy
 
 
 class ThreadGroup:

@@ -14,6 +14,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from flows.cli.measure import register
+from strategies import ops
 from strategies.cluster import load_cluster
 from strategies.compute import ProfiledCompute
 from strategies.cost import CostModel
@@ -34,7 +35,7 @@ from strategies.profile import (
     tile_plan,
 )
 from strategies.space import ParallelConfig, enumerate_configs
-from strategies.tiles import largest_tile
+from strategies.tiles import as_4d, largest_tile, needed_range, tile_box
 
 FAST = {"warmup": 0, "repeats": 1, "threads": 1}
 
@@ -116,6 +117,53 @@ def test_grouped_conv_concat_and_elementwise_tiles_have_the_tile_shape():
     assert [op.op for op in fc.fused] == ["BatchNorm1d"]
     one_sample = largest_tile(fc, ParallelConfig(n=4, devices=(0, 1, 2, 3)))
     assert measure_tile(fc, one_sample, **FAST).passes > 0  # BatchNorm of a single sample runs
+
+
+class _Dropping(nn.Module):
+    """Dropout of both kinds and a BatchNorm whose tiles hold part of the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.drop2d = nn.Dropout2d(0.2)
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.drop2d(torch.relu(self.bn(self.conv(x))))
+        return self.drop(self.fc(torch.flatten(x, 1)))
+
+
+def test_the_profiler_times_the_runtimes_own_ops(monkeypatch):
+    """Every op a tile runs is the function of strategies.ops that the runtime calls."""
+    called: set[str] = set()
+    names = ("conv", "pool", "adaptive_pool", "linear", "flatten", "binary", "concat",
+             "batch_norm", "dropout", "activation")
+    for name in names:
+        def spy(*args, _name=name, _op=getattr(ops, name), **kwargs):
+            called.add(_name)
+            return _op(*args, **kwargs)
+        monkeypatch.setattr(ops, name, spy)
+    graphs = [build_graph("tiny_cnn", batch=8), trace(_Odd(), (4, 3, 10, 10), name="odd"),
+              trace(_Dropping(), (4, 3, 8, 8), name="dropping")]
+    for graph in graphs:
+        for layer in graph.layers:
+            if layer.kind != "input":
+                tile = largest_tile(layer, ParallelConfig(n=2, devices=(0, 1)))
+                run_tile(layer, tile)
+    assert called == set(names)
+
+
+def test_a_tile_box_has_the_tiles_shapes(tiny):
+    for layer in [*tiny.layers, *trace(_Odd(), (4, 3, 10, 10), name="odd").layers]:
+        for config in enumerate_configs(layer, 8):
+            tile = largest_tile(layer, config)
+            box = tile_box(layer, tile)
+            assert tuple(stop - start for start, stop in box) == as_4d(tile.output_shape)
+            for index, shape in enumerate(tile.input_shapes):
+                needed = [needed_range(layer, index, dim, box[dim]) for dim in range(4)]
+                assert tuple(max(stop - start, 0) for start, stop in needed) == as_4d(shape)
 
 
 def _conv_only(layer):

@@ -12,11 +12,9 @@ all-gather, so a group sends 2(r-1) times the buffer in all (cost.py's t_s bytes
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -121,13 +119,6 @@ class Communicator:
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
-
-
-def local_rendezvous(folder: str | os.PathLike[str]) -> str:
-    """An init_method for processes on this machine: a file store in `folder` (fresh for each
-    launch). A TCP port picked free in advance can be taken by another process before the
-    store binds it; a file in one's own folder cannot."""
-    return Path(folder, "rendezvous").absolute().as_uri()
 
 
 def init_distributed(backend: str, timeout_seconds: float) -> tuple[int, int]:

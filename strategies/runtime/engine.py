@@ -15,6 +15,7 @@ import torch
 from strategies.runtime.comm import ByteCounter, Communicator
 from strategies.runtime.engine_base import MODEL_STATE_KEY, Engine, EngineContext
 from strategies.runtime.executor import LayerwiseModel
+from strategies.runtime.momentum import momentum_buffers
 from strategies.runtime.plan import build_plan
 from strategies.schedules import schedule_of
 
@@ -46,24 +47,11 @@ class LayerwiseEngine:
     def training_state(self) -> dict[str, Any] | None:
         """The full state_dict and SGD's momentum as full tensors keyed like it."""
         state = self.model.full_state_dict()
-        momentum = self.model.gather(self._momentum_buffers(), keys=self.model.parameter_keys())
+        buffers = momentum_buffers(self.optimizer, self.model.named_parameters())
+        momentum = self.model.gather(buffers, keys=self.model.parameter_keys())
         if state is None:
             return None
         return {MODEL_STATE_KEY: state, "momentum": momentum}
-
-    def _momentum_buffers(self) -> dict[str, torch.Tensor]:
-        """SGD's momentum of this rank's weight shards, keyed like the state_dict.
-
-        A weight without a buffer (no momentum, or no gradient yet) gets zeros, which SGD's
-        next step treats as it treats a missing buffer; so every rank offers every key it
-        owns and the collective gather matches on all ranks.
-        """
-        state = self.optimizer.state if self.optimizer is not None else {}
-        buffers = {}
-        for key, parameter in self.model.named_parameters():
-            buffer = state.get(parameter, {}).get("momentum_buffer")
-            buffers[key] = buffer if buffer is not None else torch.zeros_like(parameter)
-        return buffers
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         self.model.load_full_state_dict(state[MODEL_STATE_KEY])

@@ -10,7 +10,9 @@ overlapping halos add up (the gradient of a gather is a scatter-add). Because ev
 the phases in one global order and a phase waits only on ranks that reach it, nothing can
 deadlock. Weight gradients replicated by n/h/w splits are summed in each replica group by
 bucketed all-reduces that start as soon as their layers' backward is done (buckets.py), and
-the optimizer steps on each rank's own shards.
+the optimizer steps on each rank's own shards (which rows of which weights a rank holds, and
+checkpoints of them: shards.py). Each tile runs the layer's own op from `strategies.ops`, the
+code the profiler times.
 
 Why our own engine: DTensor computes conv correctly only with the batch sharded (DESIGN 3.6,
 3.7), and no library moves arbitrary receptive-field boxes between arbitrary tilings.
@@ -18,21 +20,19 @@ Why our own engine: DTensor computes conv correctly only with the batch sharded 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import fx, nn
 
+from strategies import ops
 from strategies.errors import ConfigError
+from strategies.fx_nodes import active_dropout, count_include_pad
 from strategies.graph import Layer
-from strategies.runtime import tile_ops
 from strategies.runtime.buckets import GradientBuckets
 from strategies.runtime.comm import Communicator
-from strategies.runtime.functions import dropout_mask, sharded_cross_entropy, sync_batch_norm
+from strategies.runtime.functions import sharded_cross_entropy
 from strategies.runtime.plan import (
     Box,
     InputPlan,
@@ -41,21 +41,10 @@ from strategies.runtime.plan import (
     local_slices,
     shape_of,
 )
+from strategies.runtime.shards import ModuleShards, ShardedModel
 from strategies.tiles import as_4d
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
-_DROPOUTS = (nn.Dropout, nn.Dropout2d)
-
-
-@dataclass
-class _Shard:
-    """One state-dict entry held by this rank: rows [start, stop) of the full tensor's dim 0."""
-
-    key: str
-    tensor: torch.Tensor  # nn.Parameter for weights, plain tensor for buffers
-    start: int
-    stop: int
-    sliced: bool  # False for scalars (num_batches_tracked), held whole
 
 
 @dataclass
@@ -64,7 +53,7 @@ class _LayerState:
 
     plan: LayerPlan
     box: Box
-    modules: dict[str, dict[str, _Shard]] = field(default_factory=dict)  # target -> shards
+    modules: ModuleShards  # its modules' shards, by module target
     leaves: list[torch.Tensor | None] = field(default_factory=list)
     output: torch.Tensor | None = None
 
@@ -85,121 +74,42 @@ def _part(tensor: torch.Tensor, box: Box, within: Box) -> torch.Tensor:
     return tensor[local_slices(box, within)[: tensor.dim()]]
 
 
-class LayerwiseModel:
-    """One rank's share of a model under a StrategyPlan.
+class LayerwiseModel(ShardedModel):
+    """One rank's share of a model under a StrategyPlan: its shards (shards.py) and the
+    phases of a training step on its tiles.
 
-    Build it on every rank from the same full module (same seed, same weights): each rank
-    keeps only the shards of the layers it holds tiles of. It consumes `module`: the traced
-    graph shares its submodules, and their full weights move to the meta device (a copy would
-    double the peak memory of building the model); `full_state_dict` gives them back.
+    Build it on every rank from the same full module (same seed, same weights); it consumes
+    `module` (see ShardedModel).
     """
 
     def __init__(self, module: nn.Module, plan: StrategyPlan, comm: Communicator) -> None:
-        self.plan = plan
+        super().__init__(module, plan, comm.rank)
         self.comm = comm
-        self.rank = comm.rank
-        self.graph_module = fx.symbolic_trace(module)
-        self.nodes = {node.name: node for node in self.graph_module.graph.nodes}
         # resolved once: get_submodule per op and step cost ~0.3 ms of a 7 ms LeNet-5 step
         self._submodules = {node.name: self.graph_module.get_submodule(str(node.target))
                             for node in self.nodes.values() if node.op == "call_module"}
         self.batch = plan.graph.batch
-        first = next(module.parameters(), None)
-        self.device = first.device if first is not None else torch.device("cpu")
-        self.dtype = first.dtype if first is not None else torch.get_default_dtype()
-        self._check_modules()
-        full_state = module.state_dict()
         self.states: dict[str, _LayerState] = {}
-        for layer_plan in plan.layers:
-            tile = layer_plan.tiles.get(self.rank)
-            if tile is None:
-                continue
-            state = _LayerState(plan=layer_plan, box=tile.box)
-            for target in self._module_targets(layer_plan.layer):
-                state.modules[target] = self._shards(target, tile.box[1], full_state)
-            self.states[layer_plan.layer.name] = state
-        self._plan_of_target = {target: layer_plan for layer_plan in plan.layers
-                                for target in self._module_targets(layer_plan.layer)}
-        self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
+        for name, modules in self.layer_shards.items():
+            layer_plan = plan.by_name[name]
+            self.states[name] = _LayerState(plan=layer_plan, modules=modules,
+                                            box=layer_plan.tiles[self.rank].box)
         holders = {name: layer for layer in plan.graph.layers
                    for name in (layer.name, *(fused.name for fused in layer.fused))}
         # (node, output shape, p, per-channel) of every active dropout, in forward order
         self._dropouts = [
-            (node.name, holders[node.name].output_shape, probability,
-             self._is_feature_dropout(node))
+            (node.name, holders[node.name].output_shape, *found)
             for node in self.graph_module.graph.nodes
-            if (probability := self._dropout_probability(node)) is not None
+            if (found := active_dropout(node, self.graph_module)) is not None
         ]
         # active dropout node -> whether its mask is per channel (dropout2d)
-        self._active_dropouts = {name: features for name, _, _, features in self._dropouts}
+        self._active_dropouts = {name: per_channel for name, _, _, per_channel in self._dropouts}
         self._in_place = {name for name, node in self.nodes.items() if self._writes_input(node)}
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
         # consumer -> producer of every chained edge (see _chained_edges); and its producers
         self._chained = _chained_edges(plan)
         self._feeds_chain = set(self._chained.values())
-
-    # ---- parameters ----------------------------------------------------------------------
-
-    def _check_modules(self) -> None:
-        users: dict[str, str] = {}
-        for layer in self.plan.graph.layers:
-            for target in self._module_targets(layer):
-                if target in users:
-                    raise ConfigError(
-                        f"module '{target}' is used by layers '{users[target]}' and "
-                        f"'{layer.name}' (shared weights); layerwise needs one layer per module"
-                    )
-                users[target] = layer.name
-
-    def _module_targets(self, layer: Layer) -> list[str]:
-        """Modules with parameters or buffers that a layer runs (main op, then fused ops)."""
-        names = [layer.name, *(fused.name for fused in layer.fused)]
-        targets = []
-        for name in names:
-            node = self.nodes[name]
-            if node.op != "call_module":
-                continue
-            module = self.graph_module.get_submodule(str(node.target))
-            if any(True for _ in module.parameters(recurse=False)) or any(
-                    True for _ in module.buffers(recurse=False)):
-                targets.append(str(node.target))
-        return targets
-
-    def _shards(self, target: str, channels: tuple[int, int],
-                full_state: dict[str, torch.Tensor]) -> dict[str, _Shard]:
-        module = self.graph_module.get_submodule(target)
-        shards: dict[str, _Shard] = {}
-        parameters = dict(module.named_parameters(recurse=False))
-        buffers = dict(module.named_buffers(recurse=False))
-        for name in [*parameters, *buffers]:
-            key = f"{target}.{name}"
-            full = full_state[key]
-            sliced = full.dim() > 0
-            start, stop = channels if sliced else (0, 1)
-            data = full[start:stop].detach().clone() if sliced else full.detach().clone()
-            tensor = nn.Parameter(data) if name in parameters else data
-            shards[name] = _Shard(key=key, tensor=tensor, start=start, stop=stop, sliced=sliced)
-        return shards
-
-    def parameters(self) -> Iterator[nn.Parameter]:
-        for _, parameter in self.named_parameters():
-            yield parameter
-
-    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """This rank's weight shards, named by the plain module's state-dict keys."""
-        for shard in self.shards():
-            if isinstance(shard.tensor, nn.Parameter):
-                yield shard.key, shard.tensor
-
-    def parameter_keys(self) -> list[str]:
-        """State-dict keys of every weight of the model (held by some rank), in order."""
-        return [key for key, _ in self.graph_module.named_parameters()]
-
-    def shards(self) -> Iterator[_Shard]:
-        for state in self.states.values():
-            for shards in state.modules.values():
-                yield from shards.values()
 
     def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, device=self.device, dtype=self.dtype)
@@ -235,8 +145,8 @@ class LayerwiseModel:
     def _draw_dropout_masks(self) -> None:
         """Draw every dropout mask of the step, in the forward order of the plain module."""
         self._masks = {
-            name: dropout_mask(shape, probability, features, self.device, self.dtype)
-            for name, shape, probability, features in self._dropouts
+            name: ops.dropout_mask(shape, probability, per_channel, self.device, self.dtype)
+            for name, shape, probability, per_channel in self._dropouts
         }
 
     # ---- forward -------------------------------------------------------------------------
@@ -312,69 +222,32 @@ class LayerwiseModel:
                  leaves: list[torch.Tensor | None]) -> torch.Tensor:
         """The layer's main op on this rank's needed boxes: its output tile, in the layer's
         own rank."""
-        box = state.box
         node = self.nodes[layer.name]
-        kind = layer.kind
-        first = leaves[0]
-        if kind == "conv":
-            assert first is not None and layer.geometry is not None
-            shards = state.modules[layer.target]
-            bias = shards.get("bias")
-            needed = state.plan.inputs[0].needed[self.rank]
-            return tile_ops.conv_tile(
-                first, box, as_4d(layer.input_shapes[0])[2:], shards["weight"].tensor,
-                bias.tensor if bias is not None else None, layer.geometry,
-                as_4d(layer.output_shape)[1], needed[1][0])
-        if kind == "linear":
-            assert first is not None
-            shards = state.modules[layer.target]
-            bias = shards.get("bias")
-            flat = first if first.dim() == 2 else first.reshape(first.shape[0], -1)
-            return F.linear(flat, shards["weight"].tensor,
-                            bias.tensor if bias is not None else None)
-        if kind == "pool":
-            assert first is not None and layer.geometry is not None
-            mode, include_pad = _pool_mode(layer, node)
-            return tile_ops.pool_tile(first, box, as_4d(layer.input_shapes[0])[2:],
-                                      layer.geometry, mode, include_pad)
-        if kind == "adaptive_pool":
-            assert first is not None
-            mode = "max" if "max" in layer.op.lower() else "avg"
-            return tile_ops.adaptive_pool_tile(first, box, as_4d(layer.input_shapes[0])[2:],
-                                               as_4d(layer.output_shape)[2:], mode)
-        if kind == "flatten":
-            assert first is not None
-            return first if first.dim() == 2 else first.reshape(first.shape[0], -1)
-        if kind == "add":
-            assert first is not None and leaves[1] is not None
-            second = leaves[1]
-            if layer.op == "sub":
-                return first - second
-            if layer.op == "mul":
-                return first * second
-            return first + second
-        if kind == "concat":
-            present = [leaf for leaf in leaves if leaf is not None]
-            return torch.cat(present, dim=layer.concat_dim or 0)
-        if kind == "elementwise":
+        if layer.kind == "elementwise":
+            first = leaves[0]
             assert first is not None
             return self._elementwise(node, first, layer, state)
-        raise ConfigError(f"layer '{layer.name}': the runtime cannot execute kind '{kind}'")
+        shards = state.modules.get(layer.target, {})
+        weight, bias = shards.get("weight"), shards.get("bias")
+        return ops.layer_op(layer, leaves, weight.tensor if weight is not None else None,
+                            bias.tensor if bias is not None else None, state.box,
+                            count_include_pad(layer.op, node))
 
     def _elementwise(self, node: fx.Node, tile: torch.Tensor, layer: Layer,
                      state: _LayerState) -> torch.Tensor:
         """A one-input elementwise op on a tile (BatchNorm and dropout made split-exact)."""
         if node.name in self._active_dropouts:
-            mask = self._masks[node.name]
-            slices = local_slices(state.box, _full_box(layer))[: tile.dim()]
-            if self._active_dropouts[node.name]:
-                slices = (*slices[:2], *([slice(None)] * (tile.dim() - 2)))
-            return tile * mask[slices]
+            return ops.dropout(tile, self._masks[node.name], state.box,
+                               self._active_dropouts[node.name])
         module = self._submodules.get(node.name)
         if isinstance(module, _BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))
-        if node.name in self._in_place:
-            tile = tile.clone()  # never write into a producer's tile or a leaf
+        return ops.activation(tile, lambda x: self._call(node, module, x),
+                              node.name in self._in_place)
+
+    @staticmethod
+    def _call(node: fx.Node, module: nn.Module | None, tile: torch.Tensor) -> torch.Tensor:
+        """The node's own operation with `tile` for its one tensor argument."""
         args = fx.node.map_arg(node.args, lambda _: tile)
         kwargs = fx.node.map_arg(node.kwargs, lambda _: tile)
         if module is not None:
@@ -399,38 +272,14 @@ class LayerwiseModel:
             raise ConfigError(f"layer '{layer.name}': BatchNorm with momentum=None (cumulative "
                               "average) is not supported; set a momentum")
         group = state.plan.replica_group(self.rank)
-        if len(group) == 1:
-            return F.batch_norm(x, tensor("running_mean"), tensor("running_var"),
-                                tensor("weight"), tensor("bias"), True, module.momentum,
-                                module.eps)
         sizes = as_4d(layer.output_shape)
-        count = sizes[0] * sizes[2] * sizes[3]
 
         def reduce(values: torch.Tensor) -> torch.Tensor:
             return self.comm.all_reduce(values, group, (layer.name, "sync"))
 
-        return sync_batch_norm(x, tensor("weight"), tensor("bias"), tensor("running_mean"),
-                               tensor("running_var"), module.momentum, module.eps, count,
-                               reduce)
-
-    def _dropout_probability(self, node: fx.Node) -> float | None:
-        """p of a dropout node that is active in training, else None."""
-        probability: float | None = None
-        if node.op == "call_module":
-            module = self._submodules[node.name]
-            if isinstance(module, _DROPOUTS):
-                probability = module.p
-        elif node.op == "call_function" and node.target in (F.dropout, F.dropout2d):
-            training = _argument(node, 2, "training", True)
-            probability = float(_argument(node, 1, "p", 0.5)) if training else None
-        if probability is not None and probability > 0:
-            return float(probability)
-        return None
-
-    def _is_feature_dropout(self, node: fx.Node) -> bool:
-        if node.op == "call_module":
-            return isinstance(self._submodules[node.name], nn.Dropout2d)
-        return node.target is F.dropout2d
+        return ops.batch_norm(x, tensor("weight"), tensor("bias"), tensor("running_mean"),
+                              tensor("running_var"), module.momentum, module.eps,
+                              sizes[0] * sizes[2] * sizes[3], reduce if len(group) > 1 else None)
 
     def _writes_input(self, node: fx.Node) -> bool:
         """Whether an elementwise node writes into its input (inplace=True or a `method_`)."""
@@ -528,73 +377,6 @@ class LayerwiseModel:
                 gradients[input_plan.producer] = total
             total[local_slices(piece.box, producer.box)] += part
 
-    # ---- whole state ---------------------------------------------------------------------
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The plain module's state_dict assembled on rank 0, on the CPU (None elsewhere)."""
-        return self.gather({shard.key: shard.tensor.detach() for shard in self.shards()})
-
-    def gather(self, shards: dict[str, torch.Tensor],
-               keys: list[str] | None = None) -> dict[str, torch.Tensor] | None:
-        """Full tensors on rank 0 (CPU) from each rank's shards, keyed by state-dict key.
-
-        `shards` holds this rank's part of each of `keys` it holds (its weights and buffers,
-        or the optimizer's momentum of its weights); `keys` (all state-dict keys by default)
-        must be the same on every rank. Returns None on the other ranks.
-        """
-        empty = self.graph_module.state_dict()  # meta tensors: shapes and dtypes
-        if keys is not None:
-            empty = {key: empty[key] for key in keys}
-        shapes = {key: tensor.shape for key, tensor in empty.items()}
-        result = {key: torch.empty(tensor.shape, dtype=tensor.dtype)
-                  for key, tensor in empty.items()}
-        sends, receives, arrivals = [], [], []
-        for tag, (key, owner, start, stop) in enumerate(self._shard_table(shapes)):
-            if self.rank == 0 and owner == 0:
-                _place(result[key], start, stop, shards[key].cpu())
-            elif self.rank == 0:
-                shape = (stop - start, *shapes[key][1:]) if shapes[key] else ()
-                buffer = torch.empty(shape, dtype=empty[key].dtype, device=self.device)
-                receives.append((owner, buffer, tag))
-                arrivals.append((key, start, stop, buffer))
-            elif owner == self.rank:
-                sends.append((0, shards[key].contiguous(), tag))
-        _exchange_tagged(sends, receives)
-        if self.rank != 0:
-            return None
-        for key, start, stop, buffer in arrivals:
-            _place(result[key], start, stop, buffer.cpu())
-        return result
-
-    def _shard_table(self, shapes: dict[str, torch.Size]) -> list[tuple[str, int, int, int]]:
-        """(key, owner device, start, stop) of every shard of every state-dict entry.
-
-        The owner of a channel shard is its tile with n, h, w index 0 (its replicas are
-        equal); a scalar is owned by the tile with index 0. Every rank builds the same table.
-        """
-        table = []
-        for key, shape in shapes.items():
-            layer_plan = self._plan_of_target[key.rsplit(".", 1)[0]]
-            for tile in layer_plan.tiles.values():
-                if tile.index[0] or tile.index[2] or tile.index[3] or (
-                        not shape and tile.index[1]):
-                    continue
-                start, stop = tile.box[1] if shape else (0, 1)
-                table.append((key, tile.device, start, stop))
-        return table
-
-    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Overwrite this rank's shards with their part of a full state_dict."""
-        with torch.no_grad():
-            for shard, part in zip(self.shards(), self.scatter(state).values(), strict=True):
-                shard.tensor.copy_(part)
-
-    def scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This rank's part of each full tensor (of the keys in `full`), on its device."""
-        return {shard.key: (full[shard.key][shard.start:shard.stop] if shard.sliced
-                            else full[shard.key]).to(self.device, shard.tensor.dtype)
-                for shard in self.shards() if shard.key in full}
-
 
 def _chained_edges(plan: StrategyPlan) -> dict[str, str]:
     """Consumer -> producer of every chained edge.
@@ -625,23 +407,6 @@ def _chained_edges(plan: StrategyPlan) -> dict[str, str]:
     return chained
 
 
-def _place(full: torch.Tensor, start: int, stop: int, part: torch.Tensor) -> None:
-    if full.dim() == 0:
-        full.copy_(part.reshape(()))
-    else:
-        full[start:stop] = part
-
-
-def _exchange_tagged(sends: list[tuple[int, torch.Tensor, int]],
-                     receives: list[tuple[int, torch.Tensor, int]]) -> None:
-    operations = [dist.P2POp(dist.isend, tensor, peer, tag=tag) for peer, tensor, tag in sends]
-    operations += [dist.P2POp(dist.irecv, tensor, peer, tag=tag)
-                   for peer, tensor, tag in receives]
-    if operations:
-        for work in dist.batch_isend_irecv(operations):
-            work.wait()
-
-
 def _full_box(layer: Layer) -> Box:
     n, c, h, w = ((0, size) for size in as_4d(layer.output_shape))
     return (n, c, h, w)
@@ -650,18 +415,3 @@ def _full_box(layer: Layer) -> Box:
 def _tag(layer_index: int, input_index: int, direction: int) -> int:
     """A message tag unique to one redistribution phase (gloo matches messages by tag)."""
     return (layer_index * 64 + input_index) * 2 + direction
-
-
-def _argument(node: fx.Node, index: int, name: str, default: Any) -> Any:
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
-def _pool_mode(layer: Layer, node: fx.Node) -> tuple[str, bool]:
-    """("max" | "avg", count_include_pad) of a pooling layer."""
-    if "max" in layer.op.lower():
-        return "max", True
-    if node.op == "call_module":
-        return "avg", "count_include_pad=False" not in layer.op
-    return "avg", bool(_argument(node, 5, "count_include_pad", True))

@@ -35,7 +35,7 @@ it at the end of its step. Other ranks return their own block's loss.
 
 BatchNorm: each block runs on one device over the whole batch, so its statistics are the
 batch's (exact per block). Dropout: every rank draws every mask of the model from the global
-generator in the plain module's forward order (functions.dropout_mask, as the layer-wise
+generator in the plain module's forward order (ops.dropout_mask, as the layer-wise
 executor) and applies its block's. Drawing only its own block's masks would be cheaper, but
 then each rank's generator would drift apart, and a checkpoint holds rank 0's generator state
 only (restored on every rank): a resumed run would draw other masks. So masks equal one
@@ -58,10 +58,12 @@ from torch import fx, nn
 from torch.func import functional_call
 
 from strategies.errors import ConfigError
+from strategies.fx_nodes import active_dropout
 from strategies.graph import Layer, LayerGraph
+from strategies.ops import dropout_mask
 from strategies.runtime.comm import ByteCounter
 from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.functions import dropout_mask
+from strategies.runtime.momentum import momentum_buffers
 from strategies.schedules.local.execution import LocalExecution
 from strategies.schedules.local.planner import Cut, block_cuts, output_classes
 
@@ -105,30 +107,13 @@ def _value_node(layer: Layer) -> str:
     return layer.fused[-1].name if layer.fused else layer.name
 
 
-def _argument(node: fx.Node, index: int, name: str, default: Any) -> Any:
-    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
-
-
-def _dropout(node: fx.Node, traced: fx.GraphModule) -> tuple[float, bool] | None:
-    """(p, per channel) of a dropout node active in training, else None."""
-    if node.op == "call_module":
-        module = traced.get_submodule(str(node.target))
-        if isinstance(module, (nn.Dropout, nn.Dropout2d)) and module.p > 0:
-            return float(module.p), isinstance(module, nn.Dropout2d)
-    if node.op == "call_function" and node.target is F.dropout and _argument(
-            node, 2, "training", True):
-        probability = float(_argument(node, 1, "p", 0.5))
-        return (probability, False) if probability > 0 else None
-    return None
-
-
 def model_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
     """Every active dropout of the model, in forward order, with its mask's shape."""
     holders = {name: layer for layer in graph.layers
                for name in (layer.name, *(fused.name for fused in layer.fused))}
     found = []
     for node in traced.graph.nodes:
-        spec = _dropout(node, traced)
+        spec = active_dropout(node, traced)
         if spec is not None:
             found.append((node.name, holders[node.name].output_shape, *spec))
     return found
@@ -362,7 +347,8 @@ class LocalEngine:
                               for key, value in self.block.state_dict().items()},
             "aux": {key.removeprefix(AUX_KEY): value.detach().cpu()
                     for key, value in self.head_weights.items()},
-            "momentum": self._momentum_buffers(),
+            "momentum": {key: buffer.cpu() for key, buffer in momentum_buffers(
+                self.optimizer, {**self.weights, **self.head_weights}.items()).items()},
             "pending": ({} if self._pending is None else
                         dict(zip(self.weights, (g.cpu() for g in self._pending), strict=True))),
         }
@@ -382,15 +368,6 @@ class LocalEngine:
             for entry, values in gathered.items():
                 merged[entry].update(values)
         return merged
-
-    def _momentum_buffers(self) -> dict[str, torch.Tensor]:
-        """SGD's momentum per weight (block keys, then aux.K.name); zeros before any step,
-        which SGD's next step treats as a missing buffer."""
-        state = self.optimizer.state if self.optimizer is not None else {}
-        every = {**self.weights, **self.head_weights}
-        return {key: state.get(parameter, {}).get("momentum_buffer",
-                                                  torch.zeros_like(parameter)).detach().cpu()
-                for key, parameter in every.items()}
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         """This rank's block, head, momentum and pending gradient from `training_state()`."""

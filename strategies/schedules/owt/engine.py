@@ -48,17 +48,19 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from strategies.errors import ConfigError
+from strategies.fx_nodes import active_dropout
 from strategies.graph import Layer, LayerGraph
+from strategies.ops import dropout_mask, sync_batch_norm
 from strategies.runtime.comm import ByteCounter, Communicator, ring_bytes
 from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.functions import dropout_mask, sharded_cross_entropy, sync_batch_norm
+from strategies.runtime.functions import sharded_cross_entropy
+from strategies.runtime.momentum import momentum_buffers
 from strategies.schedules.owt.execution import OwtExecution
 from strategies.schedules.owt.planner import OwtSplit, check_owt, owt_assignment
 from strategies.space import tile_range
 from strategies.strategy import Strategy
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
-_DROPOUTS = (nn.Dropout, nn.Dropout2d)
 
 # torch 2.13 names these all_gather_single / reduce_scatter_single and warns on the older
 # names, which are the only ones of earlier releases
@@ -280,23 +282,6 @@ def _check_configs(strategy: Strategy, graph: LayerGraph, workers: int) -> None:
             "owt_a|owt_b|owt_c[_vb]")
 
 
-def _argument(node: fx.Node, index: int, name: str, default: Any) -> Any:
-    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
-
-
-def _dropout(node: fx.Node, graph_module: fx.GraphModule) -> tuple[float, bool] | None:
-    """(p, one draw per channel) of a dropout active in training; None for any other node."""
-    if node.op == "call_module":
-        module = graph_module.get_submodule(str(node.target))
-        if isinstance(module, _DROPOUTS) and module.p > 0:
-            return float(module.p), isinstance(module, nn.Dropout2d)
-    elif node.op == "call_function" and node.target is F.dropout:
-        probability = float(_argument(node, 1, "p", 0.5))
-        if _argument(node, 2, "training", True) and probability > 0:
-            return probability, False
-    return None
-
-
 def _call(node: fx.Node, graph_module: fx.GraphModule, args: tuple[Any, ...],
           kwargs: dict[str, Any]) -> torch.Tensor:
     """The node's own operation on the given arguments."""
@@ -361,7 +346,7 @@ class OwtEngine:
         # (node, shape over the global batch, p, per channel), in forward order
         self.dropouts = [(node.name, holders[node.name].output_shape, *found)
                          for node in nodes
-                         if (found := _dropout(node, self.graph_module)) is not None]
+                         if (found := active_dropout(node, self.graph_module)) is not None]
         self.nodes = {node.name: node for node in nodes}
 
     def _build_fc(self, graph: LayerGraph, split: OwtSplit) -> list[_FcLayer]:
@@ -565,30 +550,17 @@ class OwtEngine:
         """The plain module's state_dict and SGD's momentum, full tensors keyed like it."""
         fc_state = self._gather_fc({shard.key: shard.tensor.detach()
                                     for shard in self._fc_shards()})
-        fc_momentum = self._gather_fc(self._fc_momentum())
+        fc_momentum = self._gather_fc(momentum_buffers(
+            self.fc_optimizer, ((shard.key, shard.tensor) for shard in self._fc_shards())))
         if fc_state is None or fc_momentum is None:
             return None
         replicated = self.module.state_dict()
         model = {key: fc_state[key] if key in self.fc_keys else replicated[key].cpu().clone()
                  for key in self.state_keys}
-        conv_momentum = self._conv_momentum()
-        momentum = {key: fc_momentum[key] if key in self.fc_keys else conv_momentum[key]
+        conv_momentum = momentum_buffers(self.conv_optimizer, self.conv_parameters.items())
+        momentum = {key: fc_momentum[key] if key in self.fc_keys else conv_momentum[key].cpu()
                     for key in self.parameter_keys}
         return {MODEL_STATE_KEY: model, "momentum": momentum}
-
-    def _conv_momentum(self) -> dict[str, torch.Tensor]:
-        """SGD's momentum of the conv replica (zeros where there is none yet, which SGD's next
-        step treats as a missing buffer), on the CPU."""
-        state = self.conv_optimizer.state if self.conv_optimizer is not None else {}
-        return {key: state.get(parameter, {}).get("momentum_buffer",
-                                                  torch.zeros_like(parameter)).detach().cpu()
-                for key, parameter in self.conv_parameters.items()}
-
-    def _fc_momentum(self) -> dict[str, torch.Tensor]:
-        state = self.fc_optimizer.state if self.fc_optimizer is not None else {}
-        return {shard.key: state.get(shard.tensor, {}).get("momentum_buffer",
-                                                           torch.zeros_like(shard.tensor))
-                for shard in self._fc_shards()}
 
     def _gather_fc(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """Full FC tensors on rank 0 (CPU) from every worker's rows (collective)."""

@@ -40,11 +40,13 @@ from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
 from strategies.errors import ConfigError
+from strategies.fx_nodes import active_dropout
 from strategies.graph import LayerGraph
+from strategies.ops import dropout_mask
 from strategies.runtime.buckets import flatten_into
 from strategies.runtime.comm import ByteCounter, Communicator
 from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.functions import dropout_mask
+from strategies.runtime.momentum import momentum_buffers
 from strategies.schedules.pipeline.execution import PipelineExecution
 from strategies.schedules.pipeline.planner import (
     check_execution,
@@ -300,7 +302,10 @@ class PipelineEngine:
         state = self._gather(owned, list(self._shapes), self._unused)
         still = {key: torch.zeros_like(self._unused[key]) for key in self._parameter_keys
                  if key in self._unused}
-        momentum = self._gather(self._momentum_buffers(owned), self._parameter_keys, still)
+        weights = ((key, tensor) for key, tensor in owned.items()
+                   if isinstance(tensor, nn.Parameter))
+        momentum = self._gather(momentum_buffers(self.optimizer, weights), self._parameter_keys,
+                                still)
         if state is None or momentum is None:
             return None
         return {MODEL_STATE_KEY: state, "momentum": momentum}
@@ -311,17 +316,6 @@ class PipelineEngine:
             return {}
         local = self.module.state_dict(keep_vars=True)
         return {plain: local[key] for key, plain in self._keys.items()}
-
-    def _momentum_buffers(self, owned: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """SGD's momentum of this stage's weights; zeros where SGD has none yet (its next step
-        treats zeros as it treats a missing buffer)."""
-        state = self.optimizer.state if self.optimizer is not None else {}
-        buffers = {}
-        for key, tensor in owned.items():
-            if isinstance(tensor, nn.Parameter):
-                buffer = state.get(tensor, {}).get("momentum_buffer")
-                buffers[key] = buffer if buffer is not None else torch.zeros_like(tensor)
-        return buffers
 
     def _gather(self, owned: dict[str, torch.Tensor], keys: list[str],
                 unused: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
@@ -395,7 +389,7 @@ def _mask_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
               for name in (layer.name, *(fused.name for fused in layer.fused))}
     dropouts = []
     for node in traced.graph.nodes:
-        found = _dropout(node, traced)
+        found = active_dropout(node, traced)
         if found is None:
             continue
         target = f"pipeline_mask_{node.name}"
@@ -405,20 +399,6 @@ def _mask_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
         dropouts.append(_Dropout(target, shapes[node.name], *found))
     traced.recompile()
     return dropouts
-
-
-def _dropout(node: fx.Node, traced: fx.GraphModule) -> tuple[float, bool] | None:
-    """(p, per channel) of a dropout node active in training; None for anything else."""
-    if node.op == "call_module":
-        module = traced.get_submodule(str(node.target))
-        if isinstance(module, (nn.Dropout, nn.Dropout2d)) and module.p > 0:
-            return float(module.p), isinstance(module, nn.Dropout2d)
-    elif node.op == "call_function" and node.target is F.dropout:
-        probability = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
-        training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
-        if training and float(probability) > 0:
-            return float(probability), False
-    return None
 
 
 def _split(traced: fx.GraphModule, root: nn.Module, graph: LayerGraph,

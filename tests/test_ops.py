@@ -1,4 +1,4 @@
-"""Tile ops: every output tile, computed from its needed input box, equals the full op's slice.
+"""Layer ops: every output tile, computed from its needed input box, equals the full op's slice.
 
 The needed boxes are derived here independently (by listing each output's window elements) and
 checked against `strategies.tiles.needed_range`, so the tests also catch a wrong box there.
@@ -20,17 +20,20 @@ from torch import Tensor
 from torch.testing import assert_close
 
 from strategies.graph import Geometry, Layer, LayerKind
-from strategies.runtime.tile_ops import (
-    Box,
+from strategies.ops import (
     PoolMode,
-    Range,
-    adaptive_pool_tile,
-    conv_tile,
+    activation,
+    adaptive_pool,
+    batch_norm,
+    conv,
+    dropout,
+    dropout_mask,
     global_padding,
-    pool_tile,
+    layer_op,
+    pool,
 )
 from strategies.space import tile_range
-from strategies.tiles import needed_range
+from strategies.tiles import Box, Range, needed_range
 
 EXAMPLES = settings(max_examples=25, deadline=None)
 MODES: tuple[PoolMode, ...] = ("max", "avg")
@@ -166,7 +169,7 @@ def _check_conv(x: Tensor, weight: Tensor, bias: Tensor | None, geometry: Geomet
     def tile_op(box_x: Tensor, out_box: Box, weight: Tensor | None, bias: Tensor | None
                 ) -> Tensor:
         assert weight is not None
-        return conv_tile(box_x, out_box, (x.shape[2], x.shape[3]), weight, bias, geometry,
+        return conv(box_x, out_box, (x.shape[2], x.shape[3]), weight, bias, geometry,
                          out_channels, needed(out_box)[1][0])
 
     _check_tiles(x, y, full_grads, grad, degrees, needed, tile_op, params)
@@ -226,7 +229,7 @@ def test_conv_tile_finds_its_groups_in_a_wider_box() -> None:
     y = F.conv2d(x, weight, bias, padding=1, groups=2)
     for c0, c1 in [(2, 5), (3, 6), (4, 6)]:
         box: Box = ((0, 1), (c0, c1), (0, 7), (0, 6))
-        out = conv_tile(x, box, (7, 6), weight[c0:c1], bias[c0:c1], geometry, 6, 0)
+        out = conv(x, box, (7, 6), weight[c0:c1], bias[c0:c1], geometry, 6, 0)
         assert_close(out, y[:, c0:c1])
 
 
@@ -246,7 +249,7 @@ def _check_pool(x: Tensor, geometry: Geometry, mode: PoolMode, count_include_pad
         return _sliding_box(layer, out_box, out_box[1])
 
     def tile_op(box_x: Tensor, out_box: Box, *_: Tensor | None) -> Tensor:
-        return pool_tile(box_x, out_box, (x.shape[2], x.shape[3]), geometry, mode,
+        return pool(box_x, out_box, (x.shape[2], x.shape[3]), geometry, mode,
                          count_include_pad)
 
     _check_tiles(x, y, full_grads, grad, degrees, needed, tile_op, [])
@@ -329,7 +332,7 @@ def _check_adaptive(x: Tensor, out_size: tuple[int, int], mode: PoolMode,
         return box
 
     def tile_op(box_x: Tensor, out_box: Box, *_: Tensor | None) -> Tensor:
-        return adaptive_pool_tile(box_x, out_box, in_size, out_size, mode)
+        return adaptive_pool(box_x, out_box, in_size, out_size, mode)
 
     _check_tiles(x, y, full_grads, grad, degrees, needed, tile_op, [])
 
@@ -357,3 +360,49 @@ def test_adaptive_regular_and_overlapping_windows(mode: PoolMode, in_size: tuple
     torch.manual_seed(3)
     x = torch.randn(2, 3, *in_size)
     _check_adaptive(_for_mode(x, mode), out_size, mode, (2, 2, 3, 2))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_dropout_tiles_apply_their_part_of_the_whole_mask(per_channel: bool) -> None:
+    torch.manual_seed(4)
+    x = torch.randn(4, 6, 5, 3, dtype=torch.float64)
+    mask = dropout_mask(tuple(x.shape), 0.4, per_channel, x.device, x.dtype)
+    assert mask.shape == ((4, 6, 1, 1) if per_channel else x.shape)
+    assert set(mask.unique().tolist()) <= {0.0, 1 / 0.6}
+    whole = x * mask
+    _check_tiles(x, whole, [mask.expand_as(x)], torch.ones_like(x), (2, 3, 2, 1),
+                 lambda box: box, lambda box_x, box, *_: dropout(box_x, mask, box, per_channel),
+                 [])
+
+
+def test_layer_ops_without_geometry_are_the_full_ops_slices() -> None:
+    torch.manual_seed(5)
+    x, y = torch.randn(4, 3, 2, 2), torch.randn(4, 3, 2, 2)
+    weight, bias = torch.randn(5, 12), torch.randn(5)
+    box: Box = ((1, 3), (2, 5), (0, 1), (0, 1))
+    fc = Layer(name="fc", kind="linear", op="Linear", target="fc", inputs=("x",),
+               input_shapes=((4, 3, 2, 2),), output_shape=(4, 5), param_shapes={}, flops=0)
+    assert_close(layer_op(fc, [x[1:3]], weight[2:5], bias[2:5], box),
+                 F.linear(x.flatten(1), weight, bias)[1:3, 2:5])
+    flat = fc.model_copy(update={"kind": "flatten", "output_shape": (4, 12)})
+    assert_close(layer_op(flat, [x[1:3]], None, None, box), x.flatten(1)[1:3])
+    for op, expected in (("add", x + y), ("sub", x - y), ("mul", x * y)):
+        binary_layer = fc.model_copy(update={"kind": "add", "op": op})
+        assert_close(layer_op(binary_layer, [x[1:3], y[1:3]], None, None, box), expected[1:3])
+    cat = fc.model_copy(update={"kind": "concat", "concat_dim": 1})
+    assert_close(layer_op(cat, [None, y[:, 1:]], None, None, box),
+                 torch.cat([x, y], 1)[:, 4:])  # a tile of channels [4, 6) needs nothing of x
+
+
+def test_batch_norm_of_a_whole_batch_is_torchs_and_activations_keep_their_input() -> None:
+    torch.manual_seed(6)
+    x = torch.randn(4, 3, 5, 5)
+    weight, bias = torch.rand(3) + 0.5, torch.randn(3)
+    running = (torch.zeros(3), torch.ones(3))
+    expected_running = (torch.zeros(3), torch.ones(3))
+    out = batch_norm(x, weight, bias, *running, 0.1, 1e-5, 100, None)
+    assert_close(out, F.batch_norm(x, *expected_running, weight, bias, True, 0.1, 1e-5))
+    assert_close(running, expected_running)
+    before = x.clone()
+    assert_close(activation(x, lambda t: t.relu_(), writes_input=True), before.relu())
+    assert torch.equal(x, before)

@@ -1,0 +1,59 @@
+"""What the engines read off a traced model's fx nodes: call arguments and active dropouts.
+
+Every engine replays the plain module's forward from its torch.fx graph and must draw the
+same dropout masks in the same order as the plain forward (and as each other), so they all
+ask this module which nodes are dropouts that drop in training, with which p and whether per
+channel: one answer for nn.Dropout, nn.Dropout2d, F.dropout and F.dropout2d alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch.nn.functional as F
+from torch import fx, nn
+
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout2d)
+# dropout function -> whether it draws one value per (sample, channel)
+_DROPOUT_FUNCTIONS: dict[Any, bool] = {F.dropout: False, F.dropout2d: True}
+
+
+class ActiveDropout(NamedTuple):
+    """A dropout that drops in training: its probability and whether its mask is drawn per
+    (sample, channel) (dropout2d) rather than per element."""
+
+    probability: float
+    per_channel: bool
+
+
+def argument(node: fx.Node, index: int, name: str, default: Any) -> Any:
+    """Argument `name` of a call node, given at position `index` or by keyword, or `default`."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def active_dropout(node: fx.Node, graph_module: fx.GraphModule) -> ActiveDropout | None:
+    """The dropout `node` runs when it drops in training (p > 0); None for any other node.
+
+    A module's p is its own; a function's p and `training` are its call's (torch's defaults
+    p=0.5, training=True), and F.dropout(..., training=False) never drops.
+    """
+    if node.op == "call_module":
+        module = graph_module.get_submodule(str(node.target))
+        if isinstance(module, _DROPOUT_MODULES) and module.p > 0:
+            return ActiveDropout(float(module.p), isinstance(module, nn.Dropout2d))
+    elif node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
+        probability = float(argument(node, 1, "p", 0.5))
+        if argument(node, 2, "training", True) and probability > 0:
+            return ActiveDropout(probability, _DROPOUT_FUNCTIONS[node.target])
+    return None
+
+
+def count_include_pad(op: str, node: fx.Node | None) -> bool:
+    """avg pooling's count_include_pad: graph.py writes a module's into its op name, a
+    function's is its call's (default True). Without the node (the profiler times shapes, and
+    the divisors' values do not change the time), the op name's."""
+    if node is not None and node.op == "call_function":
+        return bool(argument(node, 5, "count_include_pad", True))
+    return "count_include_pad=False" not in op

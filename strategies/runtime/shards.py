@@ -1,0 +1,217 @@
+"""Which part of a model's weights and buffers each rank holds, and the whole state moved in
+and out of those parts (checkpoints).
+
+A layer split along c (Jia et al. 2018, Table 1) shards its weights by output channel: the
+rank of an output tile with channels [c0, c1) holds rows [c0, c1) of every tensor of the
+layer's modules (conv/linear weight and bias, BatchNorm's affine weights and running
+statistics); splits along n, h and w replicate them. A rank holds the shards of the layers it
+has tiles of and nothing else; the full weights are dropped after sharding. Checkpoints go the
+other way: `gather` assembles full tensors on rank 0 from one owner of each shard, and
+`scatter` cuts a full tensor back into this rank's shard, so a checkpoint is the plain
+module's state_dict whatever the strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+
+from strategies.errors import ConfigError
+from strategies.graph import Layer
+from strategies.runtime.plan import StrategyPlan
+
+# module target -> parameter or buffer name -> this rank's shard of it
+ModuleShards = dict[str, dict[str, "Shard"]]
+
+
+@dataclass
+class Shard:
+    """One state-dict entry held by this rank: rows [start, stop) of the full tensor's dim 0."""
+
+    key: str
+    tensor: torch.Tensor  # nn.Parameter for weights, plain tensor for buffers
+    start: int
+    stop: int
+    sliced: bool  # False for scalars (num_batches_tracked), held whole
+
+
+class ShardedModel:
+    """One rank's shards of a traced model under a StrategyPlan, and its checkpoints.
+
+    Build it on every rank from the same full module (same seed, same weights): each rank
+    keeps only the shards of the layers it holds tiles of. It consumes `module`: the traced
+    graph shares its submodules, and their full weights move to the meta device (a copy would
+    double the peak memory of building the model); `full_state_dict` gives them back.
+    """
+
+    def __init__(self, module: nn.Module, plan: StrategyPlan, rank: int) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.graph_module = fx.symbolic_trace(module)
+        self.nodes = {node.name: node for node in self.graph_module.graph.nodes}
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.dtype = first.dtype if first is not None else torch.get_default_dtype()
+        self._check_modules()
+        full_state = module.state_dict()
+        # layer name -> its modules' shards, for the layers this rank holds a tile of
+        self.layer_shards: dict[str, ModuleShards] = {}
+        for layer_plan in plan.layers:
+            tile = layer_plan.tiles.get(rank)
+            if tile is not None:
+                self.layer_shards[layer_plan.layer.name] = {
+                    target: self._shards(target, tile.box[1], full_state)
+                    for target in self._module_targets(layer_plan.layer)}
+        self._plan_of_target = {target: layer_plan for layer_plan in plan.layers
+                                for target in self._module_targets(layer_plan.layer)}
+        self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
+
+    def _check_modules(self) -> None:
+        users: dict[str, str] = {}
+        for layer in self.plan.graph.layers:
+            for target in self._module_targets(layer):
+                if target in users:
+                    raise ConfigError(
+                        f"module '{target}' is used by layers '{users[target]}' and "
+                        f"'{layer.name}' (shared weights); layerwise needs one layer per module"
+                    )
+                users[target] = layer.name
+
+    def _module_targets(self, layer: Layer) -> list[str]:
+        """Modules with parameters or buffers that a layer runs (main op, then fused ops)."""
+        names = [layer.name, *(fused.name for fused in layer.fused)]
+        targets = []
+        for name in names:
+            node = self.nodes[name]
+            if node.op != "call_module":
+                continue
+            module = self.graph_module.get_submodule(str(node.target))
+            if any(True for _ in module.parameters(recurse=False)) or any(
+                    True for _ in module.buffers(recurse=False)):
+                targets.append(str(node.target))
+        return targets
+
+    def _shards(self, target: str, channels: tuple[int, int],
+                full_state: dict[str, torch.Tensor]) -> dict[str, Shard]:
+        module = self.graph_module.get_submodule(target)
+        shards: dict[str, Shard] = {}
+        parameters = dict(module.named_parameters(recurse=False))
+        buffers = dict(module.named_buffers(recurse=False))
+        for name in [*parameters, *buffers]:
+            key = f"{target}.{name}"
+            full = full_state[key]
+            sliced = full.dim() > 0
+            start, stop = channels if sliced else (0, 1)
+            data = full[start:stop].detach().clone() if sliced else full.detach().clone()
+            tensor = nn.Parameter(data) if name in parameters else data
+            shards[name] = Shard(key=key, tensor=tensor, start=start, stop=stop, sliced=sliced)
+        return shards
+
+    # ---- this rank's shards ----------------------------------------------------------------
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        for _, parameter in self.named_parameters():
+            yield parameter
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's weight shards, named by the plain module's state-dict keys."""
+        for shard in self.shards():
+            if isinstance(shard.tensor, nn.Parameter):
+                yield shard.key, shard.tensor
+
+    def parameter_keys(self) -> list[str]:
+        """State-dict keys of every weight of the model (held by some rank), in order."""
+        return [key for key, _ in self.graph_module.named_parameters()]
+
+    def shards(self) -> Iterator[Shard]:
+        for modules in self.layer_shards.values():
+            for shards in modules.values():
+                yield from shards.values()
+
+    # ---- whole state ---------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The plain module's state_dict assembled on rank 0, on the CPU (None elsewhere)."""
+        return self.gather({shard.key: shard.tensor.detach() for shard in self.shards()})
+
+    def gather(self, shards: dict[str, torch.Tensor],
+               keys: list[str] | None = None) -> dict[str, torch.Tensor] | None:
+        """Full tensors on rank 0 (CPU) from each rank's shards, keyed by state-dict key.
+
+        `shards` holds this rank's part of each of `keys` it holds (its weights and buffers,
+        or the optimizer's momentum of its weights); `keys` (all state-dict keys by default)
+        must be the same on every rank. Returns None on the other ranks.
+        """
+        empty = self.graph_module.state_dict()  # meta tensors: shapes and dtypes
+        if keys is not None:
+            empty = {key: empty[key] for key in keys}
+        shapes = {key: tensor.shape for key, tensor in empty.items()}
+        result = {key: torch.empty(tensor.shape, dtype=tensor.dtype)
+                  for key, tensor in empty.items()}
+        sends, receives, arrivals = [], [], []
+        for tag, (key, owner, start, stop) in enumerate(self._shard_table(shapes)):
+            if self.rank == 0 and owner == 0:
+                _place(result[key], start, stop, shards[key].cpu())
+            elif self.rank == 0:
+                shape = (stop - start, *shapes[key][1:]) if shapes[key] else ()
+                buffer = torch.empty(shape, dtype=empty[key].dtype, device=self.device)
+                receives.append((owner, buffer, tag))
+                arrivals.append((key, start, stop, buffer))
+            elif owner == self.rank:
+                sends.append((0, shards[key].contiguous(), tag))
+        _exchange_tagged(sends, receives)
+        if self.rank != 0:
+            return None
+        for key, start, stop, buffer in arrivals:
+            _place(result[key], start, stop, buffer.cpu())
+        return result
+
+    def _shard_table(self, shapes: dict[str, torch.Size]) -> list[tuple[str, int, int, int]]:
+        """(key, owner device, start, stop) of every shard of every state-dict entry.
+
+        The owner of a channel shard is its tile with n, h, w index 0 (its replicas are
+        equal); a scalar is owned by the tile with index 0. Every rank builds the same table.
+        """
+        table = []
+        for key, shape in shapes.items():
+            layer_plan = self._plan_of_target[key.rsplit(".", 1)[0]]
+            for tile in layer_plan.tiles.values():
+                if tile.index[0] or tile.index[2] or tile.index[3] or (
+                        not shape and tile.index[1]):
+                    continue
+                start, stop = tile.box[1] if shape else (0, 1)
+                table.append((key, tile.device, start, stop))
+        return table
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Overwrite this rank's shards with their part of a full state_dict."""
+        with torch.no_grad():
+            for shard, part in zip(self.shards(), self.scatter(state).values(), strict=True):
+                shard.tensor.copy_(part)
+
+    def scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's part of each full tensor (of the keys in `full`), on its device."""
+        return {shard.key: (full[shard.key][shard.start:shard.stop] if shard.sliced
+                            else full[shard.key]).to(self.device, shard.tensor.dtype)
+                for shard in self.shards() if shard.key in full}
+
+
+def _place(full: torch.Tensor, start: int, stop: int, part: torch.Tensor) -> None:
+    if full.dim() == 0:
+        full.copy_(part.reshape(()))
+    else:
+        full[start:stop] = part
+
+
+def _exchange_tagged(sends: list[tuple[int, torch.Tensor, int]],
+                     receives: list[tuple[int, torch.Tensor, int]]) -> None:
+    operations = [dist.P2POp(dist.isend, tensor, peer, tag=tag) for peer, tensor, tag in sends]
+    operations += [dist.P2POp(dist.irecv, tensor, peer, tag=tag)
+                   for peer, tensor, tag in receives]
+    if operations:
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
