@@ -1,0 +1,90 @@
+"""The house's rules, read from the source: `flows -> tasks -> strategies` with no edge back and
+no import cycle, and a domain core that imports only torch, numpy and pydantic (plus the
+standard library, and PyYAML for the cluster and platform specs, which are YAML files), so it
+also runs on a bare GPU machine."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("strategies", "tasks", "flows")  # lowest first: an import may only point down
+CORE_THIRD_PARTY = {"torch", "numpy", "pydantic", "yaml"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+class _Imports(ast.NodeVisitor):
+    """Every module an import names at run time (imports only for type checkers are skipped)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_If(self, node: ast.If) -> None:
+        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for statement in node.orelse:
+                self.visit(statement)
+            return
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module and node.level == 0:
+            self.names.add(node.module)
+            self.names.update(f"{node.module}.{alias.name}" for alias in node.names)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.names.update(alias.name for alias in node.names)
+
+
+def _imports(path: Path) -> set[str]:
+    visitor = _Imports()
+    visitor.visit(ast.parse(path.read_text(encoding="utf-8")))
+    return visitor.names
+
+
+MODULES = _modules()
+IMPORTS = {name: _imports(path) for name, path in MODULES.items()}
+
+
+def test_imports_point_down_from_flows_to_tasks_to_strategies() -> None:
+    upward = [(module, name) for module, names in IMPORTS.items() for name in names
+              if name.split(".")[0] in PACKAGES
+              and PACKAGES.index(name.split(".")[0]) > PACKAGES.index(module.split(".")[0])]
+    assert upward == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = {module: {name for name in names if name in MODULES and name != module}
+             for module, names in IMPORTS.items()}
+    cycles, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target):], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_core_imports_torch_numpy_and_pydantic_only() -> None:
+    foreign = {(module, name.split(".")[0]) for module, names in IMPORTS.items()
+               if module.startswith("strategies") for name in names
+               if name.split(".")[0] not in {*CORE_THIRD_PARTY, *PACKAGES[:1]}
+               and name.split(".")[0] not in sys.stdlib_module_names}
+    assert foreign == set()
