@@ -62,6 +62,7 @@ REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
 BASELINE_STRATEGY = "data"  # what the summary measures the winner against
 MEASURED_STAGES = ("train", "profile", "calibrate", "verify")  # the work; the rest is overhead
 VERIFY_STEPS = 3  # float64 steps per strategy in the verify stage
+SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
 
 
 class BenchmarkFailed(RuntimeError):
@@ -150,12 +151,14 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
     with clock.stage("track"):
         client, experiment_id = track.open_experiment(config.name)
     with clock.stage("data"):
-        image = prepare_data(config.dataset)
+        image = prepare_data.with_options(task_run_name=f"prepare data[{config.dataset}]")(
+            config.dataset)
     _check_image(config, image)
     cluster = config.cluster
     if cluster == CALIBRATED:
         with clock.stage("calibrate"):
-            cluster = str(calibrate_links(config.nproc))
+            cluster = str(calibrate_links.with_options(
+                task_run_name=f"calibrate[{config.nproc} processes]")(config.nproc))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
@@ -366,6 +369,9 @@ def _finish_parent(context: Context, outcomes: list[Outcome], failed: list[Outco
         context.client.log_metric(context.parent_id, f"{name.replace(' ', '_')}_seconds", value)
     create_table_artifact(key="benchmark-results", table=_table_rows(outcomes),
                           description="Predicted vs measured per training step, checks")
+    create_markdown_artifact(key="benchmark-summary",
+                             markdown="\n".join(f"- {line}" for line in summary_lines(outcomes)),
+                             description="Which strategy won, by how much, and the checks")
     create_markdown_artifact(
         key="mlflow-run",
         markdown=f"MLflow experiment `{context.config.name}`, parent run "
@@ -449,8 +455,6 @@ def _print_report(context: Context, outcomes: list[Outcome], elapsed: float) -> 
     console.print(table)
     console.print(f"MLflow: {ui_command(os.environ[track.TRACKING_VARIABLE])}",
                   highlight=False, soft_wrap=True)
-    for line in summary_lines(outcomes):
-        console.print(line, highlight=False, soft_wrap=True)
 
 
 def summary_lines(outcomes: list[Outcome]) -> list[str]:
@@ -471,22 +475,23 @@ def _winner_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
     if speedup is None or best.strategy == BASELINE_STRATEGY:
         return [f"{model.name} {model.version}: '{best.strategy}' ran fastest, "
                 f"{best.result.step_seconds_median * 1e3:.1f} ms per step."]
-    execution = best.result.strategy.execution.describe()
-    return [f"{model.name} {model.version}: '{best.strategy}' won, {speedup[0]:.2f}x the "
-            f"throughput of {BASELINE_STRATEGY} parallelism measured "
+    execution = best.result.strategy.execution
+    schedule = "" if execution.kind == "layerwise" else f" ({execution.describe()})"
+    return [f"{model.name} {model.version}: '{best.strategy}' won{schedule}: "
+            f"{speedup[0]:.2f}x the throughput of {BASELINE_STRATEGY} parallelism measured "
             f"({best.result.step_seconds_median * 1e3:.1f} against "
             f"{best.result.step_seconds_median * speedup[0] * 1e3:.1f} ms per step), "
-            f"{speedup[1]:.2f}x predicted; {execution}: "
-            f"{_split_summary(best.result)}."]
+            f"{speedup[1]:.2f}x predicted. It splits {_split_summary(best.result)}."]
 
 
 def _split_summary(result: RunResult) -> str:
-    """Which layers the strategy splits how, e.g. 'x..flatten n2, classifier_0..4 c2'."""
+    """Which layers the strategy splits how, in words: 'x..flatten over samples (n2), ...'."""
     groups: list[tuple[str, str, str]] = []
     for choice in result.strategy.layers:
         degrees = ParallelConfig.parse(choice.config).degrees
-        split = "".join(f"{dim}{degree}" for dim, degree in zip(DIMS, degrees, strict=True)
-                        if degree > 1) or "one device"
+        split = " and ".join(f"{SPLIT_WORDS[dim]} ({dim}{degree})"
+                             for dim, degree in zip(DIMS, degrees, strict=True) if degree > 1)
+        split = f"over {split}" if split else "on one device"
         if groups and groups[-1][2] == split:
             groups[-1] = (groups[-1][0], choice.name, split)
         else:

@@ -3,7 +3,7 @@
 With `cluster: calibrated` the flow predicts with links measured here (`layerwise calibrate`:
 point-to-point exchanges and all-reduces between `nproc` processes, fitted to latency +
 bytes / bandwidth) instead of a preset's figures; the `local` preset's are placeholders, and
-with them the benchmark's predictions of a small model ran 2-3x under its measured steps here.
+with them the benchmark predicts a small model's steps 2-3x under the measured ones here.
 The file under data/profiles/ is keyed by device, backend, process count and torch version
 (`strategies.calibrate.calibration_path`), so it is the cache: the first run of a project
 measures (~15 s), later ones reuse it.
@@ -17,7 +17,12 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.calibrate import calibrate, calibration_path, save_calibration
+from strategies.calibrate import (
+    calibrate,
+    calibration_path,
+    message_sizes,
+    save_calibration,
+)
 from strategies.cluster import load_cluster
 
 
@@ -32,6 +37,10 @@ def calibrate_links(nproc: int) -> Path:
         logger.info("links between %d processes: reusing %s (delete it to measure again)",
                     nproc, path)
         return path
+    logger.info("measuring the links between %d processes: exchanges and all-reduces of %d "
+                "message sizes from %s B to %s B, each after a short compute (~15 s)", nproc,
+                len(message_sizes(False)), min(message_sizes(False)),
+                f"{max(message_sizes(False)):,}")
     started = time.perf_counter()
     calibration = calibrate(nproc)
     save_calibration(calibration, path)

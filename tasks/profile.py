@@ -30,6 +30,8 @@ from strategies.profile import (
 )
 from strategies.space import ParallelConfig
 
+PROGRESS_LINES = 4  # progress lines logged per profile: enough to see it move
+
 
 def needed_configs(graph: LayerGraph, devices: int, strategies: Sequence[str]
                    ) -> dict[str, list[ParallelConfig]] | None:
@@ -55,10 +57,20 @@ def profile_model(graph: LayerGraph, devices: int, strategies: Sequence[str]) ->
     existing = reusable_profile(path, graph, name, processes)
     if existing is None and path.exists():
         logger.info("profile %s was measured by an older layerwise: measuring it again", path)
+    logger.info("measuring t_c of %s's tiles on %s, %d profiler(s) at once%s", graph.model,
+                name, processes, f", reusing {existing.tile_count} tiles of {path}"
+                if existing is not None else "")
+    every = max(1, len(graph.layers) // PROGRESS_LINES)
+
+    def progress(done: int, total: int, layer: str) -> None:
+        if done % every == 0 or done == total:
+            logger.info("profiled %d/%d layers (%s)", done, total, layer)
+
     started = time.perf_counter()
     profile = profile_graph_concurrently(
-        graph, devices, processes, configs=needed_configs(graph, devices, strategies),
-        device=target, existing=existing, threads=concurrent_threads(processes))
+        graph, devices, processes, progress=progress,
+        configs=needed_configs(graph, devices, strategies), device=target, existing=existing,
+        threads=concurrent_threads(processes))
     measured = profile.tile_count - (existing.tile_count if existing else 0)
     if profile is not existing:
         profile.save(path)

@@ -23,7 +23,7 @@ def verify_exactness(model: str, strategy_files: Sequence[Path], options: TrainO
                      steps: int, out: Path, deadline_s: float) -> VerifyReport:
     """Every strategy's divergence from one-process training after `steps` float64 steps."""
     logger = get_run_logger()
-    logger.info("training %d strateg(ies) %d steps each in float64 on %s processes, then the "
+    logger.info("training %d strategies %d steps each in float64 on %s processes, then the "
                 "plain module on one", len(strategy_files), steps, options.nproc)
 
     def log(name: str, progress: StepProgress) -> None:

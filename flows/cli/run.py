@@ -108,12 +108,16 @@ def run(
     """Run the benchmark flow: data, profile, search, train, validate, track in MLflow."""
     started = time.perf_counter()
     benchmark_config = prepare_run(config, overrides or [])
-    from flows.benchmark import benchmark
+    from flows.benchmark import benchmark, summary_lines
 
     state = benchmark(benchmark_config, return_state=True)
-    if state.is_failed():  # the report above names what failed and why, once
+    outcomes = state.result(raise_on_failure=False)
+    console.print(f"layerwise run took {time.perf_counter() - started:.1f} s in all "
+                  "(with Prefect's start-up)", highlight=False)
+    if isinstance(outcomes, list):  # the verdict last, where a reader looks first
+        for line in summary_lines(outcomes):
+            console.print(line, highlight=False, soft_wrap=True)
+    if state.is_failed():  # the lines above name what failed and why, once
         error_console.print(f"[bold red]error:[/] benchmark failed: {state.message}",
                             highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
-    console.print(f"layerwise run took {time.perf_counter() - started:.1f} s in all "
-                  "(with Prefect's start-up)", highlight=False)

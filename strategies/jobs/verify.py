@@ -91,7 +91,7 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
         write_run_folder(job)
     command = torchrun_command(jobs[0], steps, steps, DEFAULT_TIMEOUT_SECONDS, None, None,
                                also=[job.out for job in jobs[1:]])
-    names = iter([job.settings.strategy for job in jobs])
+    names = iter([job.strategy.name for job in jobs])
     current = [next(names)]
 
     def progress(step: StepProgress) -> None:
