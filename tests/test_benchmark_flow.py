@@ -202,3 +202,29 @@ def test_calibrating_needs_two_ranks():
     with pytest.raises(LayerwiseError, match="nproc >= 2") as error:
         load_config(None, ["cluster=calibrated", "nproc=1"])
     assert "\n" not in str(error.value)
+
+
+def test_a_failed_check_keeps_every_measured_number_and_says_what_failed(benchmarked):
+    """The report of a strategy whose fp32 accuracy check fails (here: the data run's outcome
+    one image from the reference, with no tolerance) still shows its step time, bytes and
+    accuracy; only its status column and the summary name the failure."""
+    from dataclasses import replace
+
+    from flows.benchmark import _table_rows, summary_lines
+    from strategies.accuracy import check_accuracy
+
+    _, outcomes, _ = benchmarked
+    data = next(outcome for outcome in outcomes if outcome.strategy == "data")
+    passed = _table_rows([data])[0]
+    assert data.accuracy is not None and data.divergence is not None
+    reference = data.accuracy.reference_correct
+    worse = check_accuracy(reference - 1 if reference else 1, reference, data.accuracy.images,
+                           0.0)
+    failed = replace(data, accuracy=worse, error=f"accuracy {worse.describe()}")
+    row = _table_rows([failed])[0]
+    assert row["status"] == "accuracy differs" and passed["status"] == "passed"
+    for column in ("pred. ms", "meas. ms (IQR)", "pred. bytes", "meas. bytes", "verify"):
+        assert row[column] == passed[column] != "-"
+    assert row["val acc"] == f"{worse.accuracy:.2%}"
+    lines = summary_lines([failed])
+    assert sum(line.startswith("failed:") for line in lines) == 1
