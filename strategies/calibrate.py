@@ -14,7 +14,7 @@ compute on every rank, as a message in a training step follows a layer's compute
 is the mean over its repeats, taken in rounds that visit every size in a new order (the
 machine's drift then falls on all sizes alike): a step pays the sum of its messages, slow ones
 included. With gloo on this project's 2-core machine that is what the runtime sees, and an idle
-message is not: a small exchange right after a barrier took 0.3 ms (median), after 3 ms of
+message is not: a small exchange right after a barrier takes 0.3 ms (median), after 3 ms of
 compute 3.5 ms (median; mean 2.8 ms), and a small all-reduce's mean is 2-3x its median.
 `calibrated_cluster` puts the point-to-point fit into the `local` preset as its intra-node
 link, so a search can plan for this machine.
@@ -209,8 +209,8 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
 
     Each round times one exchange and one all_reduce of every size, the sizes in a new seeded
     order per round (the same on every rank): the machine's drift over the seconds a
-    calibration takes then falls on all sizes alike instead of bending the fit, as it did when
-    each size took its repeats in one block.
+    calibration takes then falls on all sizes alike; with each size's repeats in one block, a
+    quiet or busy stretch would land on a few sizes alone and bend the fit.
     """
     buffers = {size: torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
                for size in sizes}

@@ -86,8 +86,8 @@ __all__ = [
     "total_seconds",
 ]
 
-# 2: a tile's time includes the SGD update of its weight shard (1 did not: such a profile is
-# measured again, see Profile.reusable).
+# Schema 2: a tile's time includes the SGD update of its weight shard; a schema-1 profile
+# (passes only) is measured again, see Profile.reusable.
 SCHEMA_VERSION = 2
 PROFILE_DIR = Path("data") / "profiles"
 DTYPE = "float32"  # fp32 training, as in every paper layerwise implements
@@ -758,7 +758,7 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
     """t_c on CPUs as a training run meets it: `processes` profilers at once, one per rank.
 
     Ranks of a run on one machine share its cores' caches and memory bandwidth; a layer
-    profiled alone on an idle machine ran ~1.3x faster than inside a 2-process step on a 2-core
+    profiled alone on an idle machine runs ~1.3x faster than inside a 2-process step on a 2-core
     VM (ResNet-18). Each process measures every tile in the same order and waits for the others
     before each tile, so that the same tile runs side by side on every core, as a run's ranks
     compute (waiting only per layer, they could drift apart over a layer's many tiles and time

@@ -9,7 +9,7 @@ import pytest
 # Modules whose module-scoped fixture runs a whole flow or launches processes for many tests:
 # under xdist each goes whole to one worker, so that the fixture runs once (on every worker that
 # got one of its tests, otherwise). xdist_group marks cannot say this: with pytest 9.2,
-# `--dist loadgroup` silently ignores them (the worker's nodeid suffix no longer takes effect).
+# `--dist loadgroup` silently ignores them (the worker's nodeid suffix has no effect there).
 WHOLE_MODULES = frozenset(f"tests/test_{name}.py" for name in (
     "benchmark_flow", "compare_flow", "pipeline", "local", "owt", "calibrate"))
 

@@ -7,8 +7,8 @@ goes on. Every member of a group meets the same layers in the same order with sh
 same sizes, so bucket boundaries, and the order of each group's collectives, agree on every
 rank. Bytes are counted per layer, as if each layer's gradients were reduced alone (the ring
 sends the same total either way). Each bucket's flat buffer is allocated once and reused every
-step, as DDP's are: a fresh buffer of 100+ MB page-faults on every step (AlexNet's 151 MB
-bucket took 63 ms to fill that way here, more than its share of the backward).
+step, as DDP's are: a fresh buffer of 100+ MB page-faults on every step (filling AlexNet's
+151 MB bucket that way takes 63 ms here, more than its share of the backward).
 Small tensors that a group must sum at the end of the step anyway (the step's loss) ride in that
 group's last bucket instead of taking an all-reduce of their own: with gloo on CPUs a small
 all-reduce costs 1-3 ms after compute (DESIGN 3.7), a tenth of a LeNet-5 step.
