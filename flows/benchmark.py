@@ -61,7 +61,6 @@ from tasks.verify import verify_exactness
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
 BASELINE_STRATEGY = "data"  # what the summary measures the winner against
 MEASURED_STAGES = ("train", "profile", "calibrate", "verify")  # the work; the rest is overhead
-VERIFY_STEPS = 3  # float64 steps per strategy in the verify stage
 SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
 
 
@@ -224,7 +223,8 @@ def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
             folder / "strategies")
         oracle = oracle_step_seconds.with_options(task_run_name=f"oracle[{label}]")(
             graph, context.cluster, config.nproc, profile, config.strategies)
-    divergences, verify_error = _verify(context, model, files, profile, folder / "verify")
+    divergences, verify_error = ({}, None) if config.verify_steps == 0 else _verify(
+        context, model, files, profile, folder / "verify")
     reference = _reference_accuracy(context, model, folder / "one-process")
     return [_benchmark_strategy(context, model, graph, name, files[name], profile, folder,
                                 reference, divergences.get(name), verify_error,
@@ -242,7 +242,7 @@ def _verify(context: Context, model: ModelVersion, files: dict[str, Path],
         with context.clock.stage("verify"):
             report = verify_exactness.with_options(
                 task_run_name=f"verify[{model.name} {model.version}]")(
-                model.name, list(files.values()), options, VERIFY_STEPS, out,
+                model.name, list(files.values()), options, config.verify_steps, out,
                 config.train_deadline_s)
     except Exception as error:  # each strategy's outcome reports it; training goes on
         return {}, f"the float64 verify stage failed: {error}"

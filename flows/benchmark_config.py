@@ -72,6 +72,8 @@ class BenchmarkConfig(BaseModel):
     tolerance: float | None = Field(default=None, ge=0)
     inexact_tolerance: float = Field(default=0.1, ge=0)  # for strategies that are not exact
     profile: bool = True
+    # float64 steps per strategy in the verify stage (exactness against one process); 0 skips it
+    verify_steps: int = Field(default=3, ge=0)
     train_deadline_s: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")

@@ -25,7 +25,7 @@ EXPERIMENT = "test-compare"
 VERSIONS = ("v1", "v2")
 OVERRIDES = (f"name={EXPERIMENT}", "dataset=synthetic", "image_size=8", "classes=10",
              "nproc=2", "batch_per_device=4", "steps=4", "strategies=[data]", "profile=false",
-             "cluster=local", "train_deadline_s=240",
+             "cluster=local", "train_deadline_s=240", "verify_steps=0",
              "models=[{name: tiny_cnn, version: v1}, {name: tiny_cnn, version: v2}]")
 
 
