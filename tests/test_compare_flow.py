@@ -71,8 +71,10 @@ def test_every_version_and_strategy_is_listed_with_its_metrics(compared):
     for row in rows:
         assert row["model"] == "tiny_cnn" and row["status"] == "FINISHED"
         assert set(row["metrics"]) == set(COMPARED_METRICS)
-        assert all(value is not None for value in row["metrics"].values()), row
         metrics = row["metrics"]
+        # verify_steps=0 here: the skipped float64 stage logs nothing, everything else is there
+        assert metrics.pop("verify_max_difference") is None
+        assert all(value is not None for value in metrics.values()), row
         assert metrics["transfer_bytes_per_step"] == metrics["predicted_transfer_bytes_per_step"]
         assert metrics["sync_bytes_per_step"] == metrics["predicted_sync_bytes_per_step"]
 
