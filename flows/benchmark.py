@@ -41,6 +41,7 @@ from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.job import RUNS_DIR
+from strategies.jobs.named_strategies import LAYERWISE
 from strategies.jobs.options import TrainOptions
 from strategies.profile import device_name, resolve_device
 from strategies.run import RunResult
@@ -477,11 +478,21 @@ def _winner_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
                 f"{best.result.step_seconds_median * 1e3:.1f} ms per step."]
     execution = best.result.strategy.execution
     schedule = "" if execution.kind == "layerwise" else f" ({execution.describe()})"
-    return [f"{model.name} {model.version}: '{best.strategy}' won{schedule}: "
-            f"{speedup[0]:.2f}x the throughput of {BASELINE_STRATEGY} parallelism measured "
-            f"({best.result.step_seconds_median * 1e3:.1f} against "
-            f"{best.result.step_seconds_median * speedup[0] * 1e3:.1f} ms per step), "
-            f"{speedup[1]:.2f}x predicted. It splits {_split_summary(best.result)}."]
+    lines = [f"{model.name} {model.version}: '{best.strategy}' won{schedule}: "
+             f"{speedup[0]:.2f}x the throughput of {BASELINE_STRATEGY} parallelism measured "
+             f"({best.result.step_seconds_median * 1e3:.1f} against "
+             f"{best.result.step_seconds_median * speedup[0] * 1e3:.1f} ms per step), "
+             f"{speedup[1]:.2f}x predicted. It splits {_split_summary(best.result)}."]
+    searched = next((outcome for outcome in measured if outcome.strategy == LAYERWISE
+                     and outcome is not best), None)
+    if searched is not None:
+        ratio = _speedup(searched, outcomes)
+        tied = searched.result.step_seconds_quartiles[0] <= best.result.step_seconds_quartiles[1]
+        assert ratio is not None
+        lines.append(f"The searched strategy ran {ratio[0]:.2f}x ({ratio[1]:.2f}x predicted)"
+                     + (f", inside the interquartile range of '{best.strategy}': a tie on "
+                        "this machine." if tied else "."))
+    return lines
 
 
 def _split_summary(result: RunResult) -> str:
