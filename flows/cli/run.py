@@ -112,11 +112,12 @@ def run(
 
     state = benchmark(benchmark_config, return_state=True)
     outcomes = state.result(raise_on_failure=False)
+    if isinstance(outcomes, BaseException):  # the flow broke: a user error is one line (exit
+        raise outcomes                       # 2, user_errors), anything else its traceback
     console.print(f"layerwise run took {time.perf_counter() - started:.1f} s in all "
                   "(with Prefect's start-up)", highlight=False)
-    if isinstance(outcomes, list):  # the verdict last, where a reader looks first
-        for line in summary_lines(outcomes):
-            console.print(line, highlight=False, soft_wrap=True)
+    for line in summary_lines(outcomes):  # the verdict last, where a reader looks first
+        console.print(line, highlight=False, soft_wrap=True)
     if state.is_failed():  # the lines above name what failed and why, once
         error_console.print(f"[bold red]error:[/] benchmark failed: {state.message}",
                             highlight=False, soft_wrap=True)

@@ -8,8 +8,9 @@
 Each strategy trains K steps in float64 on N torchrun processes (one launch for all of them),
 then the plain module trains the same K steps on one process; every loss and every weight is
 compared (strategies/verify.py). Exit code 0 when every strategy exact by design stays within
-1e-10, 1 when one does not, 2 for bad input. Strategies not exact by design (local updates,
-OWT's variable batch, pipelines normalising BatchNorm per micro-batch) report their divergence.
+1e-10, 1 when one does not or a run fails, 2 for bad input. Strategies not exact by design
+(local updates, OWT's variable batch, pipelines normalising BatchNorm per micro-batch) report
+their divergence.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from flows.cli.console import console, user_errors
+from flows.cli.console import console, error_console, user_errors
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ def verify(
     """Train strategies in float64 and compare every loss and weight with one device."""
     from strategies.jobs.job import fresh_folder
     from strategies.jobs.options import TrainOptions
-    from strategies.jobs.verify import requested_strategies, verify_strategies
+    from strategies.jobs.verify import VerifyFailed, requested_strategies, verify_strategies
 
     options = TrainOptions.given(nproc=nproc, cluster=cluster, dataset=dataset,
                                  batch_per_device=batch_per_device, image_size=image_size,
@@ -74,10 +76,15 @@ def verify(
     folder = fresh_folder(out, model, "verify")
     with console.status(f"verifying {len(names)} strateg{'y' if len(names) == 1 else 'ies'} "
                         f"of {model} on {nproc} processes in float64", spinner="dots") as status:
-        report = verify_strategies(
-            model, names, options, steps, folder, skip_inapplicable=every,
-            on_progress=lambda name, progress: status.update(
-                f"verifying {name}: step {progress.step}/{progress.steps}"))
+        try:
+            report = verify_strategies(
+                model, names, options, steps, folder, skip_inapplicable=every,
+                on_progress=lambda name, progress: status.update(
+                    f"verifying {name}: step {progress.step}/{progress.steps}"))
+        except VerifyFailed as failure:  # a run that failed, as `train` reports one: exit 1
+            error_console.print(f"[bold red]error:[/] {escape(str(failure))}",
+                                highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:

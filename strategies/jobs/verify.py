@@ -32,7 +32,7 @@ ALL = "all"
 DEFAULT_VERIFY_STEPS = 3  # enough for momentum and weight decay to act on every weight
 
 
-class VerifyFailed(LayerwiseError):
+class VerifyFailed(RuntimeError):
     """The float64 runs could not be trained (a worker failed): not a verdict on exactness."""
 
 
