@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install lock lint bench clean
+.PHONY: run test verify-zoo install lock lint bench clean
 
 run: $(STAMP)
 	$(BIN)/layerwise models
@@ -17,6 +17,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
+
+# Every zoo model under `layerwise verify --strategy all` at 2 and 4 processes, one at a time
+# (VGG-16's float64 runs need ~20 GB at 4 processes); the suite checks one model per structure.
+verify-zoo: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m zoo tests/test_verify.py
 
 install: $(STAMP)
 

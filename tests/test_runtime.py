@@ -6,7 +6,9 @@ with the same seed, weights, batches and SGD. Deep models compare in fp64: in fp
 difference in a reduction order can flip a max-pool tie or a ReLU at zero and send one gradient
 element elsewhere, which is rounding, not a bug; in fp64 rounding stays below 1e-5 relative
 (BatchNorm over four samples amplifies it most) while a real error is of the order of the
-values. The small models and the byte counts are checked in fp32 (rtol 1e-4).
+values. The small models and the byte counts are checked in fp32 (rtol 1e-4). Every zoo model
+under every strategy is `layerwise verify`'s test (tests/test_verify.py); here: hand-made and
+random strategies, fp32 steps and bytes.
 """
 
 from __future__ import annotations
@@ -82,33 +84,6 @@ def predicted_bytes(case: Case, world: int) -> tuple[int, int]:
 def measured_bytes(outcome: Outcome, category: str) -> int:
     return sum(count for counts in outcome.bytes_by_rank
                for (_, kind), count in counts.items() if kind == category)
-
-
-# (model, image size, steps) at a batch of 4, which splits over every device; the deep
-# and the large-classifier models take one step (their fp64 runs dominate the suite's time)
-ZOO_CASES = [
-    ("tiny_cnn", 32, 2), ("lenet5", 32, 2), ("resnet18", 32, 2), ("resnet50", 32, 1),
-    ("inception_v3", 20, 1), ("alexnet", 32, 1), ("vgg16", 32, 1),
-]
-ZOO_ON_FOUR = ("tiny_cnn", "lenet5", "resnet18", "inception_v3")
-EVERY_STRATEGY = ("data", "model", "owt", "layerwise")
-# VGG-16 moves 134M fp64 weights per case (~30 s each here): its searched strategy only;
-# AlexNet runs all four with a large classifier and an upsampling adaptive pool (2x2 -> 6x6;
-# VGG-16's is 1x1 -> 7x7). Inception-v3 on 4 processes (~15 s per case): the channel splits of
-# model parallelism through its concats, and its searched strategy
-FEWER_STRATEGIES = {("vgg16", 2): ("layerwise",), ("inception_v3", 4): ("model", "layerwise")}
-
-
-@pytest.mark.parametrize(("world", "model", "size", "steps"), [
-    (world, model, size, steps) for world in (2, 4) for model, size, steps in ZOO_CASES
-    if world == 2 or model in ZOO_ON_FOUR
-])
-def test_every_zoo_model_under_every_strategy_equals_one_device(world, model, size, steps):
-    strategies = FEWER_STRATEGIES.get((model, world), EVERY_STRATEGY)
-    cases = [named(model, strategy, world, batch=4, image_size=size, steps=steps, double=True)
-             for strategy in strategies]
-    for case, outcome in zip(cases, run_distributed(cases, world), strict=True):
-        check_equal(case, outcome, FP64)
 
 
 def _strided_net_case(world: int) -> Case:

@@ -43,12 +43,12 @@ class StepProgress(NamedTuple):
     loss: float
 
 
-def torchrun_command(job: Job, total: int, checkpoint_every: int, timeout: float,
+def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout: float,
                      node_rank: int | None, rdzv_endpoint: str | None,
                      also: Sequence[Path] = ()) -> list[str]:
-    """torchrun starting the job's workers on this node, to train until step `total`; the run
-    folders `also` (written like the job's, same processes) train after it in the same
-    workers."""
+    """torchrun starting the job's workers on this node, to train until step `total`
+    (checkpointing every `checkpoint_every` steps, None: never); the run folders `also`
+    (written like the job's, same processes) train after it in the same workers."""
     command = [sys.executable, "-m", "torch.distributed.run",
                "--nproc-per-node", str(job.settings.nproc), "--max-restarts", "0"]
     if job.settings.nnodes > 1:
@@ -60,8 +60,9 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int, timeout: float
     elif node_rank is not None or rdzv_endpoint is not None:
         raise LayerwiseError("--node-rank and --rdzv-endpoint are for --nnodes > 1")
     command += ["-m", "strategies.runtime.worker", "--out", str(job.out), *map(str, also),
-                "--steps", str(total),
-                "--checkpoint-every", str(checkpoint_every), "--timeout", str(timeout)]
+                "--steps", str(total), "--timeout", str(timeout)]
+    command += (["--no-checkpoint"] if checkpoint_every is None
+                else ["--checkpoint-every", str(checkpoint_every)])
     if job.checkpoint_step is not None:
         command.append("--resume")
     return command

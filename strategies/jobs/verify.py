@@ -4,7 +4,8 @@ Every strategy asked for becomes a training job in float64 (its own run folder u
 all of them train K steps one after another in one torchrun launch (starting processes costs
 seconds, a few small steps milliseconds), and each run's losses and final weights are compared
 with the plain module trained on the same settings and batches (strategies/verify.py). The
-settings differ only in the strategy, so one reference serves them all.
+settings differ only in the strategy, so one reference serves them all. The runs write no
+checkpoint: they are never resumed, and AlexNet's fifteen would take 14 GB of disk.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from strategies.jobs.options import TrainOptions
 from strategies.run import RunResult
 from strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, ERRORS_DIR, MODEL_FILE, RESULT_FILE
 from strategies.schedules import is_exact
-from strategies.verify import Divergence, compare, reference_run
+from strategies.verify import Divergence, ReferenceRun, compare, reference_run
 
 ALL = "all"
 DEFAULT_VERIFY_STEPS = 3  # enough for momentum and weight decay to act on every weight
@@ -89,7 +90,7 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
                              + "; ".join(f"{s.strategy}: {s.reason}" for s in skipped))
     for job in jobs:
         write_run_folder(job)
-    command = torchrun_command(jobs[0], steps, steps, DEFAULT_TIMEOUT_SECONDS, None, None,
+    command = torchrun_command(jobs[0], steps, None, DEFAULT_TIMEOUT_SECONDS, None, None,
                                also=[job.out for job in jobs[1:]])
     names = iter([job.strategy.name for job in jobs])
     current = [next(names)]
@@ -106,13 +107,19 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
         raise VerifyFailed(f"verify {failed.settings.strategy}: "
                            + failure_line(failed.out, code, range(failed.settings.nproc)))
     reference = reference_run(jobs[0].settings, steps)
-    divergences = tuple(
-        compare(RunResult.load(job.out / RESULT_FILE),
-                torch.load(job.out / MODEL_FILE, weights_only=True), reference,
-                is_exact(job.strategy, job.graph))
-        for job in jobs)
+    divergences = tuple(_divergence(job, reference) for job in jobs)
     return VerifyReport(model=model, nproc=jobs[0].settings.world, steps=steps,
                         folder=str(out), divergences=divergences, skipped=tuple(skipped))
+
+
+def _divergence(job: Job, reference: ReferenceRun) -> Divergence:
+    """How far the job's run left one device; its weights go once compared (the verdict and
+    result.json stay), so checking VGG-16 leaves megabytes on disk, not gigabytes."""
+    weights = torch.load(job.out / MODEL_FILE, weights_only=True)
+    divergence = compare(RunResult.load(job.out / RESULT_FILE), weights, reference,
+                         is_exact(job.strategy, job.graph))
+    (job.out / MODEL_FILE).unlink()
+    return divergence
 
 
 def _float64_jobs(model: str, strategies: Sequence[str], options: TrainOptions, out: Path,

@@ -50,6 +50,14 @@ def save_checkpoint(path: Path, engine: Engine, step: int,
     return state[MODEL_STATE_KEY] if state is not None else None
 
 
+def trained_weights(engine: Engine) -> dict[str, torch.Tensor] | None:
+    """The plain module's full state_dict on rank 0 (collective), for a run that writes no
+    checkpoint: gathering it is the one part of saving such a run still needs."""
+    state = engine.training_state()
+    engine.barrier()
+    return state[MODEL_STATE_KEY] if state is not None else None
+
+
 def load_checkpoint(path: Path, engine: Engine) -> tuple[int, list[StepRecord]]:
     """Restore weights, optimizer state and RNG from `path`; returns (step, records)."""
     payload = _read(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -119,6 +120,59 @@ class Communicator:
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+
+def exchange_tagged(sends: Sequence[tuple[int, torch.Tensor, int]],
+                    receives: Sequence[tuple[int, torch.Tensor, int]]) -> None:
+    """Send each (peer, tensor, tag) and fill each (peer, buffer, tag); returns when all are
+    done. Outside the step (gathering a state), so nothing is counted."""
+    operations = [dist.P2POp(dist.isend, tensor, peer, tag=tag) for peer, tensor, tag in sends]
+    operations += [dist.P2POp(dist.irecv, tensor, peer, tag=tag)
+                   for peer, tensor, tag in receives]
+    if operations:
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+
+
+TensorTree = dict[str, dict[str, torch.Tensor]]  # entry -> state-dict key -> tensor
+
+
+def gather_tensor_trees(part: TensorTree, rank: int, world: int,
+                        device: torch.device) -> list[TensorTree] | None:
+    """Every rank's `part` on rank 0, on the CPU, in rank order; None on the other ranks.
+
+    Collective. Only the names, shapes and dtypes are pickled (`gather_object`); the tensors
+    travel as tensors, point to point. Pickling them instead cost AlexNet's local engine 14 s
+    per float64 checkpoint on two gloo processes, most of it serialising.
+    """
+    own = {entry: {key: tensor.detach().cpu() for key, tensor in tensors.items()}
+           for entry, tensors in part.items()}
+    if world == 1:
+        return [own]
+    layout = [(entry, key, tuple(tensor.shape), tensor.dtype)
+              for entry, tensors in part.items() for key, tensor in tensors.items()]
+    layouts: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(layout, layouts, dst=0)
+    if rank != 0:
+        exchange_tagged([(0, part[entry][key].detach().to(device).contiguous(), tag)
+                         for tag, (entry, key, _, _) in enumerate(layout)
+                         if part[entry][key].numel()], [])
+        return None
+    assert layouts is not None
+    trees = [own]
+    receives, arrivals = [], []
+    for source, source_layout in enumerate(layouts[1:], start=1):
+        tree: TensorTree = {}
+        for tag, (entry, key, shape, dtype) in enumerate(source_layout):
+            buffer = torch.empty(shape, dtype=dtype, device=device)
+            tree.setdefault(entry, {})[key] = buffer
+            if buffer.numel():
+                receives.append((source, buffer, tag))
+        arrivals.append(tree)
+    exchange_tagged([], receives)
+    trees += [{entry: {key: tensor.cpu() for key, tensor in tensors.items()}
+               for entry, tensors in tree.items()} for tree in arrivals]
+    return trees
 
 
 def init_distributed(backend: str, timeout_seconds: float) -> tuple[int, int]:

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import fx, nn
 
 from strategies.errors import ConfigError
 from strategies.graph import Layer
+from strategies.runtime.comm import exchange_tagged
 from strategies.runtime.plan import StrategyPlan
 
 # module target -> parameter or buffer name -> this rank's shard of it
@@ -163,7 +163,7 @@ class ShardedModel:
                 arrivals.append((key, start, stop, buffer))
             elif owner == self.rank:
                 sends.append((0, shards[key].contiguous(), tag))
-        _exchange_tagged(sends, receives)
+        exchange_tagged(sends, receives)
         if self.rank != 0:
             return None
         for key, start, stop, buffer in arrivals:
@@ -205,13 +205,3 @@ def _place(full: torch.Tensor, start: int, stop: int, part: torch.Tensor) -> Non
         full.copy_(part.reshape(()))
     else:
         full[start:stop] = part
-
-
-def _exchange_tagged(sends: list[tuple[int, torch.Tensor, int]],
-                     receives: list[tuple[int, torch.Tensor, int]]) -> None:
-    operations = [dist.P2POp(dist.isend, tensor, peer, tag=tag) for peer, tensor, tag in sends]
-    operations += [dist.P2POp(dist.irecv, tensor, peer, tag=tag)
-                   for peer, tensor, tag in receives]
-    if operations:
-        for work in dist.batch_isend_irecv(operations):
-            work.wait()

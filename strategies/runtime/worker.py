@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc-per-node 2 --max-restarts 0 \\
         -m strategies.runtime.worker --out runs/RUN [runs/RUN2 ...] --steps 100 \\
-        [--checkpoint-every 50] [--timeout 120] [--resume]
+        [--checkpoint-every 50 | --no-checkpoint] [--timeout 120] [--resume]
 
 `layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
 model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer
@@ -12,8 +12,9 @@ for several machines, which then share runs/RUN).
 Each rank builds the same module from the same seed, keeps its shards (`LayerwiseModel`) and
 trains on the same global batches with SGD. Rank 0 prints one line per step,
 `LAYERWISE_PROGRESS {"step": .., "steps": .., "loss": .., "seconds": ..}`, for the launcher;
-writes checkpoint.pt every `--checkpoint-every` steps and at the end; and finally writes
-model.pt (the plain module's state_dict) and result.json (`RunResult`).
+writes checkpoint.pt every `--checkpoint-every` steps and at the end (`--no-checkpoint`: never, for
+runs that are not resumed, such as `layerwise verify`'s); and finally writes model.pt (the plain
+module's state_dict) and result.json (`RunResult`).
 
 CPU processes use gloo; with a GPU per local process, rank r uses cuda:LOCAL_RANK and NCCL.
 Every collective times out after `--timeout` seconds, so a dead peer ends the run instead of
@@ -48,7 +49,12 @@ from strategies.files import atomic_path, write_atomic
 from strategies.graph import LayerGraph
 from strategies.models import build_model
 from strategies.run import ByteCounts, RunResult, StepRecord, TrainSettings
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from strategies.runtime.checkpoint import (
+    CHECKPOINT_NAME,
+    load_checkpoint,
+    save_checkpoint,
+    trained_weights,
+)
 from strategies.runtime.comm import Category, init_distributed
 from strategies.runtime.datasets import GlobalBatches, load_dataset
 from strategies.runtime.engine import build_engine
@@ -132,8 +138,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "checks many strategies for the price of one start)")
     parser.add_argument("--steps", type=_positive, required=True,
                         help="train until this step (the launcher turns --epochs into steps)")
-    parser.add_argument("--checkpoint-every", type=_positive, default=DEFAULT_CHECKPOINT_EVERY,
+    saving = parser.add_mutually_exclusive_group()
+    saving.add_argument("--checkpoint-every", type=_positive, default=DEFAULT_CHECKPOINT_EVERY,
                         help="steps between checkpoints (one is written at the end too)")
+    saving.add_argument("--no-checkpoint", action="store_true",
+                        help="write no checkpoint (the run is not resumed; model.pt is "
+                             "still written)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
                         help="seconds a collective may wait for its peers")
     parser.add_argument("--resume", action="store_true",
@@ -141,6 +151,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resume and len(args.out) > 1:
         parser.error("--resume continues one run folder")
+    if args.resume and args.no_checkpoint:
+        parser.error("--resume needs the checkpoints --no-checkpoint leaves out")
     return args
 
 
@@ -208,7 +220,9 @@ def train(out: Path, args: argparse.Namespace, process: Process) -> None:
         records.append(record)
         if run.rank == 0:
             report_progress(record, args.steps)
-        if step % args.checkpoint_every == 0 or step == args.steps:
+        if args.no_checkpoint:
+            state = trained_weights(run.engine) if step == args.steps else None
+        elif step % args.checkpoint_every == 0 or step == args.steps:
             state = save_checkpoint(checkpoint, run.engine, step, records)
         if fault is not None:
             fault.fire(run.rank, step)

@@ -61,7 +61,7 @@ from strategies.errors import ConfigError
 from strategies.fx_nodes import active_dropout
 from strategies.graph import Layer, LayerGraph
 from strategies.ops import dropout_mask
-from strategies.runtime.comm import ByteCounter
+from strategies.runtime.comm import ByteCounter, gather_tensor_trees
 from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
 from strategies.runtime.momentum import momentum_buffers
 from strategies.schedules.local.execution import LocalExecution
@@ -343,21 +343,15 @@ class LocalEngine:
             self._receive_delayed()
         self._finish_sends(keep_last=False)
         part = {
-            MODEL_STATE_KEY: {key: value.detach().cpu()
-                              for key, value in self.block.state_dict().items()},
-            "aux": {key.removeprefix(AUX_KEY): value.detach().cpu()
+            MODEL_STATE_KEY: dict(self.block.state_dict()),
+            "aux": {key.removeprefix(AUX_KEY): value
                     for key, value in self.head_weights.items()},
-            "momentum": {key: buffer.cpu() for key, buffer in momentum_buffers(
-                self.optimizer, {**self.weights, **self.head_weights}.items()).items()},
+            "momentum": momentum_buffers(self.optimizer,
+                                         {**self.weights, **self.head_weights}.items()),
             "pending": ({} if self._pending is None else
-                        dict(zip(self.weights, (g.cpu() for g in self._pending), strict=True))),
+                        dict(zip(self.weights, self._pending, strict=True))),
         }
-        parts: list[dict[str, Any]] | None = [{} for _ in range(self.world)] if self.rank == 0 \
-            else None
-        if self.world > 1:
-            dist.gather_object(part, parts, dst=0)
-        else:
-            parts = [part]
+        parts = gather_tensor_trees(part, self.rank, self.world, self.device)
         if parts is None:
             return None
         state = {key: value.detach().cpu().clone()
