@@ -228,3 +228,24 @@ def test_a_failed_check_keeps_every_measured_number_and_says_what_failed(benchma
     assert row["val acc"] == f"{worse.accuracy:.2%}"
     lines = summary_lines([failed])
     assert sum(line.startswith("failed:") for line in lines) == 1
+
+
+def test_a_failed_accuracy_check_is_a_failed_task_logged_without_a_traceback(prefect_server,
+                                                                              capfd):
+    """The check returns a Failed state (an expected outcome, not an exception): Prefect logs it
+    once as an error, and no empty traceback ("NoneType: None") follows the message."""
+    from prefect import flow
+
+    from tasks.validate import judge_accuracy
+
+    @flow
+    def check() -> object:
+        return judge_accuracy(50, 116, 1024, 0.0, return_state=True)
+
+    state = check(return_state=True)
+    assert state.is_failed()
+    assert state.result(raise_on_failure=False).result(raise_on_failure=False).passed is False
+    logged = capfd.readouterr()
+    text = logged.out + logged.err
+    assert "check accuracy" in text and "66 image(s) apart" in text
+    assert "NoneType: None" not in text
