@@ -185,23 +185,22 @@ def close_orphaned_runs(client: MlflowClient, experiment_id: str) -> list[str]:
     whether its writer lives cannot be told from here.
     """
     host = socket.gethostname()
-    closed = []
-    token = None
-    while True:
+    running, token = [], None
+    while True:  # every page first: closing runs while paging would shift the later pages
         page = client.search_runs([experiment_id], "attributes.status = 'RUNNING'",
                                   page_token=token)
-        for run in page:
-            tags = run.data.tags
-            if tags.get(OWNER_HOST) != host or not _owner_gone(tags):
-                continue
-            client.set_tag(run.info.run_id, ORPHAN_TAG,
-                           f"its process (pid {tags[OWNER_PID]} on {host}) ended without "
-                           "closing it: killed (SIGKILL) or the machine went down")
-            kill_run(client, run.info.run_id)
-            closed.append(run.info.run_id)
+        running += page
         token = page.token
         if not token:
-            return closed
+            break
+    orphans = [run for run in running
+               if run.data.tags.get(OWNER_HOST) == host and _owner_gone(run.data.tags)]
+    for run in orphans:
+        client.set_tag(run.info.run_id, ORPHAN_TAG,
+                       f"its process (pid {run.data.tags[OWNER_PID]} on {host}) ended without "
+                       "closing it: killed (SIGKILL) or the machine went down")
+        kill_run(client, run.info.run_id)
+    return [run.info.run_id for run in orphans]
 
 
 @contextlib.contextmanager
