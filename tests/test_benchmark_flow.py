@@ -113,11 +113,18 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
     assert "conv1" in table.read_text(encoding="utf-8")
 
 
+@pytest.fixture(scope="module")
+def failing_project(tmp_path_factory) -> Path:
+    """The project of the failing flows: one store for them all (creating one takes seconds),
+    an experiment each."""
+    return tmp_path_factory.mktemp("failing")
+
+
 @pytest.fixture
-def project(monkeypatch, tmp_path) -> MlflowClient:
-    """A fresh project as the working directory, tracking into its own store."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.chdir(tmp_path)
+def project(failing_project, monkeypatch) -> MlflowClient:
+    """The failing flows' project as the working directory, tracking into its store."""
+    uri = f"sqlite:///{failing_project / 'mlflow.db'}"
+    monkeypatch.chdir(failing_project)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return MlflowClient(tracking_uri=uri)
 
