@@ -13,9 +13,13 @@ the same global batch and seed), then train each strategy on `nproc` torchrun pr
 its validation accuracy against the reference (a binomial bound in images, strategies/
 accuracy.py), and record it in a nested MLflow run. A failed check fails its own task and
 MLflow run, keeps every measured number, and the other strategies still run; the flow then
-ends Failed, naming it once. The flow prints how long each stage took, its own overhead
-(everything but torchrun, profiling and calibration), a comparison table and, in words, which
-strategy won by how much; the table is also the flow run's Prefect artifact.
+ends Failed, naming it once. Whatever ends the flow, its MLflow runs do not stay RUNNING: an
+error closes them FAILED, Ctrl-C or SIGTERM KILLED, and the runs of a flow killed outright
+(SIGKILL) are marked KILLED when the next flow starts (tasks/track.py). Each benchmark's
+folder runs/benchmark-STAMP is created by it alone (claim_run_folder). The flow prints how
+long each stage took, its own overhead (everything but torchrun, profiling and calibration), a
+comparison table and, in words, which strategy won by how much; the table is also the flow
+run's Prefect artifact.
 """
 
 import contextlib
@@ -150,6 +154,7 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
     clock = StageClock()
     with clock.stage("track"):
         client, experiment_id = track.open_experiment(config.name)
+        track.close_orphaned_runs(client, experiment_id)
     with clock.stage("data"):
         image = prepare_data.with_options(task_run_name=f"prepare data[{config.dataset}]")(
             config.dataset)
@@ -159,32 +164,40 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
         with clock.stage("calibrate"):
             cluster = str(calibrate_links.with_options(
                 task_run_name=f"calibrate[{config.nproc} processes]")(config.nproc))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = claim_run_folder(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
-                                      torch.__version__, _prefect_ui_url())
-        parent_id = track.start_parent_run(client, experiment_id, f"benchmark-{stamp}",
+                                      torch.__version__, _prefect_ui_url()) | track.owner_tags()
+        parent_id = track.start_parent_run(client, experiment_id, folder.name,
                                            config.model_dump(mode="json"), tags)
     context = Context(config=config, client=client, experiment_id=experiment_id,
-                      parent_id=parent_id, tags=tags, folder=RUNS_DIR / f"benchmark-{stamp}",
-                      image=image, clock=clock, cluster=cluster)
-    try:
+                      parent_id=parent_id, tags=tags, folder=folder, image=image, clock=clock,
+                      cluster=cluster)
+    with track.closed_on_exit(client, parent_id):  # an error: FAILED; Ctrl-C, SIGTERM: KILLED
         outcomes = [outcome for model in config.models
                     for outcome in _benchmark_model(context, model)]
-    except Exception as error:  # broken: say so in MLflow, then go on failing
-        track.fail_run(client, parent_id, error)
-        raise
-    except BaseException:  # stopped (Ctrl-C, SIGTERM): say so in MLflow, then stop
-        track.kill_run(client, parent_id)
-        raise
-    failed = [outcome for outcome in outcomes if outcome.error is not None]
-    with clock.stage("track"):
-        _finish_parent(context, outcomes, failed, time.perf_counter() - started)
+        failed = [outcome for outcome in outcomes if outcome.error is not None]
+        with clock.stage("track"):
+            _finish_parent(context, outcomes, failed, time.perf_counter() - started)
     _print_report(context, outcomes, time.perf_counter() - started)
     if failed:
         return Failed(message=f"{len(failed)} of {len(outcomes)} strategy runs failed: "
                               + ", ".join(outcome.label for outcome in failed), data=outcomes)
     return Completed(data=outcomes)
+
+
+def claim_run_folder(stamp: str) -> Path:
+    """A new folder runs/benchmark-STAMP (-2, -3, ... when taken), created here and so this
+    flow's alone: two benchmarks started in the same second never share one."""
+    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    folder, suffix = RUNS_DIR / f"benchmark-{stamp}", 1
+    while True:
+        try:
+            folder.mkdir()  # exclusive: of two flows creating it, exactly one succeeds
+            return folder
+        except FileExistsError:
+            suffix += 1
+            folder = RUNS_DIR / f"benchmark-{stamp}-{suffix}"
 
 
 def _prefect_ui_url() -> str | None:
@@ -284,36 +297,37 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
             _run_params(context, model, graph, strategy), context.tags)
     out = folder / strategy
     result = check = None
-    try:
-        options = _train_options(context, nproc=config.nproc,
-                                 batch_per_device=config.batch_per_device, profile=profile)
-        with clock.stage("train"):
-            result = train_strategy.with_options(task_run_name=f"train[{label}]")(
-                model.name, str(strategy_file), options, config.steps, out,
-                config.train_deadline_s)
-        if reference.correct is not None and reference.images is not None:
-            with clock.stage("validate"):
-                correct, images = measure_accuracy.with_options(
-                    task_run_name=f"validate[{label}]")(out)
-                exact = is_exact(result.strategy, graph)
-                verdict = judge_accuracy.with_options(task_run_name=f"check accuracy[{label}]")(
-                    correct, reference.correct, images,
-                    config.tolerance if exact else config.inexact_tolerance, return_state=True)
-                check = accuracy_of(verdict)
+    with track.closed_on_exit(context.client, run_id):  # what escapes: FAILED or KILLED
+        try:
+            options = _train_options(context, nproc=config.nproc,
+                                     batch_per_device=config.batch_per_device, profile=profile)
+            with clock.stage("train"):
+                result = train_strategy.with_options(task_run_name=f"train[{label}]")(
+                    model.name, str(strategy_file), options, config.steps, out,
+                    config.train_deadline_s)
+            if reference.correct is not None and reference.images is not None:
+                with clock.stage("validate"):
+                    correct, images = measure_accuracy.with_options(
+                        task_run_name=f"validate[{label}]")(out)
+                    exact = is_exact(result.strategy, graph)
+                    verdict = judge_accuracy.with_options(
+                        task_run_name=f"check accuracy[{label}]")(
+                        correct, reference.correct, images,
+                        config.tolerance if exact else config.inexact_tolerance,
+                        return_state=True)
+                    check = accuracy_of(verdict)
+            with clock.stage("track"):
+                record_strategy_run.with_options(task_run_name=f"track[{label}]")(
+                    context.client, run_id, result, graph, out, check, divergence,
+                    oracle_seconds)
+            error = _first_failure(reference, divergence, verify_error, check)
+        except Exception as failure:  # recorded in its MLflow run; the other strategies go on
+            error = str(failure)
         with clock.stage("track"):
-            record_strategy_run.with_options(task_run_name=f"track[{label}]")(
-                context.client, run_id, result, graph, out, check, divergence, oracle_seconds)
-        error = _first_failure(reference, divergence, verify_error, check)
-    except Exception as failure:  # recorded in its MLflow run; the other strategies go on
-        error = str(failure)
-    except BaseException:
-        track.kill_run(context.client, run_id)
-        raise
-    with clock.stage("track"):
-        if error is None:
-            track.finish_run(context.client, run_id)
-        else:
-            track.fail_run(context.client, run_id, BenchmarkFailed(error))
+            if error is None:
+                track.finish_run(context.client, run_id)
+            else:
+                track.fail_run(context.client, run_id, BenchmarkFailed(error))
     return Outcome(model=model, strategy=strategy, result=result, accuracy=check,
                    divergence=divergence, error=error)
 

@@ -11,7 +11,8 @@ the layers added or removed (by name, from each version's logged per-layer table
 metric deltas per strategy. The comparison is logged on the newest parent run (a table, a
 figure and the whole report as JSON, under `compare-TIMESTAMP/` so repeated comparisons never
 mix) and as Prefect artifacts. Reading goes through MlflowClient only, so a tracking server
-(MLFLOW_TRACKING_URI) works as the embedded SQLite store does.
+(MLFLOW_TRACKING_URI) works as the embedded SQLite store does. Runs left RUNNING by a flow that
+was killed are marked KILLED first (tasks/track.py), so no status shown is a dead flow's.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def compare(experiment: str, all_runs: bool = False) -> Comparison:
     uri = os.environ[track.TRACKING_VARIABLE]
     client = MlflowClient(tracking_uri=uri)
     found = track.find_experiment(client, experiment)
+    track.close_orphaned_runs(client, found.experiment_id)  # a killed flow's runs: KILLED
     parents = _parent_runs(client, found.experiment_id, all_runs)
     if not parents:
         raise LayerwiseError(f"experiment '{experiment}' has no benchmark runs yet: "

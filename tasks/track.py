@@ -6,6 +6,12 @@ read them), the strategy JSON, the RunResult, the per-layer table and a figure o
 degrees. The store is created and the runs are opened here, before any worker starts: two
 processes creating one SQLite store at once corrupt it.
 
+No run stays RUNNING once its flow is gone: an error or an interruption closes it as FAILED or
+KILLED (`closed_on_exit`), and since a SIGKILL leaves nothing to do that, every run names the
+process that writes it (host, pid and when that process started: a pid alone may have been
+reused) and the next flow on that host marks the runs of a dead writer KILLED
+(`close_orphaned_runs`).
+
 Default store: `sqlite:////<project>/mlflow.db` with artifacts in `<project>/mlartifacts`;
 MLFLOW_TRACKING_URI switches to any other store or a tracking server with no code change.
 """
@@ -16,12 +22,14 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
@@ -45,6 +53,9 @@ METRIC_NAMES = (
     "baseline_val_accuracy", "accuracy_gap",
 )
 _MAX_PARAM_LENGTH = 500
+OWNER_HOST, OWNER_PID, OWNER_STARTED = "owner_host", "owner_pid", "owner_started_s"
+ORPHAN_TAG = "killed_because"
+_SAME_START_S = 0.05  # two reads of one process's start differ by float rounding only
 
 
 def default_tracking_uri(project: Path) -> str:
@@ -139,13 +150,82 @@ def dvc_data_hash() -> str | None:
     return next((str(out["md5"]) for out in outs if "md5" in out), None)
 
 
+def owner_tags() -> dict[str, str]:
+    """Which process writes a run: this host, this pid, and this process's start in seconds
+    after boot (unlike a wall-clock time, unchanged when the clock is set)."""
+    return {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid()),
+            OWNER_STARTED: f"{_seconds_after_boot(psutil.Process()):.2f}"}
+
+
+def _seconds_after_boot(process: psutil.Process) -> float:
+    return process.create_time() - psutil.boot_time()
+
+
+def _owner_gone(tags: dict[str, str]) -> bool:
+    """Whether the process a run's owner tags name (on this host) no longer runs: no process
+    has its pid, or the one that has it started at another moment, or it has exited. False
+    when the tags do not say (none, or not written by owner_tags)."""
+    try:
+        pid, started = int(tags[OWNER_PID]), float(tags[OWNER_STARTED])
+    except (KeyError, ValueError):
+        return False
+    try:
+        process = psutil.Process(pid)
+        return (abs(_seconds_after_boot(process) - started) >= _SAME_START_S
+                or process.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def close_orphaned_runs(client: MlflowClient, experiment_id: str) -> list[str]:
+    """Mark KILLED the experiment's runs still RUNNING whose writing process on this host is
+    gone (killed with SIGKILL, or the machine went down), with a tag saying so; their ids.
+
+    A run of another host, or one without owner tags (an older layerwise), is left alone:
+    whether its writer lives cannot be told from here.
+    """
+    host = socket.gethostname()
+    running, token = [], None
+    while True:  # every page first: closing runs while paging would shift the later pages
+        page = client.search_runs([experiment_id], "attributes.status = 'RUNNING'",
+                                  page_token=token)
+        running += page
+        token = page.token
+        if not token:
+            break
+    orphans = [run for run in running
+               if run.data.tags.get(OWNER_HOST) == host and _owner_gone(run.data.tags)]
+    for run in orphans:
+        client.set_tag(run.info.run_id, ORPHAN_TAG,
+                       f"its process (pid {run.data.tags[OWNER_PID]} on {host}) ended without "
+                       "closing it: killed (SIGKILL) or the machine went down")
+        kill_run(client, run.info.run_id)
+    return [run.info.run_id for run in orphans]
+
+
+@contextlib.contextmanager
+def closed_on_exit(client: MlflowClient, run_id: str) -> Iterator[None]:
+    """Whatever leaves the block, the run does not stay RUNNING: an error fails it (FAILED,
+    its line and traceback logged), an interruption (Ctrl-C, SIGTERM) kills it (KILLED).
+    A block that ends normally sets the run's status itself."""
+    try:
+        yield
+    except Exception as error:
+        fail_run(client, run_id, error)
+        raise
+    except BaseException:
+        kill_run(client, run_id)
+        raise
+
+
 def start_parent_run(client: MlflowClient, experiment_id: str, run_name: str,
                      config: dict[str, Any], tags: dict[str, str]) -> str:
     """The flow run's MLflow run, holding the whole config as params and dvc.lock."""
     run = client.create_run(experiment_id, run_name=run_name, tags=tags)
-    _log_params(client, run.info.run_id, config)
-    if DVC_LOCK.is_file():
-        client.log_artifact(run.info.run_id, str(DVC_LOCK))
+    with closed_on_exit(client, run.info.run_id):
+        _log_params(client, run.info.run_id, config)
+        if DVC_LOCK.is_file():
+            client.log_artifact(run.info.run_id, str(DVC_LOCK))
     return run.info.run_id
 
 
@@ -154,7 +234,8 @@ def start_child_run(client: MlflowClient, experiment_id: str, parent_id: str, ru
     """A nested run for one (model version, strategy), opened before its training starts."""
     run = client.create_run(experiment_id, run_name=run_name,
                             tags={**tags, "mlflow.parentRunId": parent_id})
-    _log_params(client, run.info.run_id, params)
+    with closed_on_exit(client, run.info.run_id):
+        _log_params(client, run.info.run_id, params)
     return run.info.run_id
 
 
@@ -270,7 +351,8 @@ def finish_run(client: MlflowClient, run_id: str) -> None:
 
 
 def kill_run(client: MlflowClient, run_id: str) -> None:
-    """Mark a run KILLED: the flow was interrupted (Ctrl-C, SIGTERM) while it was open."""
+    """Mark a run KILLED: the flow was interrupted (Ctrl-C, SIGTERM) while it was open, or
+    its process was killed outright."""
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
 
 

@@ -3,7 +3,7 @@ temporary SQLite file, torchrun with 2 gloo processes, nothing mocked.
 
 One flow run (tiny_cnn at 8x8 on synthetic data, profiled and its links calibrated on this CPU,
 data and OWT scheme b, 6 steps) is shared by the checks: starting torchrun costs seconds per
-run, the steps milliseconds.
+run, the steps milliseconds. The flows that fail are cut short before or at their training.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ from flows.benchmark_config import load_config
 from flows.cli import app
 from flows.cli.run import embedded_environment
 from strategies.calibrate import calibration_path
+from strategies.errors import LayerwiseError
 from strategies.verify import EXACT_TOLERANCE
+from tasks import track
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +34,10 @@ OVERRIDES = ("name=test-benchmark", "models.0.name=tiny_cnn", "dataset=synthetic
              "image_size=8", "classes=10", "nproc=2", "batch_per_device=4", "steps=6",
              "strategies=[data,owt_b]",
              "profile=true", "cluster=calibrated", "train_deadline_s=240")
+# the shortest flow: one strategy, analytic costs, no verify stage, 2 steps
+SHORT = ("models.0.name=tiny_cnn", "dataset=synthetic", "image_size=8", "classes=10",
+         "nproc=2", "batch_per_device=4", "steps=2", "strategies=[data]", "profile=false",
+         "cluster=local", "verify_steps=0")
 ARTIFACTS = {"strategy.json", "result.json", "train.json", "per_layer.json",
              "per_layer_degrees.png"}
 METRICS = {"predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
@@ -69,6 +76,8 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
     assert sorted(run.data.params["strategy"] for run in children) == list(STRATEGIES)
     for tag in ("git_commit", "torch_version", "device_name", "prefect_flow_run_id"):
         assert parents[0].data.tags[tag]
+    for run in runs:  # what a later flow reads to tell a killed writer's runs (test_faults.py)
+        assert run.data.tags[track.OWNER_PID] == str(os.getpid())
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -102,6 +111,72 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
     assert artifacts >= ARTIFACTS
     table = Path(client.download_artifacts(run.info.run_id, "per_layer.json"))
     assert "conv1" in table.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def failing_project(tmp_path_factory) -> Path:
+    """The project of the failing flows: one store for them all (creating one takes seconds),
+    an experiment each."""
+    return tmp_path_factory.mktemp("failing")
+
+
+@pytest.fixture
+def project(failing_project, monkeypatch) -> MlflowClient:
+    """The failing flows' project as the working directory, tracking into its store."""
+    uri = f"sqlite:///{failing_project / 'mlflow.db'}"
+    monkeypatch.chdir(failing_project)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+def test_an_error_inside_the_flow_fails_its_run_and_its_start_closes_orphans(prefect_server,
+                                                                            project):
+    """A corrupt cached profile breaks the flow at its profile stage: its MLflow run ends
+    FAILED with the error, not RUNNING. Before that, the flow's start marked KILLED the run a
+    killed flow had left RUNNING (its writer's pid does not exist)."""
+    from flows.benchmark import benchmark
+    from strategies.graph import build_graph
+    from strategies.profile import default_profile_path, device_name
+
+    client, experiment_id = track.open_experiment("failing")
+    gone = {**track.owner_tags(), track.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
+    orphan = client.create_run(experiment_id, run_name="orphan", tags=gone).info.run_id
+    graph = build_graph("tiny_cnn", batch=8, image_size=8, num_classes=10)
+    profile = default_profile_path(graph, device_name("cpu"), processes=2)
+    profile.parent.mkdir(parents=True)
+    profile.write_text("{not json", encoding="utf-8")
+    with pytest.raises(LayerwiseError, match="profile"):
+        benchmark(load_config(None, [*SHORT, "name=failing", "profile=true"]))
+    assert client.get_run(orphan).info.status == "KILLED"
+    [run] = client.search_runs([experiment_id], "attributes.run_name != 'orphan'")
+    assert run.info.status == "FAILED" and "LayerwiseError" in run.data.tags["error"]
+
+
+def test_a_failed_training_fails_its_run_and_the_flows(prefect_server, project):
+    """Training that fails (here: past a deadline torchrun cannot meet) inside a strategy's
+    run ends that run and the flow's FAILED, each saying why."""
+    from flows.benchmark import benchmark
+
+    state = benchmark(load_config(None, [*SHORT, "name=deadline", "train_deadline_s=0.01"]),
+                      return_state=True)
+    assert state.is_failed()
+    experiment = project.get_experiment_by_name("deadline")
+    assert experiment is not None
+    runs = project.search_runs([experiment.experiment_id])
+    assert sorted(run.info.status for run in runs) == ["FAILED", "FAILED"]
+    [child] = [run for run in runs if "mlflow.parentRunId" in run.data.tags]
+    assert "deadline" in child.data.tags["error"]
+
+
+def test_benchmarks_started_in_one_second_get_folders_of_their_own(monkeypatch, tmp_path):
+    from flows.benchmark import claim_run_folder
+
+    monkeypatch.chdir(tmp_path)
+    stamp = "20260101-000000"
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        folders = list(pool.map(claim_run_folder, [stamp] * 8))
+    assert sorted(folder.name for folder in folders) == sorted(
+        [f"benchmark-{stamp}"] + [f"benchmark-{stamp}-{suffix}" for suffix in range(2, 9)])
 
 
 def test_a_bad_config_field_is_one_line_naming_it(tmp_path):

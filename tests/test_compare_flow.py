@@ -1,8 +1,8 @@
 """The compare flow on a real MLflow store: the benchmark flow writes it, compare reads it back.
 
 One benchmark run (tiny_cnn labelled v1 and v2 at 8x8 on synthetic data, strategy data, 2
-processes, 4 steps) in Prefect's test harness with MLflow on a temporary SQLite file; then
-`layerwise compare --json` as a user runs it.
+processes, 4 steps) in Prefect's test harness with MLflow on a temporary SQLite file, and an
+older run that a killed flow left RUNNING; then `layerwise compare --json` as a user runs it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from flows.benchmark_config import load_config
 from flows.cli import app
 from flows.compare import COMPARED_METRICS, DELTA_METRICS, layer_changes
+from tasks import track
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +46,21 @@ def compared(prefect_server, tmp_path_factory):
                             ("PREFECT_SERVER_ANALYTICS_ENABLED", "false")):
             patch.setenv(name, value)
         benchmark(load_config(None, OVERRIDES))
+        _leave_an_orphan(MlflowClient(tracking_uri=uri))
         result = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--json"])
         assert result.exit_code == 0, result.output
         printed = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--all"])
         assert printed.exit_code == 0, printed.output
         artifacts = _prefect_artifacts(since=started)
     return MlflowClient(tracking_uri=uri), json.loads(result.stdout), artifacts, printed.stdout
+
+
+def _leave_an_orphan(client: MlflowClient) -> None:
+    """A run started before the benchmark by a process that is gone, still RUNNING."""
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None
+    gone = {**track.owner_tags(), track.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
+    client.create_run(experiment.experiment_id, run_name="orphan", start_time=1, tags=gone)
 
 
 def _prefect_artifacts(since: datetime) -> dict[str, str]:
@@ -110,6 +120,13 @@ def test_the_table_and_what_changed_are_printed(compared):
     assert "predicted vs measured" in printed
     assert "what changed: tiny_cnn v1 -> v2: same structure" in printed
     assert "logged on MLflow run" in printed
+
+
+def test_a_run_a_killed_flow_left_running_is_marked_killed(compared):
+    client, *_ = compared
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    [orphan] = client.search_runs([experiment.experiment_id], "attributes.run_name = 'orphan'")
+    assert orphan.info.status == "KILLED" and track.ORPHAN_TAG in orphan.data.tags
 
 
 def test_layer_changes_keep_layer_order():

@@ -1,7 +1,9 @@
-"""Faults a user meets around a run: two runs tracking at once, Ctrl-C, SIGTERM, a deadline.
+"""Faults a user meets around a run: two runs tracking at once, Ctrl-C, SIGTERM, SIGKILL, a
+deadline, runs left open by a killed flow.
 
 Real components only: two spawned processes on one fresh MLflow SQLite store; `layerwise train`
-as a subprocess whose torchrun workers are found in /proc by their run folder.
+and `layerwise run` as subprocesses whose torchrun workers and Prefect server are found in /proc
+by their run folder or working directory.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ LAYERWISE = Path(sys.executable).parent / "layerwise"
 LONG_RUN = ("tiny_cnn", "--strategy", "data", "--nproc", "2", "--image-size", "8",
             "--batch-per-device", "4", "--steps", "100000")
 WAIT_SECONDS = 120  # far above what starting or stopping takes; reached only on a hang
+# what stopping after a SIGKILL may take: the guard's grace for Prefect's server is 5 s; an
+# orphaned server used to listen for minutes
+STOP_SECONDS = 30
+# the benchmark flow, short but for its training (until stopped), in a project of its own
+FLOW_RUN = ("run", "--set", "dataset=synthetic", "--set", "image_size=8", "--set",
+            "batch_per_device=4", "--set", "steps=100000", "--set", "strategies=[data]",
+            "--set", "profile=false", "--set", "cluster=local", "--set", "verify_steps=0")
 METRIC_STEPS = 20
 
 
@@ -87,8 +96,8 @@ def _processes_mentioning(text: str, working_in: Path | None = None) -> list[int
     return found
 
 
-def _wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
+def _wait_for(condition, what: str, seconds: float = WAIT_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"gave up waiting for {what}")
@@ -130,32 +139,102 @@ def test_a_run_past_its_deadline_is_stopped_with_its_workers(tmp_path):
     _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
 
 
+@pytest.fixture(scope="module")
+def flow_project(tmp_path_factory) -> Path:
+    """One project folder for the tests that start `layerwise run`: the first migrates its
+    Prefect database (~20 s on 2 cores), the next reuses it."""
+    return tmp_path_factory.mktemp("project").resolve()
+
+
+def _start_flow(project: Path, experiment: str) -> subprocess.Popen[bytes]:
+    """`layerwise run` (FLOW_RUN) tracking into `experiment`, started training in `project`."""
+    launcher = subprocess.Popen(
+        [str(LAYERWISE), *FLOW_RUN, "--set", f"name={experiment}"], cwd=project,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, track.TRACKING_VARIABLE: f"sqlite:///{project / 'mlflow.db'}"})
+    _wait_for(lambda: _processes_mentioning("strategies.runtime.worker", project)
+              or launcher.poll() is not None, "the one-process reference to start training")
+    assert launcher.poll() is None
+    return launcher
+
+
+def _stop_leftovers(launcher: subprocess.Popen[bytes], project: Path) -> None:
+    if launcher.poll() is None:
+        launcher.kill()
+    for pid in _processes_mentioning("", project):
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
-def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed(tmp_path):
-    project = tmp_path.resolve()
-    uri = f"sqlite:///{project / 'mlflow.db'}"
-    command = [str(LAYERWISE), "run", "--set", "dataset=synthetic", "--set", "image_size=8",
-               "--set", "batch_per_device=4", "--set", "steps=100000", "--set",
-               "strategies=[data]", "--set", "profile=false", "--set", "cluster=local",
-               "--set", "name=interrupted"]
-    launcher = subprocess.Popen(command, cwd=project, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL,
-                                env={**os.environ, track.TRACKING_VARIABLE: uri})
+def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed(flow_project):
+    launcher = _start_flow(flow_project, "interrupted")
     try:
-        _wait_for(lambda: _processes_mentioning("strategies.runtime.worker", project)
-                  or launcher.poll() is not None, "the one-process reference to start training")
-        assert launcher.poll() is None
         launcher.send_signal(signal.SIGINT)
         launcher.wait(WAIT_SECONDS)
         assert launcher.returncode != 0
-        _wait_for(lambda: not _processes_mentioning("", project), "every process to stop")
+        _wait_for(lambda: not _processes_mentioning("", flow_project), "every process to stop")
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        for pid in _processes_mentioning("", project):
-            os.kill(pid, signal.SIGKILL)
-    client = MlflowClient(tracking_uri=uri)
+        _stop_leftovers(launcher, flow_project)
+    client = MlflowClient(tracking_uri=f"sqlite:///{flow_project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("interrupted")
     assert experiment is not None
     [parent] = client.search_runs([experiment.experiment_id])
     assert parent.info.status == "KILLED"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the processes in /proc")
+def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_killed(
+        flow_project):
+    """SIGKILL runs no handler: Prefect's server, torchrun and its workers go because they are
+    tied to the flow's process (strategies.jobs.tether), and the MLflow run it left RUNNING
+    is marked KILLED by the next flow's start (close_orphaned_runs) as its writer is gone."""
+    launcher = _start_flow(flow_project, "killed")
+    try:
+        assert _processes_mentioning("prefect.server.api.server:create_app", flow_project)
+        launcher.kill()
+        launcher.wait(WAIT_SECONDS)
+        _wait_for(lambda: not _processes_mentioning("", flow_project), "every process to stop",
+                  STOP_SECONDS)
+    finally:
+        _stop_leftovers(launcher, flow_project)
+    client = MlflowClient(tracking_uri=f"sqlite:///{flow_project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("killed")
+    assert experiment is not None
+    [parent] = client.search_runs([experiment.experiment_id])
+    assert parent.info.status == "RUNNING"
+    assert parent.data.tags[track.OWNER_PID] == str(launcher.pid)
+    assert track.close_orphaned_runs(client, experiment.experiment_id) == [parent.info.run_id]
+    closed = client.get_run(parent.info.run_id)
+    assert closed.info.status == "KILLED"
+    assert f"pid {launcher.pid}" in closed.data.tags[track.ORPHAN_TAG]
+
+
+def test_a_flow_start_closes_only_the_runs_whose_writer_is_gone(tmp_path):
+    """Owner tags name the writing process by host, pid and start: a run whose writer is gone
+    (no such pid, or the pid now another process's) is marked KILLED; a live writer's run, one
+    of another host or without owner tags (whose writer cannot be told) stays as it is."""
+    alive = track.owner_tags()
+    never_a_pid = str(2**22 + 1)  # above Linux's largest pid_max
+    cases = {  # run name: (tags, status it is left in, status expected after)
+        "writer gone": ({**alive, track.OWNER_PID: never_a_pid}, None, "KILLED"),
+        "pid reused": ({**alive, track.OWNER_STARTED: "0.00"}, None, "KILLED"),
+        "writer alive": (alive, None, "RUNNING"),
+        "another host": ({**alive, track.OWNER_HOST: "elsewhere",
+                          track.OWNER_PID: never_a_pid}, None, "RUNNING"),
+        "no owner": ({}, None, "RUNNING"),
+        "unreadable owner": ({**alive, track.OWNER_PID: "x"}, None, "RUNNING"),
+        "finished": ({**alive, track.OWNER_PID: never_a_pid}, "FINISHED", "FINISHED"),
+    }
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("orphans")
+    ids = {}
+    for name, (tags, status, _) in cases.items():
+        ids[name] = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        if status is not None:
+            client.set_terminated(ids[name], status)
+    closed = track.close_orphaned_runs(client, experiment_id)
+    assert sorted(closed) == sorted(ids[name] for name in ("writer gone", "pid reused"))
+    for name, (_, _, expected) in cases.items():
+        run = client.get_run(ids[name])
+        assert run.info.status == expected, name
+        assert (track.ORPHAN_TAG in run.data.tags) == (expected == "KILLED"), name

@@ -19,7 +19,7 @@ import typer
 from rich.table import Table
 
 from flows.cli.console import console, print_json, user_errors
-from flows.cli.run import use_embedded_environment
+from flows.cli.run import start_local_api, use_embedded_environment
 from strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ def compare(
     name = experiment or load_config(None).name
     use_embedded_environment()
     _check_experiment(name)
+    start_local_api()
     from flows.compare import compare as compare_flow
 
     comparison = compare_flow(name, all_runs)

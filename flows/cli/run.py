@@ -9,7 +9,8 @@ Embedded defaults, each kept when the user set it: PREFECT_HOME in the project's
 Prefect's analytics off (the machine may be offline), MLflow on sqlite:////<project>/mlflow.db
 with artifacts in <project>/mlartifacts and no download progress bars. `compare` and `serve`
 use the same defaults (use_embedded_environment). The project is the current directory, as for
-every `layerwise` command (runs/, data/).
+every `layerwise` command (runs/, data/). Prefect's local server, and torchrun, end with the
+command however it ends, SIGKILL included (start_local_api, strategies.jobs.tether).
 """
 
 from __future__ import annotations
@@ -55,6 +56,29 @@ def use_embedded_environment() -> None:
     nothing may import it before."""
     for name, value in embedded_environment(Path.cwd().resolve()).items():
         os.environ.setdefault(name, value)
+
+
+def start_local_api() -> None:
+    """Prefect's temporary local API server, started now and stopped with this process however
+    it ends; nothing when PREFECT_API_URL names a server.
+
+    Prefect starts that server (uvicorn, a subprocess) when a flow first needs it and stops it
+    at exit, which a SIGKILL skips: the server would go on listening on 127.0.0.1. Started
+    here, it is the one the flow's client uses (Prefect keeps one per process), and a guard
+    (strategies.jobs.tether) stops it when this process dies.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from strategies.jobs.tether import guard
+
+    server = SubprocessASGIServer()
+    server.start()
+    if server.server_process is not None:
+        guard(server.server_process.pid)
 
 
 def check_before_start(config: BenchmarkConfig) -> None:
@@ -108,6 +132,7 @@ def run(
     """Run the benchmark flow: data, profile, search, train, validate, track in MLflow."""
     started = time.perf_counter()
     benchmark_config = prepare_run(config, overrides or [])
+    start_local_api()
     from flows.benchmark import benchmark, summary_lines
 
     state = benchmark(benchmark_config, return_state=True)

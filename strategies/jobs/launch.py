@@ -1,5 +1,6 @@
 """Launching a job: the run folder the workers read, the torchrun command, and torchrun in its
-own process group, stopped as a whole on a deadline, Ctrl-C or SIGTERM.
+own process group, stopped as a whole on a deadline, Ctrl-C or SIGTERM, and with the launching
+process even when that is killed outright (SIGKILL; strategies.jobs.tether).
 
 A blocked read of torchrun's output never notices a deadline, and an orchestrator's timeout
 cannot interrupt it either, so a timer stops the process group itself. Rank 0's progress lines
@@ -23,6 +24,7 @@ from typing import IO, NamedTuple
 from strategies.errors import LayerwiseError
 from strategies.files import write_atomic
 from strategies.jobs.job import Job
+from strategies.jobs.tether import tethered
 from strategies.runtime.worker import (
     ERRORS_DIR,
     GRAPH_FILE,
@@ -91,13 +93,14 @@ def run_torchrun(command: list[str], job: Job,
     run folder; its stdout goes to `on_progress` (rank 0's progress lines) and `on_line`
     (everything else, without the newline). If the launcher is stopped (Ctrl-C, or SIGTERM
     from a scheduler), the whole group is stopped with it. With `deadline_s`, a timer stops
-    the group when it runs longer and TimeoutError is raised.
+    the group when it runs longer and TimeoutError is raised. If the launcher is killed
+    outright (SIGKILL), torchrun gets SIGTERM and stops its workers.
     """
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(job.out / LOG_FILE, "a", encoding="utf-8") as log, _terminate_as_exit():
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
+        process = subprocess.Popen(tethered(command), stdout=subprocess.PIPE, stderr=log, text=True,
                                    env=environment, start_new_session=True)
         expired = threading.Event()
         timer = _deadline_timer(process, expired, deadline_s)
