@@ -113,6 +113,11 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with io.BytesIO() as buffer:
         _write_npz(buffer, x=np.array([object()] * 4, dtype=object), y=np.zeros(4, np.int64))
         _prepared(root, "objects", buffer.getvalue())
+    for name, arrays in {"shapes": {"x": np.zeros((4, 1, 8, 8)), "y": np.zeros(4, np.int64)},
+                         "labels": {"x": np.zeros((4, 3, 8, 8)), "y": np.arange(4) * 5}}.items():
+        with io.BytesIO() as buffer:
+            np.savez(buffer, **arrays)
+            _prepared(root, name, buffer.getvalue())
     _prepared(root, "deepmeta", b"")
     (root / "data" / "prepared" / "deepmeta" / "meta.json").write_text(_nested(DEEP))
     good = _checkpoint({"schema_version": 2, "step": 3, "engine": {}, "rng": torch.zeros(2),
@@ -189,6 +194,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     # broken prepared datasets
     ((*TRAIN, "--dataset", "truncated"), "train.npz cannot be read (BadZipFile"),
     ((*TRAIN, "--dataset", "objects"), "holds object images and int64 labels, not numbers"),
+    ((*TRAIN, "--dataset", "shapes"),
+     "holds images (4, 1, 8, 8) and labels (4,), not (N, 3, 8, 8)"),
+    ((*TRAIN, "--dataset", "labels"), "has labels 0..15, outside the 10 classes of meta.json"),
     # params.yaml
     (("tasks.data", "--params", "params-list.yaml"), "the top level must be a mapping"),
     (("tasks.data", "--params", "params-huge.yaml"),

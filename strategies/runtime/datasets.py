@@ -178,8 +178,9 @@ def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
 
 
 def _load_npz(path: Path, name: str, spec: ImageSpec) -> ArraySplit:
-    """A prepared split: images x (N, C, S, S) and labels y (N,), both numbers, checked from
-    the arrays' headers (shapes, types, the memory they take) before they are read."""
+    """A prepared split: images x (N, C, S, S) and labels y (N,) of meta.json's classes, both
+    numbers, checked from the arrays' headers (shapes, types, the memory they take) before
+    they are read."""
     fix = f"{_prepare_fix(name)} again"
     if not path.is_file():
         raise LayerwiseError(f"{path} is missing; {_prepare_fix(name)}")
@@ -197,7 +198,11 @@ def _load_npz(path: Path, name: str, spec: ImageSpec) -> ArraySplit:
                                      f"not (N, {', '.join(map(str, expected))}) and (N,) as "
                                      f"meta.json says; {fix}")
             check_memory(math.prod(x_shape) * (x_type.itemsize + 4), f"loading {path}", fix)
-            return ArraySplit(x=arrays["x"].astype(np.float32), y=arrays["y"].astype(np.int64))
+            labels = arrays["y"].astype(np.int64)
+            if labels.size and not 0 <= labels.min() <= labels.max() < spec.classes:
+                raise LayerwiseError(f"{path} has labels {labels.min()}..{labels.max()}, outside "
+                                     f"the {spec.classes} classes of meta.json; {fix}")
+            return ArraySplit(x=arrays["x"].astype(np.float32), y=labels)
     except LayerwiseError:
         raise
     except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as problem:
