@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from strategies.errors import LayerwiseError
+from strategies.documents import parse_yaml, read_yaml
+from strategies.errors import LayerwiseError, shown
 from strategies.files import first_error
 
 SCHEMA_VERSION = 1
@@ -113,15 +113,7 @@ def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...]
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise LayerwiseError(f"cannot read config {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        where = getattr(error, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise LayerwiseError(f"config {path} is not valid YAML{line}: "
-                             f"{getattr(error, 'problem', None) or error}") from None
+    document = read_yaml(path, f"config {path}")
     if not isinstance(document, dict):
         raise LayerwiseError(f"config {path}: top level: expected a mapping of fields")
     return document
@@ -131,11 +123,8 @@ def _apply_override(document: dict[str, Any], override: str) -> None:
     """Set `a.b.0.c=value` in place; the value is parsed as YAML (`[data, owt]`, `1e-3`)."""
     key, separator, text = override.partition("=")
     if not separator or not key.strip():
-        raise LayerwiseError(f"--set {override}: write key=value, e.g. --set steps=80")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise LayerwiseError(f"--set {override}: the value is not a YAML scalar or list") from None
+        raise LayerwiseError(f"--set {shown(override)}: write key=value, e.g. --set steps=80")
+    value = parse_yaml(text, f"--set {shown(override)}: the value")
     parts = key.strip().split(".")
     container: Any = document
     for depth, part in enumerate(parts[:-1]):
@@ -148,7 +137,7 @@ def _child(container: Any, part: str, where: str) -> Any:
         return container.setdefault(part, {})
     if isinstance(container, list) and part.isdigit() and int(part) < len(container):
         return container[int(part)]
-    raise LayerwiseError(f"--set: {where}: no such field to set")
+    raise LayerwiseError(f"--set: {shown(where)}: no such field to set")
 
 
 def _assign(container: Any, part: str, value: Any, where: str) -> None:
@@ -157,4 +146,4 @@ def _assign(container: Any, part: str, value: Any, where: str) -> None:
     elif isinstance(container, list) and part.isdigit() and int(part) < len(container):
         container[int(part)] = value
     else:
-        raise LayerwiseError(f"--set: {where}: no such field to set")
+        raise LayerwiseError(f"--set: {shown(where)}: no such field to set")

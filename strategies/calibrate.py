@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict
 
 from strategies.cluster import Cluster, Link, load_cluster
 from strategies.errors import LayerwiseError
-from strategies.files import write_atomic
+from strategies.files import writable_file, write_atomic
 from strategies.profile import PROFILE_DIR, device_name, safe_name
 from strategies.rendezvous import local_rendezvous
 
@@ -403,7 +403,7 @@ def save_calibration(calibration: Calibration, out: str | os.PathLike[str]) -> P
     """Write the calibrated cluster to `out` and the raw measurements next to it as
     <stem>.calibration.json, both atomically; returns the measurements' path. The cluster file
     comes last, so that a file there means a complete calibration (the flow reuses it)."""
-    cluster_path = Path(out)
+    cluster_path = writable_file(out)  # before the first file: both or neither
     raw_path = cluster_path.with_name(f"{cluster_path.stem}.calibration.json")
     write_atomic(raw_path, calibration.to_json())
     write_atomic(cluster_path, calibrated_cluster(calibration).to_yaml())

@@ -32,7 +32,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from strategies.errors import ClusterError
+from strategies.documents import parse_yaml, read_yaml
+from strategies.errors import ClusterError, shown
 
 __all__ = [
     "Cluster",
@@ -142,18 +143,6 @@ _QUANTITY_RE = re.compile(
 )
 
 
-def _show(value: Any) -> str:
-    """A short one-line rendering of a user's value for error messages."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        text = str(int(value)) if abs(value) < 1e16 else repr(value)
-    elif isinstance(value, str):
-        text = f"'{value}'"
-    else:
-        text = repr(value)
-    text = " ".join(text.split())
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _scaled(number: str, factor: Decimal) -> float:
     """float(number x factor), computed exactly and rounded once."""
     return float(_EXACT.multiply(Decimal(number), factor))
@@ -168,7 +157,7 @@ def parse_quantity(value: Any, kind: str) -> float:
     """
     units = _UNITS[kind]
     if isinstance(value, bool):
-        raise ValueError(f"cannot read {_show(value)} as a {kind} (e.g. '{_EXAMPLES[kind]}')")
+        raise ValueError(f"cannot read {shown(value)} as a {kind} (e.g. '{_EXAMPLES[kind]}')")
     if isinstance(value, int | float):
         result = float(value)
     elif isinstance(value, str):
@@ -181,9 +170,9 @@ def parse_quantity(value: Any, kind: str) -> float:
         except (InvalidOperation, OverflowError):
             result = math.inf
     else:
-        raise ValueError(f"cannot read {_show(value)} as a {kind} (e.g. '{_EXAMPLES[kind]}')")
+        raise ValueError(f"cannot read {shown(value)} as a {kind} (e.g. '{_EXAMPLES[kind]}')")
     if not math.isfinite(result):
-        raise ValueError(f"must be a finite number (got {_show(value)})")
+        raise ValueError(f"must be a finite number (got {shown(value)})")
     return result
 
 
@@ -232,10 +221,10 @@ def _quantity(kind: str, *, allow_zero: bool = False, integer: bool = False):
     def validate(value: Any) -> float | int:
         result = parse_quantity(value, kind)
         if result < 0 or (result == 0 and not allow_zero):
-            raise ValueError(f"must be {'>=' if allow_zero else '>'} 0 (got {_show(value)})")
+            raise ValueError(f"must be {'>=' if allow_zero else '>'} 0 (got {shown(value)})")
         if integer:
             if not result.is_integer():
-                raise ValueError(f"must be a whole number of bytes (got {_show(value)})")
+                raise ValueError(f"must be a whole number of bytes (got {shown(value)})")
             return int(result)
         return result
 
@@ -386,7 +375,7 @@ class Cluster(_Spec):
         try:
             d = operator.index(device)
         except TypeError:
-            raise ClusterError(f"device id must be an integer (got {_show(device)})") from None
+            raise ClusterError(f"device id must be an integer (got {shown(device)})") from None
         if not 0 <= d < self.num_devices:
             raise ClusterError(
                 f"device {d} is out of range: cluster '{self.name}' has devices "
@@ -517,7 +506,7 @@ def _error_line(error: Mapping[str, Any]) -> str:
     path = ".".join(str(p) for p in loc)
     kind = error.get("type", "")
     ctx = error.get("ctx") or {}
-    got = _show(error.get("input"))
+    got = shown(error.get("input"))
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1])
         known = f" (known fields: {', '.join(parent.model_fields)})" if parent else ""
@@ -568,15 +557,7 @@ def cluster_from_mapping(data: Any, source: str = "cluster") -> Cluster:
 
 
 def _parse_yaml(text: str, source: str) -> Cluster:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["parse error"])[0]
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = " ".join(problem.split())
-        raise ClusterError(f"{source}: malformed YAML{where}: {problem}") from None
-    return cluster_from_mapping(data, source)
+    return cluster_from_mapping(parse_yaml(text, source, ClusterError), source)
 
 
 def _presets_dir():
@@ -613,15 +594,7 @@ def _load_file(path: Path) -> Cluster:
     source = f"cluster file {path}"
     if not path.exists():
         raise ClusterError(f"{source}: no such file ({_hint()})")
-    if path.is_dir():
-        raise ClusterError(f"{source}: is a directory, not a YAML file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ClusterError(f"{source}: cannot read: not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise ClusterError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    return _parse_yaml(text, source)
+    return cluster_from_mapping(read_yaml(path, source, ClusterError), source)
 
 
 def load_cluster(name_or_path: str | os.PathLike[str] | Cluster) -> Cluster:
@@ -637,7 +610,7 @@ def load_cluster(name_or_path: str | os.PathLike[str] | Cluster) -> Cluster:
         return _load_file(Path(name_or_path))
     if not isinstance(name_or_path, str):
         raise ClusterError(
-            f"a cluster is a preset name or a path, not {_show(name_or_path)} ({_hint()})"
+            f"a cluster is a preset name or a path, not {shown(name_or_path)} ({_hint()})"
         )
     text = name_or_path.strip()
     if text in preset_names():

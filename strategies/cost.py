@@ -53,6 +53,9 @@ from strategies.space import (
 from strategies.tiles import as_4d, output_ranges
 
 Placement = Literal["origin", "aligned"]
+# How much of the edge tables' memory a CostModel has checked: nothing yet, the per-dimension
+# tables (any t_x), or the whole search spaces' tables too (the search)
+_UNCHECKED, _DIM_TABLES, _SEARCH_SPACES = 0, 1, 2
 
 
 def configs_for(layer: Layer, devices: int, placement: Placement) -> list[ParallelConfig]:
@@ -85,6 +88,7 @@ class CostModel:
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[Link]] = {}
+        self._memory_checked = _UNCHECKED
 
     # ---- the search space --------------------------------------------------------------
 
@@ -245,13 +249,30 @@ class CostModel:
              ) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, bytes) of t_x for every pair of producer and consumer configs, by default
         of the two layers' whole search spaces (then computed once per distinct edge)."""
-        if producer_configs is None and consumer_configs is None:
+        whole = producer_configs is None and consumer_configs is None
+        self.check_memory(whole_spaces=whole)
+        if whole:
             return self._transfers.matrices(
                 producer, consumer, self.configs[producer.name], self.configs[consumer.name],
                 spaces=(_space_key(producer), _space_key(consumer)))
         return self._transfers.matrices(producer, consumer,
                                        producer_configs or self.configs[producer.name],
                                        consumer_configs or self.configs[consumer.name])
+
+    def check_memory(self, whole_spaces: bool) -> None:
+        """Refuse (one line) before building any table of the edges that would not fit in
+        memory: the per-dimension tables every edge needs, then with `whole_spaces` (the
+        search) the tables of the whole search spaces too. Each is checked once."""
+        edges = [(self.graph.by_name[u], self.graph.by_name[v]) for u, v in self.graph.edges]
+        if self._memory_checked < _DIM_TABLES:
+            self._transfers.check_memory(edges)
+            self._memory_checked = _DIM_TABLES
+        if whole_spaces and self._memory_checked < _SEARCH_SPACES:
+            spaces = {_space_key(layer): len(self.configs[layer.name])
+                      for layer in self.graph.layers}
+            pairs = sum(len(self.configs[u.name]) * len(self.configs[v.name]) for u, v in edges)
+            self._transfers.check_memory(edges, list(spaces.values()), pairs)
+            self._memory_checked = _SEARCH_SPACES
 
     # ---- a whole strategy --------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from strategies.cluster import Cluster
 from strategies.graph import BYTES_PER_ELEMENT, Layer
+from strategies.memory import check_memory, human_bytes
 from strategies.space import ParallelConfig, tile_range
 from strategies.tiles import TileWork, as_4d, needed_range, output_ranges
 
@@ -28,6 +29,11 @@ from strategies.tiles import TileWork, as_4d, needed_range, output_ranges
 # enough that the passes over it stay in cache.
 _CHUNK_ELEMENTS = 1 << 17
 _INT32_LIMIT = 2**31
+# Bytes per (config, device) of a `ConfigTable` (tile indices twice, state keys and states of
+# two groups) and per pair of configs of an edge's matrices (seconds and bytes, and the sorted
+# copies `_pairs` returns).
+_CONFIG_TABLE_BYTES = 112
+_PAIR_BYTES = 32
 
 # Dimensions whose per-dim tables are multiplied into one table: (n, c) and (h, w).
 _GROUPS = ((0, 1), (2, 3))
@@ -225,6 +231,15 @@ class DimTable:
         self.row_sum = overlap.sum(axis=3, dtype=np.int64).reshape(-1, levels)
 
 
+def dim_table_bytes(levels: int) -> int:
+    """Memory one `DimTable` on 2^(levels-1) devices takes while it is built: the int32
+    overlaps it keeps and their mask, over every (exponent, tile) pair, and the int64 shares
+    of every pair of tiles."""
+    width = (1 << (levels - 1)) + 1
+    tiles = (1 << levels) - 1
+    return levels * levels * width * width * (4 + 1) + tiles * tiles * 8
+
+
 @dataclass(frozen=True)
 class GroupTerms:
     """An edge's per-dim tables of one group of two dims multiplied into one table, indexed by
@@ -412,14 +427,35 @@ class TransferTables:
                                                                      len(self._space_contents))
         return self._space_ids[space]
 
+    def check_memory(self, edges: Sequence[tuple[Layer, Layer]], config_counts: Sequence[int] = (),
+                     pairs: int = 0) -> None:
+        """MemoryNeedError (one line) before any table is built when the tables of `edges`
+        (their per-dimension tables; with `config_counts`, the config tables of those search
+        spaces, and `pairs` producer x consumer configs in all) would not fit in memory. The
+        per-dimension tables grow as (log2 D x D)^2 on D devices: the search's limit."""
+        keys = {self._dim_key(producer, consumer, dim)
+                for producer, consumer in edges for dim in range(4)}
+        per_table = dim_table_bytes(self._levels)
+        needed = (len(keys) * per_table
+                  + sum(count * self.devices * _CONFIG_TABLE_BYTES for count in config_counts)
+                  + pairs * _PAIR_BYTES)
+        check_memory(needed, f"the cost model on {self.devices} devices ({len(keys)} "
+                             f"per-dimension transfer tables of {human_bytes(per_table)} each)",
+                     "plan for fewer devices")
+
+    def _dim_key(self, producer: Layer, consumer: Layer, dim: int) -> tuple[int, bytes, bytes]:
+        """What the edge's table along `dim` depends on: equal keys share one table."""
+        starts, stops = self._needed_ranges(consumer, consumer.inputs.index(producer.name), dim)
+        return as_4d(producer.output_shape)[dim], starts.tobytes(), stops.tobytes()
+
     def _edge_dims(self, producer: Layer, consumer: Layer) -> EdgeDims:
         """The edge's per-dimension tables and their ids; equal ranges share one table."""
         input_index = consumer.inputs.index(producer.name)
         ids, dims = [], []
         for dim, size in enumerate(as_4d(producer.output_shape)):
-            starts, stops = self._needed_ranges(consumer, input_index, dim)
-            key = (size, starts.tobytes(), stops.tobytes())
+            key = self._dim_key(producer, consumer, dim)
             if key not in self._dim_tables:
+                starts, stops = self._needed_ranges(consumer, input_index, dim)
                 table = DimTable(size, starts, stops, self._levels)
                 self._dim_tables[key] = (len(self._dim_tables), table)
             ident, table = self._dim_tables[key]

@@ -4,6 +4,9 @@ Every message is one line that says what is wrong and how to fix it; the CLI pri
 a traceback and exits with code 2. Anything that is not a `LayerwiseError` is a bug.
 """
 
+import math
+import reprlib
+
 
 class LayerwiseError(ValueError):
     """Bad input from the user: unknown name, malformed file, impossible request."""
@@ -23,3 +26,20 @@ class ClusterError(LayerwiseError):
 
 class ConfigError(LayerwiseError):
     """A parallel configuration that is malformed or does not fit its layer or cluster."""
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 50, 50
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 6
+
+
+def shown(value: object, width: int = 60) -> str:
+    """A user's value quoted in an error message: one line of at most `width` characters,
+    rendered piece by piece (reprlib), so a huge or deeply nested value is never rendered
+    whole on the way."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        text = str(int(value)) if abs(value) < 1e16 else repr(value)
+    else:
+        text = _SHORT.repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 3] + "..."

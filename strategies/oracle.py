@@ -43,12 +43,11 @@ Choices the equations leave open, made here:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import yaml
@@ -56,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 
 from strategies.cluster import Cluster, Link
 from strategies.compute import ComputeSource, weight_update_seconds
+from strategies.documents import YAML_SUFFIXES, read_document
 from strategies.errors import ConfigError, LayerwiseError
 from strategies.files import first_error, write_atomic
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
@@ -204,7 +204,7 @@ class ModelSummary(BaseModel):
 
     def save(self, path: str | Path) -> Path:
         """Write as YAML (.yaml/.yml) or JSON (anything else), atomically."""
-        if Path(path).suffix.lower() in (".yaml", ".yml"):
+        if Path(path).suffix.lower() in YAML_SUFFIXES:
             document = self.model_dump(mode="json", exclude_none=True)
             return write_atomic(path, yaml.safe_dump(document, sort_keys=False))
         return write_atomic(path, self.model_dump_json(indent=1, exclude_none=True) + "\n")
@@ -215,7 +215,7 @@ class ModelSummary(BaseModel):
         file and the field on any problem."""
         source = Path(path)
         what = f"model summary {source}"
-        data = _read_document(source, what)
+        data = read_document(source, what)
         if not isinstance(data, dict):
             raise LayerwiseError(f"{what}: the top level must be a mapping with name and "
                                  f"layers (got {type(data).__name__})")
@@ -223,29 +223,6 @@ class ModelSummary(BaseModel):
             return cls.model_validate(data)
         except ValidationError as problem:
             raise LayerwiseError(f"{what}: {first_error(problem)}") from None
-
-
-def _read_document(source: Path, what: str) -> Any:
-    """The parsed JSON or YAML of a file, or a one-line LayerwiseError."""
-    if not source.is_file():
-        state = "is a directory" if source.is_dir() else "does not exist"
-        raise LayerwiseError(f"{what} {state}")
-    try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as problem:
-        raise LayerwiseError(f"cannot read {what}: {problem}") from None
-    if source.suffix.lower() in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as problem:
-            mark = getattr(problem, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise LayerwiseError(f"{what} is not valid YAML{where}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as problem:
-        raise LayerwiseError(f"{what} is not valid JSON (line {problem.lineno}, column "
-                             f"{problem.colno}: {problem.msg})") from None
 
 
 def split_forward_backward(seconds: float, weights: int) -> tuple[float, float]:

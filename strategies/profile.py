@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import math
 import os
 import platform
@@ -53,6 +52,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from strategies import ops
+from strategies.documents import read_json
 from strategies.errors import LayerwiseError
 from strategies.files import read_json_model, write_atomic
 from strategies.fx_nodes import count_include_pad
@@ -242,8 +242,8 @@ class Profile(BaseModel):
         source = Path(path)
         if not source.exists():
             return None
-        with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
-            data = json.loads(source.read_text(encoding="utf-8"))
+        with contextlib.suppress(LayerwiseError):
+            data = read_json(source, f"profile {source}")
             version = data.get("schema_version") if isinstance(data, dict) else None
             if isinstance(version, int) and version < SCHEMA_VERSION:
                 return None

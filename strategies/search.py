@@ -218,6 +218,7 @@ def optimal_strategy(cost_model: CostModel,
     started = time.perf_counter()
     graph = cost_model.graph
     report = progress or (lambda _message: None)
+    cost_model.check_memory(whole_spaces=True)
     report("costing layers")
     nodes = {layer.name: cost_model.node_seconds(layer) for layer in graph.layers}
     report("costing edges")

@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from strategies.errors import LayerwiseError
+from strategies.documents import read_yaml
+from strategies.errors import LayerwiseError, shown
 from strategies.files import atomic_path, write_atomic
+from strategies.memory import check_memory
 from strategies.runtime.datasets import DEFAULT_ROOT
 
 PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
@@ -103,12 +104,20 @@ def _check_image_size(image_size: int) -> None:
         raise LayerwiseError(f"image_size must be >= 1 (got {image_size})")
 
 
+def _check_memory(count: int, channels: int, image_size: int) -> None:
+    """MemoryNeedError (one line) before `count` float32 images of this size are allocated."""
+    check_memory(count * channels * image_size * image_size * 4,
+                 f"{count:,} images at {image_size}x{image_size}",
+                 "set a smaller prepare.image_size (or --image-size)")
+
+
 def resize(images: np.ndarray, image_size: int, max_value: float = 1.0) -> np.ndarray:
     """N x C x H x W images divided by `max_value` to float32 N x C x S x S (bilinear).
 
     A chunk at a time: a 50,000-image uint8 source never exists as floats at full size twice.
     """
     _check_image_size(image_size)
+    _check_memory(len(images), images.shape[1], image_size)
     resized = np.empty((len(images), images.shape[1], image_size, image_size), dtype=np.float32)
     for start in range(0, len(images), _RESIZE_CHUNK):
         chunk = images[start:start + _RESIZE_CHUNK].astype(np.float32) / max_value
@@ -314,6 +323,7 @@ def prepare_imagefolder(source: Path, out_dir: Path, image_size: int, channels: 
     folder = _source_folder(source, _FOLDER_FIX)
     names, files, labels = _image_files(folder)
     train, val = split_indices(labels, val_fraction, seed)  # checked before the slow part
+    _check_memory(len(files), channels, image_size)
     images = np.empty((len(files), channels, image_size, image_size), dtype=np.float32)
     for index, path in enumerate(files):
         images[index] = _read_image(path, "RGB" if channels == 3 else "L", image_size)
@@ -327,14 +337,14 @@ def _number(params: dict, key: str, kind: type[int] | type[float], default: floa
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise LayerwiseError(f"prepare.{key}: {value!r} is not a number") from None
+        raise LayerwiseError(f"prepare.{key}: {shown(value)} is not a number") from None
 
 
 def settings_from(params: dict) -> PrepareSettings:
     """Typed settings from a `prepare` section; the output defaults to data/prepared/DATASET."""
-    dataset = str(params.get("dataset", "digits"))
+    dataset = params.get("dataset", "digits")
     if dataset not in SOURCES:
-        raise LayerwiseError(f"prepare.dataset: unknown dataset {dataset!r}; "
+        raise LayerwiseError(f"prepare.dataset: unknown dataset {shown(dataset)}; "
                              f"available: {', '.join(SOURCES)}")
     source, channels = params.get("source"), params.get("channels")
     settings = PrepareSettings(
@@ -376,13 +386,13 @@ def prepare(settings: PrepareSettings) -> dict:
 
 
 def load_params(path: Path) -> dict:
-    try:
-        params = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LayerwiseError(f"{path} does not exist; run from the project root") from None
-    except yaml.YAMLError as error:
-        raise LayerwiseError(f"{path} is not valid YAML: {error}".splitlines()[0]) from None
-    section = (params or {}).get("prepare")
+    if not path.exists():
+        raise LayerwiseError(f"{path} does not exist; run from the project root")
+    params = read_yaml(path, str(path))
+    if not isinstance(params, dict):
+        raise LayerwiseError(f"{path}: the top level must be a mapping with a 'prepare' "
+                             f"section (got {type(params).__name__})")
+    section = params.get("prepare")
     if not isinstance(section, dict):
         raise LayerwiseError(f"{path} has no 'prepare' section")
     unknown = sorted(set(section) - set(PARAMETERS))

@@ -143,7 +143,7 @@ def test_invalid_cluster_file_names_the_field(tmp_path, edit, fragments):
 def test_malformed_cluster_yaml(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: [unclosed\n")
-    assert_one_line_error(run("graph", "tiny_cnn", "--cluster", str(path)), "malformed YAML")
+    assert_one_line_error(run("graph", "tiny_cnn", "--cluster", str(path)), "not valid YAML")
 
 
 def test_installed_entry_point_exits_2_on_bad_input():

@@ -352,7 +352,7 @@ def test_error_is_a_layerwise_error():
 
 def test_malformed_yaml(tmp_path):
     message = load_error(tmp_path, "name: x\nnodes: [1, 2\ndevices_per_node: 4\n")
-    assert "my.yaml" in message and "malformed YAML" in message and "line" in message
+    assert "my.yaml" in message and "not valid YAML" in message and "line" in message
 
 
 def test_top_level_list(tmp_path):

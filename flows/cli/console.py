@@ -10,11 +10,15 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from strategies.errors import LayerwiseError
 
-console = Console(width=None if sys.stdout.isatty() else 160)
-error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# Printed text is never markup or emoji codes: model names, paths and messages come from the
+# user ("[/foo]" would stop Rich, "a:b:c" would print an emoji); style with Text instead.
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
+error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, markup=False,
+                        emoji=False)
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 
@@ -27,10 +31,16 @@ def user_errors(command: Command) -> Command:
         try:
             return command(*args, **kwargs)
         except LayerwiseError as error:
-            error_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+            print_error(str(error))
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def print_error(message: str) -> None:
+    """`error: message` on stderr, the message as plain text (no markup, no emoji)."""
+    error_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+                        soft_wrap=True)
 
 
 def print_json(document: Any) -> None:

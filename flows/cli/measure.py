@@ -97,8 +97,10 @@ def profile(
     CPU run of P ranks on this machine is predicted from that profile.
     """
     from strategies.errors import ConfigError, LayerwiseError
+    from strategies.files import writable_file
     from strategies.graph import build_graph
     from strategies.jobs.profile_reuse import ProfileMismatchError, reusable_profile
+    from strategies.memory import check_memory, largest_layer_bytes
     from strategies.profile import (
         concurrent_threads,
         default_profile_path,
@@ -126,8 +128,13 @@ def profile(
         threads = concurrent_threads(processes)
     graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
                         num_classes=classes, in_channels=in_channels)
+    check_memory(largest_layer_bytes(graph) * processes,
+                 f"profiling {model} at a global batch of {graph.batch} ({batch_per_device} x "
+                 f"{devices} devices)", "use a smaller --batch-per-device, fewer --devices or a "
+                 "smaller --image-size")
     name = device_name(target)
     path = out if out is not None else default_profile_path(graph, name, processes=processes)
+    writable_file(path, "--out")
     try:
         existing = None if force else reusable_profile(path, graph, name, processes)
     except ProfileMismatchError as error:
@@ -247,7 +254,9 @@ def calibrate(
     """
     from strategies.calibrate import calibrate as measure
     from strategies.calibrate import calibrated_cluster, save_calibration
+    from strategies.files import writable_file
 
+    writable_file(out, "--out")
     calibration = measure(nproc, backend=backend, quick=quick)
     raw_path = save_calibration(calibration, out)
     cluster = calibrated_cluster(calibration)

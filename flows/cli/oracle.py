@@ -66,9 +66,12 @@ def oracle(
         layerwise oracle resnet50 --platform abci --gpus 4,64,1024
     """
     from strategies.cluster import load_cluster
+    from strategies.files import writable_file
     from strategies.oracle import IMAGENET_TRAIN_SAMPLES
     from strategies.oracle import oracle as run_oracle
 
+    if save is not None:
+        writable_file(save, "--save")
     cluster = load_cluster(platform)
     pes_counts = parse_gpus(gpus)
     chosen = parse_strategies(strategies)

@@ -18,6 +18,7 @@ import typer
 from rich.table import Table
 
 from flows.cli.console import console, print_json, user_errors
+from strategies.files import writable_file
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from strategies.schedules import schedule_help
 
@@ -166,6 +167,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Find the optimal layer-wise strategy and compare it with the baselines."""
         names = [name.strip() for name in baselines.split(",") if name.strip()]
+        if save:
+            writable_file(save, "--save")
         with _status("searching", as_json):
             result = plan(
                 model, devices, cluster, batch_per_device=batch_per_device,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.cli.console import console, error_console, user_errors
+from flows.cli.console import console, print_error, user_errors
 
 if TYPE_CHECKING:
     from flows.benchmark_config import BenchmarkConfig
@@ -86,15 +86,20 @@ def check_before_start(config: BenchmarkConfig) -> None:
     from flows.benchmark_config import CALIBRATED
     from strategies.cluster import load_cluster
     from strategies.errors import LayerwiseError
-    from strategies.models import build_model
+    from strategies.graph import build_graph
+    from strategies.memory import check_memory, training_bytes
     from tasks.data import PARAMS_FILE
 
+    batch = config.batch_per_device * config.nproc
     for index, model in enumerate(config.models):
         try:
-            build_model(model.name, num_classes=config.classes, image_size=config.image_size,
-                        device="meta")
+            graph = build_graph(model.name, batch=batch, num_classes=config.classes,
+                                image_size=config.image_size)
         except LayerwiseError as error:
             raise LayerwiseError(f"config models.{index}.name: {error}") from None
+        check_memory(training_bytes(graph), f"training {model.name} at a global batch of "
+                     f"{batch} on {config.image_size}x{config.image_size} images",
+                     "set a smaller batch_per_device or image_size")
     # a calibrated cluster is the `local` preset with this machine's measured links
     name = "local" if config.cluster == CALIBRATED else config.cluster
     try:
@@ -144,6 +149,5 @@ def run(
     for line in summary_lines(outcomes):  # the verdict last, where a reader looks first
         console.print(line, highlight=False, soft_wrap=True)
     if state.is_failed():  # the lines above name what failed and why, once
-        error_console.print(f"[bold red]error:[/] benchmark failed: {state.message}",
-                            highlight=False, soft_wrap=True)
+        print_error(f"benchmark failed: {state.message}")
         raise typer.Exit(code=1)

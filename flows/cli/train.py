@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -34,7 +33,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.cli.console import console, error_console, human_count, user_errors
+from flows.cli.console import console, error_console, human_count, print_error, user_errors
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from strategies.schedules import schedule_help
 
@@ -124,8 +123,7 @@ def train(
     if code != 0:
         first_rank = (node_rank or 0) * job.settings.nproc
         line = failure_line(job.out, code, range(first_rank, first_rank + job.settings.nproc))
-        error_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False,
-                            soft_wrap=True)
+        print_error(line)
         raise typer.Exit(code=1)
     _report(job, as_json)
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from flows.cli.console import console, error_console, user_errors
+from flows.cli.console import console, print_error, user_errors
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 if TYPE_CHECKING:
@@ -82,8 +82,7 @@ def verify(
                 on_progress=lambda name, progress: status.update(
                     f"verifying {name}: step {progress.step}/{progress.steps}"))
         except VerifyFailed as failure:  # a run that failed, as `train` reports one: exit 1
-            error_console.print(f"[bold red]error:[/] {escape(str(failure))}",
-                                highlight=False, soft_wrap=True)
+            print_error(str(failure))
             raise typer.Exit(code=1) from None
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
@@ -99,8 +98,8 @@ def _print_report(report: VerifyReport) -> None:
     for column in ("strategy", "loss diff", "weight diff", "worst weight", "verdict"):
         table.add_column(column, justify="right" if "diff" in column else "left")
     for divergence in report.divergences:
-        verdict = {True: "[green]exact[/]", False: "[bold red]DIFFERS[/]",
-                   None: "inexact by design"}[divergence.exact]
+        verdict = {True: Text("exact", style="green"), False: Text("DIFFERS", style="bold red"),
+                   None: Text("inexact by design")}[divergence.exact]
         table.add_row(divergence.strategy, f"{divergence.max_loss_difference:.1e}",
                       f"{divergence.max_parameter_difference:.1e}", divergence.worst_parameter,
                       verdict)
@@ -112,8 +111,9 @@ def _print_report(report: VerifyReport) -> None:
     tolerance = report.divergences[0].tolerance
     if report.failed:
         names = ", ".join(d.strategy for d in report.failed)
-        console.print(f"[bold red]not exact:[/] {names} left one device's results by more than "
-                      f"{tolerance:g} (runs in {report.folder})", highlight=False, soft_wrap=True)
+        console.print(Text.assemble(("not exact:", "bold red"), f" {names} left one device's "
+                                    f"results by more than {tolerance:g} (runs in "
+                                    f"{report.folder})"), highlight=False, soft_wrap=True)
     elif exact:
         console.print(f"every exact strategy ({len(exact)}) matches one device within "
                       f"{tolerance:g} (relative, largest over losses and weights)",

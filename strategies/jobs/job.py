@@ -16,10 +16,12 @@ from typing import Any
 
 from strategies.cluster import load_cluster
 from strategies.errors import ConfigError, LayerwiseError
+from strategies.files import creatable_folder
 from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.costing import cost_model
 from strategies.jobs.named_strategies import strategy_by_name, strategy_names
 from strategies.jobs.options import TrainOptions
+from strategies.memory import check_memory, training_bytes
 from strategies.run import TrainSettings
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
 from strategies.runtime.datasets import (
@@ -62,6 +64,11 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
         image_size=_given_or(options.image_size, fixed.image_size if fixed else None),
         num_classes=_given_or(options.classes, fixed.classes if fixed else None),
         in_channels=_given_or(options.in_channels, fixed.channels if fixed else None))
+    check_memory(training_bytes(graph, options.nnodes),
+                 f"training {model} at a global batch of {graph.batch} "
+                 f"({options.batch_per_device} per process, {world} "
+                 f"process{'es' if world > 1 else ''})",
+                 "use a smaller --batch-per-device or --image-size, or more machines")
     chosen = _resolve_strategy(strategy, graph, world, options, analytic)
     settings = TrainSettings(
         model=model, strategy=strategy, data_root=str(DEFAULT_ROOT.resolve()),
@@ -154,6 +161,7 @@ def _batches(settings: TrainSettings) -> GlobalBatches:
 def fresh_folder(out: Path | None, model: str, strategy: str) -> Path:
     """`out` if it is new or empty, else a new folder under runs/ named after the run."""
     if out is not None:
+        creatable_folder(out, "--out")
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise LayerwiseError(f"--out {out} already holds files; continue that run with "
                                  f"--resume {out} or choose a new folder")

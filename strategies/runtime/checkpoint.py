@@ -16,13 +16,16 @@ momentum an uninterrupted run would have.
 
 from __future__ import annotations
 
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 
-from strategies.errors import LayerwiseError
-from strategies.files import atomic_path
+from strategies.errors import LayerwiseError, shown
+from strategies.files import atomic_path, first_error
 from strategies.run import StepRecord
 from strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
 
@@ -63,22 +66,58 @@ def load_checkpoint(path: Path, engine: Engine) -> tuple[int, list[StepRecord]]:
     payload = _read(path)
     engine.load_training_state(payload["engine"])
     torch.set_rng_state(payload["rng"])
-    if engine.device.type == "cuda" and payload["cuda_rng"] is not None:
+    if engine.device.type == "cuda" and payload.get("cuda_rng") is not None:
         torch.cuda.set_rng_state(payload["cuda_rng"], engine.device)
     return int(payload["step"]), [StepRecord(**record) for record in payload["steps"]]
 
 
 def checkpoint_step(path: Path) -> int | None:
-    """The step a checkpoint file holds, without reading its tensors (None if there is none)."""
-    if not path.is_file():
+    """The step a checkpoint file holds (None if there is none), after checking the whole file
+    can be read as a checkpoint: the launcher calls this before any worker starts, so that a
+    broken file is one line, not a failure in every rank. The tensors are mapped, not read."""
+    if not path.exists():
         return None
     return int(_read(path, mmap=True)["step"])
 
 
+_STEP_RECORDS = TypeAdapter(list[StepRecord])
+# What a checkpoint's payload holds, key by key (see `save_checkpoint`).
+_PAYLOAD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "schema_version": int, "step": int, "engine": dict, "rng": torch.Tensor,
+    "cuda_rng": (torch.Tensor, type(None)), "steps": list,
+}
+
+
 def _read(path: Path, mmap: bool = False) -> dict[str, Any]:
-    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    fix = "restore it from a copy, or start a new run"
+    if not path.is_file():
+        raise LayerwiseError(f"checkpoint {path} is not a file; {fix}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its index is last
+        raise LayerwiseError(f"checkpoint {path} is not a torch checkpoint (empty, truncated "
+                             f"or overwritten); {fix}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        raise LayerwiseError(f"checkpoint {path} holds objects other than tensors and plain "
+                             f"values, which layerwise refuses to load; {fix}") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as problem:
+        first = (str(problem).strip().splitlines() or [""])[0]
+        raise LayerwiseError(f"checkpoint {path} cannot be read ({type(problem).__name__}: "
+                             f"{shown(first, 100)}); {fix}") from None
+    if not isinstance(payload, dict):
+        raise LayerwiseError(f"checkpoint {path} holds a {type(payload).__name__}, not a "
+                             f"layerwise checkpoint; {fix}")
     if payload.get("schema_version") != SCHEMA_VERSION:
         raise LayerwiseError(f"checkpoint {path} has schema_version "
-                             f"{payload.get('schema_version')!r}, this layerwise reads "
+                             f"{shown(payload.get('schema_version'))}, this layerwise reads "
                              f"{SCHEMA_VERSION}; start a new run")
+    for key, kind in _PAYLOAD_TYPES.items():
+        if not isinstance(payload.get(key), kind) or isinstance(payload.get(key), bool):
+            raise LayerwiseError(f"checkpoint {path}: '{key}' is missing or malformed; {fix}")
+    if payload["step"] < 1:
+        raise LayerwiseError(f"checkpoint {path}: step {payload['step']} is not a step; {fix}")
+    try:
+        _STEP_RECORDS.validate_python(payload["steps"])
+    except ValidationError as problem:
+        raise LayerwiseError(f"checkpoint {path}: steps.{first_error(problem)}; {fix}") from None
     return payload

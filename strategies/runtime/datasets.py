@@ -21,7 +21,8 @@ batch dropped).
 
 from __future__ import annotations
 
-import json
+import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -30,7 +31,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from strategies.errors import LayerwiseError
+from strategies.documents import read_json
+from strategies.errors import LayerwiseError, shown
+from strategies.memory import check_memory
 
 DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "synthetic")
 _SOURCED = ("cifar10", "imagefolder")  # prepared from a local folder, not from params.yaml
@@ -118,12 +121,13 @@ def prepared_spec(name: str, root: Path = DEFAULT_ROOT) -> ImageSpec | None:
                                  f"or a folder prepared under {root}")
         raise LayerwiseError(f"the {name} dataset is not prepared ({meta_path} is missing); "
                              f"{_prepare_fix(name)}")
+    meta = read_json(meta_path, str(meta_path), fix=f"{_prepare_fix(name)} again")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
         return ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
                          channels=int(meta["channels"]))
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: {error}); "
+    except (ValueError, KeyError, TypeError) as error:
+        raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: "
+                             f"{shown(str(error))}); "
                              f"{_prepare_fix(name)} again") from None
 
 
@@ -155,8 +159,8 @@ def load_dataset(name: str, image_size: int, num_classes: int, in_channels: int,
                        val=SyntheticSplit(prototypes, SYNTHETIC_VAL_SAMPLES, seed, 1))
     _check_fits(name, fixed, wanted)
     folder = root / name
-    return Dataset(name=name, spec=fixed, train=_load_npz(folder / "train.npz", name),
-                   val=_load_npz(folder / "val.npz", name))
+    return Dataset(name=name, spec=fixed, train=_load_npz(folder / "train.npz", name, fixed),
+                   val=_load_npz(folder / "val.npz", name, fixed))
 
 
 def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
@@ -173,11 +177,48 @@ def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
                              f"{wanted.classes}; pass --classes {fixed.classes}")
 
 
-def _load_npz(path: Path, name: str) -> ArraySplit:
+def _load_npz(path: Path, name: str, spec: ImageSpec) -> ArraySplit:
+    """A prepared split: images x (N, C, S, S) and labels y (N,) of meta.json's classes, both
+    numbers, checked from the arrays' headers (shapes, types, the memory they take) before
+    they are read."""
+    fix = f"{_prepare_fix(name)} again"
     if not path.is_file():
         raise LayerwiseError(f"{path} is missing; {_prepare_fix(name)}")
-    with np.load(path) as arrays:
-        return ArraySplit(x=arrays["x"].astype(np.float32), y=arrays["y"].astype(np.int64))
+    try:
+        with np.load(path) as arrays:  # never unpickles: allow_pickle is off
+            x_shape, x_type = _npy_header(arrays.zip, "x.npy")
+            y_shape, y_type = _npy_header(arrays.zip, "y.npy")
+            expected = (spec.channels, spec.image_size, spec.image_size)
+            if x_type.kind not in "uif" or y_type.kind not in "ui":
+                raise LayerwiseError(f"{path} holds {x_type} images and {y_type} labels, not "
+                                     f"numbers; {fix}")
+            if (len(x_shape) != 4 or tuple(x_shape[1:]) != expected
+                    or tuple(y_shape) != x_shape[:1]):
+                raise LayerwiseError(f"{path} holds images {x_shape} and labels {y_shape}, "
+                                     f"not (N, {', '.join(map(str, expected))}) and (N,) as "
+                                     f"meta.json says; {fix}")
+            check_memory(math.prod(x_shape) * (x_type.itemsize + 4), f"loading {path}", fix)
+            labels = arrays["y"].astype(np.int64)
+            if labels.size and not 0 <= labels.min() <= labels.max() < spec.classes:
+                raise LayerwiseError(f"{path} has labels {labels.min()}..{labels.max()}, outside "
+                                     f"the {spec.classes} classes of meta.json; {fix}")
+            return ArraySplit(x=arrays["x"].astype(np.float32), y=labels)
+    except LayerwiseError:
+        raise
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as problem:
+        first = (str(problem).strip().splitlines() or [""])[0]
+        raise LayerwiseError(f"{path} cannot be read ({type(problem).__name__}: "
+                             f"{shown(first, 100)}); {fix}") from None
+
+
+def _npy_header(archive: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of one array of an .npz archive, from its header alone."""
+    with archive.open(member) as stream:
+        version = np.lib.format.read_magic(stream)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read(stream)
+    return tuple(shape), dtype
 
 
 def synthetic_prototypes(spec: ImageSpec, seed: int) -> np.ndarray:

@@ -1,0 +1,274 @@
+"""Hostile and careless input to every command: one line, exit code 2, nothing written.
+
+One table of command lines, each with a fragment of the one line it must print. The files they
+name are built once in a workspace (YAML alias bombs, 100,000-deep documents, corrupt
+checkpoints and datasets, paths that cannot be written); each command runs in-process in that
+workspace, which must be exactly as it was afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.cli.run import embedded_environment
+from strategies.cluster import load_cluster
+from strategies.jobs.job import new_job
+from strategies.jobs.launch import write_run_folder
+from strategies.jobs.options import TrainOptions
+from strategies.runtime.checkpoint import CHECKPOINT_NAME
+from strategies.runtime.worker import SETTINGS_FILE
+from tasks import data as prepare_data
+
+DEEP = 100_000
+# A "billion laughs": nine levels of nine aliases of the level below, 861 bytes as a file
+_LEVELS = "abcdefghi"
+BOMB_LINES = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'] + [
+    f"{this}: &{this} [{','.join(f'*{below}' for _ in range(9))}]"
+    for below, this in zip(_LEVELS, _LEVELS[1:], strict=False)]
+BOMB = "\n".join(BOMB_LINES) + "\n"
+INLINE_BOMB = "[" + ", ".join(  # the same bomb as one YAML flow value
+    ["&a [lol,lol,lol,lol,lol,lol,lol,lol,lol]"]
+    + [f"&{this} [{','.join(f'*{below}' for _ in range(9))}]"
+       for below, this in zip(_LEVELS, _LEVELS[1:], strict=False)]) + "]"
+TRAIN = ("train", "tiny_cnn", "--strategy", "data", "--nproc", "1")
+SEARCH = ("search", "tiny_cnn", "--devices", "2", "--analytic")
+
+
+class Payload:
+    """Pickled into a checkpoint by reference to this module: a global torch's weights-only
+    loader must refuse."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("unpickled",))
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _write_npz(path: Path, **arrays: np.ndarray) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for key, value in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, value, allow_pickle=True)
+            archive.writestr(f"{key}.npy", buffer.getvalue())
+
+
+def _prepared(root: Path, name: str, train: bytes) -> None:
+    folder = root / "data" / "prepared" / name
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text('{"image_size": 8, "classes": 10, "channels": 3}')
+    (folder / "train.npz").write_bytes(train)
+    (folder / "val.npz").write_bytes(train)
+
+
+def _run_folder(root: Path, name: str, checkpoint: bytes | None) -> None:
+    """A run folder as `layerwise train` writes it, with `checkpoint` as its checkpoint."""
+    options = TrainOptions.given(nproc=1, image_size=8)
+    job = new_job("tiny_cnn", "data", options, root / "runs" / name, analytic=True)
+    write_run_folder(job)
+    if checkpoint is not None:
+        (job.out / CHECKPOINT_NAME).write_bytes(checkpoint)
+
+
+def _checkpoint(payload: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bad-input")
+    files = {
+        "bomb.yaml": BOMB,
+        "bomb-config.yaml": BOMB + "name: *i\n",
+        "bomb-params.yaml": BOMB + "prepare: {dataset: digits}\n",
+        "bomb-summary.yaml": BOMB + "name: x\nlayers: *i\n",
+        "self.yaml": "name: &n [1, *n]\n",
+        "big.yaml": "# padding\n" * ((1 << 20) // 10 + 1),
+        "deep.yaml": _nested(DEEP),
+        "deep-block.yaml": "".join("  " * level + "-\n" for level in range(100)),
+        "deep.json": _nested(DEEP),
+        "deep-params.yaml": f"prepare: {_nested(DEEP)}\n",
+        "params-list.yaml": "- prepare\n- dataset: digits\n",
+        "params-huge.yaml": "prepare: {dataset: digits, image_size: 100000}\n",
+        "afile": "a file, not a folder\n",
+    }
+    for name, text in files.items():
+        (root / name).write_text(text)
+    (root / "adir").mkdir()
+    _prepared(root, "truncated", _checkpoint({"x": torch.zeros(64)})[:100])
+    with io.BytesIO() as buffer:
+        _write_npz(buffer, x=np.array([object()] * 4, dtype=object), y=np.zeros(4, np.int64))
+        _prepared(root, "objects", buffer.getvalue())
+    for name, arrays in {"shapes": {"x": np.zeros((4, 1, 8, 8)), "y": np.zeros(4, np.int64)},
+                         "labels": {"x": np.zeros((4, 3, 8, 8)), "y": np.arange(4) * 5}}.items():
+        with io.BytesIO() as buffer:
+            np.savez(buffer, **arrays)
+            _prepared(root, name, buffer.getvalue())
+    _prepared(root, "deepmeta", b"")
+    (root / "data" / "prepared" / "deepmeta" / "meta.json").write_text(_nested(DEEP))
+    good = _checkpoint({"schema_version": 2, "step": 3, "engine": {}, "rng": torch.zeros(2),
+                        "cuda_rng": None, "steps": []})
+    for name, checkpoint in {
+        "truncated": good[: len(good) // 2], "garbage": os.urandom(4096), "empty": b"",
+        "pickle": _checkpoint({"schema_version": 2, "step": 3, "engine": Payload()}),
+        "list": _checkpoint([1, 2, 3]),
+        "records": _checkpoint({"schema_version": 2, "step": 3, "engine": {},
+                                "rng": torch.zeros(2), "cuda_rng": None, "steps": [{}]}),
+    }.items():
+        _run_folder(root, f"ckpt-{name}", checkpoint)
+    _run_folder(root, "deep-settings", None)
+    (root / "runs" / "deep-settings" / SETTINGS_FILE).write_text(_nested(DEEP))
+    assert len(BOMB.encode()) < 400 and load_cluster("local")  # the bomb is a small file
+    return root
+
+
+# (command line, fragment of its one line). "tasks.data" runs `python -m tasks.data`'s main.
+CASES: list[tuple[tuple[str, ...], str]] = [
+    # Rich markup and emoji codes in user text are printed as written
+    (("graph", "[/foo]"), "model '[/foo]'"),
+    (("graph", "a:b:c"), "'a:b:c'"),
+    (("graph", "tiny_cnn", "--cluster", "[bold]x.yaml"), "cluster file [bold]x.yaml"),
+    # a YAML alias bomb wherever a YAML file or value is read
+    (("clusters", "show", "bomb.yaml"), "aliases expand to more than 1,000,000 values"),
+    (("graph", "tiny_cnn", "--cluster", "bomb.yaml"), "cluster file bomb.yaml is refused"),
+    ((*SEARCH, "--cluster", "bomb.yaml"), "aliases expand"),
+    (("oracle", "tiny_cnn", "--platform", "bomb.yaml"), "aliases expand"),
+    ((*TRAIN, "--cluster", "bomb.yaml"), "aliases expand"),
+    (("run", "--config", "bomb-config.yaml"), "config bomb-config.yaml is refused"),
+    (("run", "--set", "cluster=bomb.yaml"), "aliases expand"),
+    (("run", "--set", f"name={INLINE_BOMB}"), "aliases expand"),
+    (("oracle", "bomb-summary.yaml"), "model summary bomb-summary.yaml is refused"),
+    (("tasks.data", "--params", "bomb-params.yaml"), "aliases expand"),
+    (("clusters", "show", "self.yaml"), "refers to the value that contains it"),
+    (("clusters", "show", "big.yaml"), "larger than 1 MiB"),
+    # documents nested 100,000 deep (RecursionError before)
+    (("clusters", "show", "deep.yaml"), "nest more than 64 levels"),
+    (("graph", "tiny_cnn", "--cluster", "deep-block.yaml"), "nest more than 64 levels"),
+    (("run", "--config", "deep.yaml"), "nest more than 64 levels"),
+    (("oracle", "deep.json"), "nest more than 64 levels"),
+    (("oracle", "tiny_cnn", "--profile", "deep.json"), "profile deep.json is refused"),
+    (("search", "tiny_cnn", "--devices", "2", "--cluster", "local", "--profile", "deep.json"),
+     "nest more than 64 levels"),
+    (("train", "tiny_cnn", "--strategy", "deep.json", "--nproc", "1"),
+     "strategy file deep.json is refused"),
+    (("tasks.data", "--params", "deep-params.yaml"), "nest more than 64 levels"),
+    (("train", "tiny_cnn", "--resume", "runs/deep-settings"), "nest more than 64 levels"),
+    ((*TRAIN, "--dataset", "deepmeta"), "meta.json is refused"),
+    # files that cannot be written, found before any work
+    ((*SEARCH, "--cluster", "local", "--save", "afile/s.json"), "afile is a file, not a folder"),
+    ((*SEARCH, "--cluster", "local", "--save", "adir"), "--save adir: it is a directory"),
+    ((*SEARCH, "--cluster", "local", "--save", "/proc/s.json"), "cannot write"),
+    (("oracle", "tiny_cnn", "--save", "adir"), "--save adir: it is a directory"),
+    (("profile", "tiny_cnn", "--devices", "1", "--out", "afile/p.json"), "is a file, not a"),
+    (("calibrate", "--nproc", "2", "--out", "adir"), "--out adir: it is a directory"),
+    ((*TRAIN, "--out", "afile/run"), "--out afile/run: afile is a file, not a folder"),
+    (("verify", "tiny_cnn", "--strategy", "data", "--nproc", "1", "--out", "afile/v"),
+     "afile is a file, not a folder"),
+    # corrupt checkpoints, found before any worker starts
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-truncated", "--steps", "9"),
+     "is not a torch checkpoint (empty, truncated or overwritten)"),
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-garbage", "--steps", "9"),
+     "is not a torch checkpoint"),
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-empty", "--steps", "9"),
+     "is not a torch checkpoint"),
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-pickle", "--steps", "9"),
+     "holds objects other than tensors"),
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-list", "--steps", "9"),
+     "holds a list, not a layerwise checkpoint"),
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-records", "--steps", "9"),
+     "steps.0.step: Field required"),
+    # broken prepared datasets
+    ((*TRAIN, "--dataset", "truncated"), "train.npz cannot be read (BadZipFile"),
+    ((*TRAIN, "--dataset", "objects"), "holds object images and int64 labels, not numbers"),
+    ((*TRAIN, "--dataset", "shapes"),
+     "holds images (4, 1, 8, 8) and labels (4,), not (N, 3, 8, 8)"),
+    ((*TRAIN, "--dataset", "labels"), "has labels 0..15, outside the 10 classes of meta.json"),
+    # params.yaml
+    (("tasks.data", "--params", "params-list.yaml"), "the top level must be a mapping"),
+    (("tasks.data", "--params", "params-huge.yaml"),
+     "1,797 images at 100000x100000 would need at least 65.4 TiB of memory"),
+    # numbers that would need more memory than there is, refused with what they would need
+    (("profile", "tiny_cnn", "--devices", "1", "--batch-per-device", "100000000"),
+     "profiling tiny_cnn at a global batch of 100000000"),
+    (("profile", "tiny_cnn", "--devices", "1000000"), "would need at least"),
+    (("search", "alexnet", "--devices", "4096", "--cluster", "abci", "--analytic"),
+     "the cost model on 4096 devices (20 per-dimension transfer tables of 13.7 GiB each)"),
+    ((*TRAIN, "--batch-per-device", "100000000"),
+     "training tiny_cnn at a global batch of 100000000 (100000000 per process, 1 process) "
+     "would need at least"),
+    ((*TRAIN, "--image-size", "100000"), "would need at least"),
+    (("run", "--set", "image_size=100000"),
+     "training wide_fc at a global batch of 64 on 100000x100000 images would need at least"),
+]
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(path.relative_to(root)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(root.rglob("*"))}
+
+
+def _invoke(argv: tuple[str, ...]) -> tuple[int, str]:
+    """(exit code, what the user reads on the error stream) of one command line."""
+    if argv[0] == "tasks.data":
+        with redirect_stdout(io.StringIO()) as printed:  # it prints its errors to stdout
+            code = prepare_data.main(list(argv[1:]))
+        return code, printed.getvalue()
+    result = CliRunner().invoke(app, list(argv))
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        result.exception)
+    return result.exit_code, result.stderr
+
+
+@pytest.mark.parametrize(("argv", "fragment"), CASES,
+                         ids=[" ".join(argv)[:70] for argv, _ in CASES])
+def test_bad_input_is_one_line_and_exit_code_2(workspace, monkeypatch, argv, fragment):
+    monkeypatch.chdir(workspace)
+    for name, value in embedded_environment(workspace).items():  # what `run` would set
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    before = _files(workspace)
+    code, output = _invoke(argv)
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 2, output
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert fragment in lines[0], lines[0]
+    assert _files(workspace) == before  # nothing half-written, nothing stray
+    assert len(lines[0]) < 400
+
+
+def test_the_bomb_is_a_real_one():
+    """PyYAML's own safe loader takes the bomb as 9^9 values, as a user's process did."""
+    document = yaml.safe_load(BOMB)
+    assert len(document["i"]) == 9 and document["i"][0][0][0][0][0][0][0][0][0] == "lol"
+
+
+def test_what_the_bounds_leave_alone_still_reads(tmp_path):
+    """Anchors used as meant (one link written once), and JSON nested as deep as allowed."""
+    from strategies.documents import MAX_DEPTH, read_json
+
+    preset = (Path(__file__).parents[1] / "strategies" / "clusters" / "abci.yaml").read_text()
+    shared = preset.replace("  intra_node:\n    bandwidth: 50 GB/s\n    latency: 9 us\n",
+                            "  intra_node: &fast\n    bandwidth: 50 GB/s\n    latency: 9 us\n")
+    shared = shared.replace("  link:\n    bandwidth: 12.5 GB/s\n    latency: 30.71 us",
+                            "  link: {<<: *fast, bandwidth: 12.5 GB/s, latency: 30.71 us}")
+    assert "*fast" in shared
+    (tmp_path / "shared.yaml").write_text(shared)
+    assert load_cluster(tmp_path / "shared.yaml") == load_cluster("abci")
+    (tmp_path / "deep.json").write_text(_nested(MAX_DEPTH))
+    expected: list = []
+    for _ in range(MAX_DEPTH - 1):
+        expected = [expected]
+    assert read_json(tmp_path / "deep.json", "deep.json") == expected
