@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -127,6 +128,32 @@ def test_a_run_past_its_deadline_is_stopped_with_its_workers(tmp_path):
         with pytest.raises(TimeoutError, match="deadline of 8 s"):
             run_torchrun(command, job, deadline_s=8.0)
     _wait_for(lambda: not processes_mentioning(str(out)), "the workers to stop")
+
+
+# A launcher that is gone at once, leaving a process that holds its output open for good (as
+# workers that outlived a killed torchrun would, had they no parent-death signal).
+ORPHANING_LAUNCHER = [sys.executable, "-c", (
+    "import subprocess, sys\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n"
+    "sys.exit(3)\n")]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the orphan in /proc")
+def test_output_held_open_after_the_launcher_is_gone_is_not_waited_for(tmp_path):
+    out, marker = tmp_path / "run", f"orphan-of-{tmp_path.name}"
+    codes: list[int] = []
+    with new_job("tiny_cnn", "data", TrainOptions(nproc=1, image_size=8), out,
+                 analytic=True) as job:
+        follower = threading.Thread(
+            target=lambda: codes.append(run_torchrun([*ORPHANING_LAUNCHER, marker], job)),
+            daemon=True)
+        try:
+            follower.start()
+            follower.join(WAIT_SECONDS)
+            assert codes == [3]  # the launcher's own code, not a wait on the orphan's pipe
+        finally:
+            for pid in processes_mentioning(marker):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")

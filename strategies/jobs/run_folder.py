@@ -95,8 +95,7 @@ def claim_new_folder(out: Path, node_rank: int = 0) -> FolderClaim:
     run's files, before or after this node starts."""
     created = _make_folder(out)
     lock = out / lock_file_name(node_rank)
-    claim = FolderClaim(out, lock, _hold(lock, f"--out {out} is in use by a live run{{holder}}; "
-                                               "choose a new folder"), created)
+    claim = FolderClaim(out, lock, _hold(lock, f"--out {out}", "choose a new folder"), created)
     if node_rank == 0 and any(entry.name != LOCK_FILE
                               and not _OTHER_NODES_FILE.fullmatch(entry.name)
                               for entry in _entries(out)):
@@ -124,16 +123,15 @@ def claim_stamped_folder(parent: Path, name: str) -> FolderClaim:
             raise LayerwiseError(f"cannot create a run folder in {parent} "
                                  f"({error.strerror})") from None
         lock = folder / LOCK_FILE
-        return FolderClaim(folder, lock, _hold(lock, f"{folder} is in use{{holder}}"),
+        return FolderClaim(folder, lock, _hold(lock, str(folder), "launch again"),
                            created=True)
 
 
 def claim_existing_run(folder: Path, node_rank: int = 0) -> FolderClaim:
     """The folder of a run to continue; refused (one line) while a live launch holds it."""
     lock = folder / lock_file_name(node_rank)
-    refusal = f"--resume {folder}: a live run{{holder}} is training in it; wait for it to end " \
-              "or stop it"
-    return FolderClaim(folder, lock, _hold(lock, refusal), created=False)
+    return FolderClaim(folder, lock, _hold(lock, f"--resume {folder}",
+                                           "wait for it to end or stop it"), created=False)
 
 
 def _make_folder(folder: Path) -> bool:
@@ -156,10 +154,10 @@ def _entries(folder: Path) -> list[Path]:
         raise LayerwiseError(f"cannot read the folder {folder} ({error.strerror})") from None
 
 
-def _hold(lock: Path, refusal: str) -> int:
+def _hold(lock: Path, subject: str, fix: str) -> int:
     """A descriptor of `lock` (created if missing) holding its exclusive flock, with this
-    process's id written in; LayerwiseError(`refusal` with {holder}: ' (pid N)') while another
-    process holds it.
+    process's id written in; while another process holds it, LayerwiseError: `subject` is in
+    use by a live run (pid N); `fix`.
 
     A lock file removed between opening and locking it (a claim given up) is not the one at
     the path any more: locking it would let a second launch lock the new one, so it is
@@ -176,7 +174,8 @@ def _hold(lock: Path, refusal: str) -> int:
         except OSError as error:
             os.close(descriptor)
             if error.errno in (errno.EAGAIN, errno.EACCES):
-                raise LayerwiseError(refusal.format(holder=_holder(lock))) from None
+                raise LayerwiseError(f"{subject} is in use by a live run{_holder(lock)}; "
+                                     f"{fix}") from None
             raise LayerwiseError(f"cannot lock {lock} ({error.strerror})") from None
         if _same_file(descriptor, lock):
             break
