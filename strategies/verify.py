@@ -8,8 +8,9 @@ after K steps every weight of an exact strategy equals the plain module's to ~1e
 real error (a missing halo row, a gradient summed twice) shows at 1e-3 or more.
 
 `reference_run` trains the plain module (no parallelism, torch's own SGD) on the run's own
-settings, seed and global batches, in float64; `compare` reads what a run saved (model.pt and
-result.json) and measures the largest difference of every loss and every parameter.
+settings, seed, global batches and dtype (float64 here); `compare` reads what a run saved
+(model.pt and result.json) and measures the largest difference of every loss and every
+parameter.
 """
 
 from __future__ import annotations
@@ -66,13 +67,15 @@ class Divergence(BaseModel):
 
 
 def reference_run(settings: TrainSettings, steps: int) -> ReferenceRun:
-    """`steps` SGD steps of the plain module in float64 on the run's settings and batches.
+    """`steps` SGD steps of the plain module on the run's settings and batches, in its dtype
+    (float64 for an exactness check).
 
     Seeding, building the module and loading the data happen in the torchrun worker's order,
     so the weights and the dropout masks the runtime replays are the same draws.
     """
+    dtype = getattr(torch, settings.dtype)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+    torch.set_default_dtype(dtype)
     try:
         torch.manual_seed(settings.seed)
         module = build_model(settings.model, num_classes=settings.classes,
@@ -87,7 +90,7 @@ def reference_run(settings: TrainSettings, steps: int) -> ReferenceRun:
         for step in range(1, steps + 1):
             x, y = batches.batch_at(step)
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(module(torch.from_numpy(x).to(torch.float64)),
+            loss = F.cross_entropy(module(torch.from_numpy(x).to(dtype)),
                                    torch.from_numpy(y))
             loss.backward()
             optimizer.step()

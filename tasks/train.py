@@ -37,16 +37,16 @@ def train_strategy(model: str, strategy: str, options: TrainOptions, steps: int,
     `out` with the run `options`, stopping torchrun after `deadline_s` seconds."""
     logger = get_run_logger()
     check_launch_numbers(steps, None, steps, DEFAULT_TIMEOUT_SECONDS)
-    job = new_job(model, strategy, options, out, analytic=options.profile is None)
-    total = total_steps(job, steps, None)
-    command = torchrun_command(job, total, total, DEFAULT_TIMEOUT_SECONDS, None, None)
-    write_run_folder(job)
-    logger.info("torchrun: %d processes, %d steps, run folder %s", job.settings.nproc, total,
-                out)
-    code = run_torchrun(command, job, on_line=lambda line: logger.info("%s", line),
-                        on_progress=_progress_logger(logger, total), deadline_s=deadline_s)
+    with new_job(model, strategy, options, out, analytic=options.profile is None) as job:
+        total = total_steps(job, steps, None)
+        command = torchrun_command(job, total, total, DEFAULT_TIMEOUT_SECONDS)
+        write_run_folder(job)
+        logger.info("torchrun: %d processes, %d steps, run folder %s", job.settings.nproc,
+                    total, out)
+        code = run_torchrun(command, job, on_line=lambda line: logger.info("%s", line),
+                            on_progress=_progress_logger(logger, total), deadline_s=deadline_s)
     if code != 0:
-        raise TrainingFailed(failure_line(out, code, range(job.settings.nproc)))
+        raise TrainingFailed(failure_line(out, code, job.settings.nproc))
     return RunResult.load(out / RESULT_FILE)
 
 

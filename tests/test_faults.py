@@ -1,9 +1,10 @@
-"""Faults a user meets around a run: two runs tracking at once, Ctrl-C, SIGTERM, SIGKILL, a
-deadline, runs left open by a killed flow.
+"""Faults a user meets around a run: two runs tracking at once, Ctrl-C, SIGTERM, SIGKILL of
+the launcher or of the flow, a deadline, runs left open by a killed flow; and what a run exposes
+to the network meanwhile.
 
 Real components only: two spawned processes on one fresh MLflow SQLite store; `layerwise train`
 and `layerwise run` as subprocesses whose torchrun workers and Prefect server are found in /proc
-by their run folder or working directory.
+by their run folder or working directory, and whose sockets psutil lists.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +24,9 @@ from mlflow import MlflowClient
 from strategies.jobs.job import new_job
 from strategies.jobs.launch import run_torchrun, torchrun_command, write_run_folder
 from strategies.jobs.options import TrainOptions
+from strategies.runtime.worker import ERRORS_DIR
 from tasks import track
+from tests.processes import LOOPBACK, listening_addresses, only_child, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -78,24 +82,6 @@ def test_two_flows_tracking_into_one_new_store_at_once_both_land(tmp_path):
         assert run.info.status == "FINISHED"
 
 
-def _processes_mentioning(text: str, working_in: Path | None = None) -> list[int]:
-    """Live processes (not this one) whose command line contains `text` (a run folder: the
-    workers'), and that work in `working_in` when given."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            alive = "zombie" not in (entry / "status").read_text()
-            here = working_in is None or (entry / "cwd").resolve() == working_in
-        except OSError:
-            continue
-        if text in command and alive and here:
-            found.append(int(entry.name))
-    return found
-
-
 def _wait_for(condition, what: str, seconds: float = WAIT_SECONDS) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -105,38 +91,77 @@ def _wait_for(condition, what: str, seconds: float = WAIT_SECONDS) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM],
-                         ids=["ctrl-c", "sigterm"])
-def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, stop_signal):
+@pytest.mark.parametrize("target, stop_signal", [
+    ("cli", signal.SIGINT), ("cli", signal.SIGTERM), ("torchrun", signal.SIGKILL)],
+    ids=["ctrl-c", "sigterm", "sigkill-torchrun"])
+def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, target, stop_signal):
+    """Also: the run listens on the loopback only (torchrun's rendezvous and the workers' gloo
+    pairs), and a torchrun killed outright takes its workers with it (killed: no rank records
+    an error) while the CLI ends with one line."""
     out = tmp_path / "run"
-    launcher = subprocess.Popen([str(LAYERWISE), "train", *LONG_RUN, "--out", str(out)],
+    launcher = subprocess.Popen([str(LAYERWISE), "train", *LONG_RUN, "--checkpoint-every", "5",
+                                 "--out", str(out)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 cwd=tmp_path)
     try:
-        # two workers plus torchrun's own agent all carry the run folder
-        _wait_for(lambda: len(_processes_mentioning(str(out))) >= 3 or launcher.poll() is not None,
-                  "the workers to start")
+        _wait_for(lambda: (out / "checkpoint.pt").exists() or launcher.poll() is not None,
+                  "the workers to train")
         assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
-        launcher.send_signal(stop_signal)
-        launcher.wait(WAIT_SECONDS)
+        torchrun = only_child(launcher)
+        listening = listening_addresses(torchrun)
+        assert len(listening) >= 2  # a gloo pair per worker at least
+        assert {address for address, _ in listening} <= LOOPBACK, listening
+        victim = launcher if target == "cli" else torchrun
+        victim.send_signal(stop_signal)
+        _, stderr = launcher.communicate(timeout=WAIT_SECONDS)
         assert launcher.returncode != 0
-        _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
+        _wait_for(lambda: not processes_mentioning(str(out)), "the workers to stop")
+        if target == "torchrun":
+            lines = [line for line in stderr.splitlines() if line.strip()]
+            assert len(lines) == 1 and "torchrun was killed (SIGKILL)" in lines[0], stderr
+            assert not (out / ERRORS_DIR).exists()
     finally:
         if launcher.poll() is None:
             launcher.kill()
-        for pid in _processes_mentioning(str(out)):
+        for pid in processes_mentioning(str(out)):
             os.kill(pid, signal.SIGKILL)
 
 
 def test_a_run_past_its_deadline_is_stopped_with_its_workers(tmp_path):
     out = tmp_path / "run"
     options = TrainOptions(nproc=2, image_size=8, batch_per_device=4)
-    job = new_job("tiny_cnn", "data", options, out, analytic=True)
-    command = torchrun_command(job, 100000, 100000, 60.0, None, None)
-    write_run_folder(job)
-    with pytest.raises(TimeoutError, match="deadline of 8 s"):
-        run_torchrun(command, job, deadline_s=8.0)
-    _wait_for(lambda: not _processes_mentioning(str(out)), "the workers to stop")
+    with new_job("tiny_cnn", "data", options, out, analytic=True) as job:
+        command = torchrun_command(job, 100000, 100000, 60.0)
+        write_run_folder(job)
+        with pytest.raises(TimeoutError, match="deadline of 8 s"):
+            run_torchrun(command, job, deadline_s=8.0)
+    _wait_for(lambda: not processes_mentioning(str(out)), "the workers to stop")
+
+
+# A launcher that is gone at once, leaving a process that holds its output open for good (as
+# workers that outlived a killed torchrun would, had they no parent-death signal).
+ORPHANING_LAUNCHER = [sys.executable, "-c", (
+    "import subprocess, sys\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]])\n"
+    "sys.exit(3)\n")]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the orphan in /proc")
+def test_output_held_open_after_the_launcher_is_gone_is_not_waited_for(tmp_path):
+    out, marker = tmp_path / "run", f"orphan-of-{tmp_path.name}"
+    codes: list[int] = []
+    with new_job("tiny_cnn", "data", TrainOptions(nproc=1, image_size=8), out,
+                 analytic=True) as job:
+        follower = threading.Thread(
+            target=lambda: codes.append(run_torchrun([*ORPHANING_LAUNCHER, marker], job)),
+            daemon=True)
+        try:
+            follower.start()
+            follower.join(WAIT_SECONDS)
+            assert codes == [3]  # the launcher's own code, not a wait on the orphan's pipe
+        finally:
+            for pid in processes_mentioning(marker):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +177,7 @@ def _start_flow(project: Path, experiment: str) -> subprocess.Popen[bytes]:
         [str(LAYERWISE), *FLOW_RUN, "--set", f"name={experiment}"], cwd=project,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, track.TRACKING_VARIABLE: f"sqlite:///{project / 'mlflow.db'}"})
-    _wait_for(lambda: _processes_mentioning("strategies.runtime.worker", project)
+    _wait_for(lambda: processes_mentioning("strategies.runtime.worker", project)
               or launcher.poll() is not None, "the one-process reference to start training")
     assert launcher.poll() is None
     return launcher
@@ -161,7 +186,7 @@ def _start_flow(project: Path, experiment: str) -> subprocess.Popen[bytes]:
 def _stop_leftovers(launcher: subprocess.Popen[bytes], project: Path) -> None:
     if launcher.poll() is None:
         launcher.kill()
-    for pid in _processes_mentioning("", project):
+    for pid in processes_mentioning("", project):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -172,7 +197,7 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
         launcher.send_signal(signal.SIGINT)
         launcher.wait(WAIT_SECONDS)
         assert launcher.returncode != 0
-        _wait_for(lambda: not _processes_mentioning("", flow_project), "every process to stop")
+        _wait_for(lambda: not processes_mentioning("", flow_project), "every process to stop")
     finally:
         _stop_leftovers(launcher, flow_project)
     client = MlflowClient(tracking_uri=f"sqlite:///{flow_project / 'mlflow.db'}")
@@ -190,10 +215,10 @@ def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_ki
     is marked KILLED by the next flow's start (close_orphaned_runs) as its writer is gone."""
     launcher = _start_flow(flow_project, "killed")
     try:
-        assert _processes_mentioning("prefect.server.api.server:create_app", flow_project)
+        assert processes_mentioning("prefect.server.api.server:create_app", flow_project)
         launcher.kill()
         launcher.wait(WAIT_SECONDS)
-        _wait_for(lambda: not _processes_mentioning("", flow_project), "every process to stop",
+        _wait_for(lambda: not processes_mentioning("", flow_project), "every process to stop",
                   STOP_SECONDS)
     finally:
         _stop_leftovers(launcher, flow_project)

@@ -113,16 +113,17 @@ def train(
         seed=seed)
     Fault.from_environment()  # a malformed drill is a user error before anything starts
     if resume is not None:
-        job = resumed_job(resume, model, strategy, options, out)
+        job = resumed_job(resume, model, strategy, options, out, node_rank, rdzv_endpoint)
     else:
-        job = new_job(model, strategy, options, out, analytic)
-    total = total_steps(job, steps, epochs)
-    command = torchrun_command(job, total, checkpoint_every, timeout, node_rank, rdzv_endpoint)
-    write_run_folder(job)
-    code = _run_with_progress_bar(command, job, as_json)
+        job = new_job(model, strategy, options, out, analytic, node_rank, rdzv_endpoint)
+    with job:  # the run folder is held until the run ends
+        total = total_steps(job, steps, epochs)
+        command = torchrun_command(job, total, checkpoint_every, timeout)
+        write_run_folder(job)
+        code = _run_with_progress_bar(command, job, as_json)
     if code != 0:
-        first_rank = (node_rank or 0) * job.settings.nproc
-        line = failure_line(job.out, code, range(first_rank, first_rank + job.settings.nproc))
+        line = failure_line(job.out, code, job.settings.nproc, job.settings.nnodes,
+                            job.node_rank)
         print_error(line)
         raise typer.Exit(code=1)
     _report(job, as_json)

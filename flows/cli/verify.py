@@ -65,7 +65,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train strategies in float64 and compare every loss and weight with one device."""
-    from strategies.jobs.job import fresh_folder
+    from strategies.jobs.job import claim_folder
     from strategies.jobs.options import TrainOptions
     from strategies.jobs.verify import VerifyFailed, requested_strategies, verify_strategies
 
@@ -73,12 +73,13 @@ def verify(
                                  batch_per_device=batch_per_device, image_size=image_size,
                                  classes=classes, in_channels=in_channels, lr=lr, seed=seed)
     names, every = requested_strategies(strategy)
-    folder = fresh_folder(out, model, "verify")
-    with console.status(f"verifying {len(names)} strateg{'y' if len(names) == 1 else 'ies'} "
-                        f"of {model} on {nproc} processes in float64", spinner="dots") as status:
+    title = (f"verifying {len(names)} strateg{'y' if len(names) == 1 else 'ies'} of {model} "
+             f"on {nproc} processes in float64")
+    with (claim_folder(out, model, "verify") as claim,
+          console.status(title, spinner="dots") as status):
         try:
             report = verify_strategies(
-                model, names, options, steps, folder, skip_inapplicable=every,
+                model, names, options, steps, claim.path, skip_inapplicable=every,
                 on_progress=lambda name, progress: status.update(
                     f"verifying {name}: step {progress.step}/{progress.steps}"))
         except VerifyFailed as failure:  # a run that failed, as `train` reports one: exit 1

@@ -2,16 +2,21 @@
 
 The first error is the cause; the other ranks fail after it, on the lost connection. A rank
 that dies without a word (os._exit, SIGKILL, the OOM killer) records nothing: then the silent
-ranks, or torchrun's own report of the first rank that exited, name the likely cause.
+ranks (named with their node, on several machines: the run folder is shared, so every node
+sees every rank's error), or torchrun's own report of the first rank that exited, name the
+likely cause. A launcher killed from outside is named itself.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
+from itertools import groupby
 from pathlib import Path
 
 from strategies.jobs.launch import LOG_FILE
+from strategies.jobs.run_folder import node_file_name
 from strategies.runtime.worker import ERRORS_DIR
 
 # How gloo and NCCL report a peer that went away: a consequence, not a cause.
@@ -21,28 +26,51 @@ _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(
                          r"\(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
-def failure_line(out: Path, code: int, local_ranks: range) -> str:
-    """The rank whose error came first (the cause; the others fail after it) and its error.
+def failure_line(out: Path, code: int, nproc: int, nnodes: int = 1,
+                 node_rank: int = 0) -> str:
+    """The rank whose error came first (the cause; the others fail after it) and its error,
+    for node `node_rank` of a run of `nnodes` x `nproc` processes in `out` whose torchrun
+    exited with `code`.
 
     A rank that was killed records nothing, and its peers then fail on the lost connection;
-    then the silent ranks of this node are named as the likely cause.
+    then the silent ranks are named as the likely cause.
     """
+    log = out / node_file_name(LOG_FILE, node_rank)
+    where = f"torchrun exit code {code}; log: {log}"
+    if code < 0:
+        return (f"training failed: torchrun was killed ({_signal_name(-code)}), and its "
+                f"workers with it ({where})")
     failures = []
     for path in sorted((out / ERRORS_DIR).glob("rank*.json")):
         try:
             failures.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError):
             continue
-    where = f"torchrun exit code {code}; log: {out / LOG_FILE}"
-    silent = sorted(set(local_ranks) - {failure["rank"] for failure in failures})
+    silent = sorted(set(range(nproc * nnodes)) - {failure["rank"] for failure in failures})
     if not failures:
-        return _unrecorded_failure(out / LOG_FILE, where)
+        return _unrecorded_failure(log, where)
     first = min(failures, key=lambda failure: failure["time"])
     if silent and _PEER_LOST.search(first["error"]):
-        names = ", ".join(map(str, silent))
-        return (f"training failed: rank {names} stopped without an error (killed, or out of "
-                f"memory?), then rank {first['rank']} lost it: {first['error']} ({where})")
+        return (f"training failed: {_ranks(silent, nproc, nnodes)} stopped without an error "
+                f"(killed, or out of memory?), then rank {first['rank']} lost it: "
+                f"{first['error']} ({where})")
     return f"training failed: rank {first['rank']} failed first: {first['error']} ({where})"
+
+
+def _ranks(ranks: list[int], nproc: int, nnodes: int) -> str:
+    """'rank 1, 2', or on several nodes 'rank 2, 3 (node 1)'."""
+    if nnodes == 1:
+        return "rank " + ", ".join(map(str, ranks))
+    by_node = groupby(ranks, key=lambda rank: rank // nproc)
+    return "; ".join(f"rank {', '.join(map(str, group))} (node {node})"
+                     for node, group in by_node)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _unrecorded_failure(log: Path, where: str) -> str:

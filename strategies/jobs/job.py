@@ -3,15 +3,17 @@ batches and run folder.
 
 Everything that can be wrong is found here (one-line LayerwiseError): the strategy against the
 model's layer graph at the global batch (batch per device x processes), the dataset against the
-model's input, the run folder, a resumed run's options against the run it continues.
+model's input, the run folder, a resumed run's options against the run it continues. The run
+folder is claimed first (strategies/jobs/run_folder.py), so that no other launch can take it
+between the check and the run; a job is a context manager that lets it go, and a job refused
+on its way leaves no folder behind.
 """
 
 from __future__ import annotations
 
-import datetime
-import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from strategies.cluster import load_cluster
@@ -20,7 +22,13 @@ from strategies.files import creatable_folder
 from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.costing import cost_model
 from strategies.jobs.named_strategies import strategy_by_name, strategy_names
-from strategies.jobs.options import TrainOptions
+from strategies.jobs.options import TrainOptions, check_nodes
+from strategies.jobs.run_folder import (
+    FolderClaim,
+    claim_existing_run,
+    claim_new_folder,
+    claim_stamped_folder,
+)
 from strategies.memory import check_memory, training_bytes
 from strategies.run import TrainSettings
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
@@ -39,25 +47,51 @@ RUNS_DIR = Path("runs")  # where run folders go unless one is named; relative to
 
 @dataclass(frozen=True)
 class Job:
-    """A checked run, ready to launch: what it trains, where it writes, where it starts."""
+    """A checked run, ready to launch: what it trains, where it writes, where it starts, and
+    this machine's place among the run's nodes. `with job:` holds its folder until the end."""
 
     settings: TrainSettings
     strategy: Strategy
     graph: LayerGraph
     batches: GlobalBatches
-    out: Path
+    claim: FolderClaim
     checkpoint_step: int | None  # the step to resume after; None starts at step 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # node 0's HOST:PORT, for a run on several nodes
+
+    @property
+    def out(self) -> Path:
+        return self.claim.path
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.claim.release()
 
 
 def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path | None,
-            analytic: bool) -> Job:
-    """A run from the options given (defaults for the rest), checked before anything exists."""
+            analytic: bool, node_rank: int | None = None,
+            rdzv_endpoint: str | None = None) -> Job:
+    """A run from the options given (defaults for the rest), checked before anything is
+    written, in a folder claimed first (`out`, else a new one under runs/)."""
     if strategy is None:
         raise LayerwiseError("pass --strategy layerwise|data|model|owt|FILE (or --resume DIR)")
     if options.nproc is None:
         raise LayerwiseError("pass --nproc N, the number of processes per node")
-    folder = fresh_folder(out, model, strategy)
+    check_nodes(options.nnodes, node_rank, rdzv_endpoint)
+    if options.nnodes > 1 and out is None:
+        raise LayerwiseError("several nodes share one run folder: pass --out DIR on a "
+                             "filesystem every node sees")
     world = options.nproc * options.nnodes
+    with claim_folder(out, model, strategy, node_rank or 0).released_on_error() as claim:
+        return _new_job(model, strategy, options, world, claim, analytic, node_rank or 0,
+                        rdzv_endpoint)
+
+
+def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim: FolderClaim,
+             analytic: bool, node_rank: int, rdzv_endpoint: str | None) -> Job:
     fixed = prepared_spec(options.dataset, DEFAULT_ROOT)
     graph = build_graph(
         model, batch=options.batch_per_device * world,
@@ -76,12 +110,15 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
         classes=graph.by_name[graph.outputs[0]].output_shape[1],
         **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
-               out=folder, checkpoint_step=None)
+               claim=claim, checkpoint_step=None, node_rank=node_rank,
+               rdzv_endpoint=rdzv_endpoint)
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
-                out: Path | None) -> Job:
-    """The run in `folder` as it was defined; options given again must not change it."""
+                out: Path | None, node_rank: int | None = None,
+                rdzv_endpoint: str | None = None) -> Job:
+    """The run in `folder` as it was defined; options given again must not change it. The
+    folder is held from the first check on: a run still training in it is refused."""
     settings = TrainSettings.load(folder / SETTINGS_FILE)
     if out is not None and out.resolve() != folder.resolve():
         raise LayerwiseError(f"--resume continues in {folder}; drop --out {out}")
@@ -92,13 +129,22 @@ def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOp
             raise LayerwiseError(
                 f"--resume {folder} continues the same run: its {key} is "
                 f"{getattr(settings, key)!r}, not {value!r}; drop that option or start a new run")
+    check_nodes(settings.nnodes, node_rank, rdzv_endpoint)
+    with claim_existing_run(folder, node_rank or 0).released_on_error() as claim:
+        return _resumed_job(settings, claim, node_rank or 0, rdzv_endpoint)
+
+
+def _resumed_job(settings: TrainSettings, claim: FolderClaim, node_rank: int,
+                 rdzv_endpoint: str | None) -> Job:
+    folder = claim.path
     graph = build_graph(settings.model, batch=settings.global_batch,
                         image_size=settings.image_size, num_classes=settings.classes,
                         in_channels=settings.in_channels)
     saved = Strategy.load(folder / STRATEGY_FILE)
     _check_strategy(saved, str(folder / STRATEGY_FILE), graph, settings.world)
     return Job(settings=settings, strategy=saved, graph=graph, batches=_batches(settings),
-               out=folder, checkpoint_step=checkpoint_step(folder / CHECKPOINT_NAME))
+               claim=claim, checkpoint_step=checkpoint_step(folder / CHECKPOINT_NAME),
+               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
 
 
 def total_steps(job: Job, steps: int | None, epochs: int | None) -> int:
@@ -158,19 +204,12 @@ def _batches(settings: TrainSettings) -> GlobalBatches:
     return GlobalBatches(data.train, settings.global_batch, settings.seed)
 
 
-def fresh_folder(out: Path | None, model: str, strategy: str) -> Path:
-    """`out` if it is new or empty, else a new folder under runs/ named after the run."""
+def claim_folder(out: Path | None, model: str, strategy: str,
+                 node_rank: int = 0) -> FolderClaim:
+    """`out` if it is new or empty, else a new folder under runs/ named after the run; held
+    until released, so that no other launch can write into it meanwhile."""
     if out is not None:
         creatable_folder(out, "--out")
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise LayerwiseError(f"--out {out} already holds files; continue that run with "
-                                 f"--resume {out} or choose a new folder")
-        return out
+        return claim_new_folder(out, node_rank)
     name = Path(strategy).stem if strategy.endswith(".json") else strategy
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}-{name}-{stamp}")
-    candidate, suffix = RUNS_DIR / base, 1
-    while candidate.exists():
-        suffix += 1
-        candidate = RUNS_DIR / f"{base}-{suffix}"
-    return candidate
+    return claim_stamped_folder(RUNS_DIR, f"{model}-{name}")

@@ -5,6 +5,13 @@ process even when that is killed outright (SIGKILL; strategies.jobs.tether).
 A blocked read of torchrun's output never notices a deadline, and an orchestrator's timeout
 cannot interrupt it either, so a timer stops the process group itself. Rank 0's progress lines
 and every other output line go to callables: the CLI draws a progress bar, the flow's task logs.
+A launcher killed from outside (SIGKILL, the OOM killer) takes its workers with it
+(strategies/runtime/parent_death.py); the output is then no longer waited for.
+
+On one machine torchrun and its workers meet through files in a private temporary folder
+(strategies/rendezvous.py), so nothing of the run listens on the network; the nodes of a run on
+several machines meet at node 0's --rdzv-endpoint, which must listen where they reach it. Node
+0 writes the run folder they share; each node logs to its own torchrun log.
 """
 
 from __future__ import annotations
@@ -12,19 +19,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
-from strategies.errors import LayerwiseError
 from strategies.files import write_atomic
 from strategies.jobs.job import Job
+from strategies.jobs.run_folder import node_file_name
 from strategies.jobs.tether import tethered
+from strategies.rendezvous import loopback_environment
 from strategies.runtime.worker import (
     ERRORS_DIR,
     GRAPH_FILE,
@@ -35,6 +46,10 @@ from strategies.runtime.worker import (
 
 LOG_FILE = "torchrun.log"
 STOP_GRACE_SECONDS = 10.0
+POLL_SECONDS = 0.5
+# How long the output may stay open after torchrun is gone: its workers die with it at once,
+# so only workers stuck past their parent-death signal are left, and they are not waited for.
+ORPHANED_OUTPUT_SECONDS = 5.0
 
 
 class StepProgress(NamedTuple):
@@ -46,7 +61,6 @@ class StepProgress(NamedTuple):
 
 
 def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout: float,
-                     node_rank: int | None, rdzv_endpoint: str | None,
                      also: Sequence[Path] = ()) -> list[str]:
     """torchrun starting the job's workers on this node, to train until step `total`
     (checkpointing every `checkpoint_every` steps, None: never); the run folders `also`
@@ -54,13 +68,8 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout
     command = [sys.executable, "-m", "torch.distributed.run",
                "--nproc-per-node", str(job.settings.nproc), "--max-restarts", "0"]
     if job.settings.nnodes > 1:
-        if node_rank is None or rdzv_endpoint is None:
-            raise LayerwiseError("several nodes need --node-rank (this machine's index) and "
-                                 "--rdzv-endpoint HOST:PORT (node 0's address)")
-        command += ["--nnodes", str(job.settings.nnodes), "--node-rank", str(node_rank),
-                    "--rdzv-endpoint", rdzv_endpoint]
-    elif node_rank is not None or rdzv_endpoint is not None:
-        raise LayerwiseError("--node-rank and --rdzv-endpoint are for --nnodes > 1")
+        command += ["--nnodes", str(job.settings.nnodes), "--node-rank", str(job.node_rank),
+                    "--rdzv-endpoint", str(job.rdzv_endpoint)]
     command += ["-m", "strategies.runtime.worker", "--out", str(job.out), *map(str, also),
                 "--steps", str(total), "--timeout", str(timeout)]
     command += (["--no-checkpoint"] if checkpoint_every is None
@@ -70,9 +79,16 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout
     return command
 
 
+def log_path(job: Job) -> Path:
+    """This node's torchrun log in the run folder."""
+    return job.out / node_file_name(LOG_FILE, job.node_rank)
+
+
 def write_run_folder(job: Job) -> None:
-    """What the workers read; stale error files of an earlier attempt go."""
-    job.out.mkdir(parents=True, exist_ok=True)
+    """What the workers read; stale error files of an earlier attempt go. Node 0 writes it
+    for every node: the others' workers start only once node 0 has joined the rendezvous."""
+    if job.node_rank > 0:
+        return
     job.strategy.save(job.out / STRATEGY_FILE)
     job.settings.save(job.out / SETTINGS_FILE)
     write_atomic(job.out / GRAPH_FILE, job.graph.model_dump_json() + "\n")
@@ -89,24 +105,25 @@ def run_torchrun(command: list[str], job: Job,
                  deadline_s: float | None = None) -> int:
     """Run torchrun in its own process group; returns its exit code.
 
-    Its stderr (torchrun's and the workers' logs and tracebacks) goes to torchrun.log in the
-    run folder; its stdout goes to `on_progress` (rank 0's progress lines) and `on_line`
-    (everything else, without the newline). If the launcher is stopped (Ctrl-C, or SIGTERM
-    from a scheduler), the whole group is stopped with it. With `deadline_s`, a timer stops
-    the group when it runs longer and TimeoutError is raised. If the launcher is killed
-    outright (SIGKILL), torchrun gets SIGTERM and stops its workers.
+    Its stderr (torchrun's and the workers' logs and tracebacks) goes to this node's torchrun
+    log in the run folder; its stdout goes to `on_progress` (rank 0's progress lines) and
+    `on_line` (everything else, without the newline). If the launcher is stopped (Ctrl-C, or
+    SIGTERM from a scheduler), the whole group is stopped with it. With `deadline_s`, a timer
+    stops the group when it runs longer and TimeoutError is raised. If the launcher is killed
+    outright (SIGKILL), torchrun gets SIGTERM and stops its workers; torchrun killed from
+    outside returns its negative exit code (its workers die with it).
     """
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(job.out / LOG_FILE, "a", encoding="utf-8") as log, _terminate_as_exit():
-        log.write(f"$ {' '.join(command)}\n")
+    with (open(log_path(job), "a", encoding="utf-8") as log, _terminate_as_exit(),
+          _rendezvous(job) as rendezvous):
+        log.write(f"$ {' '.join([*(f'{k}={v}' for k, v in rendezvous.items()), *command])}\n")
         log.flush()
-        process = subprocess.Popen(tethered(command), stdout=subprocess.PIPE, stderr=log, text=True,
-                                   env=environment, start_new_session=True)
+        process = subprocess.Popen(tethered(command), stdout=subprocess.PIPE, stderr=log,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **rendezvous},
+                                   start_new_session=True)
         expired = threading.Event()
         timer = _deadline_timer(process, expired, deadline_s)
         try:
-            assert process.stdout is not None
-            _follow(process.stdout, on_line, on_progress)
+            _follow(process, on_line, on_progress)
             code = process.wait()
         except BaseException:
             _stop(process)
@@ -116,22 +133,60 @@ def run_torchrun(command: list[str], job: Job,
                 timer.cancel()
     if expired.is_set():
         raise TimeoutError(f"training ran past its deadline of {deadline_s:g} s; torchrun and "
-                           f"its workers were stopped (log: {job.out / LOG_FILE})")
+                           f"its workers were stopped (log: {log_path(job)})")
     return code
 
 
-def _follow(lines: IO[str], on_line: Callable[[str], None],
+@contextlib.contextmanager
+def _rendezvous(job: Job) -> Iterator[dict[str, str]]:
+    """The environment that makes a one-machine launch meet through files in a private
+    temporary folder (removed after it) instead of TCP stores on every interface; nothing
+    for a run on several machines, whose nodes meet at node 0's --rdzv-endpoint."""
+    if job.settings.nnodes > 1:
+        yield {}
+        return
+    with tempfile.TemporaryDirectory(prefix="layerwise-rendezvous-",
+                                     ignore_cleanup_errors=True) as folder:
+        yield loopback_environment(Path(folder))
+
+
+def _follow(process: subprocess.Popen[bytes], on_line: Callable[[str], None],
             on_progress: Callable[[StepProgress], None]) -> None:
-    """Hand each of rank 0's progress lines to `on_progress`, every other line to `on_line`."""
-    for line in lines:
-        if line.startswith(PROGRESS_PREFIX):
-            progress = json.loads(line[len(PROGRESS_PREFIX):])
-            on_progress(StepProgress(progress["step"], progress["steps"], progress["loss"]))
-        else:
-            on_line(line.rstrip("\n"))
+    """Hand each of rank 0's progress lines to `on_progress`, every other line to `on_line`,
+    until the output closes, or until torchrun has been gone ORPHANED_OUTPUT_SECONDS while
+    something still holds it open. The pipe is closed then: a rank 0 that outlived its
+    launcher fails at its next line, and the other ranks on the lost connection."""
+    assert process.stdout is not None
+    descriptor, pending, gone_since = process.stdout.fileno(), b"", None
+    with selectors.DefaultSelector() as selector, process.stdout:
+        selector.register(descriptor, selectors.EVENT_READ)
+        while True:
+            if selector.select(timeout=POLL_SECONDS):
+                chunk = os.read(descriptor, 1 << 16)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    _hand_on(line, on_line, on_progress)
+            if process.poll() is not None:
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > ORPHANED_OUTPUT_SECONDS:
+                    break
+    if pending:
+        _hand_on(pending, on_line, on_progress)
 
 
-def _deadline_timer(process: subprocess.Popen[str], expired: threading.Event,
+def _hand_on(line: bytes, on_line: Callable[[str], None],
+             on_progress: Callable[[StepProgress], None]) -> None:
+    text = line.decode("utf-8", errors="replace").rstrip("\r")
+    if text.startswith(PROGRESS_PREFIX):
+        progress = json.loads(text[len(PROGRESS_PREFIX):])
+        on_progress(StepProgress(progress["step"], progress["steps"], progress["loss"]))
+    else:
+        on_line(text)
+
+
+def _deadline_timer(process: subprocess.Popen[bytes], expired: threading.Event,
                     deadline_s: float | None) -> threading.Timer | None:
     """A started timer that stops `process`'s group after `deadline_s` and sets `expired`."""
     if deadline_s is None:
@@ -165,8 +220,11 @@ def _terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
-    """Terminate torchrun and its workers; kill them if they do not go within a grace time."""
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate torchrun and its workers; kill them if they do not go within a grace time.
+    A launcher already reaped is left alone: its group is empty and its id may be reused."""
+    if process.returncode is not None:
+        return
     try:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=STOP_GRACE_SECONDS)

@@ -69,6 +69,20 @@ def check_launch_numbers(steps: int | None, epochs: int | None, checkpoint_every
             raise LayerwiseError(f"{_flag(name)} must be > 0 (got {value})")
 
 
+def check_nodes(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:
+    """LayerwiseError unless a run on several machines names this machine's place and node 0's
+    address, and a run on one names neither."""
+    if nnodes > 1:
+        if node_rank is None or rdzv_endpoint is None:
+            raise LayerwiseError("several nodes need --node-rank (this machine's index) and "
+                                 "--rdzv-endpoint HOST:PORT (node 0's address)")
+        if not 0 <= node_rank < nnodes:
+            raise LayerwiseError(f"--node-rank must be 0..{nnodes - 1} for --nnodes {nnodes} "
+                                 f"(got {node_rank})")
+    elif node_rank is not None or rdzv_endpoint is not None:
+        raise LayerwiseError("--node-rank and --rdzv-endpoint are for --nnodes > 1")
+
+
 def _range_error(error: ValidationError) -> str:
     """One line for the first option out of range, as the command line names it."""
     problems = {str(problem["loc"][0]): problem for problem in error.errors()}

@@ -10,6 +10,7 @@ checkpoint: they are never resumed, and AlexNet's fifteen would take 14 GB of di
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -84,28 +85,31 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
     model or process count instead of failing on them."""
     if steps < 1:
         raise LayerwiseError(f"--steps must be >= 1 (got {steps})")
-    jobs, skipped = _float64_jobs(model, strategies, options, out, skip_inapplicable)
-    if not jobs:
-        raise LayerwiseError(f"no strategy applies to {model} on {options.nproc} processes: "
-                             + "; ".join(f"{s.strategy}: {s.reason}" for s in skipped))
-    for job in jobs:
-        write_run_folder(job)
-    command = torchrun_command(jobs[0], steps, None, DEFAULT_TIMEOUT_SECONDS, None, None,
-                               also=[job.out for job in jobs[1:]])
-    names = iter([job.strategy.name for job in jobs])
-    current = [next(names)]
+    with contextlib.ExitStack() as claims:  # each run folder is held until the runs end
+        jobs, skipped = _float64_jobs(model, strategies, options, out, skip_inapplicable,
+                                      claims)
+        if not jobs:
+            raise LayerwiseError(f"no strategy applies to {model} on {options.nproc} "
+                                 "processes: "
+                                 + "; ".join(f"{s.strategy}: {s.reason}" for s in skipped))
+        for job in jobs:
+            write_run_folder(job)
+        command = torchrun_command(jobs[0], steps, None, DEFAULT_TIMEOUT_SECONDS,
+                                   also=[job.out for job in jobs[1:]])
+        names = iter([job.strategy.name for job in jobs])
+        current = [next(names)]
 
-    def progress(step: StepProgress) -> None:
-        if on_progress is not None:
-            on_progress(current[0], step)
-        if step.step == step.steps:
-            current[0] = next(names, current[0])
+        def progress(step: StepProgress) -> None:
+            if on_progress is not None:
+                on_progress(current[0], step)
+            if step.step == step.steps:
+                current[0] = next(names, current[0])
 
-    code = run_torchrun(command, jobs[0], on_progress=progress, deadline_s=deadline_s)
+        code = run_torchrun(command, jobs[0], on_progress=progress, deadline_s=deadline_s)
     if code != 0:
         failed = next((job for job in jobs if (job.out / ERRORS_DIR).is_dir()), jobs[0])
         raise VerifyFailed(f"verify {failed.settings.strategy}: "
-                           + failure_line(failed.out, code, range(failed.settings.nproc)))
+                           + failure_line(failed.out, code, failed.settings.nproc))
     reference = reference_run(jobs[0].settings, steps)
     divergences = tuple(_divergence(job, reference) for job in jobs)
     return VerifyReport(model=model, nproc=jobs[0].settings.world, steps=steps,
@@ -123,14 +127,17 @@ def _divergence(job: Job, reference: ReferenceRun) -> Divergence:
 
 
 def _float64_jobs(model: str, strategies: Sequence[str], options: TrainOptions, out: Path,
-                  skip_inapplicable: bool) -> tuple[list[Job], list[Skipped]]:
-    """One checked float64 job per strategy, each in its own folder under `out`."""
+                  skip_inapplicable: bool,
+                  claims: contextlib.ExitStack) -> tuple[list[Job], list[Skipped]]:
+    """One checked float64 job per strategy, each in its own folder under `out`, held until
+    `claims` closes."""
     jobs, skipped = [], []
     for name in strategies:
         folder = out / re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(name).stem if name.endswith(
             ".json") else name)
         try:
-            job = new_job(model, name, options, folder, analytic=options.profile is None)
+            job = claims.enter_context(
+                new_job(model, name, options, folder, analytic=options.profile is None))
         except LayerwiseError as error:
             if not skip_inapplicable:
                 raise

@@ -12,6 +12,7 @@ all-gather, so a group sends 2(r-1) times the buffer in all (cost.py's t_s bytes
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
@@ -175,7 +176,15 @@ def gather_tensor_trees(part: TensorTree, rank: int, world: int,
     return trees
 
 
-def init_distributed(backend: str, timeout_seconds: float) -> tuple[int, int]:
-    """Join the torchrun job from its environment; returns (rank, world size)."""
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds))
+def init_distributed(backend: str, timeout_seconds: float,
+                     init_method: str | None = None) -> tuple[int, int]:
+    """Join the torchrun job, through `init_method` (rank and world size from torchrun's
+    environment) or else torchrun's own store; returns (rank, world size)."""
+    timeout = timedelta(seconds=timeout_seconds)
+    if init_method is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=init_method, timeout=timeout,
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
     return dist.get_rank(), dist.get_world_size()

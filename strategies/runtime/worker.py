@@ -7,8 +7,9 @@
 `layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
 model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer
 graph it checked them against, so that no worker pays seconds to trace the model under fake
-tensors again), then starts exactly this command (with `--nnodes --node-rank --rdzv-endpoint`
-for several machines, which then share runs/RUN).
+tensors again), then starts exactly this command: on one machine in the environment of
+strategies/rendezvous.py (file stores, loopback only), on several with `--nnodes --node-rank
+--rdzv-endpoint` (they share runs/RUN, which node 0 writes).
 Each rank builds the same module from the same seed, keeps its shards (`LayerwiseModel`) and
 trains on the same global batches with SGD. Rank 0 prints one line per step,
 `LAYERWISE_PROGRESS {"step": .., "steps": .., "loss": .., "seconds": ..}`, for the launcher;
@@ -19,7 +20,8 @@ module's state_dict) and result.json (`RunResult`).
 CPU processes use gloo; with a GPU per local process, rank r uses cuda:LOCAL_RANK and NCCL.
 Every collective times out after `--timeout` seconds, so a dead peer ends the run instead of
 hanging it. Any error writes runs/RUN/errors/rank{R}.json (rank, time, one-line error) before
-the process exits non-zero; the launcher reports the earliest one.
+the process exits non-zero; the launcher reports the earliest one. A worker dies with its
+launcher (strategies/runtime/parent_death.py), so a killed torchrun leaves none training.
 
 Fault drill: LAYERWISE_FAULT="RANK:STEP" makes rank RANK raise RuntimeError("injected fault")
 right after step STEP (after that step's checkpoint, if any); "RANK:STEP:exit" makes it leave
@@ -48,6 +50,7 @@ from strategies.errors import LayerwiseError
 from strategies.files import atomic_path, write_atomic
 from strategies.graph import LayerGraph
 from strategies.models import build_model
+from strategies.rendezvous import RENDEZVOUS_VARIABLE
 from strategies.run import ByteCounts, RunResult, StepRecord, TrainSettings
 from strategies.runtime.checkpoint import (
     CHECKPOINT_NAME,
@@ -59,6 +62,7 @@ from strategies.runtime.comm import Category, init_distributed
 from strategies.runtime.datasets import GlobalBatches, load_dataset
 from strategies.runtime.engine import build_engine
 from strategies.runtime.engine_base import Engine, EngineContext
+from strategies.runtime.parent_death import die_with_parent
 from strategies.strategy import Strategy
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
@@ -164,6 +168,7 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out = args.out[0]
@@ -196,12 +201,13 @@ class Process:
 
 
 def join(timeout: float) -> Process:
-    """Pick this process's device and join the torchrun job."""
+    """Pick this process's device and join the torchrun job (on one machine through the
+    launcher's file store, strategies/rendezvous.py)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     device, backend = choose_device(local_rank, local_world)
-    rank, world = init_distributed(backend, timeout)
+    rank, world = init_distributed(backend, timeout, os.environ.get(RENDEZVOUS_VARIABLE))
     return Process(rank=rank, world=world, device=device, backend=backend)
 
 

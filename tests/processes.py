@@ -1,0 +1,60 @@
+"""A launch seen from outside, for the fault tests: its processes (found in /proc by their
+run folder, or as children), the sockets they listen on, and stopping whatever is left."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
+import psutil
+
+LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+
+
+def listening_addresses(root: psutil.Process) -> set[tuple[str, int]]:
+    """The (address, port) pairs `root` and its descendants listen on."""
+    found = set()
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found |= {(connection.laddr.ip, connection.laddr.port)
+                      for connection in process.net_connections(kind="inet")
+                      if connection.status == psutil.CONN_LISTEN}
+    return found
+
+
+def only_child(process: subprocess.Popen[str]) -> psutil.Process:
+    """The one process `process` started (the CLI's torchrun)."""
+    [child] = psutil.Process(process.pid).children()
+    return child
+
+
+def processes_mentioning(text: str, working_in: Path | None = None) -> list[int]:
+    """Live processes (not this one) whose command line contains `text` (a run folder: the
+    workers'), and that work in `working_in` when given."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            alive = "zombie" not in (entry / "status").read_text()
+            here = working_in is None or (entry / "cwd").resolve() == working_in
+        except OSError:
+            continue
+        if text in command and alive and here:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_tree(process: subprocess.Popen[str]) -> None:
+    """SIGKILL `process`, if it still runs, with every descendant, and reap it."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(process.pid)
+        for member in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+    process.wait()

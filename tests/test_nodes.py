@@ -1,0 +1,148 @@
+"""`layerwise train` on two machines, played by two launchers on this one: `--nnodes 2
+--node-rank 0|1 --rdzv-endpoint 127.0.0.1:PORT`, one process each, one shared run folder.
+
+The run equals one process's training on the same global batches; a node that dies ends the
+other as soon as gloo sees the connection closed (long before the collective timeout), with
+the dead node named. Node 0's rendezvous store is the one listener that must be reachable from
+other machines, so it is the one not held to the loopback. A node's place given wrong is one
+line before anything is written.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flows.cli import app
+from strategies.run import RunResult, TrainSettings
+from strategies.verify import compare, reference_run
+from tests.processes import (
+    LOOPBACK,
+    kill_tree,
+    listening_addresses,
+    only_child,
+    processes_mentioning,
+)
+
+LAYERWISE = Path(sys.executable).parent / "layerwise"
+TWO_NODES = ("tiny_cnn", "--strategy", "data", "--nproc", "1", "--nnodes", "2", "--image-size",
+             "8", "--batch-per-device", "4")
+WAIT_SECONDS = 180  # two launchers on two cores start in ~30 s; reached only on a hang
+FLOAT32_ROUNDING = 1e-5  # 4 float32 steps: ~4e-7 from the summation order; an error: > 1e-3
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _node(rank: int, endpoint: str, out: Path, *args: str) -> list[str]:
+    """The arguments of node `rank`'s `layerwise train`."""
+    return ["train", *TWO_NODES, *args, "--out", str(out), "--node-rank", str(rank),
+            "--rdzv-endpoint", endpoint]
+
+
+def _start(arguments: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([str(LAYERWISE), *arguments], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(nodes: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
+    """Each node's exit code, stdout and stderr; whatever is left goes if one hangs."""
+    try:
+        outputs = [node.communicate(timeout=WAIT_SECONDS) for node in nodes]
+    finally:
+        for node in nodes:
+            kill_tree(node)
+    return [(node.returncode, *output) for node, output in zip(nodes, outputs, strict=True)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--nnodes", "2", "--rdzv-endpoint", "h:1"), "several nodes need --node-rank"),
+    (("--nnodes", "2", "--node-rank", "0"), "several nodes need --node-rank"),
+    (("--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"),
+     "--node-rank must be 0..1 for --nnodes 2 (got 2)"),
+    (("--node-rank", "0", "--rdzv-endpoint", "h:1"), "are for --nnodes > 1"),
+])
+def test_a_node_misplaced_is_one_line_and_no_folder(tmp_path, args, message):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "tiny_cnn", "--strategy", "data", "--nproc", "1",
+                                      *args, "--out", str(out)])
+    assert result.exit_code == 2 and message in _one_line(result.stderr), result.output
+    assert not out.exists()
+
+
+def test_nodes_without_a_shared_folder_are_refused():
+    result = CliRunner().invoke(app, ["train", "tiny_cnn", "--strategy", "data", "--nproc", "1",
+                                      "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
+                                      "h:1"])
+    assert result.exit_code == 2 and "pass --out DIR" in _one_line(result.stderr)
+
+
+@pytest.mark.slow
+def test_two_nodes_train_what_one_process_trains(tmp_path):
+    """Node 1 in a subprocess, started first; node 0 in this process."""
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{_free_port()}"
+    node1 = _start(_node(1, endpoint, out, "--steps", "4"))
+    try:
+        node0 = CliRunner().invoke(app, _node(0, endpoint, out, "--steps", "4"))
+    finally:
+        [(code1, stdout1, stderr1)] = _finish([node1])
+    assert node0.exit_code == 0, node0.output
+    assert code1 == 0, stdout1 + stderr1
+    result = RunResult.load(out / "result.json")
+    assert (result.nnodes, result.nproc, result.global_batch) == (2, 2, 8)
+    reference = reference_run(TrainSettings.load(out / "train.json"), steps=4)
+    divergence = compare(result, torch.load(out / "model.pt", weights_only=True), reference,
+                         exact=True)
+    assert divergence.largest < FLOAT32_ROUNDING, divergence
+    assert {path.name for path in out.iterdir()} >= {"torchrun.log", "torchrun.node1.log",
+                                                     "run.lock", "run.node1.lock"}
+
+
+@pytest.mark.slow
+def test_a_node_that_dies_ends_the_other_naming_it(tmp_path):
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{_free_port()}"
+    # a collective timeout past WAIT_SECONDS: node 0 ends in time only on the lost connection
+    long_run = ("--steps", "100000", "--checkpoint-every", "5", "--timeout", "600")
+    nodes = [_start(_node(rank, endpoint, out, *long_run)) for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not (out / "checkpoint.pt").exists():  # both nodes' workers are training
+            assert all(node.poll() is None for node in nodes), _finish(nodes)
+            assert time.monotonic() < deadline, "the nodes never started training"
+            time.sleep(0.2)
+        rendezvous = int(endpoint.rpartition(":")[2])
+        node0 = {address for address, port in listening_addresses(only_child(nodes[0]))
+                 if port == rendezvous}
+        assert node0 and not node0 & LOOPBACK, node0  # reachable from the other machines
+        only_child(nodes[1]).send_signal(signal.SIGKILL)  # node 1's machine goes
+        outcomes = _finish(nodes)
+    finally:
+        for node in nodes:
+            kill_tree(node)
+    (code0, _, stderr0), (code1, _, stderr1) = outcomes
+    assert code1 == 1 and _one_line(stderr1).endswith(
+        f"torchrun was killed (SIGKILL), and its workers with it (torchrun exit code -9; "
+        f"log: {out / 'torchrun.node1.log'})"), stderr1
+    assert code0 == 1 and "rank 1 (node 1) stopped without an error" in _one_line(stderr0)
+    deadline = time.monotonic() + WAIT_SECONDS  # the workers exit as their pipes close
+    while processes_mentioning(str(out)):
+        assert time.monotonic() < deadline, processes_mentioning(str(out))
+        time.sleep(0.2)
+
+
+def _one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
