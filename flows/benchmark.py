@@ -16,14 +16,13 @@ MLflow run, keeps every measured number, and the other strategies still run; the
 ends Failed, naming it once. Whatever ends the flow, its MLflow runs do not stay RUNNING: an
 error closes them FAILED, Ctrl-C or SIGTERM KILLED, and the runs of a flow killed outright
 (SIGKILL) are marked KILLED when the next flow starts (tasks/track.py). Each benchmark's
-folder runs/benchmark-STAMP is created by it alone (claim_run_folder). The flow prints how
+folder runs/benchmark-STAMP is created by it alone (make_stamped_folder). The flow prints how
 long each stage took, its own overhead (everything but torchrun, profiling and calibration), a
 comparison table and, in words, which strategy won by how much; the table is also the flow
 run's Prefect artifact.
 """
 
 import contextlib
-import datetime
 import os
 import time
 from collections import defaultdict
@@ -47,6 +46,7 @@ from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.job import RUNS_DIR
 from strategies.jobs.named_strategies import LAYERWISE
 from strategies.jobs.options import TrainOptions
+from strategies.jobs.run_folder import make_stamped_folder
 from strategies.profile import device_name, resolve_device
 from strategies.run import RunResult
 from strategies.runtime.datasets import ImageSpec
@@ -164,7 +164,7 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
         with clock.stage("calibrate"):
             cluster = str(calibrate_links.with_options(
                 task_run_name=f"calibrate[{config.nproc} processes]")(config.nproc))
-    folder = claim_run_folder(datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    folder = make_stamped_folder(RUNS_DIR, "benchmark")
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
                                       torch.__version__, _prefect_ui_url()) | track.owner_tags()
@@ -184,20 +184,6 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
         return Failed(message=f"{len(failed)} of {len(outcomes)} strategy runs failed: "
                               + ", ".join(outcome.label for outcome in failed), data=outcomes)
     return Completed(data=outcomes)
-
-
-def claim_run_folder(stamp: str) -> Path:
-    """A new folder runs/benchmark-STAMP (-2, -3, ... when taken), created here and so this
-    flow's alone: two benchmarks started in the same second never share one."""
-    RUNS_DIR.mkdir(parents=True, exist_ok=True)
-    folder, suffix = RUNS_DIR / f"benchmark-{stamp}", 1
-    while True:
-        try:
-            folder.mkdir()  # exclusive: of two flows creating it, exactly one succeeds
-            return folder
-        except FileExistsError:
-            suffix += 1
-            folder = RUNS_DIR / f"benchmark-{stamp}-{suffix}"
 
 
 def _prefect_ui_url() -> str | None:

@@ -26,6 +26,7 @@ from strategies.cluster import load_cluster
 from strategies.jobs.job import new_job
 from strategies.jobs.launch import write_run_folder
 from strategies.jobs.options import TrainOptions
+from strategies.jobs.run_folder import LOCK_FILE
 from strategies.runtime.checkpoint import CHECKPOINT_NAME
 from strategies.runtime.worker import SETTINGS_FILE
 from tasks import data as prepare_data
@@ -76,10 +77,10 @@ def _prepared(root: Path, name: str, train: bytes) -> None:
 def _run_folder(root: Path, name: str, checkpoint: bytes | None) -> None:
     """A run folder as `layerwise train` writes it, with `checkpoint` as its checkpoint."""
     options = TrainOptions.given(nproc=1, image_size=8)
-    job = new_job("tiny_cnn", "data", options, root / "runs" / name, analytic=True)
-    write_run_folder(job)
-    if checkpoint is not None:
-        (job.out / CHECKPOINT_NAME).write_bytes(checkpoint)
+    with new_job("tiny_cnn", "data", options, root / "runs" / name, analytic=True) as job:
+        write_run_folder(job)
+        if checkpoint is not None:
+            (job.out / CHECKPOINT_NAME).write_bytes(checkpoint)
 
 
 def _checkpoint(payload: object) -> bytes:
@@ -216,9 +217,13 @@ CASES: list[tuple[tuple[str, ...], str]] = [
 ]
 
 
-def _files(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(path.relative_to(root)): (path.stat().st_size, path.stat().st_mtime_ns)
-            for path in sorted(root.rglob("*"))}
+def _files(root: Path) -> dict[str, tuple[int, int] | None]:
+    """Each file's size and mtime, each folder (None): what a refused command must leave as
+    it was. A run folder's empty lock file is left out: refusing to resume a folder takes its
+    lock first, and the lock file stays, by design (run_folder.LOCK_FILE)."""
+    return {str(path.relative_to(root)): ((path.stat().st_size, path.stat().st_mtime_ns)
+                                          if path.is_file() else None)
+            for path in sorted(root.rglob("*")) if path.name != LOCK_FILE}
 
 
 def _invoke(argv: tuple[str, ...]) -> tuple[int, str]:

@@ -169,12 +169,12 @@ def test_a_failed_training_fails_its_run_and_the_flows(prefect_server, project):
 
 
 def test_benchmarks_started_in_one_second_get_folders_of_their_own(monkeypatch, tmp_path):
-    from flows.benchmark import claim_run_folder
+    from strategies.jobs.run_folder import make_stamped_folder
 
-    monkeypatch.chdir(tmp_path)
     stamp = "20260101-000000"
     with ThreadPoolExecutor(max_workers=4) as pool:
-        folders = list(pool.map(claim_run_folder, [stamp] * 8))
+        folders = list(pool.map(lambda _: make_stamped_folder(tmp_path, "benchmark", stamp),
+                                range(8)))
     assert sorted(folder.name for folder in folders) == sorted(
         [f"benchmark-{stamp}"] + [f"benchmark-{stamp}-{suffix}" for suffix in range(2, 9)])
 

@@ -106,25 +106,29 @@ def claim_new_folder(out: Path, node_rank: int = 0) -> FolderClaim:
 
 
 def claim_stamped_folder(parent: Path, name: str) -> FolderClaim:
-    """A new folder `parent/NAME-TIMESTAMP`, with `-2`, `-3`, ... when that exists: mkdir
-    decides, so launches in the same second get different folders."""
+    """A new folder `parent/NAME-TIMESTAMP` (`make_stamped_folder`), locked for the run."""
+    folder = make_stamped_folder(parent, name)
+    lock = folder / LOCK_FILE
+    return FolderClaim(folder, lock, _hold(lock, str(folder), "launch again"), created=True)
+
+
+def make_stamped_folder(parent: Path, name: str, stamp: str | None = None) -> Path:
+    """A new folder `parent/NAME-STAMP` (STAMP: now, to the second), with `-2`, `-3`, ... when
+    that exists: mkdir decides, so launches in the same second get different folders."""
     _make_folder(parent)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = stamp or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}-{stamp}")
     suffix = 1
     while True:
         folder = parent / (base if suffix == 1 else f"{base}-{suffix}")
         try:
             folder.mkdir()
+            return folder
         except FileExistsError:
             suffix += 1
-            continue
         except OSError as error:
             raise LayerwiseError(f"cannot create a run folder in {parent} "
                                  f"({error.strerror})") from None
-        lock = folder / LOCK_FILE
-        return FolderClaim(folder, lock, _hold(lock, str(folder), "launch again"),
-                           created=True)
 
 
 def claim_existing_run(folder: Path, node_rank: int = 0) -> FolderClaim:

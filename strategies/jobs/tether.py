@@ -22,7 +22,6 @@ Linux neither exists: commands run as given and no guard starts.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -30,7 +29,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from strategies.runtime.parent_death import parent_death_signal
+
 STOP_GRACE_SECONDS = 5.0
 SUPPORTED = sys.platform.startswith("linux")
 
@@ -51,9 +51,8 @@ def guard(pid: int) -> subprocess.Popen[bytes] | None:
 
 
 def _exec_tethered(parent: int, command: list[str]) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if not parent_death_signal(signal.SIGTERM):
+        raise OSError("prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # it died before the request could see it: do not start
         sys.exit(128 + signal.SIGTERM)
     os.execvp(command[0], command)

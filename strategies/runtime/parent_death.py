@@ -24,13 +24,13 @@ WATCH_SECONDS = 1.0
 def die_with_parent() -> None:
     """Be killed when the parent process (torchrun's agent) exits, from now on."""
     parent = os.getppid()
-    if not _parent_death_signal(signal.SIGKILL):
+    if not parent_death_signal(signal.SIGKILL):
         threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
     if os.getppid() != parent:  # it died before the signal was armed
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _parent_death_signal(signum: int) -> bool:
+def parent_death_signal(signum: int) -> bool:
     """Ask the kernel for `signum` when the parent exits; False where it cannot be asked."""
     if not sys.platform.startswith("linux"):
         return False
