@@ -32,6 +32,11 @@ IMAGE_SIZE = {"tiny_cnn": 8, "lenet5": 16, "wide_fc": 8, "alexnet": 21, "vgg16":
               "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
               "inception_v3": 20}
 SMALL = ("tiny_cnn", "lenet5", "wide_fc")  # three steps, so momentum and decay act twice
+# One step for the deep BatchNorm networks: over a second step at these sizes float64 rounding
+# grows through their 50-150 BatchNorms to within 2-10x of the tolerance (ResNet-50 `data`:
+# 8.6e-11, Inception-v3 `spatial_w`: 4.2e-11), the networks' conditioning, not the strategies';
+# after one step it stays at 1e-11 and below. Momentum's second step is the small models' part.
+DEEP = ("resnet50", "resnet101", "resnet152", "inception_v3")
 IN_THE_SUITE = {(model, nproc) for model in (*SMALL, "resnet18") for nproc in (2, 4)} | {
     ("alexnet", 2), ("inception_v3", 2)}
 CASES = [
@@ -47,7 +52,7 @@ def test_the_grid_covers_every_zoo_model() -> None:
 
 @pytest.mark.parametrize(("model", "nproc"), CASES)
 def test_every_exact_strategy_matches_one_device(tmp_path, model: str, nproc: int) -> None:
-    steps = 3 if model in SMALL else 2
+    steps = 3 if model in SMALL else 1 if model in DEEP else 2
     result = runner.invoke(app, ["verify", model, "--strategy", "all", "--nproc", str(nproc),
                                  "--image-size", str(IMAGE_SIZE[model]), "--steps", str(steps),
                                  "--out", str(tmp_path / "v"), "--json"])
