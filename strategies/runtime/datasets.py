@@ -120,11 +120,16 @@ def prepared_spec(name: str, root: Path = DEFAULT_ROOT) -> ImageSpec | None:
                              f"{_prepare_fix(name)}")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        return ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
+        spec = ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
                          channels=int(meta["channels"]))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: {error}); "
                              f"{_prepare_fix(name)} again") from None
+    if spec.classes < 2:
+        raise LayerwiseError(f"the {name} dataset has {spec.classes} class(es) ({meta_path}): "
+                             f"a classifier needs 2 or more; {_prepare_fix(name)} from a source "
+                             "with more classes")
+    return spec
 
 
 def _prepare_fix(name: str, options: str = "") -> str:
