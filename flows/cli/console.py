@@ -13,8 +13,9 @@ from rich.console import Console
 
 from strategies.errors import LayerwiseError
 
-console = Console(width=None if sys.stdout.isatty() else 160)
-error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# emoji off: rich would turn the ':b:' of a user's `a:b:c` into an emoji
+console = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
+error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, emoji=False)
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 
