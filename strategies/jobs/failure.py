@@ -12,7 +12,10 @@ import re
 from pathlib import Path
 
 from strategies.jobs.launch import LOG_FILE
+from strategies.runtime.divergence import LossDiverged
 from strategies.runtime.worker import ERRORS_DIR
+
+_DIVERGED = f"{LossDiverged.__name__}: "  # how a rank records the divergence it stopped on
 
 # How gloo and NCCL report a peer that went away: a consequence, not a cause.
 _PEER_LOST = re.compile(r"closed by peer|reset by peer|remote (worker|process)", re.IGNORECASE)
@@ -38,6 +41,8 @@ def failure_line(out: Path, code: int, local_ranks: range) -> str:
     if not failures:
         return _unrecorded_failure(out / LOG_FILE, where)
     first = min(failures, key=lambda failure: failure["time"])
+    if first["error"].startswith(_DIVERGED):  # every rank stopped on it: no rank to blame
+        return f"training stopped: {first['error'].removeprefix(_DIVERGED)} ({where})"
     if silent and _PEER_LOST.search(first["error"]):
         names = ", ".join(map(str, silent))
         return (f"training failed: rank {names} stopped without an error (killed, or out of "

@@ -21,7 +21,7 @@ from strategies.jobs.costing import cost_model
 from strategies.jobs.named_strategies import strategy_by_name, strategy_names
 from strategies.jobs.options import TrainOptions
 from strategies.run import TrainSettings
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, resume_point
 from strategies.runtime.datasets import (
     DEFAULT_ROOT,
     GlobalBatches,
@@ -45,6 +45,8 @@ class Job:
     batches: GlobalBatches
     out: Path
     checkpoint_step: int | None  # the step to resume after; None starts at step 1
+    checkpoint: Path | None = None  # the file it resumes from
+    warnings: tuple[str, ...] = ()  # what the launcher says before it starts: still correct
 
 
 def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path | None,
@@ -62,14 +64,18 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
         image_size=_given_or(options.image_size, fixed.image_size if fixed else None),
         num_classes=_given_or(options.classes, fixed.classes if fixed else None),
         in_channels=_given_or(options.in_channels, fixed.channels if fixed else None))
+    classes = graph.by_name[graph.outputs[0]].output_shape[1]
+    if classes < 2:  # --classes is checked; a model of one's own may still output one score
+        raise LayerwiseError(f"{model} outputs {classes} class score(s): cross-entropy over "
+                             "fewer than 2 classes is 0 whatever the weights; train a model "
+                             "with 2 or more outputs (--classes N)")
     chosen = _resolve_strategy(strategy, graph, world, options, analytic)
     settings = TrainSettings(
         model=model, strategy=strategy, data_root=str(DEFAULT_ROOT.resolve()),
-        image_size=graph.input_shape[2], in_channels=graph.input_shape[1],
-        classes=graph.by_name[graph.outputs[0]].output_shape[1],
+        image_size=graph.input_shape[2], in_channels=graph.input_shape[1], classes=classes,
         **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
-               out=folder, checkpoint_step=None)
+               out=folder, checkpoint_step=None, warnings=_idle_warning(chosen, world))
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
@@ -90,8 +96,16 @@ def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOp
                         in_channels=settings.in_channels)
     saved = Strategy.load(folder / STRATEGY_FILE)
     _check_strategy(saved, str(folder / STRATEGY_FILE), graph, settings.world)
-    return Job(settings=settings, strategy=saved, graph=graph, batches=_batches(settings),
-               out=folder, checkpoint_step=checkpoint_step(folder / CHECKPOINT_NAME))
+    batches = _batches(settings)
+    point = resume_point(folder / CHECKPOINT_NAME)
+    if point is None:
+        raise LayerwiseError(f"--resume {folder}: it holds no {CHECKPOINT_NAME} (the run "
+                             "stopped before its first checkpoint, every --checkpoint-every "
+                             "steps); train it again with a new --out")
+    return Job(settings=settings, strategy=saved, graph=graph, batches=batches, out=folder,
+               checkpoint_step=point.step, checkpoint=point.path,
+               warnings=(*_idle_warning(saved, settings.world),
+                         *((point.note,) if point.note else ())))
 
 
 def total_steps(job: Job, steps: int | None, epochs: int | None) -> int:
@@ -142,6 +156,20 @@ def _check_strategy(strategy: Strategy, source: str, graph: LayerGraph,
     except ConfigError as error:
         raise ConfigError(f"--strategy {source}: {error}") from None
     return assignment
+
+
+def _idle_warning(strategy: Strategy, world: int) -> tuple[str, ...]:
+    """A line when some processes hold no layer under `strategy`: the run is still correct
+    (they take part in its collectives only), but they are wasted."""
+    used = {device for config in strategy.assignment().values() for device in config.devices}
+    idle = sorted(set(range(world)) - used)
+    if not idle:
+        return ()
+    who = (f"rank {idle[0]} holds" if len(idle) == 1
+           else f"ranks {', '.join(map(str, idle))} hold")
+    return (f"strategy '{strategy.name}' gives layers to {len(used)} of the {world} processes: "
+            f"{who} none and only wait (the run is still correct); train on {len(used)} "
+            "processes to spare them",)
 
 
 def _batches(settings: TrainSettings) -> GlobalBatches:
