@@ -29,7 +29,7 @@ from strategies.jobs.options import TrainOptions
 from strategies.models import build_model
 from strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
 from strategies.run import RunResult
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -109,8 +109,8 @@ def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path
     assert train(*common, "--out", str(whole)).exit_code == 0
     crash = train(*common, "--out", str(killed), env={"LAYERWISE_FAULT": "1:4:exit"})
     one_line_error(crash, 1, "rank 1 stopped without an error")
-    assert checkpoint_step(killed / CHECKPOINT_NAME) == 4
-    assert checkpoint_step(killed / f"{CHECKPOINT_NAME}.prev") == 2
+    assert read_checkpoint(killed / CHECKPOINT_NAME)["step"] == 4
+    assert read_checkpoint(killed / f"{CHECKPOINT_NAME}.prev")["step"] == 2
     assert not (killed / "result.json").exists()
     flip_a_bit_in_the_largest_tensor(killed / CHECKPOINT_NAME)
 
@@ -199,7 +199,7 @@ def test_a_diverged_loss_stops_the_run_with_one_line_and_keeps_what_it_measured(
     assert not math.isfinite(run.steps[-1].loss) or run.steps[-1].loss > 3 * run.steps[0].loss
     assert not (out / "model.pt").exists()  # no weights of a diverged run
     if run.diverged_at_step > 1:  # the last checkpoint holds the last sound step
-        assert checkpoint_step(out / CHECKPOINT_NAME) == run.diverged_at_step - 1
+        assert read_checkpoint(out / CHECKPOINT_NAME)["step"] == run.diverged_at_step - 1
 
 
 def test_a_silent_death_is_named_from_torchruns_report_when_no_rank_recorded_one(tmp_path):

@@ -128,13 +128,6 @@ def previous_path(path: Path) -> Path:
     return path.with_name(path.name + PREVIOUS_SUFFIX)
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The step a checkpoint file holds, without reading its tensors (None if there is none)."""
-    if not path.is_file():
-        return None
-    return int(_read(path, mmap=True)["step"])
-
-
 def read_checkpoint(path: Path, mmap: bool = True) -> dict[str, Any]:
     """The checkpoint's content after checking it against its sha256; CorruptCheckpoint if it
     cannot be read or does not match. `mmap` reads tensors as their pages are touched."""

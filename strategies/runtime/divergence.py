@@ -9,7 +9,8 @@ rank judges the same losses (rank 0's, shared each step), so all stop at the sam
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable
 
 FACTOR = 3.0  # the cross-entropy starts near ln(classes): 3x is 6.9 for 10 classes
 STEPS = 10
@@ -19,17 +20,27 @@ class LossDiverged(RuntimeError):
     """The loss diverged: the run stopped at that step."""
 
 
-def divergence(losses: Sequence[float]) -> str | None:
-    """Why the loss sequence `losses` (from step 1 on) has diverged at its last step, or None."""
-    last = losses[-1]
-    if not math.isfinite(last):
-        return f"loss {last}"
-    start = losses[0]
-    recent = losses[-STEPS:]
-    if len(losses) > STEPS and all(loss > FACTOR * start for loss in recent):
-        return (f"loss {last:.4g}, above {FACTOR:g}x its first value {start:.4g} for "
-                f"{STEPS} steps")
-    return None
+class LossWatch:
+    """The losses of a run from step 1 on, one at a time; O(1) per step however long the run."""
+
+    def __init__(self, losses: Iterable[float] = ()) -> None:
+        self._start: float | None = None
+        self._recent: deque[float] = deque(maxlen=STEPS)
+        for loss in losses:  # a resumed run's steps so far
+            self.add(loss)
+
+    def add(self, loss: float) -> str | None:
+        """Take the next step's loss; why the loss has diverged at it, or None."""
+        if self._start is None:
+            self._start = loss
+        else:
+            self._recent.append(loss)
+        if not math.isfinite(loss):
+            return f"loss {loss}"
+        if len(self._recent) == STEPS and min(self._recent) > FACTOR * self._start:
+            return (f"loss {loss:.4g}, above {FACTOR:g}x its first value {self._start:.4g} for "
+                    f"{STEPS} steps")
+        return None
 
 
 def diverged_message(step: int, reason: str, lr: float) -> str:

@@ -60,7 +60,7 @@ from strategies.runtime.checkpoint import (
 )
 from strategies.runtime.comm import Category, init_distributed
 from strategies.runtime.datasets import GlobalBatches, load_dataset
-from strategies.runtime.divergence import LossDiverged, diverged_message, divergence
+from strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
 from strategies.runtime.engine import build_engine
 from strategies.runtime.engine_base import Engine, EngineContext
 from strategies.strategy import Strategy
@@ -222,13 +222,14 @@ def train(out: Path, args: argparse.Namespace, process: Process) -> None:
         raise LayerwiseError(f"the checkpoint is at step {done}: ask for more steps")
     step_bytes: StepBytes = {}
     state = None
+    watch = LossWatch(record.loss for record in records)
     stopped: str | None = None  # why the loss diverged, at the last step trained
     for step in range(done + 1, args.steps + 1):
         record, step_bytes = train_step(run, step)
         records.append(record)
         if run.rank == 0:
             report_progress(record, args.steps)
-        stopped = divergence([record.loss for record in records])
+        stopped = watch.add(record.loss)
         if stopped is not None:  # before any checkpoint: the last one holds sound weights
             break
         if args.no_checkpoint:
