@@ -126,6 +126,9 @@ def test_the_learning_rate_warms_up_then_decays_with_the_step_alone():
     ([2.3, *[FACTOR * 2.3 + 1] * (STEPS - 1)], False),  # not for long enough yet
     ([2.3, 13.5, 2.3, 0.5], False),  # a spike that training recovers from
     ([2.3, *[0.01] * 50], False),
+    ([2.3, *[2.3] * 40, 0.5], False),  # slow to start, then learning
+    ([2.3, 1.0, 0.5, 13.5, *[2.3] * STEPS], True),  # learned, then fell back to chance
+    ([2.3, 1.0, 0.5, 13.5, *[2.3] * (STEPS - 2), 1.5], False),  # and is climbing out again
 ])
 def test_a_loss_has_diverged_when_it_is_not_finite_or_stays_far_above_its_start(losses,
                                                                                    diverged):
