@@ -55,12 +55,15 @@ def files(tmp_path_factory) -> dict[str, str]:
     document = json.loads(data.model_dump_json())
     document["layers"].append({**document["layers"][0], "config": "n1c1h1w1@0"})
     (root / "twice.json").write_text(json.dumps(document))
-    # a run folder as the launcher leaves it just before torchrun starts: no checkpoint yet
-    write_run_folder(new_job("tiny_cnn", "data", TrainOptions(nproc=2, image_size=8,
-                                                              batch_per_device=4),
-                             root / "started", analytic=True))
+    # run folders as the launcher leaves them just before torchrun starts: no checkpoint yet;
+    # and one whose only checkpoint is garbage
+    for name in ("started", "garbage"):
+        write_run_folder(new_job("tiny_cnn", "data", TrainOptions(nproc=2, image_size=8,
+                                                                  batch_per_device=4),
+                                 root / name, analytic=True))
+    (root / "garbage" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     return {"root": str(root), "twice": str(root / "twice.json"),
-            "started": str(root / "started"),
+            "started": str(root / "started"), "garbage": str(root / "garbage"),
             "negative": str(_profile_file(root / "negative.json", -0.99866)),
             "nan": str(_profile_file(root / "nan.json", math.nan))}
 
@@ -83,6 +86,8 @@ REFUSED = [
     (("train", *TINY, "--strategy", "{twice}"), "layer 'x' is listed more than once"),
     (("train", "tiny_cnn", "--resume", "{started}", "--steps", "4"),
      "holds no checkpoint.pt"),
+    (("train", "tiny_cnn", "--resume", "{garbage}", "--steps", "4"),
+     "cannot be read"),
     (("search", "tiny_cnn", "--devices", "2", "--cluster", "local", "--image-size", "8",
       "--batch-per-device", "4", "--profile", "{negative}"), "greater than or equal to 0"),
     (("search", "tiny_cnn", "--devices", "2", "--cluster", "local", "--image-size", "8",

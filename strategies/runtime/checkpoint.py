@@ -39,6 +39,7 @@ PREVIOUS_SUFFIX = ".prev"  # checkpoint.pt.prev: the one before, to fall back to
 CORRUPT_SUFFIX = ".corrupt"  # a newest one that failed its check, kept for a look
 SCHEMA_VERSION = 3  # 3: the sha256 of the content
 _DIGEST_KEY = "sha256"
+_START_AGAIN = "train the run again with a new --out"
 
 
 class CorruptCheckpoint(LayerwiseError):
@@ -74,7 +75,7 @@ def save_checkpoint(path: Path, engine: Engine, step: int,
         with atomic_path(path) as temporary:
             torch.save(payload, temporary)
             if path.is_file():  # a crash between the two renames leaves .prev: still resumable
-                os.replace(path, previous_path(path))
+                os.replace(path, _previous(path))
     engine.barrier()
     return state[MODEL_STATE_KEY] if state is not None else None
 
@@ -103,7 +104,7 @@ def resume_point(path: Path) -> ResumePoint | None:
     is neither file). A newest one that fails is renamed `path`.corrupt, so that the resumed
     run's next save keeps the sound previous one as `.prev`. CorruptCheckpoint when every one
     there fails."""
-    previous = previous_path(path)
+    previous = _previous(path)
     if not path.is_file():
         if not previous.is_file():
             return None
@@ -113,18 +114,19 @@ def resume_point(path: Path) -> ResumePoint | None:
         return ResumePoint(path, _verified_step(path))
     except CorruptCheckpoint as newest:
         if not previous.is_file():
-            raise
+            raise CorruptCheckpoint(f"{newest}, and there is no {previous.name} to fall back "
+                                    f"to; {_START_AGAIN}") from None
         try:
             step = _verified_step(previous)
         except CorruptCheckpoint as older:
-            raise CorruptCheckpoint(f"{newest}; and {older}") from None
+            raise CorruptCheckpoint(f"{newest}; {older}; {_START_AGAIN}") from None
         corrupt = path.with_name(path.name + CORRUPT_SUFFIX)
         os.replace(path, corrupt)
         return ResumePoint(previous, step, f"{newest}; kept as {corrupt.name}, resuming from "
                                            f"{previous.name} (step {step})")
 
 
-def previous_path(path: Path) -> Path:
+def _previous(path: Path) -> Path:
     return path.with_name(path.name + PREVIOUS_SUFFIX)
 
 
