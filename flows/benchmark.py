@@ -343,6 +343,7 @@ def _train_options(context: Context, *, nproc: int, batch_per_device: int,
         batch_per_device=batch_per_device, image_size=config.image_size,
         classes=config.classes, lr=config.lr, momentum=config.momentum,
         weight_decay=config.weight_decay, seed=config.seed,
+        warmup_steps=config.warmup_steps, lr_decay=config.lr_decay,
         profile=str(profile) if profile is not None else None,
         in_channels=context.image.channels if context.image is not None else None)
 

@@ -27,6 +27,8 @@ from pydantic import (
 from strategies.documents import parse_yaml, read_yaml
 from strategies.errors import LayerwiseError, shown
 from strategies.files import first_error
+from strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
+from strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 
 SCHEMA_VERSION = 1
 # `cluster: calibrated`: the flow measures this machine's links between its nproc ranks first
@@ -62,10 +64,12 @@ class BenchmarkConfig(BaseModel):
     classes: int = Field(ge=2)
     batch_per_device: int = Field(ge=1)
     steps: int = Field(ge=1)
-    lr: float = Field(gt=0)
-    momentum: float = Field(ge=0)
-    weight_decay: float = Field(ge=0)
+    lr: LearningRate  # the peak, after the warm-up
+    momentum: Momentum
+    weight_decay: WeightDecay
     seed: int = Field(ge=0)
+    warmup_steps: WarmupSteps = DEFAULT_WARMUP_STEPS
+    lr_decay: LrDecay = DEFAULT_LR_DECAY
     cluster: str = CALIBRATED  # or a preset or a cluster YAML (tasks/calibrate.py)
     # share of the validation split an fp32 run may differ from one process by; None: a
     # binomial bound in images (strategies/accuracy.py); exactness is verified in float64

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import torch
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from strategies import ops
 from strategies.documents import read_json
@@ -119,6 +119,11 @@ ProgressCallback = Callable[[int, int, str], None]
 # ---------------------------------------------------------------------------------------------
 
 
+# A measured time: a negative or NaN one (a hand-edited or damaged file) would price Eq. 1
+# with nonsense, printed as -998.66 ms or nanx and searched as a saving
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
 class Profile(BaseModel):
     """Median seconds of each distinct tile of each layer of one model: forward + backward in
     `seconds`, the SGD update of the tile's weight shard in `update_seconds` (0 without
@@ -141,8 +146,8 @@ class Profile(BaseModel):
     method: str
     warmup: int
     repeats: int
-    seconds: dict[str, dict[str, float]]
-    update_seconds: dict[str, dict[str, float]]
+    seconds: dict[str, dict[str, Seconds]]
+    update_seconds: dict[str, dict[str, Seconds]]
     created: str
 
     @property

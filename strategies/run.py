@@ -14,9 +14,22 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from strategies.files import read_json_model, write_atomic
+from strategies.hyperparameters import (
+    ClassCount,
+    LearningRate,
+    Momentum,
+    WarmupSteps,
+    WeightDecay,
+)
+from strategies.learning_rate import (
+    DEFAULT_LR_DECAY,
+    DEFAULT_WARMUP_STEPS,
+    LrDecay,
+    learning_rate,
+)
 from strategies.strategy import Strategy
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the learning-rate schedule; a diverged loss (NaN, inf) is kept
 
 
 class TrainSettings(BaseModel):
@@ -35,12 +48,14 @@ class TrainSettings(BaseModel):
     data_root: str
     batch_per_device: int
     image_size: int
-    classes: int
+    classes: ClassCount
     in_channels: int
-    lr: float
-    momentum: float
-    weight_decay: float
+    lr: LearningRate  # the peak of the schedule
+    momentum: Momentum
+    weight_decay: WeightDecay
     seed: int
+    warmup_steps: WarmupSteps = DEFAULT_WARMUP_STEPS
+    lr_decay: LrDecay = DEFAULT_LR_DECAY
     # float64 makes rounding too small to flip a ReLU or a max-pool tie, so a strategy's
     # weights must equal one device's to ~1e-13: what `layerwise verify` trains in
     dtype: Literal["float32", "float64"] = "float32"
@@ -53,6 +68,10 @@ class TrainSettings(BaseModel):
     def global_batch(self) -> int:
         return self.batch_per_device * self.world
 
+    def lr_at(self, step: int) -> float:
+        """SGD's learning rate at step `step` (1-based), the same on every rank and engine."""
+        return learning_rate(self.lr, self.warmup_steps, self.lr_decay, step)
+
     def save(self, path: str | Path) -> Path:
         return write_atomic(path, self.model_dump_json(indent=2) + "\n")
 
@@ -63,7 +82,9 @@ class TrainSettings(BaseModel):
 
 
 class StepRecord(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    # a diverged loss is NaN or inf: written as JSON's NaN/Infinity (which json and pydantic
+    # read back), not as null, which no float field takes
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     step: int  # 1-based
     loss: float  # mean cross-entropy over the global batch
@@ -82,7 +103,7 @@ class ByteCounts(BaseModel):
 class RunResult(BaseModel):
     """What one `layerwise train` run measured, next to what the cost model predicted."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     schema_version: int = SCHEMA_VERSION
     model: str
@@ -103,6 +124,8 @@ class RunResult(BaseModel):
     global_batch: int
     nnodes: int
     resumed_from_step: int  # 0 when the run started from scratch
+    # the step at which the loss diverged and the run stopped (its last); None: it did not
+    diverged_at_step: int | None = None
     settings: TrainSettings
     backend: str
     device: str

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from strategies.breakdown import Breakdown
 from strategies.errors import ConfigError
@@ -40,6 +41,16 @@ class Strategy(BaseModel):
     layers: tuple[LayerChoice, ...]
     predicted: Breakdown
     execution: Execution = LayerwiseExecution()  # the engine that runs it and its schedule
+
+    @field_validator("layers")
+    @classmethod
+    def _each_layer_once(cls, layers: tuple[LayerChoice, ...]) -> tuple[LayerChoice, ...]:
+        """A layer listed twice has two configs, and which one runs would be a guess."""
+        twice = [name for name, count in Counter(c.name for c in layers).items() if count > 1]
+        if twice:
+            raise ValueError(f"layer '{twice[0]}' is listed more than once; give each layer "
+                             "one config")
+        return layers
 
     @classmethod
     def from_assignment(cls, name: str, graph: LayerGraph, devices: int, cluster: str,

@@ -7,10 +7,10 @@ float64 that rounding is ~1e-16 per operation, too small to flip a ReLU or a max
 after K steps every weight of an exact strategy equals the plain module's to ~1e-13 while a
 real error (a missing halo row, a gradient summed twice) shows at 1e-3 or more.
 
-`reference_run` trains the plain module (no parallelism, torch's own SGD) on the run's own
-settings, seed, global batches and dtype (float64 here); `compare` reads what a run saved
-(model.pt and result.json) and measures the largest difference of every loss and every
-parameter.
+`reference_run` trains the plain module (no parallelism, torch's own SGD at the run's
+learning-rate schedule) on the run's own settings, seed, global batches and dtype (float64
+here); `compare` reads what a run saved (model.pt and result.json) and measures the largest
+difference of every loss and every parameter.
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ def reference_run(settings: TrainSettings, steps: int) -> ReferenceRun:
         losses = []
         for step in range(1, steps + 1):
             x, y = batches.batch_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = settings.lr_at(step)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(module(torch.from_numpy(x).to(dtype)),
                                    torch.from_numpy(y))

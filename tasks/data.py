@@ -56,6 +56,7 @@ IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm"})
 _RESIZE_CHUNK = 1024  # images resized at once: bounds the float copy of a large uint8 source
 _CIFAR_SHAPE = (3, 32, 32)  # each row of b"data": the R, G and B planes of a 32x32 image
 _CIFAR_TRAIN = re.compile(r"data_batch_(\d+)")
+_CIFAR_TRAIN_BATCHES = 5
 _CIFAR_FIX = ("point prepare.source (--source) at the folder the python version of CIFAR-10 "
               "unpacks to (cifar-10-batches-py)")
 _FOLDER_FIX = "arrange --source as ROOT/<class name>/<images> (png, jpg, jpeg, bmp or ppm)"
@@ -254,10 +255,18 @@ def _cifar_split(files: list[Path], classes: int, image_size: int) -> Split:
 
 
 def _cifar_train_files(folder: Path) -> list[Path]:
+    """data_batch_1..5, every one: a partial download would train on part of CIFAR-10 and
+    call it CIFAR-10."""
     numbered = {int(match[1]): path for path in folder.iterdir()
                 if (match := _CIFAR_TRAIN.fullmatch(path.name))}
     if not numbered:
         raise LayerwiseError(f"{folder} has no data_batch_1..5 files; {_CIFAR_FIX}")
+    missing = [f"data_batch_{number}" for number in range(1, _CIFAR_TRAIN_BATCHES + 1)
+               if number not in numbered]
+    if missing:
+        raise LayerwiseError(f"{folder} lacks {', '.join(missing)} of CIFAR-10's "
+                             f"{_CIFAR_TRAIN_BATCHES} training batches (an interrupted "
+                             f"download or copy?); {_CIFAR_FIX}")
     return [numbered[number] for number in sorted(numbered)]
 
 
@@ -285,8 +294,10 @@ def _image_files(root: Path) -> tuple[list[str], list[Path], np.ndarray]:
     """Class names (sorted folder names: their order is the class index), files, labels."""
     names = sorted(path.name for path in root.iterdir()
                    if path.is_dir() and not path.name.startswith("."))
-    if not names:
-        raise LayerwiseError(f"{root} has no class folders; {_FOLDER_FIX}")
+    if len(names) < 2:
+        found = f"only one class folder ({names[0]})" if names else "no class folders"
+        raise LayerwiseError(f"{root} has {found}; a classifier needs 2 or more classes; "
+                             f"{_FOLDER_FIX}")
     files: list[Path] = []
     labels: list[int] = []
     for label, name in enumerate(names):

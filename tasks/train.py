@@ -40,6 +40,8 @@ def train_strategy(model: str, strategy: str, options: TrainOptions, steps: int,
     with new_job(model, strategy, options, out, analytic=options.profile is None) as job:
         total = total_steps(job, steps, None)
         command = torchrun_command(job, total, total, DEFAULT_TIMEOUT_SECONDS)
+        for warning in job.warnings:
+            logger.warning("%s", warning)
         write_run_folder(job)
         logger.info("torchrun: %d processes, %d steps, run folder %s", job.settings.nproc,
                     total, out)

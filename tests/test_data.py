@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ def _pickle(path: Path, content: Any) -> None:
         pickle.dump(content, stream)
 
 
-def write_cifar(folder: Path, batch_sizes: tuple[int, ...] = (5, 4), test_size: int = 4,
+def write_cifar(folder: Path, batch_sizes: tuple[int, ...] = (2, 2, 2, 2, 1), test_size: int = 4,
                 classes: int = 3, fine: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """A small but well-formed cifar-10-batches-py folder (CIFAR-100's keys with `fine`):
     random uint8 images, labels cycling through the classes. Returns what each file holds."""
@@ -145,8 +146,8 @@ def test_cifar_keeps_the_official_split_labels_and_channel_order(tmp_path):
     meta = prepare_cifar(source, tmp_path / "out", image_size=32)
     train, val = _splits(tmp_path / "out")
     assert train["x"].shape == (9, 3, 32, 32) and val["x"].shape == (4, 3, 32, 32)
-    assert np.array_equal(train["y"], np.concatenate([written["data_batch_1"][1],
-                                                      written["data_batch_2"][1]]))
+    assert np.array_equal(train["y"], np.concatenate([written[f"data_batch_{number}"][1]
+                                                      for number in range(1, 6)]))
     assert np.array_equal(val["y"], written["test_batch"][1])
     assert meta["class_names"] == ["class0", "class1", "class2"] and meta["classes"] == 3
     assert_normalised(train["x"])
@@ -193,6 +194,9 @@ def test_a_bad_cifar_folder_is_one_line(tmp_path):
     (source / "test_batch").unlink()
     with pytest.raises(LayerwiseError, match="test_batch is missing"):
         prepare_cifar(source, tmp_path / "out", image_size=8)
+    (source / "data_batch_3").unlink()
+    with pytest.raises(LayerwiseError, match="lacks data_batch_3 of CIFAR-10's 5 training"):
+        prepare_cifar(source, tmp_path / "out", image_size=8)
     for batch in source.glob("data_batch_*"):
         batch.unlink()
     with pytest.raises(LayerwiseError, match="has no data_batch_1..5 files"):
@@ -231,6 +235,12 @@ def test_a_bad_image_folder_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LayerwiseError, match="empty has no class folders"):
         prepare(tmp_path / "empty")
+    write_image_tree(tmp_path / "one")
+    for extra in ("dog", "owl"):
+        shutil.rmtree(tmp_path / "one" / extra)
+    with pytest.raises(LayerwiseError, match=r"only one class folder \(cat\); a classifier "
+                                             "needs 2 or more"):
+        prepare(tmp_path / "one")
     tree = tmp_path / "tree"
     write_image_tree(tree, per_class=2)
     with pytest.raises(LayerwiseError, match="channels must be 1"):

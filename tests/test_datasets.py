@@ -91,7 +91,7 @@ def test_digits_are_read_as_prepared_and_mismatches_are_one_line(tmp_path):
 def test_cifar_and_image_folders_load_like_digits(tmp_path):
     """Any folder the prepare stage wrote trains by its name, with the same fit checks."""
     root = tmp_path / "prepared"
-    write_cifar(tmp_path / "cifar", batch_sizes=(10, 10), test_size=6)
+    write_cifar(tmp_path / "cifar", batch_sizes=(4, 4, 4, 4, 4), test_size=6)
     prepare_cifar(tmp_path / "cifar", root / "cifar10", image_size=8)
     cifar = load_dataset("cifar10", 8, 3, 3, seed=0, root=root)
     assert cifar.spec == ImageSpec(image_size=8, classes=3, channels=3)

@@ -6,10 +6,13 @@ and importing torch in each process costs seconds, the steps milliseconds.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,7 @@ from strategies.jobs.options import TrainOptions
 from strategies.models import build_model
 from strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
 from strategies.run import RunResult
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -81,20 +84,45 @@ def test_train_measures_the_bytes_the_cost_model_predicts(tmp_path):
     assert "sync bytes" in result.stdout and str(out / "model.pt") in result.stdout
 
 
+def flip_a_bit_in_the_largest_tensor(checkpoint: Path) -> None:
+    """What a damaged disk or copy does: one bit of tensor data changes, the file still loads
+    (torch.load checks no zip CRC)."""
+    with zipfile.ZipFile(checkpoint) as archive:
+        largest = max((info for info in archive.infolist() if "/data/" in info.filename),
+                      key=lambda info: info.file_size)
+    with open(checkpoint, "r+b") as stream:
+        stream.seek(largest.header_offset + 26)
+        name_length, extra_length = struct.unpack("<HH", stream.read(4))
+        where = largest.header_offset + 30 + name_length + extra_length + largest.file_size // 2
+        stream.seek(where)
+        byte = stream.read(1)[0]
+        stream.seek(where)
+        stream.write(bytes([byte ^ 0x10]))
+    assert torch.load(checkpoint, weights_only=True)["step"] == 4  # loads as if sound
+
+
 def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path):
+    """Also: a checkpoint whose tensor data changed is caught by its checksum, and the run
+    resumes from the one before it, still bit for bit."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    common = (*TINY, "--strategy", "owt", "--steps", "6", "--checkpoint-every", "3")
+    common = (*TINY, "--strategy", "owt", "--steps", "6", "--checkpoint-every", "2")
     assert train(*common, "--out", str(whole)).exit_code == 0
-    crash = train(*common, "--out", str(killed), env={"LAYERWISE_FAULT": "1:3:exit"})
+    crash = train(*common, "--out", str(killed), env={"LAYERWISE_FAULT": "1:4:exit"})
     one_line_error(crash, 1, "rank 1 stopped without an error")
-    assert checkpoint_step(killed / CHECKPOINT_NAME) == 3
+    assert read_checkpoint(killed / CHECKPOINT_NAME)["step"] == 4
+    assert read_checkpoint(killed / f"{CHECKPOINT_NAME}.prev")["step"] == 2
     assert not (killed / "result.json").exists()
+    flip_a_bit_in_the_largest_tensor(killed / CHECKPOINT_NAME)
 
     resumed = train("tiny_cnn", "--resume", str(killed), "--steps", "6", "--json")
     assert resumed.exit_code == 0, resumed.output
+    warnings = [line for line in resumed.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "fails its sha256 check" in warnings[0], resumed.stderr
+    assert "resuming from checkpoint.pt.prev (step 2)" in warnings[0]
+    assert (killed / f"{CHECKPOINT_NAME}.corrupt").is_file()
     continued = RunResult.model_validate_json(resumed.stdout)
     uninterrupted = RunResult.load(whole / "result.json")
-    assert continued.resumed_from_step == 3
+    assert continued.resumed_from_step == 2
     assert [s.step for s in continued.steps] == [1, 2, 3, 4, 5, 6]
     assert [s.loss for s in continued.steps] == [s.loss for s in uninterrupted.steps]
     assert uninterrupted.bytes_per_step == uninterrupted.predicted_bytes_per_step
@@ -124,7 +152,9 @@ def test_a_rank_that_raises_ends_the_run_with_one_line_naming_it(tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
             raise
     assert process.returncode == 1, stdout + stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    warning, *lines = [line for line in stderr.splitlines() if line.strip()]
+    assert warning.startswith("warning: strategy 'data' gives layers to 1 of the 2 processes: "
+                              "rank 1 holds none"), stderr
     assert len(lines) == 1, stderr
     assert "rank 1 failed first" in lines[0] and "injected fault after step 2" in lines[0]
     assert "Traceback" not in stdout + stderr
@@ -155,6 +185,21 @@ Root Cause (first observed failure):
   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 ============================================================
 """
+
+
+def test_a_diverged_loss_stops_the_run_with_one_line_and_keeps_what_it_measured(tmp_path):
+    out = tmp_path / "run"
+    result = train(*TINY, "--strategy", "data", "--steps", "40", "--lr", "1e4",
+                   "--warmup-steps", "0", "--checkpoint-every", "1", "--out", str(out))
+    line = one_line_error(result, 1, "training stopped: the loss diverged at step",
+                          "--lr 10000 now, try 5000")
+    run = RunResult.load(out / "result.json")  # NaN and inf losses read back
+    assert run.diverged_at_step == run.steps[-1].step < 40
+    assert f"step {run.diverged_at_step} " in line
+    assert not math.isfinite(run.steps[-1].loss) or run.steps[-1].loss > 3 * run.steps[0].loss
+    assert not (out / "model.pt").exists()  # no weights of a diverged run
+    if run.diverged_at_step > 1:  # the last checkpoint holds the last sound step
+        assert read_checkpoint(out / CHECKPOINT_NAME)["step"] == run.diverged_at_step - 1
 
 
 def test_a_silent_death_is_named_from_torchruns_report_when_no_rank_recorded_one(tmp_path):

@@ -43,6 +43,12 @@ def print_error(message: str) -> None:
                         soft_wrap=True)
 
 
+def print_warning(message: str) -> None:
+    """`warning: message` on stderr, the message as plain text (no markup, no emoji)."""
+    error_console.print(Text.assemble(("warning:", "yellow"), " ", message), highlight=False,
+                        soft_wrap=True)
+
+
 def print_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
 

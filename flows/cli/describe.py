@@ -88,15 +88,17 @@ def graph(
     from strategies.space import count_configs, parallel_dims
 
     spec = load_cluster(cluster) if cluster else None
-    device_count = devices or (spec.num_devices if spec else 4)
-    if device_count < 1:
-        raise ConfigError(f"--devices must be >= 1 (got {device_count})")
+    if devices is not None and devices < 1:
+        raise ConfigError(f"--devices must be >= 1 (got {devices})")
+    if batch is not None and batch < 1:
+        raise ConfigError(f"--batch must be >= 1 (got {batch})")
+    device_count = devices if devices is not None else (spec.num_devices if spec else 4)
     if spec and device_count > spec.num_devices:
         raise ConfigError(
             f"cluster '{spec.name}' has {spec.num_devices} devices but --devices is "
             f"{device_count}; pass --devices {spec.num_devices} or less, or a larger cluster"
         )
-    global_batch = batch or DEFAULT_BATCH_PER_DEVICE * device_count
+    global_batch = batch if batch is not None else DEFAULT_BATCH_PER_DEVICE * device_count
     layer_graph = build_graph(
         model, batch=global_batch, image_size=image_size, num_classes=classes,
         in_channels=in_channels,

@@ -161,7 +161,8 @@ def model_summary(model: str, cluster: Cluster, profile: Path | None, image_size
                 f"roofline on {cluster.device.name}")
     measured = Profile.load(profile)
     graph = build_graph(model, batch=measured.batch,
-                        image_size=image_size or measured.input_shape[-1],
+                        image_size=(image_size if image_size is not None
+                                    else measured.input_shape[-1]),
                         in_channels=measured.input_shape[1])
     measured.check_matches(graph, source=profile)
     return (summary_from_graph(graph, ProfiledCompute(measured)),

@@ -33,8 +33,21 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.cli.console import console, error_console, human_count, print_error, user_errors
+from flows.cli.console import (
+    console,
+    error_console,
+    human_count,
+    print_error,
+    print_warning,
+    user_errors,
+)
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from strategies.learning_rate import (
+    DEFAULT_LR,
+    DEFAULT_LR_DECAY,
+    DEFAULT_WARMUP_STEPS,
+    LR_DECAYS,
+)
 from strategies.schedules import schedule_help
 
 if TYPE_CHECKING:
@@ -75,8 +88,17 @@ def train(
         help="Input height and width (default: the dataset's, else the model's).")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
-    lr: Annotated[float | None, typer.Option(help="SGD learning rate (default 0.05).")] = None,
-    momentum: Annotated[float | None, typer.Option(help="SGD momentum (default 0.9).")] = None,
+    lr: Annotated[float | None, typer.Option(
+        help=f"SGD's peak learning rate, reached after the warm-up (default {DEFAULT_LR:g}).")
+    ] = None,
+    warmup_steps: Annotated[int | None, typer.Option(
+        help="Steps the learning rate rises over linearly to --lr (default "
+             f"{DEFAULT_WARMUP_STEPS}; 0: none).")] = None,
+    lr_decay: Annotated[str | None, typer.Option(
+        help=f"After the warm-up: {' or '.join(LR_DECAYS)} (default {DEFAULT_LR_DECAY}: "
+             "--lr x sqrt(warm-up steps / step)).")] = None,
+    momentum: Annotated[float | None, typer.Option(
+        help="SGD momentum, in [0, 1) (default 0.9).")] = None,
     weight_decay: Annotated[float | None, typer.Option(
         help="SGD weight decay (default 1e-4).")] = None,
     seed: Annotated[int | None, typer.Option(
@@ -110,7 +132,7 @@ def train(
         profile=str(profile) if profile is not None else None, dataset=dataset,
         batch_per_device=batch_per_device, image_size=image_size, classes=classes,
         in_channels=in_channels, lr=lr, momentum=momentum, weight_decay=weight_decay,
-        seed=seed)
+        seed=seed, warmup_steps=warmup_steps, lr_decay=lr_decay)
     Fault.from_environment()  # a malformed drill is a user error before anything starts
     if resume is not None:
         job = resumed_job(resume, model, strategy, options, out, node_rank, rdzv_endpoint)
@@ -119,6 +141,8 @@ def train(
     with job:  # the run folder is held until the run ends
         total = total_steps(job, steps, epochs)
         command = torchrun_command(job, total, checkpoint_every, timeout)
+        for warning in job.warnings:
+            print_warning(warning)
         write_run_folder(job)
         code = _run_with_progress_bar(command, job, as_json)
     if code != 0:

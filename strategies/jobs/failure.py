@@ -17,7 +17,10 @@ from pathlib import Path
 
 from strategies.jobs.launch import LOG_FILE
 from strategies.jobs.run_folder import node_file_name
+from strategies.runtime.divergence import LossDiverged
 from strategies.runtime.worker import ERRORS_DIR
+
+_DIVERGED = f"{LossDiverged.__name__}: "  # how a rank records the divergence it stopped on
 
 # How gloo and NCCL report a peer that went away: a consequence, not a cause.
 _PEER_LOST = re.compile(r"closed by peer|reset by peer|remote (worker|process)", re.IGNORECASE)
@@ -50,6 +53,8 @@ def failure_line(out: Path, code: int, nproc: int, nnodes: int = 1,
     if not failures:
         return _unrecorded_failure(log, where)
     first = min(failures, key=lambda failure: failure["time"])
+    if first["error"].startswith(_DIVERGED):  # every rank stopped on it: no rank to blame
+        return f"training stopped: {first['error'].removeprefix(_DIVERGED)} ({where})"
     if silent and _PEER_LOST.search(first["error"]):
         return (f"training failed: {_ranks(silent, nproc, nnodes)} stopped without an error "
                 f"(killed, or out of memory?), then rank {first['rank']} lost it: "

@@ -31,7 +31,7 @@ from strategies.jobs.run_folder import (
 )
 from strategies.memory import check_memory, training_bytes
 from strategies.run import TrainSettings
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, checkpoint_step
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, resume_point
 from strategies.runtime.datasets import (
     DEFAULT_ROOT,
     GlobalBatches,
@@ -58,6 +58,8 @@ class Job:
     checkpoint_step: int | None  # the step to resume after; None starts at step 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # node 0's HOST:PORT, for a run on several nodes
+    checkpoint: Path | None = None  # the file it resumes from
+    warnings: tuple[str, ...] = ()  # what the launcher says before it starts: still correct
 
     @property
     def out(self) -> Path:
@@ -103,15 +105,19 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
                  f"({options.batch_per_device} per process, {world} "
                  f"process{'es' if world > 1 else ''})",
                  "use a smaller --batch-per-device or --image-size, or more machines")
+    classes = graph.by_name[graph.outputs[0]].output_shape[1]
+    if classes < 2:  # --classes is checked; a model of one's own may still output one score
+        raise LayerwiseError(f"{model} outputs {classes} class score(s): cross-entropy over "
+                             "fewer than 2 classes is 0 whatever the weights; train a model "
+                             "with 2 or more outputs (--classes N)")
     chosen = _resolve_strategy(strategy, graph, world, options, analytic)
     settings = TrainSettings(
         model=model, strategy=strategy, data_root=str(DEFAULT_ROOT.resolve()),
-        image_size=graph.input_shape[2], in_channels=graph.input_shape[1],
-        classes=graph.by_name[graph.outputs[0]].output_shape[1],
+        image_size=graph.input_shape[2], in_channels=graph.input_shape[1], classes=classes,
         **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
                claim=claim, checkpoint_step=None, node_rank=node_rank,
-               rdzv_endpoint=rdzv_endpoint)
+               rdzv_endpoint=rdzv_endpoint, warnings=_idle_warning(chosen, world))
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
@@ -142,9 +148,17 @@ def _resumed_job(settings: TrainSettings, claim: FolderClaim, node_rank: int,
                         in_channels=settings.in_channels)
     saved = Strategy.load(folder / STRATEGY_FILE)
     _check_strategy(saved, str(folder / STRATEGY_FILE), graph, settings.world)
-    return Job(settings=settings, strategy=saved, graph=graph, batches=_batches(settings),
-               claim=claim, checkpoint_step=checkpoint_step(folder / CHECKPOINT_NAME),
-               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    batches = _batches(settings)
+    point = resume_point(folder / CHECKPOINT_NAME)
+    if point is None:
+        raise LayerwiseError(f"--resume {folder}: it holds no {CHECKPOINT_NAME} (the run "
+                             "stopped before its first checkpoint, every --checkpoint-every "
+                             "steps); train it again with a new --out")
+    return Job(settings=settings, strategy=saved, graph=graph, batches=batches, claim=claim,
+               checkpoint_step=point.step, checkpoint=point.path, node_rank=node_rank,
+               rdzv_endpoint=rdzv_endpoint,
+               warnings=(*_idle_warning(saved, settings.world),
+                         *((point.note,) if point.note else ())))
 
 
 def total_steps(job: Job, steps: int | None, epochs: int | None) -> int:
@@ -195,6 +209,20 @@ def _check_strategy(strategy: Strategy, source: str, graph: LayerGraph,
     except ConfigError as error:
         raise ConfigError(f"--strategy {source}: {error}") from None
     return assignment
+
+
+def _idle_warning(strategy: Strategy, world: int) -> tuple[str, ...]:
+    """A line when some processes hold no layer under `strategy`: the run is still correct
+    (they take part in its collectives only), but they are wasted."""
+    used = {device for config in strategy.assignment().values() for device in config.devices}
+    idle = sorted(set(range(world)) - used)
+    if not idle:
+        return ()
+    who = (f"rank {idle[0]} holds" if len(idle) == 1
+           else f"ranks {', '.join(map(str, idle))} hold")
+    return (f"strategy '{strategy.name}' gives layers to {len(used)} of the {world} processes: "
+            f"{who} none and only wait (the run is still correct); train on {len(used)} "
+            "processes to spare them",)
 
 
 def _batches(settings: TrainSettings) -> GlobalBatches:

@@ -74,8 +74,8 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout
                 "--steps", str(total), "--timeout", str(timeout)]
     command += (["--no-checkpoint"] if checkpoint_every is None
                 else ["--checkpoint-every", str(checkpoint_every)])
-    if job.checkpoint_step is not None:
-        command.append("--resume")
+    if job.checkpoint is not None:
+        command += ["--resume", str(job.checkpoint)]
     return command
 
 

@@ -12,11 +12,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from strategies.errors import LayerwiseError
+from strategies.hyperparameters import ClassCount, LearningRate, Momentum, WarmupSteps, WeightDecay
 from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from strategies.learning_rate import DEFAULT_LR, DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 
 # The order in which out-of-range options are reported (the first one found is named).
-_RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "lr", "seed", "momentum",
-                      "weight_decay")
+_RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "classes", "lr", "seed",
+                      "momentum", "weight_decay", "warmup_steps")
 
 
 class TrainOptions(BaseModel):
@@ -36,12 +38,14 @@ class TrainOptions(BaseModel):
     dataset: str = "synthetic"
     batch_per_device: int = Field(default=DEFAULT_BATCH_PER_DEVICE, gt=0)
     image_size: int | None = None
-    classes: int | None = None
+    classes: ClassCount | None = None
     in_channels: int | None = None
-    lr: float = Field(default=0.05, gt=0)
-    momentum: float = Field(default=0.9, ge=0)
-    weight_decay: float = Field(default=1e-4, ge=0)
+    lr: LearningRate = DEFAULT_LR
+    momentum: Momentum = 0.9
+    weight_decay: WeightDecay = 1e-4
     seed: int = Field(default=0, ge=0)
+    warmup_steps: WarmupSteps = DEFAULT_WARMUP_STEPS
+    lr_decay: LrDecay = DEFAULT_LR_DECAY
 
     @classmethod
     def given(cls, **values: Any) -> TrainOptions:
@@ -92,10 +96,11 @@ def _range_error(error: ValidationError) -> str:
     name = ranked[0]
     problem = problems[name]
     bound = problem.get("ctx", {})
-    if "gt" in bound:
-        return f"{_flag(name)} must be > {bound['gt']:g} (got {problem['input']})"
-    if "ge" in bound:
-        return f"{_flag(name)} must be >= {bound['ge']:g} (got {problem['input']})"
+    if problem["type"] == "finite_number":
+        return f"{_flag(name)} must be a finite number (got {problem['input']})"
+    for key, relation in (("gt", ">"), ("ge", ">="), ("lt", "<")):
+        if key in bound:
+            return f"{_flag(name)} must be {relation} {bound[key]:g} (got {problem['input']})"
     return f"{_flag(name)}: {problem['msg']} (got {problem['input']!r})"
 
 

@@ -9,6 +9,11 @@ Shards live on many ranks, so saving is collective: every rank calls `save_check
 returns on all of them only when the file is in place, so a rank that dies right after a
 checkpoint cannot lose it.
 
+A flipped bit in a tensor still unpickles, and training would go on from corrupt weights
+without a word; so each checkpoint holds the sha256 of its content, and the one before it is
+kept as `checkpoint.pt.prev`. A resumed run continues from the newest checkpoint that passes
+its check (`resume_point`) and says when that is the previous one.
+
 Resuming loads the same file on every rank (the run folder is shared, or on one machine) and
 keeps each rank's part; the run then continues at step + 1 with the batches, masks and
 momentum an uninterrupted run would have.
@@ -16,8 +21,11 @@ momentum an uninterrupted run would have.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickle
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +38,31 @@ from strategies.run import StepRecord
 from strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
 
 CHECKPOINT_NAME = "checkpoint.pt"
-SCHEMA_VERSION = 2
+PREVIOUS_SUFFIX = ".prev"  # checkpoint.pt.prev: the one before, to fall back to
+CORRUPT_SUFFIX = ".corrupt"  # a newest one that failed its check, kept for a look
+SCHEMA_VERSION = 3  # 3: the sha256 of the content
+_DIGEST_KEY = "sha256"
+_START_AGAIN = "train the run again with a new --out"
+
+
+class CorruptCheckpoint(LayerwiseError):
+    """A checkpoint file that cannot be read, or whose content is not what was written."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a resumed run continues from, its step, and, when the newest one failed
+    its check, the line that says so."""
+
+    path: Path
+    step: int
+    note: str | None = None
 
 
 def save_checkpoint(path: Path, engine: Engine, step: int,
                     records: list[StepRecord]) -> dict[str, torch.Tensor] | None:
-    """Write the checkpoint of `step` (collective); returns the full state_dict on rank 0."""
+    """Write the checkpoint of `step` (collective), keeping the one before it as
+    `path`.prev; returns the full state_dict on rank 0."""
     state = engine.training_state()
     if state is not None:
         payload = {
@@ -47,8 +74,11 @@ def save_checkpoint(path: Path, engine: Engine, step: int,
                          if engine.device.type == "cuda" else None),
             "steps": [record.model_dump() for record in records],
         }
+        payload[_DIGEST_KEY] = _digest(payload)
         with atomic_path(path) as temporary:
             torch.save(payload, temporary)
+            if path.is_file():  # a crash between the two renames leaves .prev: still resumable
+                os.replace(path, _previous(path))
     engine.barrier()
     return state[MODEL_STATE_KEY] if state is not None else None
 
@@ -62,8 +92,9 @@ def trained_weights(engine: Engine) -> dict[str, torch.Tensor] | None:
 
 
 def load_checkpoint(path: Path, engine: Engine) -> tuple[int, list[StepRecord]]:
-    """Restore weights, optimizer state and RNG from `path`; returns (step, records)."""
-    payload = _read(path)
+    """Restore weights, optimizer state and RNG from `path`, after checking its sha256;
+    returns (step, records)."""
+    payload = read_checkpoint(path, mmap=False)
     engine.load_training_state(payload["engine"])
     torch.set_rng_state(payload["rng"])
     if engine.device.type == "cuda" and payload.get("cuda_rng") is not None:
@@ -71,13 +102,50 @@ def load_checkpoint(path: Path, engine: Engine) -> tuple[int, list[StepRecord]]:
     return int(payload["step"]), [StepRecord(**record) for record in payload["steps"]]
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The step a checkpoint file holds (None if there is none), after checking the whole file
-    can be read as a checkpoint: the launcher calls this before any worker starts, so that a
-    broken file is one line, not a failure in every rank. The tensors are mapped, not read."""
-    if not path.exists():
-        return None
-    return int(_read(path, mmap=True)["step"])
+def resume_point(path: Path) -> ResumePoint | None:
+    """The newest checkpoint at `path` or `path`.prev that passes its check (None when there
+    is neither file). A newest one that fails is renamed `path`.corrupt, so that the resumed
+    run's next save keeps the sound previous one as `.prev`. CorruptCheckpoint when every one
+    there fails."""
+    previous = _previous(path)
+    if not path.is_file():
+        if not previous.is_file():
+            return None
+        return ResumePoint(previous, _verified_step(previous),  # a save stopped mid-rotation
+                           f"{path.name} is missing; resuming from {previous.name}")
+    try:
+        return ResumePoint(path, _verified_step(path))
+    except CorruptCheckpoint as newest:
+        if not previous.is_file():
+            raise CorruptCheckpoint(f"{newest}, and there is no {previous.name} to fall back "
+                                    f"to; {_START_AGAIN}") from None
+        try:
+            step = _verified_step(previous)
+        except CorruptCheckpoint as older:
+            raise CorruptCheckpoint(f"{newest}; {older}; {_START_AGAIN}") from None
+        corrupt = path.with_name(path.name + CORRUPT_SUFFIX)
+        os.replace(path, corrupt)
+        return ResumePoint(previous, step, f"{newest}; kept as {corrupt.name}, resuming from "
+                                           f"{previous.name} (step {step})")
+
+
+def _previous(path: Path) -> Path:
+    return path.with_name(path.name + PREVIOUS_SUFFIX)
+
+
+def read_checkpoint(path: Path, mmap: bool = True) -> dict[str, Any]:
+    """The checkpoint's content after checking it against its sha256; CorruptCheckpoint if it
+    cannot be read or does not match. `mmap` reads tensors as their pages are touched."""
+    payload = _read(path, mmap=mmap)
+    stored = payload.pop(_DIGEST_KEY, None)
+    if stored != _digest(payload):
+        raise CorruptCheckpoint(f"checkpoint {path} fails its sha256 check (its content changed "
+                                "after it was written: a damaged disk or copy)")
+    return payload
+
+
+def _verified_step(path: Path) -> int:
+    return int(read_checkpoint(path)["step"])
 
 
 _STEP_RECORDS = TypeAdapter(list[StepRecord])
@@ -89,35 +157,62 @@ _PAYLOAD_TYPES: dict[str, type | tuple[type, ...]] = {
 
 
 def _read(path: Path, mmap: bool = False) -> dict[str, Any]:
-    fix = "restore it from a copy, or start a new run"
     if not path.is_file():
-        raise LayerwiseError(f"checkpoint {path} is not a file; {fix}")
+        raise CorruptCheckpoint(f"checkpoint {path} is not a file")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its index is last
-        raise LayerwiseError(f"checkpoint {path} is not a torch checkpoint (empty, truncated "
-                             f"or overwritten); {fix}")
+        raise CorruptCheckpoint(f"checkpoint {path} is not a torch checkpoint (empty, "
+                                "truncated or overwritten)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
-        raise LayerwiseError(f"checkpoint {path} holds objects other than tensors and plain "
-                             f"values, which layerwise refuses to load; {fix}") from None
+        raise CorruptCheckpoint(f"checkpoint {path} holds objects other than tensors and plain "
+                                "values, which layerwise refuses to load") from None
     except (RuntimeError, OSError, EOFError, ValueError) as problem:
         first = (str(problem).strip().splitlines() or [""])[0]
-        raise LayerwiseError(f"checkpoint {path} cannot be read ({type(problem).__name__}: "
-                             f"{shown(first, 100)}); {fix}") from None
+        raise CorruptCheckpoint(f"checkpoint {path} cannot be read ({type(problem).__name__}: "
+                                f"{shown(first, 100)})") from None
     if not isinstance(payload, dict):
-        raise LayerwiseError(f"checkpoint {path} holds a {type(payload).__name__}, not a "
-                             f"layerwise checkpoint; {fix}")
+        raise CorruptCheckpoint(f"checkpoint {path} holds a {type(payload).__name__}, not a "
+                                "layerwise checkpoint")
     if payload.get("schema_version") != SCHEMA_VERSION:
         raise LayerwiseError(f"checkpoint {path} has schema_version "
                              f"{shown(payload.get('schema_version'))}, this layerwise reads "
                              f"{SCHEMA_VERSION}; start a new run")
     for key, kind in _PAYLOAD_TYPES.items():
         if not isinstance(payload.get(key), kind) or isinstance(payload.get(key), bool):
-            raise LayerwiseError(f"checkpoint {path}: '{key}' is missing or malformed; {fix}")
+            raise CorruptCheckpoint(f"checkpoint {path}: '{key}' is missing or malformed")
     if payload["step"] < 1:
-        raise LayerwiseError(f"checkpoint {path}: step {payload['step']} is not a step; {fix}")
+        raise CorruptCheckpoint(f"checkpoint {path}: step {payload['step']} is not a step")
     try:
         _STEP_RECORDS.validate_python(payload["steps"])
     except ValidationError as problem:
-        raise LayerwiseError(f"checkpoint {path}: steps.{first_error(problem)}; {fix}") from None
+        raise CorruptCheckpoint(f"checkpoint {path}: steps.{first_error(problem)}") from None
     return payload
+
+
+def _digest(payload: Any) -> str:
+    """sha256 over every value in `payload`: tensors by dtype, shape and bytes, containers in
+    order, anything else by its repr (exact for floats)."""
+    hasher = hashlib.sha256()
+    _feed(hasher, payload)
+    return hasher.hexdigest()
+
+
+def _feed(hasher: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous().reshape(-1)
+        hasher.update(f"tensor {tensor.dtype} {tuple(value.shape)}:".encode())
+        hasher.update(memoryview(tensor.view(torch.uint8).numpy()))
+    elif isinstance(value, dict):
+        hasher.update(b"{")
+        for key, item in value.items():
+            _feed(hasher, key)
+            _feed(hasher, item)
+        hasher.update(b"}")
+    elif isinstance(value, list | tuple):
+        hasher.update(b"[")
+        for item in value:
+            _feed(hasher, item)
+        hasher.update(b"]")
+    else:
+        hasher.update(f"{type(value).__name__} {value!r};".encode())

@@ -123,12 +123,17 @@ def prepared_spec(name: str, root: Path = DEFAULT_ROOT) -> ImageSpec | None:
                              f"{_prepare_fix(name)}")
     meta = read_json(meta_path, str(meta_path), fix=f"{_prepare_fix(name)} again")
     try:
-        return ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
+        spec = ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
                          channels=int(meta["channels"]))
     except (ValueError, KeyError, TypeError) as error:
         raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: "
                              f"{shown(str(error))}); "
                              f"{_prepare_fix(name)} again") from None
+    if spec.classes < 2:
+        raise LayerwiseError(f"the {name} dataset has {spec.classes} class(es) ({meta_path}): "
+                             f"a classifier needs 2 or more; {_prepare_fix(name)} from a source "
+                             "with more classes")
+    return spec
 
 
 def _prepare_fix(name: str, options: str = "") -> str:

@@ -8,7 +8,7 @@ an `EngineContext`; this module imports none of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -63,10 +63,25 @@ class EngineContext:
     rank: int
     world: int
     device: torch.device
+    # every optimizer `sgd` built, so that the worker sets each step's learning rate on all
+    optimizers: list[torch.optim.SGD] = field(default_factory=list, compare=False)
 
     def sgd(self, parameters: list[nn.Parameter]) -> torch.optim.SGD | None:
-        """The run's optimizer over `parameters` (None when this rank holds none)."""
+        """The run's optimizer over `parameters` (None when this rank holds none), at the
+        schedule's peak rate until `start_step` sets a step's."""
         if not parameters:
             return None
-        return torch.optim.SGD(parameters, lr=self.settings.lr, momentum=self.settings.momentum,
-                               weight_decay=self.settings.weight_decay)
+        optimizer = torch.optim.SGD(parameters, lr=self.settings.lr,
+                                    momentum=self.settings.momentum,
+                                    weight_decay=self.settings.weight_decay)
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def start_step(self, step: int) -> None:
+        """Set the schedule's learning rate of `step` on every optimizer of this rank. The
+        rate is a function of the step, so every rank and engine, and a resumed run, apply
+        the same one without any state to save."""
+        rate = self.settings.lr_at(step)
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = rate

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc-per-node 2 --max-restarts 0 \\
         -m strategies.runtime.worker --out runs/RUN [runs/RUN2 ...] --steps 100 \\
-        [--checkpoint-every 50 | --no-checkpoint] [--timeout 120] [--resume]
+        [--checkpoint-every 50 | --no-checkpoint] [--timeout 120] [--resume CHECKPOINT]
 
 `layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
 model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer
@@ -11,7 +11,10 @@ tensors again), then starts exactly this command: on one machine in the environm
 strategies/rendezvous.py (file stores, loopback only), on several with `--nnodes --node-rank
 --rdzv-endpoint` (they share runs/RUN, which node 0 writes).
 Each rank builds the same module from the same seed, keeps its shards (`LayerwiseModel`) and
-trains on the same global batches with SGD. Rank 0 prints one line per step,
+trains on the same global batches with SGD at the schedule's learning rate of each step
+(strategies/learning_rate.py). A loss that diverges (strategies/runtime/divergence.py) stops
+every rank at that step: no checkpoint of it, result.json with the steps so far, and each
+rank's error file saying so. Rank 0 prints one line per step,
 `LAYERWISE_PROGRESS {"step": .., "steps": .., "loss": .., "seconds": ..}`, for the launcher;
 writes checkpoint.pt every `--checkpoint-every` steps and at the end (`--no-checkpoint`: never, for
 runs that are not resumed, such as `layerwise verify`'s); and finally writes model.pt (the plain
@@ -60,6 +63,7 @@ from strategies.runtime.checkpoint import (
 )
 from strategies.runtime.comm import Category, init_distributed
 from strategies.runtime.datasets import GlobalBatches, load_dataset
+from strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
 from strategies.runtime.engine import build_engine
 from strategies.runtime.engine_base import Engine, EngineContext
 from strategies.runtime.parent_death import die_with_parent
@@ -122,6 +126,7 @@ class Run:
 
     settings: TrainSettings
     strategy: Strategy
+    context: EngineContext  # sets each step's learning rate on the engine's optimizers
     engine: Engine
     batches: GlobalBatches
     device: torch.device
@@ -150,12 +155,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "still written)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
                         help="seconds a collective may wait for its peers")
-    parser.add_argument("--resume", action="store_true",
-                        help=f"continue from the run folder's {CHECKPOINT_NAME}")
+    parser.add_argument("--resume", type=Path, metavar="CHECKPOINT",
+                        help=f"continue from this checkpoint (the run folder's {CHECKPOINT_NAME} "
+                             "or the previous one the launcher fell back to)")
     args = parser.parse_args(argv)
-    if args.resume and len(args.out) > 1:
+    if args.resume is not None and len(args.out) > 1:
         parser.error("--resume continues one run folder")
-    if args.resume and args.no_checkpoint:
+    if args.resume is not None and args.no_checkpoint:
         parser.error("--resume needs the checkpoints --no-checkpoint leaves out")
     return args
 
@@ -216,23 +222,35 @@ def train(out: Path, args: argparse.Namespace, process: Process) -> None:
     fault = Fault.from_environment()
     run = start(out, process)
     checkpoint = out / CHECKPOINT_NAME
-    done, records = load_checkpoint(checkpoint, run.engine) if args.resume else (0, [])
+    done, records = (load_checkpoint(args.resume, run.engine) if args.resume is not None
+                     else (0, []))
     if done >= args.steps:
         raise LayerwiseError(f"the checkpoint is at step {done}: ask for more steps")
     step_bytes: StepBytes = {}
     state = None
+    watch = LossWatch(record.loss for record in records)
+    stopped: str | None = None  # why the loss diverged, at the last step trained
     for step in range(done + 1, args.steps + 1):
         record, step_bytes = train_step(run, step)
         records.append(record)
         if run.rank == 0:
             report_progress(record, args.steps)
+        stopped = watch.add(record.loss)
+        if stopped is not None:  # before any checkpoint: the last one holds sound weights
+            break
         if args.no_checkpoint:
             state = trained_weights(run.engine) if step == args.steps else None
         elif step % args.checkpoint_every == 0 or step == args.steps:
             state = save_checkpoint(checkpoint, run.engine, step, records)
         if fault is not None:
             fault.fire(run.rank, step)
-    result = gather_result(run, records, step_bytes, done)
+    last = records[-1].step
+    result = gather_result(run, records, step_bytes, done,
+                           diverged_at=last if stopped is not None else None)
+    if stopped is not None:
+        if result is not None:
+            result.save(out / RESULT_FILE)
+        raise LossDiverged(diverged_message(last, stopped, run.settings.lr))
     if state is not None and result is not None:
         with atomic_path(out / MODEL_FILE) as temporary:
             torch.save(state, temporary)
@@ -252,14 +270,14 @@ def start(out: Path, process: Process) -> Run:
     torch.manual_seed(settings.seed)  # same weights on every rank; dropout draws follow
     module = build_model(settings.model, num_classes=settings.classes,
                          image_size=settings.image_size, in_channels=settings.in_channels)
-    engine = build_engine(EngineContext(settings=settings, strategy=strategy, graph=graph,
-                                        module=module.to(device), rank=rank, world=world,
-                                        device=device))
+    context = EngineContext(settings=settings, strategy=strategy, graph=graph,
+                            module=module.to(device), rank=rank, world=world, device=device)
+    engine = build_engine(context)
     data = load_dataset(settings.dataset, settings.image_size, settings.classes,
                         settings.in_channels, settings.seed, Path(settings.data_root))
     batches = GlobalBatches(data.train, settings.global_batch, settings.seed)
-    return Run(settings=settings, strategy=strategy, engine=engine, batches=batches,
-               device=device, backend=process.backend)
+    return Run(settings=settings, strategy=strategy, context=context, engine=engine,
+               batches=batches, device=device, backend=process.backend)
 
 
 def choose_device(local_rank: int, local_world: int) -> tuple[torch.device, str]:
@@ -272,10 +290,12 @@ def choose_device(local_rank: int, local_world: int) -> tuple[torch.device, str]
 
 
 def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes]:
-    """One SGD step on the global batch; its time excludes drawing the batch."""
+    """One SGD step on the global batch at the schedule's learning rate; its time excludes
+    drawing the batch. The record holds rank 0's loss on every rank."""
     x, y = run.batches.batch_at(step)
     inputs = torch.from_numpy(x).to(run.device, torch.get_default_dtype())
     targets = torch.from_numpy(y).to(run.device)
+    run.context.start_step(step)
     synchronize(run.device)
     started = time.perf_counter()
     run.engine.counter.reset()
@@ -283,7 +303,16 @@ def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes]:
     step_bytes = run.engine.counter.reset()
     synchronize(run.device)
     seconds = time.perf_counter() - started
-    return StepRecord(step=step, loss=loss, seconds=seconds), step_bytes
+    return StepRecord(step=step, loss=rank0_loss(loss, run.device), seconds=seconds), step_bytes
+
+
+def rank0_loss(loss: float, device: torch.device) -> float:
+    """Rank 0's loss on every rank (engines return it there only), so that every rank judges
+    divergence on the same numbers and stops at the same step. Eight bytes outside the timed
+    step and outside the byte counts: control, not training."""
+    shared = torch.tensor([loss], dtype=torch.float64, device=device)
+    dist.broadcast(shared, src=0)
+    return float(shared[0])
 
 
 def synchronize(device: torch.device) -> None:
@@ -305,7 +334,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
-                  resumed_from: int) -> RunResult | None:
+                  resumed_from: int, diverged_at: int | None = None) -> RunResult | None:
     """Sum every rank's bytes of a step and collect peaks (collective); the result on rank 0."""
     gathered: list[tuple[StepBytes, int] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (step_bytes, peak_memory_bytes(run.device)))
@@ -337,7 +366,8 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         peak_memory_bytes_per_rank=tuple(peak for _, peak in filter(None, gathered)),
         loss_bytes_per_step=total("loss"), bytes_per_step_by_layer=by_layer,
         global_batch=run.settings.global_batch, nnodes=run.settings.nnodes,
-        resumed_from_step=resumed_from, settings=run.settings, backend=run.backend,
+        resumed_from_step=resumed_from, diverged_at_step=diverged_at, settings=run.settings,
+        backend=run.backend,
         device=device_name(run.device), torch_version=torch.__version__,
         host=socket.gethostname(),
         finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

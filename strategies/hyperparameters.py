@@ -1,0 +1,19 @@
+"""The ranges of a training run's hyperparameters, as pydantic types that every contract asking
+for them shares: `TrainSettings`, `TrainOptions` and the benchmark's `BenchmarkConfig`.
+
+Out of range, each ran without a word before: a momentum of 5 grows every step, a rate of NaN
+or inf failed only inside the workers, one class has nothing to learn. Pydantic only, so that
+the benchmark config is checked without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+LearningRate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Momentum = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # 1 or more never forgets
+WeightDecay = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+WarmupSteps = Annotated[int, Field(ge=0)]
+ClassCount = Annotated[int, Field(ge=2)]  # cross-entropy over one class is 0 whatever the weights
