@@ -21,7 +21,7 @@ test: $(STAMP)
 # Every zoo model under `layerwise verify --strategy all` at 2 and 4 processes, one at a time
 # (VGG-16's float64 runs need ~20 GB at 4 processes); the suite checks one model per structure.
 verify-zoo: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -m zoo tests/test_verify.py
+	$(BIN)/python -m pytest -p no:cacheprovider -rP -m zoo tests/test_verify.py
 
 install: $(STAMP)
 

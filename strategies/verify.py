@@ -27,8 +27,8 @@ from strategies.run import RunResult, TrainSettings
 from strategies.runtime.datasets import GlobalBatches, load_dataset
 
 # Relative difference an exact strategy stays under. float64 rounding over a few steps gives
-# 1e-15..1e-13 (measured on the zoo at 2 and 4 processes); a wrong tile or gradient gives
-# 1e-3 or more: 1e-10 separates them by three orders of magnitude on either side.
+# 1e-16..1e-11 (measured on the zoo at 2 and 4 processes, docs/performance.md); a wrong tile or
+# gradient gives 1e-3 or more: 1e-10 separates them by an order of magnitude and more.
 EXACT_TOLERANCE = 1e-10
 
 

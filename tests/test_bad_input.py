@@ -27,7 +27,7 @@ from strategies.jobs.job import new_job
 from strategies.jobs.launch import write_run_folder
 from strategies.jobs.options import TrainOptions
 from strategies.jobs.run_folder import LOCK_FILE
-from strategies.runtime.checkpoint import CHECKPOINT_NAME
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, SCHEMA_VERSION
 from strategies.runtime.worker import SETTINGS_FILE
 from tasks import data as prepare_data
 
@@ -121,13 +121,13 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
             _prepared(root, name, buffer.getvalue())
     _prepared(root, "deepmeta", b"")
     (root / "data" / "prepared" / "deepmeta" / "meta.json").write_text(_nested(DEEP))
-    good = _checkpoint({"schema_version": 2, "step": 3, "engine": {}, "rng": torch.zeros(2),
-                        "cuda_rng": None, "steps": []})
+    good = _checkpoint({"schema_version": SCHEMA_VERSION, "step": 3, "engine": {},
+                        "rng": torch.zeros(2), "cuda_rng": None, "steps": []})
     for name, checkpoint in {
         "truncated": good[: len(good) // 2], "garbage": os.urandom(4096), "empty": b"",
-        "pickle": _checkpoint({"schema_version": 2, "step": 3, "engine": Payload()}),
+        "pickle": _checkpoint({"schema_version": SCHEMA_VERSION, "step": 3, "engine": Payload()}),
         "list": _checkpoint([1, 2, 3]),
-        "records": _checkpoint({"schema_version": 2, "step": 3, "engine": {},
+        "records": _checkpoint({"schema_version": SCHEMA_VERSION, "step": 3, "engine": {},
                                 "rng": torch.zeros(2), "cuda_rng": None, "steps": [{}]}),
     }.items():
         _run_folder(root, f"ckpt-{name}", checkpoint)

@@ -58,9 +58,10 @@ def files(tmp_path_factory) -> dict[str, str]:
     # run folders as the launcher leaves them just before torchrun starts: no checkpoint yet;
     # and one whose only checkpoint is garbage
     for name in ("started", "garbage"):
-        write_run_folder(new_job("tiny_cnn", "data", TrainOptions(nproc=2, image_size=8,
-                                                                  batch_per_device=4),
-                                 root / name, analytic=True))
+        with new_job("tiny_cnn", "data", TrainOptions(nproc=2, image_size=8,
+                                                      batch_per_device=4),
+                     root / name, analytic=True) as job:
+            write_run_folder(job)
     (root / "garbage" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     return {"root": str(root), "twice": str(root / "twice.json"),
             "started": str(root / "started"), "garbage": str(root / "garbage"),
@@ -87,7 +88,7 @@ REFUSED = [
     (("train", "tiny_cnn", "--resume", "{started}", "--steps", "4"),
      "holds no checkpoint.pt"),
     (("train", "tiny_cnn", "--resume", "{garbage}", "--steps", "4"),
-     "cannot be read"),
+     "not a torch checkpoint"),
     (("search", "tiny_cnn", "--devices", "2", "--cluster", "local", "--image-size", "8",
       "--batch-per-device", "4", "--profile", "{negative}"), "greater than or equal to 0"),
     (("search", "tiny_cnn", "--devices", "2", "--cluster", "local", "--image-size", "8",
