@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import psutil
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+
+
+def as_from_a_terminal() -> None:
+    """A child's Ctrl-C as a terminal user's process has it (`preexec_fn`): a suite started in
+    the background of a shell without job control inherits SIGINT ignored, and so would every
+    command it starts, which a test of Ctrl-C would then wait on for good."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def listening_addresses(root: psutil.Process) -> set[tuple[str, int]]:

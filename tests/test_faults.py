@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
@@ -26,7 +27,13 @@ from strategies.jobs.launch import run_torchrun, torchrun_command, write_run_fol
 from strategies.jobs.options import TrainOptions
 from strategies.runtime.worker import ERRORS_DIR
 from tasks import track
-from tests.processes import LOOPBACK, listening_addresses, only_child, processes_mentioning
+from tests.processes import (
+    LOOPBACK,
+    as_from_a_terminal,
+    listening_addresses,
+    only_child,
+    processes_mentioning,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +107,7 @@ def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, target, stop_si
     an error) while the CLI ends with one line."""
     out = tmp_path / "run"
     launcher = subprocess.Popen([str(LAYERWISE), "train", *LONG_RUN, "--checkpoint-every", "5",
-                                 "--out", str(out)],
+                                 "--out", str(out)], preexec_fn=as_from_a_terminal,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 cwd=tmp_path)
     try:
@@ -175,12 +182,22 @@ def _start_flow(project: Path, experiment: str) -> subprocess.Popen[bytes]:
     """`layerwise run` (FLOW_RUN) tracking into `experiment`, started training in `project`."""
     launcher = subprocess.Popen(
         [str(LAYERWISE), *FLOW_RUN, "--set", f"name={experiment}"], cwd=project,
+        preexec_fn=as_from_a_terminal,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, track.TRACKING_VARIABLE: f"sqlite:///{project / 'mlflow.db'}"})
     _wait_for(lambda: processes_mentioning("strategies.runtime.worker", project)
               or launcher.poll() is not None, "the one-process reference to start training")
     assert launcher.poll() is None
     return launcher
+
+
+def _parent_run(project: Path, experiment: str) -> tuple[MlflowClient, str, Any]:
+    """The project's MLflow client, the experiment's id and its one (parent) run."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    [parent] = client.search_runs([found.experiment_id])
+    return client, found.experiment_id, parent
 
 
 def _stop_leftovers(launcher: subprocess.Popen[bytes], project: Path) -> None:
@@ -200,10 +217,7 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
         _wait_for(lambda: not processes_mentioning("", flow_project), "every process to stop")
     finally:
         _stop_leftovers(launcher, flow_project)
-    client = MlflowClient(tracking_uri=f"sqlite:///{flow_project / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("interrupted")
-    assert experiment is not None
-    [parent] = client.search_runs([experiment.experiment_id])
+    _, _, parent = _parent_run(flow_project, "interrupted")
     assert parent.info.status == "KILLED"
 
 
@@ -222,13 +236,10 @@ def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_ki
                   STOP_SECONDS)
     finally:
         _stop_leftovers(launcher, flow_project)
-    client = MlflowClient(tracking_uri=f"sqlite:///{flow_project / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("killed")
-    assert experiment is not None
-    [parent] = client.search_runs([experiment.experiment_id])
+    client, experiment_id, parent = _parent_run(flow_project, "killed")
     assert parent.info.status == "RUNNING"
     assert parent.data.tags[track.OWNER_PID] == str(launcher.pid)
-    assert track.close_orphaned_runs(client, experiment.experiment_id) == [parent.info.run_id]
+    assert track.close_orphaned_runs(client, experiment_id) == [parent.info.run_id]
     closed = client.get_run(parent.info.run_id)
     assert closed.info.status == "KILLED"
     assert f"pid {launcher.pid}" in closed.data.tags[track.ORPHAN_TAG]
