@@ -3,6 +3,7 @@ and `dvc repro prepare` in a temporary git repo."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import shutil
@@ -274,3 +275,14 @@ def test_the_command_line_overrides_params_yaml(tmp_path, monkeypatch, capsys):
                            (["--image-size", "0"], "image_size must be >= 1")):
         assert main([*base, *wrong]) == 2
         assert message in capsys.readouterr().out
+
+
+def test_the_committed_lock_matches_the_code_that_prepares_the_data():
+    """`make run` reproduces `prepare`: a dvc.lock whose recorded hash of tasks/data.py is
+    stale makes every fresh clone's first run rewrite it and leave git dirty."""
+    lock = yaml.safe_load((ROOT / "dvc.lock").read_text(encoding="utf-8"))
+    for dependency in lock["stages"]["prepare"]["deps"]:
+        code = ROOT / dependency["path"]
+        assert hashlib.md5(code.read_bytes()).hexdigest() == dependency["md5"], (
+            f"dvc.lock is stale for {dependency['path']}: run `dvc repro prepare` and commit "
+            "dvc.lock")
