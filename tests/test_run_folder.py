@@ -29,6 +29,7 @@ from strategies.jobs.run_folder import (
     claim_new_folder,
     claim_stamped_folder,
 )
+from tests.test_owt import one_line_error
 
 RACERS = 8
 TINY = ("tiny_cnn", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4")
@@ -72,31 +73,22 @@ def test_auto_named_folders_of_the_same_second_differ(tmp_path):
         claim.release()
 
 
-def _one_line_error(result, *fragments: str) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
-
-
 def test_a_folder_a_live_run_holds_is_refused_to_a_new_run_and_to_resume(tmp_path):
     out = tmp_path / "run"
     options = TrainOptions(nproc=2, image_size=8, batch_per_device=4)
     with new_job("tiny_cnn", "data", options, out, analytic=True) as job:
         refused = runner.invoke(app, ["train", *TINY, "--strategy", "data", "--out", str(out)])
-        _one_line_error(refused, f"--out {out} is in use by a live run (pid ")
+        one_line_error(refused, f"--out {out} is in use by a live run (pid ")
         write_run_folder(job)  # the live run's files, as the launcher writes them
         before = {path.name: path.read_bytes() for path in out.iterdir()}
         resumed = runner.invoke(app, ["train", "tiny_cnn", "--resume", str(out), "--steps", "5"])
-        _one_line_error(resumed, f"--resume {out} is in use by a live run (pid ",
+        one_line_error(resumed, f"--resume {out} is in use by a live run (pid ",
                         "wait for it to end")
         assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     with claim_existing_run(out):  # released with the job: a later launch may continue it
         pass
     fresh = runner.invoke(app, ["train", *TINY, "--strategy", "data", "--out", str(out)])
-    _one_line_error(fresh, f"--out {out} already holds files", f"--resume {out}")
+    one_line_error(fresh, f"--out {out} already holds files", f"--resume {out}")
 
 
 def test_a_claim_goes_with_its_process_even_when_killed(tmp_path):
