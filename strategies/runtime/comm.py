@@ -79,13 +79,8 @@ class Communicator:
                  receives: Sequence[tuple[int, torch.Tensor]], tag: int,
                  layer: str, category: Category = "transfer") -> None:
         """Send each (peer, tensor) and fill each (peer, buffer); returns when all are done."""
-        if not sends and not receives:
-            return
-        operations = [dist.P2POp(dist.isend, tensor, peer, tag=tag) for peer, tensor in sends]
-        operations += [dist.P2POp(dist.irecv, buffer, peer, tag=tag)
-                       for peer, buffer in receives]
-        for work in dist.batch_isend_irecv(operations):
-            work.wait()
+        exchange_tagged([(peer, tensor, tag) for peer, tensor in sends],
+                        [(peer, buffer, tag) for peer, buffer in receives])
         for _, tensor in sends:
             self.counter.add(layer, category, tensor.numel() * tensor.element_size())
 
