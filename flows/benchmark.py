@@ -55,6 +55,7 @@ from strategies.space import DIMS, ParallelConfig
 from strategies.verify import Divergence
 from tasks import track
 from tasks.calibrate import calibrate_links
+from tasks.owner import owner_tags
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
 from tasks.record import record_strategy_run
@@ -167,7 +168,7 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
     folder = make_stamped_folder(RUNS_DIR, "benchmark")
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
-                                      torch.__version__, _prefect_ui_url()) | track.owner_tags()
+                                      torch.__version__, _prefect_ui_url()) | owner_tags()
         parent_id = track.start_parent_run(client, experiment_id, folder.name,
                                            config.model_dump(mode="json"), tags)
     context = Context(config=config, client=client, experiment_id=experiment_id,

@@ -49,6 +49,7 @@ from strategies.errors import LayerwiseError
 from strategies.files import writable_file, write_atomic
 from strategies.profile import PROFILE_DIR, device_name, safe_name
 from strategies.rendezvous import local_rendezvous
+from strategies.runtime.parent_death import die_with_multiprocessing_parent
 
 __all__ = [
     "Calibration",
@@ -181,6 +182,7 @@ def _all_reduce(buffer: torch.Tensor) -> float:
 def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Sequence[int],
             warmup: int, repeats: int, result_path: str) -> None:
     """One rank: measure every size; rank 0 writes [kind, bytes, mean seconds] rows as JSON."""
+    die_with_multiprocessing_parent()
     torch.set_num_threads(1)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":

@@ -57,6 +57,7 @@ from strategies.errors import LayerwiseError
 from strategies.files import read_json_model, write_atomic
 from strategies.fx_nodes import count_include_pad
 from strategies.graph import Layer, LayerGraph
+from strategies.runtime.parent_death import die_with_multiprocessing_parent
 from strategies.space import ParallelConfig, enumerate_configs
 from strategies.tiles import TileWork, as_4d, largest_tile, tile_box
 
@@ -822,6 +823,7 @@ def _report(layers_done: object, progress: ProgressCallback | None) -> None:
 
 def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[str, object],
                     processes: int, barrier: object, layers_done: object, folder: str) -> None:
+    die_with_multiprocessing_parent()
     def layer_done(done: int, total: int, name: str) -> None:
         if rank == 0:
             layers_done.put((done, total, name))  # type: ignore[attr-defined]

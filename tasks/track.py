@@ -22,14 +22,12 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import subprocess
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
@@ -42,6 +40,7 @@ from strategies.graph import LayerGraph
 from strategies.run import RunResult
 from strategies.space import DIMS, ParallelConfig
 from strategies.verify import Divergence
+from tasks.owner import orphan_reason, owner_gone
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
 DVC_LOCK = Path("dvc.lock")
@@ -53,9 +52,7 @@ METRIC_NAMES = (
     "baseline_val_accuracy", "accuracy_gap",
 )
 _MAX_PARAM_LENGTH = 500
-OWNER_HOST, OWNER_PID, OWNER_STARTED = "owner_host", "owner_pid", "owner_started_s"
 ORPHAN_TAG = "killed_because"
-_SAME_START_S = 0.05  # two reads of one process's start differ by float rounding only
 
 
 def default_tracking_uri(project: Path) -> str:
@@ -150,33 +147,6 @@ def dvc_data_hash() -> str | None:
     return next((str(out["md5"]) for out in outs if "md5" in out), None)
 
 
-def owner_tags() -> dict[str, str]:
-    """Which process writes a run: this host, this pid, and this process's start in seconds
-    after boot (unlike a wall-clock time, unchanged when the clock is set)."""
-    return {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid()),
-            OWNER_STARTED: f"{_seconds_after_boot(psutil.Process()):.2f}"}
-
-
-def _seconds_after_boot(process: psutil.Process) -> float:
-    return process.create_time() - psutil.boot_time()
-
-
-def _owner_gone(tags: dict[str, str]) -> bool:
-    """Whether the process a run's owner tags name (on this host) no longer runs: no process
-    has its pid, or the one that has it started at another moment, or it has exited. False
-    when the tags do not say (none, or not written by owner_tags)."""
-    try:
-        pid, started = int(tags[OWNER_PID]), float(tags[OWNER_STARTED])
-    except (KeyError, ValueError):
-        return False
-    try:
-        process = psutil.Process(pid)
-        return (abs(_seconds_after_boot(process) - started) >= _SAME_START_S
-                or process.status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-
-
 def close_orphaned_runs(client: MlflowClient, experiment_id: str) -> list[str]:
     """Mark KILLED the experiment's runs still RUNNING whose writing process on this host is
     gone (killed with SIGKILL, or the machine went down), with a tag saying so; their ids.
@@ -184,7 +154,6 @@ def close_orphaned_runs(client: MlflowClient, experiment_id: str) -> list[str]:
     A run of another host, or one without owner tags (an older layerwise), is left alone:
     whether its writer lives cannot be told from here.
     """
-    host = socket.gethostname()
     running, token = [], None
     while True:  # every page first: closing runs while paging would shift the later pages
         page = client.search_runs([experiment_id], "attributes.status = 'RUNNING'",
@@ -193,12 +162,9 @@ def close_orphaned_runs(client: MlflowClient, experiment_id: str) -> list[str]:
         token = page.token
         if not token:
             break
-    orphans = [run for run in running
-               if run.data.tags.get(OWNER_HOST) == host and _owner_gone(run.data.tags)]
+    orphans = [run for run in running if owner_gone(run.data.tags)]
     for run in orphans:
-        client.set_tag(run.info.run_id, ORPHAN_TAG,
-                       f"its process (pid {run.data.tags[OWNER_PID]} on {host}) ended without "
-                       "closing it: killed (SIGKILL) or the machine went down")
+        client.set_tag(run.info.run_id, ORPHAN_TAG, orphan_reason(run.data.tags))
         kill_run(client, run.info.run_id)
     return [run.info.run_id for run in orphans]
 

@@ -25,7 +25,7 @@ from flows.cli.run import embedded_environment
 from strategies.calibrate import calibration_path
 from strategies.errors import LayerwiseError
 from strategies.verify import EXACT_TOLERANCE
-from tasks import track
+from tasks import owner, track
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
     for tag in ("git_commit", "torch_version", "device_name", "prefect_flow_run_id"):
         assert parents[0].data.tags[tag]
     for run in runs:  # what a later flow reads to tell a killed writer's runs (test_faults.py)
-        assert run.data.tags[track.OWNER_PID] == str(os.getpid())
+        assert run.data.tags[owner.OWNER_PID] == str(os.getpid())
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -139,7 +139,7 @@ def test_an_error_inside_the_flow_fails_its_run_and_its_start_closes_orphans(pre
     from strategies.profile import default_profile_path, device_name
 
     client, experiment_id = track.open_experiment("failing")
-    gone = {**track.owner_tags(), track.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
+    gone = {**owner.owner_tags(), owner.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
     orphan = client.create_run(experiment_id, run_name="orphan", tags=gone).info.run_id
     graph = build_graph("tiny_cnn", batch=8, image_size=8, num_classes=10)
     profile = default_profile_path(graph, device_name("cpu"), processes=2)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from flows.benchmark_config import load_config
 from flows.cli import app
 from flows.compare import COMPARED_METRICS, DELTA_METRICS, layer_changes
-from tasks import track
+from tasks import owner, track
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def _leave_an_orphan(client: MlflowClient) -> None:
     """A run started before the benchmark by a process that is gone, still RUNNING."""
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert experiment is not None
-    gone = {**track.owner_tags(), track.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
+    gone = {**owner.owner_tags(), owner.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
     client.create_run(experiment.experiment_id, run_name="orphan", start_time=1, tags=gone)
 
 

@@ -9,6 +9,8 @@ by their run folder or working directory, and whose sockets psutil lists.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from mlflow import MlflowClient
 
@@ -26,10 +29,11 @@ from strategies.jobs.job import new_job
 from strategies.jobs.launch import run_torchrun, torchrun_command, write_run_folder
 from strategies.jobs.options import TrainOptions
 from strategies.runtime.worker import ERRORS_DIR
-from tasks import track
+from tasks import owner, track
 from tests.processes import (
     LOOPBACK,
     as_from_a_terminal,
+    kill_tree,
     listening_addresses,
     only_child,
     processes_mentioning,
@@ -207,6 +211,39 @@ def _stop_leftovers(launcher: subprocess.Popen[bytes], project: Path) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+# The next command's cleanup of Prefect's records, in the project's environment, between two
+# reads of the state types of every flow run and task run the killed flow left in its owner's
+# name (all of them, whatever the state: a run the cleanup missed shows as RUNNING after)
+PREFECT_CLEANUP = """
+import json, sys
+from flows.cli.run import start_local_api, use_embedded_environment
+use_embedded_environment()
+start_local_api()
+from prefect import get_client
+from flows.flow_runs import crash_orphaned_flow_runs
+
+def states():
+    with get_client(sync_client=True) as client:
+        flows = [run for run in client.read_flow_runs()
+                 if f"owner_pid:{sys.argv[1]}" in run.tags]
+        tasks = [task for flow in flows for task in client.read_task_runs()
+                 if task.flow_run_id == flow.id]
+    return {"flows": [run.state_type.value for run in flows],
+            "tasks": [task.state_type.value for task in tasks]}
+
+before = states()
+crashed = crash_orphaned_flow_runs()
+print(json.dumps([before, {**states(), "crashed": len(crashed)}]))
+"""
+
+
+def _prefect_states_around_cleanup(project: Path, owner_pid: int) -> list[dict[str, Any]]:
+    finished = subprocess.run([sys.executable, "-c", PREFECT_CLEANUP, str(owner_pid)],
+                              cwd=project, capture_output=True, text=True, check=True,
+                              timeout=WAIT_SECONDS)
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the workers in /proc")
 def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed(flow_project):
     launcher = _start_flow(flow_project, "interrupted")
@@ -225,8 +262,10 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
 def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_killed(
         flow_project):
     """SIGKILL runs no handler: Prefect's server, torchrun and its workers go because they are
-    tied to the flow's process (strategies.jobs.tether), and the MLflow run it left RUNNING
-    is marked KILLED by the next flow's start (close_orphaned_runs) as its writer is gone."""
+    tied to the flow's process (strategies.jobs.tether); the Prefect flow and task runs it
+    left Running are marked Crashed by the next command's start (crash_orphaned_flow_runs), and
+    the MLflow run it left RUNNING is marked KILLED by the next flow's start
+    (close_orphaned_runs), as their writer is gone."""
     launcher = _start_flow(flow_project, "killed")
     try:
         assert processes_mentioning("prefect.server.api.server:create_app", flow_project)
@@ -236,9 +275,13 @@ def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_ki
                   STOP_SECONDS)
     finally:
         _stop_leftovers(launcher, flow_project)
+    before, after = _prefect_states_around_cleanup(flow_project, launcher.pid)
+    assert "RUNNING" in before["flows"] and "RUNNING" in before["tasks"]
+    assert "RUNNING" not in after["flows"] + after["tasks"], after
+    assert after["crashed"] == 1
     client, experiment_id, parent = _parent_run(flow_project, "killed")
     assert parent.info.status == "RUNNING"
-    assert parent.data.tags[track.OWNER_PID] == str(launcher.pid)
+    assert parent.data.tags[owner.OWNER_PID] == str(launcher.pid)
     assert track.close_orphaned_runs(client, experiment_id) == [parent.info.run_id]
     closed = client.get_run(parent.info.run_id)
     assert closed.info.status == "KILLED"
@@ -249,17 +292,17 @@ def test_a_flow_start_closes_only_the_runs_whose_writer_is_gone(tmp_path):
     """Owner tags name the writing process by host, pid and start: a run whose writer is gone
     (no such pid, or the pid now another process's) is marked KILLED; a live writer's run, one
     of another host or without owner tags (whose writer cannot be told) stays as it is."""
-    alive = track.owner_tags()
+    alive = owner.owner_tags()
     never_a_pid = str(2**22 + 1)  # above Linux's largest pid_max
     cases = {  # run name: (tags, status it is left in, status expected after)
-        "writer gone": ({**alive, track.OWNER_PID: never_a_pid}, None, "KILLED"),
-        "pid reused": ({**alive, track.OWNER_STARTED: "0.00"}, None, "KILLED"),
+        "writer gone": ({**alive, owner.OWNER_PID: never_a_pid}, None, "KILLED"),
+        "pid reused": ({**alive, owner.OWNER_STARTED: "0.00"}, None, "KILLED"),
         "writer alive": (alive, None, "RUNNING"),
-        "another host": ({**alive, track.OWNER_HOST: "elsewhere",
-                          track.OWNER_PID: never_a_pid}, None, "RUNNING"),
+        "another host": ({**alive, owner.OWNER_HOST: "elsewhere",
+                          owner.OWNER_PID: never_a_pid}, None, "RUNNING"),
         "no owner": ({}, None, "RUNNING"),
-        "unreadable owner": ({**alive, track.OWNER_PID: "x"}, None, "RUNNING"),
-        "finished": ({**alive, track.OWNER_PID: never_a_pid}, "FINISHED", "FINISHED"),
+        "unreadable owner": ({**alive, owner.OWNER_PID: "x"}, None, "RUNNING"),
+        "finished": ({**alive, owner.OWNER_PID: never_a_pid}, "FINISHED", "FINISHED"),
     }
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.create_experiment("orphans")
@@ -274,3 +317,40 @@ def test_a_flow_start_closes_only_the_runs_whose_writer_is_gone(tmp_path):
         run = client.get_run(ids[name])
         assert run.info.status == expected, name
         assert (track.ORPHAN_TAG in run.data.tags) == (expected == "KILLED"), name
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the processes in /proc")
+def test_a_killed_concurrent_profile_leaves_no_process(tmp_path):
+    """The concurrent profilers are spawned by Python's multiprocessing, which stops none of
+    them when their parent is killed outright. (The calibration ranks die the same way, but a
+    whole calibration ends in less time than this test would wait for them.)"""
+    command = ("profile", "vgg16", "--devices", "4", "--processes", "2", "--image-size", "64",
+               "--batch-per-device", "8", "--out", "profile.json")
+    launcher = subprocess.Popen([str(LAYERWISE), *command], cwd=tmp_path,
+                                preexec_fn=as_from_a_terminal,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli, started = psutil.Process(launcher.pid), []
+    try:
+        # two profilers and Python's resource tracker
+        _wait_for(lambda: len(_multiprocessing_children(cli)) >= 3
+                  or launcher.poll() is not None, "the measuring processes to start")
+        assert launcher.poll() is None
+        started = _multiprocessing_children(cli)
+        launcher.kill()
+        launcher.wait(WAIT_SECONDS)
+        _, alive = psutil.wait_procs(started, timeout=STOP_SECONDS)
+        assert not alive, [process.cmdline() for process in alive]
+    finally:
+        kill_tree(launcher)
+        for process in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+
+def _multiprocessing_children(process: psutil.Process) -> list[psutil.Process]:
+    found = []
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "multiprocessing" in " ".join(child.cmdline()):
+                found.append(child)
+    return found

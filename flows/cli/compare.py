@@ -49,8 +49,10 @@ def compare(
     _check_experiment(name)
     start_local_api()
     from flows.compare import compare as compare_flow
+    from flows.flow_runs import owned_flow_runs
 
-    comparison = compare_flow(name, all_runs)
+    with owned_flow_runs():
+        comparison = compare_flow(name, all_runs)
     if as_json:
         print_json(comparison.model_dump(mode="json"))
         return

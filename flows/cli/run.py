@@ -139,8 +139,10 @@ def run(
     benchmark_config = prepare_run(config, overrides or [])
     start_local_api()
     from flows.benchmark import benchmark, summary_lines
+    from flows.flow_runs import owned_flow_runs
 
-    state = benchmark(benchmark_config, return_state=True)
+    with owned_flow_runs():
+        state = benchmark(benchmark_config, return_state=True)
     outcomes = state.result(raise_on_failure=False)
     if isinstance(outcomes, BaseException):  # the flow broke: a user error is one line (exit
         raise outcomes                       # 2, user_errors), anything else its traceback

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from strategies.runtime.parent_death import parent_death_signal
+from strategies.runtime.parent_death import LAUNCHER_PID_VARIABLE, parent_death_signal
 
 STOP_GRACE_SECONDS = 5.0
 SUPPORTED = sys.platform.startswith("linux")
@@ -55,6 +55,8 @@ def _exec_tethered(parent: int, command: list[str]) -> None:
         raise OSError("prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # it died before the request could see it: do not start
         sys.exit(128 + signal.SIGTERM)
+    # the command keeps this pid: its children (torchrun's workers) check it is still theirs
+    os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
     os.execvp(command[0], command)
 
 

@@ -66,7 +66,7 @@ from strategies.runtime.datasets import GlobalBatches, load_dataset
 from strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
 from strategies.runtime.engine import build_engine
 from strategies.runtime.engine_base import Engine, EngineContext
-from strategies.runtime.parent_death import die_with_parent
+from strategies.runtime.parent_death import die_with_parent, launcher_pid
 from strategies.strategy import Strategy
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
@@ -174,7 +174,7 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    die_with_parent()
+    die_with_parent(launcher_pid())
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out = args.out[0]
