@@ -27,7 +27,9 @@ from strategies.jobs.job import new_job
 from strategies.jobs.launch import write_run_folder
 from strategies.jobs.options import TrainOptions
 from strategies.jobs.run_folder import LOCK_FILE
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, SCHEMA_VERSION
+from strategies.models import build_model
+from strategies.runtime.checkpoint import CHECKPOINT_NAME, SCHEMA_VERSION, sealed
+from strategies.runtime.engine_base import MODEL_STATE_KEY
 from strategies.runtime.worker import SETTINGS_FILE
 from tasks import data as prepare_data
 
@@ -121,14 +123,21 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
             _prepared(root, name, buffer.getvalue())
     _prepared(root, "deepmeta", b"")
     (root / "data" / "prepared" / "deepmeta" / "meta.json").write_text(_nested(DEEP))
-    good = _checkpoint({"schema_version": SCHEMA_VERSION, "step": 3, "engine": {},
-                        "rng": torch.zeros(2), "cuda_rng": None, "steps": []})
+    sound = {"schema_version": SCHEMA_VERSION, "step": 3, "engine": {}, "rng": torch.zeros(2),
+             "cuda_rng": None, "steps": []}
+    good = _checkpoint(sound)
     for name, checkpoint in {
         "truncated": good[: len(good) // 2], "garbage": os.urandom(4096), "empty": b"",
         "pickle": _checkpoint({"schema_version": SCHEMA_VERSION, "step": 3, "engine": Payload()}),
         "list": _checkpoint([1, 2, 3]),
         "records": _checkpoint({"schema_version": SCHEMA_VERSION, "step": 3, "engine": {},
                                 "rng": torch.zeros(2), "cuda_rng": None, "steps": [{}]}),
+        # sound checkpoints of another model, and of tiny_cnn trained in float64 (`verify`)
+        "othermodel": _checkpoint(sealed({**sound, "engine": {
+            MODEL_STATE_KEY: build_model("lenet5").state_dict()}})),
+        "float64": _checkpoint(sealed({**sound, "engine": {MODEL_STATE_KEY: {
+            name: tensor.double() if tensor.is_floating_point() else tensor
+            for name, tensor in build_model("tiny_cnn", image_size=8).state_dict().items()}}})),
     }.items():
         _run_folder(root, f"ckpt-{name}", checkpoint)
     _run_folder(root, "deep-settings", None)
@@ -192,6 +201,10 @@ CASES: list[tuple[tuple[str, ...], str]] = [
      "holds a list, not a layerwise checkpoint"),
     (("train", "tiny_cnn", "--resume", "runs/ckpt-records", "--steps", "9"),
      "steps.0.step: Field required"),
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-othermodel", "--steps", "9"),
+     "is not of this run's tiny_cnn: it lacks '"),
+    (("train", "tiny_cnn", "--resume", "runs/ckpt-float64", "--steps", "9"),
+     "float64, where tiny_cnn has"),
     # broken prepared datasets
     ((*TRAIN, "--dataset", "truncated"), "train.npz cannot be read (BadZipFile"),
     ((*TRAIN, "--dataset", "objects"), "holds object images and int64 labels, not numbers"),

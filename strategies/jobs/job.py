@@ -16,6 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import torch
+
 from strategies.cluster import load_cluster
 from strategies.errors import ConfigError, LayerwiseError
 from strategies.files import creatable_folder
@@ -30,6 +32,7 @@ from strategies.jobs.run_folder import (
     claim_stamped_folder,
 )
 from strategies.memory import check_memory, training_bytes
+from strategies.models import build_model
 from strategies.run import TrainSettings
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, resume_point
 from strategies.runtime.datasets import (
@@ -154,11 +157,23 @@ def _resumed_job(settings: TrainSettings, claim: FolderClaim, node_rank: int,
         raise LayerwiseError(f"--resume {folder}: it holds no {CHECKPOINT_NAME} (the run "
                              "stopped before its first checkpoint, every --checkpoint-every "
                              "steps); train it again with a new --out")
+    point.check_weights(_trained_weights(settings), settings.model)
     return Job(settings=settings, strategy=saved, graph=graph, batches=batches, claim=claim,
                checkpoint_step=point.step, checkpoint=point.path, node_rank=node_rank,
                rdzv_endpoint=rdzv_endpoint,
                warnings=(*_idle_warning(saved, settings.world),
                          *((point.note,) if point.note else ())))
+
+
+def _trained_weights(settings: TrainSettings) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of the weights the run's workers train (built on the meta
+    device: no memory), floating ones in the run's dtype as the workers make them."""
+    module = build_model(settings.model, num_classes=settings.classes,
+                         image_size=settings.image_size, in_channels=settings.in_channels,
+                         device="meta")
+    dtype = getattr(torch, settings.dtype)
+    return {name: (tuple(tensor.shape), dtype if tensor.is_floating_point() else tensor.dtype)
+            for name, tensor in module.state_dict().items()}
 
 
 def total_steps(job: Job, steps: int | None, epochs: int | None) -> int:

@@ -21,11 +21,11 @@ momentum an uninterrupted run would have.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pickle
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ class CorruptCheckpoint(LayerwiseError):
     """A checkpoint file that cannot be read, or whose content is not what was written."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ResumePoint:
     """The checkpoint a resumed run continues from, its step, and, when the newest one failed
     its check, the line that says so."""
@@ -57,6 +57,34 @@ class ResumePoint:
     path: Path
     step: int
     note: str | None = None
+    # the checkpoint's model weights, name -> (shape, dtype): what the run's model must match
+    weights: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
+
+    def check_weights(self, expected: dict[str, tuple[tuple[int, ...], torch.dtype]],
+                      model: str) -> None:
+        """LayerwiseError unless the checkpoint holds weights of exactly the shapes and dtypes
+        of `expected` (the run's module, as it trains): a checkpoint copied from another run
+        would otherwise fail only once every worker has started."""
+        if self.weights is None or self.weights == expected:
+            return
+        missing = sorted(expected.keys() - self.weights.keys())
+        extra = sorted(self.weights.keys() - expected.keys())
+        differing = sorted(name for name in expected.keys() & self.weights.keys()
+                           if expected[name] != self.weights[name])
+        if missing or extra:
+            what = (f"lacks '{missing[0]}'" if missing else f"has '{extra[0]}', which {model} "
+                    "does not")
+        else:
+            name = differing[0]
+            (shape, dtype), (found_shape, found_dtype) = expected[name], self.weights[name]
+            what = (f"holds '{name}' as {_described(found_shape, found_dtype)}, where {model} "
+                    f"has {_described(shape, dtype)}")
+        raise LayerwiseError(f"checkpoint {self.path} is not of this run's {model}: it {what}; "
+                             f"resume the run it came from, or {_START_AGAIN}")
+
+
+def _described(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    return f"{'x'.join(map(str, shape)) or 'a scalar'} {str(dtype).removeprefix('torch.')}"
 
 
 def save_checkpoint(path: Path, engine: Engine, step: int,
@@ -74,9 +102,8 @@ def save_checkpoint(path: Path, engine: Engine, step: int,
                          if engine.device.type == "cuda" else None),
             "steps": [record.model_dump() for record in records],
         }
-        payload[_DIGEST_KEY] = _digest(payload)
         with atomic_path(path) as temporary:
-            torch.save(payload, temporary)
+            torch.save(sealed(payload), temporary)
             if path.is_file():  # a crash between the two renames leaves .prev: still resumable
                 os.replace(path, _previous(path))
     engine.barrier()
@@ -111,22 +138,22 @@ def resume_point(path: Path) -> ResumePoint | None:
     if not path.is_file():
         if not previous.is_file():
             return None
-        return ResumePoint(previous, _verified_step(previous),  # a save stopped mid-rotation
-                           f"{path.name} is missing; resuming from {previous.name}")
+        return dataclasses.replace(  # a save stopped mid-rotation
+            _verified(previous), note=f"{path.name} is missing; resuming from {previous.name}")
     try:
-        return ResumePoint(path, _verified_step(path))
+        return _verified(path)
     except CorruptCheckpoint as newest:
         if not previous.is_file():
             raise CorruptCheckpoint(f"{newest}, and there is no {previous.name} to fall back "
                                     f"to; {_START_AGAIN}") from None
         try:
-            step = _verified_step(previous)
+            point = _verified(previous)
         except CorruptCheckpoint as older:
             raise CorruptCheckpoint(f"{newest}; {older}; {_START_AGAIN}") from None
         corrupt = path.with_name(path.name + CORRUPT_SUFFIX)
         os.replace(path, corrupt)
-        return ResumePoint(previous, step, f"{newest}; kept as {corrupt.name}, resuming from "
-                                           f"{previous.name} (step {step})")
+        return dataclasses.replace(point, note=f"{newest}; kept as {corrupt.name}, resuming "
+                                               f"from {previous.name} (step {point.step})")
 
 
 def _previous(path: Path) -> Path:
@@ -144,8 +171,12 @@ def read_checkpoint(path: Path, mmap: bool = True) -> dict[str, Any]:
     return payload
 
 
-def _verified_step(path: Path) -> int:
-    return int(read_checkpoint(path)["step"])
+def _verified(path: Path) -> ResumePoint:
+    payload = read_checkpoint(path)
+    state = payload["engine"].get(MODEL_STATE_KEY)
+    weights = ({name: (tuple(tensor.shape), tensor.dtype) for name, tensor in state.items()
+                if isinstance(tensor, torch.Tensor)} if isinstance(state, dict) else None)
+    return ResumePoint(path, int(payload["step"]), weights=weights)
 
 
 _STEP_RECORDS = TypeAdapter(list[StepRecord])
@@ -188,6 +219,11 @@ def _read(path: Path, mmap: bool = False) -> dict[str, Any]:
     except ValidationError as problem:
         raise CorruptCheckpoint(f"checkpoint {path}: steps.{first_error(problem)}") from None
     return payload
+
+
+def sealed(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` with the sha256 of its content, as a checkpoint file holds it."""
+    return {**payload, _DIGEST_KEY: _digest(payload)}
 
 
 def _digest(payload: Any) -> str:
