@@ -5,32 +5,44 @@
     layerwise oracle alexnet --samples-per-gpu fit --json > alexnet-oracle.json
     layerwise oracle mysummary.yaml --platform mycluster.yaml --save oracle.json
     layerwise oracle resnet18 --image-size 32 --profile data/profiles/<file>.json
+    layerwise oracle table8
 
 Kahira et al., HPDC 2021 (DESIGN 3.3; strategies/oracle.py): per strategy and GPU count, the
 per-epoch compute and communication time, memory per GPU and what limits it. FW/BW per sample
 come from a profile (`--profile`), a model summary file, or the roofline on the platform's
-device.
+device. `table8` replays the paper's Table VIII (strategies/paradl_table8.py) and prints our
+ranks beside the paper's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast, get_args
 
 import typer
 from rich.table import Table
 
 from flows.cli.console import console, print_json, user_errors
 from strategies.errors import LayerwiseError
+from strategies.files import write_atomic
 
 if TYPE_CHECKING:
     from strategies.cluster import Cluster
-    from strategies.oracle import ModelSummary, OracleCase, OracleReport, StrategyName
+    from strategies.oracle import (
+        ModelSummary,
+        OracleCase,
+        OracleReport,
+        StrategyName,
+        WeightUpdate,
+    )
+    from strategies.oracle_platform import Platform
+    from strategies.paradl_table8 import Table8
 
 SUMMARY_SUFFIXES = (".json", ".yaml", ".yml")
 DEFAULT_GPUS = "1..1024"
 DEFAULT_SAMPLES_PER_GPU = "32"
 FIT_MEMORY = "fit"
+TABLE8 = "table8"
 
 
 def register(app: typer.Typer) -> None:
@@ -41,8 +53,11 @@ def register(app: typer.Typer) -> None:
 @user_errors
 def oracle(
     model: Annotated[str, typer.Argument(
-        help="Zoo name, package.module:factory, or a model summary file (.json/.yaml).")],
-    platform: Annotated[str, typer.Option(help="Cluster preset name or YAML path.")] = "abci",
+        help="Zoo name, package.module:factory, a model summary file (.json/.yaml), or "
+             f"{TABLE8!r} for the paper's Table VIII.")],
+    platform: Annotated[str, typer.Option(
+        help="Oracle platform preset or file (strategies/oracle_platforms/), or a cluster "
+             "preset name or YAML path.")] = "abci",
     gpus: Annotated[str, typer.Option(
         help='GPU counts: a comma list, "A..B" for the powers of two from A to B, or both.')
     ] = DEFAULT_GPUS,
@@ -58,6 +73,9 @@ def oracle(
         help="Profile JSON from `layerwise profile` for FW/BW (default: the roofline).")
     ] = None,
     image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
+    weight_update: Annotated[str, typer.Option(
+        help='"paper": the weight update priced as the paper\'s equations do; "none": left '
+             "out, as the authors' analysis tool does.")] = "paper",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     save: Annotated[Path | None, typer.Option(help="Also write the report JSON here.")] = None,
 ) -> None:
@@ -65,21 +83,26 @@ def oracle(
 
         layerwise oracle resnet50 --platform abci --gpus 4,64,1024
     """
-    from strategies.cluster import load_cluster
     from strategies.files import writable_file
     from strategies.oracle import IMAGENET_TRAIN_SAMPLES
     from strategies.oracle import oracle as run_oracle
+    from strategies.oracle_platform import load_platform
 
     if save is not None:
         writable_file(save, "--save")
-    cluster = load_cluster(platform)
+    update = parse_weight_update(weight_update)
+    where = load_platform(platform)
+    if model == TABLE8:
+        _table8(where, update, as_json, save)
+        return
+    cluster = where.cluster
     pes_counts = parse_gpus(gpus)
     chosen = parse_strategies(strategies)
     samples = parse_samples_per_gpu(samples_per_gpu)
     summary, source = model_summary(model, cluster, profile, image_size, samples)
-    report = run_oracle(summary, cluster, pes_counts, chosen, samples_per_pe=samples,
+    report = run_oracle(summary, where, pes_counts, chosen, samples_per_pe=samples,
                         dataset_size=IMAGENET_TRAIN_SAMPLES if dataset_size is None
-                        else dataset_size)
+                        else dataset_size, weight_update=update)
     if save is not None:
         report.save(save)
     if as_json:
@@ -88,6 +111,66 @@ def oracle(
     _print(report, summary, cluster, source)
     if save is not None:
         console.print(f"saved the report to {save}")
+
+
+def parse_weight_update(text: str) -> WeightUpdate:
+    """"paper" or "none"."""
+    from strategies.oracle import WeightUpdate
+
+    choices = get_args(WeightUpdate)
+    if text not in choices:
+        raise LayerwiseError(f"--weight-update must be one of {', '.join(choices)} "
+                             f"(got {text!r})")
+    return cast("WeightUpdate", text)
+
+
+def _table8(platform: Platform, update: WeightUpdate, as_json: bool,
+            save: Path | None) -> None:
+    from strategies.paradl_table8 import table8
+
+    result = table8(platform, weight_update=update)
+    if save is not None:
+        write_atomic(save, result.model_dump_json(indent=1) + "\n")
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+        return
+    _print_table8(result)
+    if save is not None:
+        console.print(f"saved the table to {save}")
+
+
+def _print_table8(result: Table8) -> None:
+    console.print(
+        f"Kahira et al. (HPDC 2021), Table VIII on {result.platform}: one epoch of "
+        f"{result.dataset_size:,} ImageNet images, FW/BW from the roofline, weight update "
+        f"'{result.weight_update}'; samples per replica: "
+        + ", ".join(f"{model} {samples}" for model, samples in _samples().items()),
+        highlight=False)
+    table = Table(title_justify="left")
+    for column in ("model", "GPUs", "strategy", "batch", "epoch", "compute", "comm",
+                   "memory/GPU", "rank", "paper", ""):
+        table.add_column(column, justify="left" if column in ("model", "strategy")
+                         else "right")
+    for row in result.rows:
+        case = row.case
+        table.add_row(row.model, str(row.gpus), case.strategy,
+                      "-" if case.batch is None else str(case.batch),
+                      _duration(case.epoch_seconds), _duration(case.compute_seconds),
+                      _duration(case.communication_seconds),
+                      _memory(case.memory_bytes_per_pe),
+                      "-" if row.rank is None else str(row.rank),
+                      "-" if row.paper_rank is None else str(row.paper_rank),
+                      "ok" if row.matches else "DIFFERS")
+    console.print(table)
+    matched = sum(row.paper_rank is not None and row.matches for row in result.rows)
+    stated = sum(row.paper_rank is not None for row in result.rows)
+    console.print(f"ranks matching the paper: {matched} of {stated}", highlight=False)
+
+
+def _samples() -> dict[str, int]:
+    from strategies.paradl_table8 import SAMPLES_PER_REPLICA
+
+    return SAMPLES_PER_REPLICA
 
 
 def parse_gpus(text: str) -> list[int]:
