@@ -65,8 +65,10 @@ def oracle(
         help="Comma list of serial, data, spatial, filter, channel, pipeline, data+filter, "
              "data+spatial (default: all).")] = None,
     samples_per_gpu: Annotated[str, typer.Option(
-        help='Samples per GPU (weak scaling: batch = this x GPUs), or "fit" for the largest '
-             "power of two that fits the GPU's memory.")] = DEFAULT_SAMPLES_PER_GPU,
+        help="Samples per model replica: data parallelism's batch is this x GPUs, filter, "
+             "channel and spatial keep this batch on any number of GPUs, the hybrids take "
+             'this per node; or "fit" for the largest power of two that fits the GPU\'s '
+             "memory.")] = DEFAULT_SAMPLES_PER_GPU,
     dataset_size: Annotated[int | None, typer.Option(
         help="Samples per epoch (default: ImageNet's 1,281,167 training images).")] = None,
     profile: Annotated[Path | None, typer.Option(
@@ -143,7 +145,7 @@ def _print_table8(result: Table8) -> None:
     console.print(
         f"Kahira et al. (HPDC 2021), Table VIII on {result.platform}: one epoch of "
         f"{result.dataset_size:,} ImageNet images, FW/BW from the roofline, weight update "
-        f"'{result.weight_update}'; samples per replica: "
+        f"'{result.weight_update}'\nsamples per model replica (the authors' runs): "
         + ", ".join(f"{model} {samples}" for model, samples in _samples().items()),
         highlight=False)
     table = Table(title_justify="left")
@@ -274,14 +276,14 @@ def _row(rank: str, case: OracleCase) -> tuple[str, ...]:
     bottleneck = case.bottleneck if case.reason is None else f"{case.bottleneck}: {case.reason}"
     return (rank, case.strategy, _duration(case.epoch_seconds), _duration(case.compute_seconds),
             _duration(case.communication_seconds), _memory(case.memory_bytes_per_pe),
-            "-" if case.samples_per_pe is None else str(case.samples_per_pe), bottleneck)
+            "-" if case.batch is None else str(case.batch), bottleneck)
 
 
 def _table(report: OracleReport, pes: int, cluster: Cluster) -> Table:
     nodes = -(-pes // cluster.devices_per_node)
     table = Table(title=f"{pes} GPU{'s' if pes > 1 else ''} ({nodes} node"
                         f"{'s' if nodes > 1 else ''} of {cluster.name})", title_justify="left")
-    for column in ("#", "strategy", "epoch", "compute", "comm", "memory/GPU", "samples/GPU",
+    for column in ("#", "strategy", "epoch", "compute", "comm", "memory/GPU", "batch",
                    "bottleneck"):
         table.add_column(column, justify="left" if column in ("strategy", "bottleneck")
                          else "right")
@@ -296,8 +298,9 @@ def _table(report: OracleReport, pes: int, cluster: Cluster) -> Table:
 
 def _print(report: OracleReport, summary: ModelSummary, cluster: Cluster, source: str) -> None:
     sample_ms = sum(fw + bw for fw, bw in summary.layer_seconds()) * 1e3
-    batch = ("the largest power of two per GPU that fits" if report.samples_per_pe is None
-             else f"{report.samples_per_pe} samples per GPU")
+    batch = ("the largest power of two per model replica that fits"
+             if report.samples_per_pe is None
+             else f"{report.samples_per_pe} samples per model replica")
     console.print(
         f"{summary.name}: {len(summary.layers)} layers, {summary.weights:,} weights, "
         f"{sample_ms:.3g} ms forward + backward per sample ({source})\n"
