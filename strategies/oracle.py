@@ -89,7 +89,6 @@ __all__ = [
     "OracleReport",
     "StrategyName",
     "WeightUpdate",
-    "batch_size",
     "halo_link",
     "ranks",
     "allgather_seconds",
@@ -797,16 +796,6 @@ def _run(platform: Platform, pes: int, split: tuple[int, int], batch: int,
                 inner_link=collective_link(cluster, inner),
                 outer_link=collective_link(cluster, outer, stride=inner),
                 halo_link=halo_link(platform, inner if hybrid else pes))
-
-
-def batch_size(strategy: StrategyName, pes: int, samples_per_pe: int,
-               devices_per_node: int) -> int | None:
-    """B of `strategy` on `pes` PEs at `samples_per_pe` per replica (the module's note): s * p
-    for data and pipeline, s for filter, channel, spatial and serial, s * p1 for the hybrids;
-    None when a hybrid's p is not a whole number of nodes."""
-    formulas = _FORMULAS[strategy]
-    split = _split_pes(pes, devices_per_node, formulas.hybrid)
-    return None if split is None else samples_per_pe * formulas.replicas(pes, split[0])
 
 
 def _fitted_samples_per_pe(memory_at: Callable[[int], float], capacity: float,

@@ -109,10 +109,9 @@ def _platform(data: Any, what: str, folder: Path | None) -> Platform:
     cluster = load_cluster(str(relative) if relative is not None and relative.is_file()
                            else spec.cluster)
     tiers = spec.tiers
-    racks = (None if cluster.racks is None or tiers.across_racks is None
-             else Racks(nodes_per_rack=cluster.racks.nodes_per_rack, link=tiers.across_racks))
+    racks = cluster.racks
+    if racks is not None and tiers.across_racks is not None:
+        racks = Racks(nodes_per_rack=racks.nodes_per_rack, link=tiers.across_racks)
     priced = cluster.model_copy(update={
-        "links": Links(intra_node=tiers.node, inter_node=tiers.rack),
-        "racks": racks if tiers.across_racks is not None else cluster.racks,
-    })
+        "links": Links(intra_node=tiers.node, inter_node=tiers.rack), "racks": racks})
     return Platform(name=spec.name, cluster=priced, halo=spec.halo)

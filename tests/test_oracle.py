@@ -490,7 +490,7 @@ def test_table8_ranks_match_the_paper():
 
 
 def test_table8_prints_the_paper_beside_ours():
-    result = runner.invoke(app, ["oracle", "table8", "--gpus", "1"])
+    result = runner.invoke(app, ["oracle", "table8"])
     assert result.exit_code == 0, result.output
     assert "ranks matching the paper: 24 of 24" in result.stdout
     assert "DIFFERS" not in result.stdout
@@ -507,6 +507,13 @@ def test_table8_prints_the_paper_beside_ours():
 def test_cli_bad_options_are_one_line(args, fragment):
     result = runner.invoke(app, ["oracle", "lenet5", *args])
     _assert_one_line_error(result, fragment)
+
+
+@pytest.mark.parametrize("args", [["--gpus", "32"], ["--samples-per-gpu", "8"],
+                                  ["--profile", "p.json"]])
+def test_table8_refuses_options_that_do_not_apply(args):
+    result = runner.invoke(app, ["oracle", "table8", *args])
+    _assert_one_line_error(result, f"{args[0]} does not apply to it")
 
 
 @pytest.mark.parametrize(("text", "fragment"), [

@@ -95,7 +95,11 @@ def oracle(
     update = parse_weight_update(weight_update)
     where = load_platform(platform)
     if model == TABLE8:
-        _table8(where, update, as_json, save)
+        given = {"--gpus": gpus != DEFAULT_GPUS, "--strategies": strategies is not None,
+                 "--samples-per-gpu": samples_per_gpu != DEFAULT_SAMPLES_PER_GPU,
+                 "--dataset-size": dataset_size is not None, "--profile": profile is not None,
+                 "--image-size": image_size is not None}
+        _table8(where, update, as_json, save, [name for name, set_ in given.items() if set_])
         return
     cluster = where.cluster
     pes_counts = parse_gpus(gpus)
@@ -126,10 +130,13 @@ def parse_weight_update(text: str) -> WeightUpdate:
     return cast("WeightUpdate", text)
 
 
-def _table8(platform: Platform, update: WeightUpdate, as_json: bool,
-            save: Path | None) -> None:
+def _table8(platform: Platform, update: WeightUpdate, as_json: bool, save: Path | None,
+            given: list[str]) -> None:
     from strategies.paradl_table8 import table8
 
+    if given:
+        raise LayerwiseError(f"{TABLE8} runs the paper's models, GPU counts and batches; "
+                             f"{given[0]} does not apply to it (leave it out)")
     result = table8(platform, weight_update=update)
     if save is not None:
         write_atomic(save, result.model_dump_json(indent=1) + "\n")
@@ -146,7 +153,8 @@ def _print_table8(result: Table8) -> None:
         f"Kahira et al. (HPDC 2021), Table VIII on {result.platform}: one epoch of "
         f"{result.dataset_size:,} ImageNet images, FW/BW from the roofline, weight update "
         f"'{result.weight_update}'\nsamples per model replica (the authors' runs): "
-        + ", ".join(f"{model} {samples}" for model, samples in _samples().items()),
+        + ", ".join(f"{model} {samples}"
+                    for model, samples in result.samples_per_replica.items()),
         highlight=False)
     table = Table(title_justify="left")
     for column in ("model", "GPUs", "strategy", "batch", "epoch", "compute", "comm",
@@ -167,12 +175,6 @@ def _print_table8(result: Table8) -> None:
     matched = sum(row.paper_rank is not None and row.matches for row in result.rows)
     stated = sum(row.paper_rank is not None for row in result.rows)
     console.print(f"ranks matching the paper: {matched} of {stated}", highlight=False)
-
-
-def _samples() -> dict[str, int]:
-    from strategies.paradl_table8 import SAMPLES_PER_REPLICA
-
-    return SAMPLES_PER_REPLICA
 
 
 def parse_gpus(text: str) -> list[int]:
