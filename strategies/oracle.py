@@ -102,6 +102,7 @@ __all__ = [
     "pipeline_stages",
     "spatial_grid",
     "step_case",
+    "step_cases",
     "split_forward_backward",
     "summary_from_graph",
     "weight_update_seconds",
@@ -954,19 +955,30 @@ EXECUTED_EQUIVALENT: dict[str, StrategyName] = {
 }
 
 
+def step_cases(summary: ModelSummary, platform: Platform | Cluster, pes: int,
+               samples_per_pe: int, strategies: Sequence[StrategyName] = STRATEGIES,
+               ) -> tuple[OracleCase, ...]:
+    """Each strategy's case for ONE training step of the global batch `samples_per_pe * pes`
+    on `pes` PEs: every strategy gets that batch (its samples per replica are the batch over
+    its replicas), and an epoch of D = B samples is one step."""
+    where = _platform(platform)
+    batch = samples_per_pe * pes
+    cases = []
+    for strategy in strategies:
+        formulas = _FORMULAS[strategy]
+        split = _split_pes(pes, where.cluster.devices_per_node, formulas.hybrid)
+        replicas = 1 if split is None else formulas.replicas(pes, split[0])
+        cases.append(evaluate(summary, where, strategy, pes,
+                              samples_per_pe=max(1, batch // replicas), dataset_size=batch))
+    return tuple(cases)
+
+
 def step_case(summary: ModelSummary, cluster: Cluster, executed: str, pes: int,
               samples_per_pe: int) -> OracleCase | None:
-    """The oracle's case for ONE training step of an executed strategy on `pes` PEs.
-
-    The executed run's global batch is `samples_per_pe * pes`; the ParaDL strategy gets that
-    batch (its samples per replica are the batch over its replicas), and an epoch of D = B
-    samples is one step, so its epoch time is the step time the benchmark flow logs beside the
-    measured one. None when ParaDL has no such strategy.
-    """
+    """The oracle's case for ONE training step of an executed strategy on `pes` PEs at the
+    executed run's global batch (`step_cases`): its epoch time is the step time the benchmark
+    flow logs beside the measured one. None when ParaDL has no such strategy."""
     equivalent = EXECUTED_EQUIVALENT.get(executed)
     if equivalent is None:
         return None
-    batch = samples_per_pe * pes
-    replicas = _FORMULAS[equivalent].replicas(pes, 1)
-    return evaluate(summary, cluster, equivalent, pes, samples_per_pe=batch // replicas,
-                    dataset_size=batch)
+    return step_cases(summary, cluster, pes, samples_per_pe, [equivalent])[0]

@@ -29,6 +29,7 @@ from strategies.oracle import (
     pipeline_stages,
     ranks,
     step_case,
+    step_cases,
     summary_from_graph,
 )
 from strategies.oracle_platform import load_platform
@@ -253,6 +254,10 @@ def test_step_case_gives_the_executed_global_batch_to_every_strategy():
     model = step_case(TWO_LAYERS, ABCI, "model", 8, 4)
     assert model.compute_seconds == pytest.approx(32 / 8 * 3.6e-4 + 4e-5 / 8)
     assert step_case(TWO_LAYERS, ABCI, "owt", 8, 4) is None
+    # every strategy one step of the same 32 samples; the hybrids split them over 2 nodes
+    cases = {c.strategy: c for c in step_cases(TWO_LAYERS, PLATFORM, 8, 4)}
+    assert {c.batch for c in cases.values() if c.feasible} == {32}
+    assert cases["data+filter"].samples_per_pe == 16 and cases["filter"].samples_per_pe == 32
 
 
 def test_weight_update_estimated_from_memory_bandwidth():
