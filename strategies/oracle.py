@@ -38,6 +38,9 @@ Choices the equations leave open, made here:
   height per cut along W (ParaDL's (K-1)/2: a 2x2 stride-2 pool needs none), at most two cuts
   per axis, corners left out; halo(dL/dy_l) likewise on the output. Layers with a 1x1 or 2x2
   kernel, or a 1x1 output (fully connected, global pooling), exchange no halo.
+- filter and channel: the sum over l < G runs over the layers that mix channels (conv, fully
+  connected); a per-channel layer (pooling, BatchNorm) works on its channel shard and exchanges
+  nothing, as in ParaDL's analysis, which splits the conv layers only.
 - pipeline: S = p segments (micro-batches of B/p = samples_per_pe samples: enough to keep every
   stage busy in the steady state); stages are contiguous layer ranges balanced on FW + BW; the
   data crossing a stage boundary is the output of the stage's last layer.
