@@ -11,21 +11,36 @@ compute and communication added without overlap. That is what lets it sweep a mo
 GPUs in milliseconds, rank the strategies at each scale and name what limits each one.
 
 Notation (the paper's): D dataset size, B mini-batch, p PEs, G layers, delta = 4 bytes (fp32),
-alpha latency and beta seconds per byte of the link a collective runs over. Weak scaling:
-B = samples_per_pe * p, or the largest power of two per PE that fits the device's memory.
+alpha latency and beta seconds per byte of the link a collective runs over. An epoch is
+ceil(D/B) whole iterations, as ParaDL counts them; every term is its per-iteration cost times
+that count.
+
+Samples per PE, s (given, or the largest power of two that fits the device's memory), is the
+batch of one model replica: weak scaling grows B with the replicas only. Data parallelism has
+p replicas of one PE, B = s * p; filter, channel and spatial split one replica over all p PEs,
+B = s whatever p (every PE works on all s samples, whole or a tile of each); the hybrids have
+one replica per node, B = s * p1; pipeline keeps p micro-batches of s in flight, B = s * p.
 
 Choices the equations leave open, made here:
-- link: a collective over p PEs runs at the alpha and beta of the slowest link the p PEs span
-  when packed densely from PE 0 (NVLink inside a node, the inter-node link within a rack, the
-  rack link beyond). The hybrids run their inner group inside a node and their outer group over
-  one PE per node.
+- link: a collective over p PEs runs at the alpha and beta of the platform's tier the p PEs
+  span when packed densely from PE 0 (inside a node, between the nodes of a rack, across racks;
+  strategies.oracle_platform). The hybrids run their inner group inside a node and their outer
+  group over one PE per node. Halo exchanges inside a node run over the platform's halo link
+  (ABCI: PCIe, as ParaDL's spatial layers exchange halos), beyond a node over the slower of it
+  and the tier's link.
 - WU_l, when not given: a memory-bound SGD-with-momentum step reads weight, gradient and
   momentum and writes weight and momentum, 4 bytes each: 5 * delta * |w_l| / memory bandwidth.
+  `weight_update="paper"` (the default) prices WU as the paper's equations do; "none" leaves it
+  out of every strategy, as the authors' released analysis tool does (use it when FW/BW
+  already hold the update).
 - halo(x_l): the tile an interior PE owns of a (rows x columns) grid over H x W receives
-  (k // 2) rows of its input tile's width per cut along H and (k // 2) columns of its height
-  per cut along W, at most two cuts per axis, corners left out; halo(dL/dy_l) likewise on the
-  output. Layers with a 1x1 kernel, or a 1x1 output (fully connected, global pooling), exchange
-  no halo.
+  (k - 1) // 2 rows of its input tile's width per cut along H and (k - 1) // 2 columns of its
+  height per cut along W (ParaDL's (K-1)/2: a 2x2 stride-2 pool needs none), at most two cuts
+  per axis, corners left out; halo(dL/dy_l) likewise on the output. Layers with a 1x1 or 2x2
+  kernel, or a 1x1 output (fully connected, global pooling), exchange no halo.
+- filter and channel: the sum over l < G runs over the layers that mix channels (conv, fully
+  connected); a per-channel layer (pooling, BatchNorm) works on its channel shard and exchanges
+  nothing, as in ParaDL's analysis, which splits the conv layers only.
 - pipeline: S = p segments (micro-batches of B/p = samples_per_pe samples: enough to keep every
   stage busy in the steady state); stages are contiguous layer ranges balanced on FW + BW; the
   data crossing a stage boundary is the output of the stage's last layer.
@@ -34,8 +49,10 @@ Choices the equations leave open, made here:
   all-reduces each PE's weight shard |w|/p2 across nodes; data+spatial reduces gradients in
   two levels, inside the node (the spatial term) and then across nodes (the data term).
 - p limits: serial p = 1; spatial p <= min H*W over layers with a spatial output; filter
-  p <= min F_l, channel p <= min C_l over all layers; pipeline p <= G; hybrids need a whole
-  number of nodes and apply the limit to p2. Data's p <= B always holds under weak scaling.
+  p <= min F_l over all layers, channel p <= min C_l from the second layer on (ParaDL's: the
+  input's 3 channels do not bound it; the first layer's split leaves PEs idle, priced as the
+  equations do); pipeline p <= G; hybrids need a whole number of nodes and apply the limit to
+  p2. Data's p <= B always holds under weak scaling.
 - bottleneck: "infeasible" (a p limit, or memory over the device's), else "memory" above 90%
   of the device's memory, else "communication" when it takes longer than compute, else
   "compute".
@@ -59,6 +76,7 @@ from strategies.documents import YAML_SUFFIXES, read_document
 from strategies.errors import ConfigError, LayerwiseError
 from strategies.files import first_error, write_atomic
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from strategies.oracle_platform import Platform
 from strategies.space import ParallelConfig
 from strategies.tiles import as_4d, largest_tile
 
@@ -73,6 +91,9 @@ __all__ = [
     "OracleCase",
     "OracleReport",
     "StrategyName",
+    "WeightUpdate",
+    "halo_link",
+    "ranks",
     "allgather_seconds",
     "allreduce_seconds",
     "collective_link",
@@ -84,6 +105,7 @@ __all__ = [
     "pipeline_stages",
     "spatial_grid",
     "step_case",
+    "step_cases",
     "split_forward_backward",
     "summary_from_graph",
     "weight_update_seconds",
@@ -101,12 +123,14 @@ StrategyName = Literal[
     "serial", "data", "spatial", "filter", "channel", "pipeline", "data+filter", "data+spatial"
 ]
 STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
+WeightUpdate = Literal["paper", "none"]
 Bottleneck = Literal["compute", "communication", "memory", "infeasible"]
 
 # Layers a summary keeps, as the paper's per-layer model counts them: conv, fc, pooling and
 # BatchNorm-like ops left unfused; the input, residual adds, concatenations and flatten views
 # are left out.
 _SUMMARISED_KINDS = frozenset({"conv", "linear", "pool", "adaptive_pool", "elementwise"})
+_CHANNEL_MIXING_KINDS = frozenset({"conv", "linear"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,7 +143,10 @@ class LayerSummary(BaseModel):
 
     `fw_seconds`/`bw_seconds` are per sample; `wu_seconds` per iteration (None: estimated
     from |w| and the device's memory bandwidth); `flops` per sample, forward, used to spread
-    a summary's `sample_seconds`. Sizes are (H, W); 2-d tensors are 1x1.
+    a summary's `sample_seconds`. Sizes are (H, W); 2-d tensors are 1x1. `mixes_channels`:
+    every output channel reads every input channel (conv, fully connected), so filter and
+    channel parallelism exchange activations at this layer; a per-channel layer (pooling,
+    BatchNorm, activations) runs on its channel shard without (ParaDL splits only the former).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -137,6 +164,7 @@ class LayerSummary(BaseModel):
     input_size: tuple[PositiveInt, PositiveInt] = (1, 1)
     output_size: tuple[PositiveInt, PositiveInt] = (1, 1)
     kernel: tuple[PositiveInt, PositiveInt] = (1, 1)
+    mixes_channels: bool = True
 
     @model_validator(mode="after")
     def _forward_with_backward(self) -> LayerSummary:
@@ -268,6 +296,7 @@ def _layer_summary(layer: Layer, compute: ComputeSource, batch: int) -> LayerSum
         input_size=(in_h, in_w),
         output_size=(out_h, out_w),
         kernel=_kernel(layer, (in_h, in_w), (out_h, out_w)),
+        mixes_channels=layer.kind in _CHANNEL_MIXING_KINDS,
     )
 
 
@@ -290,6 +319,19 @@ def collective_link(cluster: Cluster, pes: int, stride: int = 1) -> Link | None:
     """Alpha and beta of a collective over `pes` PEs `stride` apart from PE 0: the slowest link
     they span (inside a node, across nodes of a rack, across racks). None for one PE."""
     return cluster.slowest_link(range(0, pes * stride, stride))
+
+
+def halo_link(platform: Platform, pes: int) -> Link | None:
+    """The link a halo exchange over `pes` PEs packed from PE 0 runs over: the platform's
+    halo link inside a node, beyond it the slower of that and the tier's link (min bandwidth,
+    max latency); the tier's link alone where the platform names no halo link."""
+    link = collective_link(platform.cluster, pes)
+    if link is None or platform.halo is None:
+        return link
+    if pes <= platform.cluster.devices_per_node:
+        return platform.halo
+    return Link(bandwidth=min(link.bandwidth, platform.halo.bandwidth),
+                latency=max(link.latency, platform.halo.latency))
 
 
 def p2p_seconds(nbytes: float, link: Link | None) -> float:
@@ -343,13 +385,13 @@ def halo_elements(channels: int, size: tuple[int, int], kernel: tuple[int, int],
                   grid: tuple[int, int]) -> float:
     """halo(x_l) per sample: what an interior PE of the grid receives of an H x W map.
 
-    The paper's approximation: (k // 2) rows of the tile's width per cut along H, (k // 2)
-    columns of its height per cut along W, from its at most two neighbours per axis (corners
-    left out), for every channel.
+    The paper's approximation: (k - 1) // 2 rows of the tile's width per cut along H and as
+    many columns of its height per cut along W, from its at most two neighbours per axis
+    (corners left out), for every channel.
     """
     (height, width), (kernel_h, kernel_w), (rows, columns) = size, kernel, grid
-    across_rows = min(rows - 1, 2) * (kernel_h // 2) * width / columns
-    across_columns = min(columns - 1, 2) * (kernel_w // 2) * height / rows
+    across_rows = min(rows - 1, 2) * ((kernel_h - 1) // 2) * width / columns
+    across_columns = min(columns - 1, 2) * ((kernel_w - 1) // 2) * height / rows
     return channels * (across_rows + across_columns)
 
 
@@ -405,9 +447,11 @@ class _Network:
     wu: np.ndarray
 
     @classmethod
-    def of(cls, summary: ModelSummary, memory_bandwidth: float) -> _Network:
+    def of(cls, summary: ModelSummary, memory_bandwidth: float,
+           weight_update: WeightUpdate = "paper") -> _Network:
         seconds = np.array(summary.layer_seconds(), dtype=float)
-        updates = [layer.wu_seconds if layer.wu_seconds is not None
+        updates = [0.0 if weight_update == "none"
+                   else layer.wu_seconds if layer.wu_seconds is not None
                    else weight_update_seconds(layer.w, memory_bandwidth)
                    for layer in summary.layers]
         return cls(layers=summary.layers,
@@ -444,11 +488,12 @@ class _Run:
     link: Link | None  # over all p PEs
     inner_link: Link | None  # over the inner PEs (one node)
     outer_link: Link | None  # over the outer PEs, one per node
+    halo_link: Link | None  # halo exchanges over the spatial PEs (all p, or one node's)
 
     @property
-    def iterations(self) -> float:
-        """D / B: iterations per epoch."""
-        return self.dataset_size / self.batch
+    def iterations(self) -> int:
+        """ceil(D / B): iterations per epoch, whole ones (the last batch is not cut short)."""
+        return -(-self.dataset_size // self.batch)
 
 
 class _Terms(NamedTuple):
@@ -457,19 +502,19 @@ class _Terms(NamedTuple):
 
 
 def _serial(net: _Network, run: _Run) -> _Terms:
-    """T_comp = D * sum(FW + BW) + (D/B) * sum(WU); no communication."""
-    compute = run.dataset_size * net.sample_seconds + run.iterations * net.wu.sum()
+    """T_comp = ceil(D/B) (B sum(FW + BW) + sum(WU)); no communication."""
+    compute = run.iterations * (run.batch * net.sample_seconds + net.wu.sum())
     return _Terms(compute, 0.0)
 
 
 def _data_compute(net: _Network, run: _Run) -> float:
-    """T_comp = (D/p) * sum(FW + BW) + (D/B) * sum(WU): every PE updates all weights."""
-    return run.dataset_size / run.pes * net.sample_seconds + run.iterations * net.wu.sum()
+    """T_comp = ceil(D/B) ((B/p) sum(FW + BW) + sum(WU)): every PE updates all weights."""
+    return run.iterations * (run.batch / run.pes * net.sample_seconds + net.wu.sum())
 
 
 def _data(net: _Network, run: _Run) -> _Terms:
-    """T_comm = 2(D/B)(p-1)(alpha + sum|w| * delta * beta / p): one gradient all-reduce per
-    iteration."""
+    """T_comm = 2 ceil(D/B)(p-1)(alpha + sum|w| * delta * beta / p): one gradient all-reduce
+    per iteration."""
     communication = run.iterations * allreduce_seconds(run.pes, net.weights * DELTA, run.link)
     return _Terms(_data_compute(net, run), communication)
 
@@ -493,59 +538,64 @@ def _halo_seconds(net: _Network, pes: int, samples: float, link: Link | None) ->
 
 def _spatial(net: _Network, run: _Run) -> _Terms:
     """Compute as data; T_comm = data's all-reduce + per layer
-    2(D/B)(2 alpha + B (halo(x_l) + halo(dL/dy_l)) delta beta)."""
+    2 ceil(D/B)(2 alpha + B (halo(x_l) + halo(dL/dy_l)) delta beta) over the halo link."""
     per_iteration = (allreduce_seconds(run.pes, net.weights * DELTA, run.link)
-                     + _halo_seconds(net, run.pes, run.batch, run.link))
+                     + _halo_seconds(net, run.pes, run.batch, run.halo_link))
     return _Terms(_data_compute(net, run), run.iterations * per_iteration)
 
 
 def _model_compute(net: _Network, run: _Run, shards: int) -> float:
-    """T_comp = (D/p) sum(FW + BW) + (D/(B * shards)) sum(WU): a PE updates its weight shard."""
-    return (run.dataset_size / run.pes * net.sample_seconds
-            + run.iterations * net.wu.sum() / shards)
+    """T_comp = ceil(D/B) ((B/p) sum(FW + BW) + sum(WU) / shards): a PE updates its weight
+    shard."""
+    return run.iterations * (run.batch / run.pes * net.sample_seconds
+                             + net.wu.sum() / shards)
 
 
 def _activation_exchange_seconds(net: _Network, pes: int, samples: float,
                                  link: Link | None) -> float:
-    """Per iteration, sum over l < G of an all-gather of the y_l pieces forward and an
-    all-reduce of dL/dx backward (or the reverse): 3(p-1) sum(alpha + B |y_l| delta beta / p)
-    with B = `samples`."""
+    """Per iteration, sum over the channel-mixing layers l < G of an all-gather of the y_l
+    pieces forward and an all-reduce of dL/dx backward (or the reverse):
+    3(p-1) sum(alpha + B |y_l| delta beta / p) with B = `samples`. Per-channel layers work on
+    their shard and exchange nothing, as in ParaDL's analysis, which splits conv layers only."""
     total = 0.0
-    for elements in net.y[:-1]:
+    for layer, elements in zip(net.layers[:-1], net.y[:-1], strict=True):
+        if not layer.mixes_channels:
+            continue
         nbytes = samples * elements * DELTA
         total += allgather_seconds(pes, nbytes / pes, link) + allreduce_seconds(pes, nbytes, link)
     return total
 
 
 def _filter_or_channel(net: _Network, run: _Run) -> _Terms:
-    """T_comp = (D/p) sum(FW + BW) + (D/(B p)) sum(WU);
-    T_comm = 3(D/B)(p-1) sum over l < G of (alpha + B |y_l| delta beta / p)."""
+    """T_comp = ceil(D/B) ((B/p) sum(FW + BW) + sum(WU) / p);
+    T_comm = 3 ceil(D/B)(p-1) sum over l < G of (alpha + B |y_l| delta beta / p)."""
     communication = run.iterations * _activation_exchange_seconds(net, run.pes, run.batch,
                                                                   run.link)
     return _Terms(_model_compute(net, run, run.pes), communication)
 
 
 def _pipeline(net: _Network, run: _Run) -> _Terms:
-    """S = p segments over stages G_i:
-    T_comp = (D(p+S-1)/S)(max_i FW_Gi + max_i BW_Gi) (the paper leaves WU out);
-    T_comm = 2(D(p+S-2)/B) max_i (alpha + (B/S) |y_Gi| delta beta) over the stages that send."""
+    """S = p segments of B/S samples over stages G_i, per iteration:
+    T_comp = B (p+S-1)/S (max_i FW_Gi + max_i BW_Gi) (the paper leaves WU out);
+    T_comm = 2 (p+S-2) max_i (alpha + (B/S) |y_Gi| delta beta) over the stages that send."""
     segments = run.pes
     stages = pipeline_stages(net.fw + net.bw, run.pes)
     forward = max(float(net.fw[stage].sum()) for stage in stages)
     backward = max(float(net.bw[stage].sum()) for stage in stages)
-    compute = run.dataset_size * (run.pes + segments - 1) / segments * (forward + backward)
+    compute = (run.iterations * run.batch * (run.pes + segments - 1) / segments
+               * (forward + backward))
     sends = [p2p_seconds(run.batch / segments * net.y[stage[-1]] * DELTA, run.link)
              for stage in stages[:-1]]
-    communication = (2 * run.dataset_size * (run.pes + segments - 2) / run.batch
-                     * max(sends, default=0.0))
+    communication = 2 * run.iterations * (run.pes + segments - 2) * max(sends, default=0.0)
     return _Terms(compute, communication)
 
 
 def _data_filter(net: _Network, run: _Run) -> _Terms:
-    """p = p1 * p2, filter inside a node, data across nodes. T_comp: (D/p) sum(FW + BW) +
-    (D/(B p2)) sum(WU). T_comm: the filter term with (p2-1) and B/p,
-    3(D/B)(p2-1) sum over l < G of (alpha + B |y_l| delta beta / p), plus the data term with
-    (p1-1) on each PE's weight shard, 2(D/B)(p1-1)(alpha + sum|w| delta beta / p)."""
+    """p = p1 * p2, filter inside a node, data across nodes. T_comp:
+    ceil(D/B) ((B/p) sum(FW + BW) + sum(WU) / p2). T_comm: the filter term with (p2-1) on a
+    node's B/p1 samples, 3 ceil(D/B)(p2-1) sum over l < G of (alpha + B |y_l| delta beta / p),
+    plus the data term with (p1-1) on each PE's weight shard,
+    2 ceil(D/B)(p1-1)(alpha + sum|w| delta beta / p)."""
     filter_term = _activation_exchange_seconds(net, run.inner, run.batch / run.outer,
                                                run.inner_link)
     data_term = allreduce_seconds(run.outer, net.weights * DELTA / run.inner, run.outer_link)
@@ -556,11 +606,11 @@ def _data_filter(net: _Network, run: _Run) -> _Terms:
 def _data_spatial(net: _Network, run: _Run) -> _Terms:
     """p = p1 * p2, spatial inside a node, data across nodes. Compute as data. T_comm: the
     spatial term with p2 and B/p1 samples per node (its all-reduce over the node's p2 PEs and
-    the halos) plus the data term with (p1-1), 2(D/B)(p1-1)(alpha + sum|w| delta beta / p1):
-    a two-level gradient all-reduce."""
+    the halos over the halo link) plus the data term with (p1-1),
+    2 ceil(D/B)(p1-1)(alpha + sum|w| delta beta / p1): a two-level gradient all-reduce."""
     weight_bytes = net.weights * DELTA
     spatial_term = (allreduce_seconds(run.inner, weight_bytes, run.inner_link)
-                    + _halo_seconds(net, run.inner, run.batch / run.outer, run.inner_link))
+                    + _halo_seconds(net, run.inner, run.batch / run.outer, run.halo_link))
     data_term = allreduce_seconds(run.outer, weight_bytes, run.outer_link)
     return _Terms(_data_compute(net, run), run.iterations * (spatial_term + data_term))
 
@@ -624,12 +674,31 @@ def _filter_limit(net: _Network) -> _Limit | None:
 
 
 def _channel_limit(net: _Network) -> _Limit | None:
-    smallest = min(layer.in_channels for layer in net.layers)
-    return _Limit(smallest, f"min input channels {smallest}")
+    """p <= min C_l from the second layer on: the input's channels (3 for an image) do not
+    bound it, as in ParaDL."""
+    split = net.layers[1:] or net.layers
+    smallest = min(layer.in_channels for layer in split)
+    return _Limit(smallest, f"min input channels {smallest} (from the second layer)")
 
 
 def _pipeline_limit(net: _Network) -> _Limit | None:
     return _Limit(len(net.layers), f"{len(net.layers)} layers")
+
+
+# How many model replicas weak scaling multiplies the batch by, given (p, p1): B = s * replicas.
+_Replicas = Callable[[int, int], int]
+
+
+def _every_pe(pes: int, outer: int) -> int:
+    return pes
+
+
+def _one(pes: int, outer: int) -> int:
+    return 1
+
+
+def _every_node(pes: int, outer: int) -> int:
+    return outer
 
 
 class _Formulas(NamedTuple):
@@ -637,17 +706,19 @@ class _Formulas(NamedTuple):
     memory: Callable[[_Network, _Run], float]
     limit: Callable[[_Network], _Limit | None]
     hybrid: bool
+    replicas: _Replicas
 
 
 _FORMULAS: dict[StrategyName, _Formulas] = {
-    "serial": _Formulas(_serial, _model_memory, _serial_limit, hybrid=False),
-    "data": _Formulas(_data, _data_memory, _data_limit, hybrid=False),
-    "spatial": _Formulas(_spatial, _data_memory, _spatial_limit, hybrid=False),
-    "filter": _Formulas(_filter_or_channel, _model_memory, _filter_limit, hybrid=False),
-    "channel": _Formulas(_filter_or_channel, _model_memory, _channel_limit, hybrid=False),
-    "pipeline": _Formulas(_pipeline, _pipeline_memory, _pipeline_limit, hybrid=False),
-    "data+filter": _Formulas(_data_filter, _data_filter_memory, _filter_limit, hybrid=True),
-    "data+spatial": _Formulas(_data_spatial, _data_memory, _spatial_limit, hybrid=True),
+    "serial": _Formulas(_serial, _model_memory, _serial_limit, False, _one),
+    "data": _Formulas(_data, _data_memory, _data_limit, False, _every_pe),
+    "spatial": _Formulas(_spatial, _data_memory, _spatial_limit, False, _one),
+    "filter": _Formulas(_filter_or_channel, _model_memory, _filter_limit, False, _one),
+    "channel": _Formulas(_filter_or_channel, _model_memory, _channel_limit, False, _one),
+    "pipeline": _Formulas(_pipeline, _pipeline_memory, _pipeline_limit, False, _every_pe),
+    "data+filter": _Formulas(_data_filter, _data_filter_memory, _filter_limit, True,
+                             _every_node),
+    "data+spatial": _Formulas(_data_spatial, _data_memory, _spatial_limit, True, _every_node),
 }
 
 
@@ -720,13 +791,15 @@ def _split_pes(pes: int, devices_per_node: int, hybrid: bool) -> tuple[int, int]
     return pes // devices_per_node, devices_per_node
 
 
-def _run(cluster: Cluster, pes: int, split: tuple[int, int], batch: int,
-         dataset_size: int) -> _Run:
+def _run(platform: Platform, pes: int, split: tuple[int, int], batch: int,
+         dataset_size: int, hybrid: bool) -> _Run:
     outer, inner = split
+    cluster = platform.cluster
     return _Run(pes=pes, outer=outer, inner=inner, batch=batch, dataset_size=dataset_size,
                 link=collective_link(cluster, pes),
                 inner_link=collective_link(cluster, inner),
-                outer_link=collective_link(cluster, outer, stride=inner))
+                outer_link=collective_link(cluster, outer, stride=inner),
+                halo_link=halo_link(platform, inner if hybrid else pes))
 
 
 def _fitted_samples_per_pe(memory_at: Callable[[int], float], capacity: float,
@@ -757,29 +830,33 @@ def _broken_limit(formulas: _Formulas, net: _Network, pes: int,
     return f"{'p2' if formulas.hybrid else 'p'}={split[1]} > {limit.what}"
 
 
-def _evaluate(net: _Network, cluster: Cluster, strategy: StrategyName, pes: int,
+def _evaluate(net: _Network, platform: Platform, strategy: StrategyName, pes: int,
               samples_per_pe: int | None, dataset_size: int) -> OracleCase:
     formulas = _FORMULAS[strategy]
+    cluster = platform.cluster
     split = _split_pes(pes, cluster.devices_per_node, formulas.hybrid)
     reason = _broken_limit(formulas, net, pes, split, cluster.devices_per_node)
     if split is None or reason is not None:
         return OracleCase(
             strategy=strategy, pes=pes, samples_per_pe=samples_per_pe,
-            batch=None if samples_per_pe is None else samples_per_pe * pes,
+            batch=None if samples_per_pe is None or split is None
+            else samples_per_pe * formulas.replicas(pes, split[0]),
             compute_seconds=None, communication_seconds=None, epoch_seconds=None,
             memory_bytes_per_pe=None, feasible=False, bottleneck="infeasible", reason=reason)
+    replicas = formulas.replicas(pes, split[0])
     capacity = cluster.device.memory_bytes
-    run = _run(cluster, pes, split, (samples_per_pe or 1) * pes, dataset_size)
+    run = _run(platform, pes, split, (samples_per_pe or 1) * replicas, dataset_size,
+               formulas.hybrid)
     if samples_per_pe is None:
         fitted = _fitted_samples_per_pe(
-            lambda samples: formulas.memory(net, replace(run, batch=samples * pes)),
-            capacity, max(1, dataset_size // pes))
-        run = replace(run, batch=(fitted or 1) * pes)
+            lambda samples: formulas.memory(net, replace(run, batch=samples * replicas)),
+            capacity, max(1, dataset_size // replicas))
+        run = replace(run, batch=(fitted or 1) * replicas)
     memory = formulas.memory(net, run)
     compute, communication = formulas.terms(net, run)
     fits = memory <= capacity
     return OracleCase(
-        strategy=strategy, pes=pes, samples_per_pe=run.batch // pes, batch=run.batch,
+        strategy=strategy, pes=pes, samples_per_pe=run.batch // replicas, batch=run.batch,
         compute_seconds=compute, communication_seconds=communication,
         epoch_seconds=compute + communication, memory_bytes_per_pe=memory, feasible=fits,
         bottleneck=_bottleneck(compute, communication, memory, capacity) if fits
@@ -787,6 +864,13 @@ def _evaluate(net: _Network, cluster: Cluster, strategy: StrategyName, pes: int,
         reason=None if fits else (f"needs {_gib(memory)} per PE"
                                   + (" at 1 sample per PE" if samples_per_pe is None else "")
                                   + f", device has {_gib(capacity)}"))
+
+
+def _platform(platform: Platform | Cluster) -> Platform:
+    """A cluster is the platform whose tiers and halos are its own links."""
+    if isinstance(platform, Cluster):
+        return Platform(name=platform.name, cluster=platform)
+    return platform
 
 
 def _check_scale(cluster: Cluster, pes: int, samples_per_pe: int | None,
@@ -799,19 +883,30 @@ def _check_scale(cluster: Cluster, pes: int, samples_per_pe: int | None,
         raise ConfigError(f"the dataset size must be >= 1 (got {dataset_size})")
 
 
-def evaluate(summary: ModelSummary, cluster: Cluster, strategy: StrategyName, pes: int, *,
-             samples_per_pe: int | None = DEFAULT_SAMPLES_PER_PE,
-             dataset_size: int = IMAGENET_TRAIN_SAMPLES) -> OracleCase:
-    """One strategy on `pes` PEs of `cluster` for one epoch of `dataset_size` samples.
+def _check_weight_update(weight_update: str) -> None:
+    if weight_update not in get_args(WeightUpdate):
+        raise ConfigError(f"unknown weight update '{weight_update}'; choose from "
+                          f"{', '.join(get_args(WeightUpdate))}")
 
-    `samples_per_pe` None fits the largest power of two per PE into the device's memory.
-    ConfigError for an unknown strategy or a scale the platform cannot hold.
+
+def evaluate(summary: ModelSummary, platform: Platform | Cluster, strategy: StrategyName,
+             pes: int, *, samples_per_pe: int | None = DEFAULT_SAMPLES_PER_PE,
+             dataset_size: int = IMAGENET_TRAIN_SAMPLES,
+             weight_update: WeightUpdate = "paper") -> OracleCase:
+    """One strategy on `pes` PEs of `platform` (or a cluster) for one epoch of `dataset_size`
+    samples.
+
+    `samples_per_pe` is the batch of one replica (the module's note); None fits the largest
+    power of two into the device's memory. ConfigError for an unknown strategy or weight
+    update, or a scale the platform cannot hold.
     """
     if strategy not in _FORMULAS:
         raise ConfigError(f"unknown strategy '{strategy}'; choose from {', '.join(STRATEGIES)}")
-    _check_scale(cluster, pes, samples_per_pe, dataset_size)
-    net = _Network.of(summary, cluster.device.memory_bandwidth)
-    return _evaluate(net, cluster, strategy, pes, samples_per_pe, dataset_size)
+    _check_weight_update(weight_update)
+    where = _platform(platform)
+    _check_scale(where.cluster, pes, samples_per_pe, dataset_size)
+    net = _Network.of(summary, where.cluster.device.memory_bandwidth, weight_update)
+    return _evaluate(net, where, strategy, pes, samples_per_pe, dataset_size)
 
 
 def _ranking(cases: Iterable[OracleCase]) -> tuple[StrategyName, ...]:
@@ -821,21 +916,37 @@ def _ranking(cases: Iterable[OracleCase]) -> tuple[StrategyName, ...]:
     return tuple(strategy for _, strategy in sorted(timed, key=lambda pair: pair[0]))
 
 
-def oracle(summary: ModelSummary, cluster: Cluster, pes_counts: Sequence[int],
+def ranks(cases: Iterable[OracleCase]) -> dict[StrategyName, int]:
+    """Each feasible case's rank by epoch time, 1 the fastest; equal times (within 1e-9
+    relative) share a rank and the next rank skips past them (1, 2, 3, 3)."""
+    timed = sorted((case.epoch_seconds, case.strategy) for case in cases
+                   if case.feasible and case.epoch_seconds is not None)
+    ranked: dict[StrategyName, int] = {}
+    for position, (seconds, strategy) in enumerate(timed, start=1):
+        tied = [ranked[other] for other_seconds, other in timed[:position - 1]
+                if math.isclose(seconds, other_seconds, rel_tol=1e-9)]
+        ranked[strategy] = tied[0] if tied else position
+    return ranked
+
+
+def oracle(summary: ModelSummary, platform: Platform | Cluster, pes_counts: Sequence[int],
            strategies: Sequence[StrategyName] = STRATEGIES, *,
            samples_per_pe: int | None = DEFAULT_SAMPLES_PER_PE,
-           dataset_size: int = IMAGENET_TRAIN_SAMPLES) -> OracleReport:
+           dataset_size: int = IMAGENET_TRAIN_SAMPLES,
+           weight_update: WeightUpdate = "paper") -> OracleReport:
     """Every strategy at every PE count, ranked per count by epoch time (feasible ones only)."""
     unknown = [name for name in strategies if name not in _FORMULAS]
     if unknown:
         raise ConfigError(f"unknown strategy '{unknown[0]}'; choose from {', '.join(STRATEGIES)}")
+    _check_weight_update(weight_update)
+    where = _platform(platform)
     for pes in pes_counts:
-        _check_scale(cluster, pes, samples_per_pe, dataset_size)
-    net = _Network.of(summary, cluster.device.memory_bandwidth)
-    cases = [_evaluate(net, cluster, strategy, pes, samples_per_pe, dataset_size)
+        _check_scale(where.cluster, pes, samples_per_pe, dataset_size)
+    net = _Network.of(summary, where.cluster.device.memory_bandwidth, weight_update)
+    cases = [_evaluate(net, where, strategy, pes, samples_per_pe, dataset_size)
              for pes in pes_counts for strategy in strategies]
     ranking = {pes: _ranking(case for case in cases if case.pes == pes) for pes in pes_counts}
-    return OracleReport(model=summary.name, platform=cluster.name, dataset_size=dataset_size,
+    return OracleReport(model=summary.name, platform=where.name, dataset_size=dataset_size,
                         samples_per_pe=samples_per_pe, cases=tuple(cases), ranking=ranking)
 
 
@@ -847,15 +958,30 @@ EXECUTED_EQUIVALENT: dict[str, StrategyName] = {
 }
 
 
+def step_cases(summary: ModelSummary, platform: Platform | Cluster, pes: int,
+               samples_per_pe: int, strategies: Sequence[StrategyName] = STRATEGIES,
+               ) -> tuple[OracleCase, ...]:
+    """Each strategy's case for ONE training step of the global batch `samples_per_pe * pes`
+    on `pes` PEs: every strategy gets that batch (its samples per replica are the batch over
+    its replicas), and an epoch of D = B samples is one step."""
+    where = _platform(platform)
+    batch = samples_per_pe * pes
+    cases = []
+    for strategy in strategies:
+        formulas = _FORMULAS[strategy]
+        split = _split_pes(pes, where.cluster.devices_per_node, formulas.hybrid)
+        replicas = 1 if split is None else formulas.replicas(pes, split[0])
+        cases.append(evaluate(summary, where, strategy, pes,
+                              samples_per_pe=max(1, batch // replicas), dataset_size=batch))
+    return tuple(cases)
+
+
 def step_case(summary: ModelSummary, cluster: Cluster, executed: str, pes: int,
               samples_per_pe: int) -> OracleCase | None:
-    """The oracle's case for ONE training step of an executed strategy on `pes` PEs.
-
-    An epoch of D = B samples is one step (D / B = 1), so its epoch time is the step time the
-    benchmark flow logs beside the measured one. None when ParaDL has no such strategy.
-    """
+    """The oracle's case for ONE training step of an executed strategy on `pes` PEs at the
+    executed run's global batch (`step_cases`): its epoch time is the step time the benchmark
+    flow logs beside the measured one. None when ParaDL has no such strategy."""
     equivalent = EXECUTED_EQUIVALENT.get(executed)
     if equivalent is None:
         return None
-    return evaluate(summary, cluster, equivalent, pes, samples_per_pe=samples_per_pe,
-                    dataset_size=samples_per_pe * pes)
+    return step_cases(summary, cluster, pes, samples_per_pe, [equivalent])[0]

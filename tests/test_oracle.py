@@ -1,9 +1,10 @@
 """The ParaDL oracle (Kahira et al., HPDC 2021; DESIGN 3.3) against numbers worked out by hand.
 
 The expectations are written from the paper's equations with literal numbers for a two-layer
-network (a 3x3 conv on 8x16x16 and a 4096->16 fully connected layer) on `abci`: NVLink 9 us,
-50 GB/s inside a node of 4 GPUs, 30.31 us, 12.5 GB/s between nodes, 30.71 us between racks
-of 17 nodes, 16 GiB per GPU.
+network (a 3x3 conv on 8x16x16 and a 4096->16 fully connected layer) on the `abci` platform:
+NVLink 9 us, 50 GB/s inside a node of 4 GPUs, 30.31 us, 12.5 GB/s between nodes, 30.71 us
+between racks of 17 nodes, halos inside a node over PCIe at 15.11 us, 16 GB/s; 16 GiB per GPU.
+An epoch is ceil(D/B) whole iterations.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from strategies.cluster import load_cluster
 from strategies.compute import AnalyticCompute, ProfiledCompute
 from strategies.errors import LayerwiseError
 from strategies.graph import build_graph
@@ -27,19 +27,26 @@ from strategies.oracle import (
     evaluate,
     oracle,
     pipeline_stages,
+    ranks,
+    step_case,
+    step_cases,
     summary_from_graph,
 )
+from strategies.oracle_platform import load_platform
+from strategies.paradl_table8 import PAPER_RANKS
 from strategies.profile import Profile
 from strategies.space import ParallelConfig
 from strategies.tiles import largest_tile
 
-ABCI = load_cluster("abci")
+PLATFORM = load_platform("abci")
+ABCI = PLATFORM.cluster
 GIB = 2**30
 D = 1000  # samples per epoch
 S = 4  # samples per PE
 NVLINK = (9e-6, 1 / 50e9)  # alpha (s), beta (s/byte)
 INTER_NODE = (30.31e-6, 1 / 12.5e9)
 INTER_RACK = (30.71e-6, 1 / 12.5e9)
+PCIE = (15.11e-6, 1 / 16e9)
 
 CONV = LayerSummary(
     name="conv", x=8 * 16 * 16, y=16 * 16 * 16, w=16 * 8 * 3 * 3 + 16,
@@ -53,9 +60,10 @@ TWO_LAYERS = ModelSummary(name="two-layers", layers=(CONV, FC))
 SERIAL_MEMORY_AT_4 = 2 * 4 * (4 * 10256 + 66720)
 
 
-def case(strategy, pes, samples_per_pe=S, dataset_size=D, summary=TWO_LAYERS):
-    return evaluate(summary, ABCI, strategy, pes, samples_per_pe=samples_per_pe,
-                    dataset_size=dataset_size)
+def case(strategy, pes, samples_per_pe=S, dataset_size=D, summary=TWO_LAYERS,
+         weight_update="paper"):
+    return evaluate(summary, PLATFORM, strategy, pes, samples_per_pe=samples_per_pe,
+                    dataset_size=dataset_size, weight_update=weight_update)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,35 +92,62 @@ def test_data_on_eight_pes():
     alpha, beta = INTER_NODE  # 8 PEs span two nodes
     result = case("data", 8)
     assert result.batch == 32
-    assert result.compute_seconds == pytest.approx(1000 / 8 * 3.6e-4 + 1000 / 32 * 4e-5)
+    # ceil(1000 / 32) = 32 whole iterations, the last one full: 1024 samples computed
+    assert result.compute_seconds == pytest.approx(32 * (32 / 8 * 3.6e-4 + 4e-5))
     assert result.communication_seconds == pytest.approx(
-        2 * (1000 / 32) * 7 * (alpha + 66720 * 4 * beta / 8))
+        2 * 32 * 7 * (alpha + 66720 * 4 * beta / 8))
     assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (32 / 8 * 10256 + 66720))
 
 
 def test_spatial_on_eight_pes():
     alpha, beta = INTER_NODE
-    # 8 PEs over the conv's 16x16 map: a 4 x 2 grid; an interior tile (4 x 8 of the map) gets
-    # k // 2 = 1 row of width 8 from each of 2 neighbours along H and 1 column of height 4
-    # from its 1 neighbour along W: 20 elements per channel, input 8 and output 16 channels
+    # one replica over 8 PEs: B = 4 whatever p, 250 iterations. 8 PEs over the conv's 16x16
+    # map: a 4 x 2 grid; an interior tile (4 x 8 of the map) gets (k - 1) // 2 = 1 row of
+    # width 8 from each of 2 neighbours along H and 1 column of height 4 from its 1 neighbour
+    # along W: 20 elements per channel, input 8 and output 16 channels. Across two nodes the
+    # halos take the slower of PCIe and the inter-node link: the inter-node link.
     halo_x, halo_dy = 8 * (2 * 8 + 1 * 4), 16 * (2 * 8 + 1 * 4)
     allreduce = 2 * 7 * (alpha + 66720 * 4 * beta / 8)
-    halo = 2 * (2 * alpha + 32 * (halo_x + halo_dy) * 4 * beta)  # the fc layer has no halo
+    halo = 2 * (2 * alpha + 4 * (halo_x + halo_dy) * 4 * beta)  # the fc layer has no halo
     result = case("spatial", 8)
-    assert result.compute_seconds == pytest.approx(1000 / 8 * 3.6e-4 + 1000 / 32 * 4e-5)
-    assert result.communication_seconds == pytest.approx(1000 / 32 * (allreduce + halo))
-    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (32 * 10256 / 8 + 66720))
+    assert result.batch == 4
+    assert result.compute_seconds == pytest.approx(250 * (4 / 8 * 3.6e-4 + 4e-5))
+    assert result.communication_seconds == pytest.approx(250 * (allreduce + halo))
+    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (4 * 10256 / 8 + 66720))
 
 
 @pytest.mark.parametrize("strategy", ["filter", "channel"])
 def test_filter_and_channel_on_eight_pes(strategy):
     alpha, beta = INTER_NODE
     result = case(strategy, 8)
-    assert result.compute_seconds == pytest.approx(1000 / 8 * 3.6e-4 + 1000 / (32 * 8) * 4e-5)
+    # one replica over all 8 PEs: the batch stays 4, every PE works on all 4 samples
+    assert (result.batch, result.samples_per_pe) == (4, 4)
+    assert result.compute_seconds == pytest.approx(250 * (4 / 8 * 3.6e-4 + 4e-5 / 8))
     # sum over l < G: the conv's output only
     assert result.communication_seconds == pytest.approx(
-        3 * (1000 / 32) * 7 * (alpha + 32 * 4096 * 4 * beta / 8))
-    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (32 * 10256 + 66720 / 8))
+        3 * 250 * 7 * (alpha + 4 * 4096 * 4 * beta / 8))
+    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (4 * 10256 + 66720 / 8))
+
+
+@pytest.mark.parametrize("strategy", ["filter", "channel"])
+def test_filter_and_channel_batch_stays_fixed_as_pes_grow(strategy):
+    data = [case("data", pes) for pes in (2, 4, 8, 16)]
+    model = [case(strategy, pes) for pes in (2, 4, 8, 16)]
+    assert [c.batch for c in data] == [8, 16, 32, 64]  # weak scaling: B = s * p
+    assert [c.batch for c in model] == [4, 4, 4, 4]  # B = s: one replica
+    assert {c.memory_bytes_per_pe - 2 * 4 * 66720 / c.pes for c in model} == {2 * 4 * 4 * 10256}
+
+
+def test_activations_are_exchanged_only_at_layers_that_mix_channels():
+    alpha, beta = NVLINK
+    pool = LayerSummary(name="pool", x=16 * 16 * 16, y=16 * 8 * 8, fw_seconds=1e-5,
+                        bw_seconds=1e-5, in_channels=16, out_channels=16, input_size=(16, 16),
+                        output_size=(8, 8), kernel=(2, 2), mixes_channels=False)
+    pooled = ModelSummary(name="pooled", layers=(CONV, pool, FC.model_copy(update={"x": 1024})))
+    # the conv's output is exchanged, the pool works on its channel shard, the fc is last
+    result = case("filter", 4, summary=pooled)
+    assert result.communication_seconds == pytest.approx(
+        3 * 250 * 3 * (alpha + 4 * 4096 * 4 * beta / 4))
 
 
 def test_pipeline_on_two_pes():
@@ -127,28 +162,102 @@ def test_pipeline_on_two_pes():
 
 
 def test_data_filter_on_eight_pes():
-    # p1 = 2 nodes x p2 = 4 GPUs: filter over NVLink, data between the nodes
+    # p1 = 2 nodes x p2 = 4 GPUs: filter over NVLink, data between the nodes; one replica per
+    # node, B = 4 * 2 = 8, 125 iterations
     (alpha_2, beta_2), (alpha_1, beta_1) = NVLINK, INTER_NODE
     result = case("data+filter", 8)
-    assert result.compute_seconds == pytest.approx(1000 / 8 * 3.6e-4 + 1000 / (32 * 4) * 4e-5)
-    filter_term = 3 * (1000 / 32) * 3 * (alpha_2 + 32 * 4096 * 4 * beta_2 / 8)
-    data_term = 2 * (1000 / 32) * 1 * (alpha_1 + 66720 * 4 * beta_1 / 8)
+    assert result.batch == 8
+    assert result.compute_seconds == pytest.approx(125 * (8 / 8 * 3.6e-4 + 4e-5 / 4))
+    filter_term = 3 * 125 * 3 * (alpha_2 + 8 * 4096 * 4 * beta_2 / 8)
+    data_term = 2 * 125 * 1 * (alpha_1 + 66720 * 4 * beta_1 / 8)
     assert result.communication_seconds == pytest.approx(filter_term + data_term)
-    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (32 * 10256 / 2 + 66720 / 4))
+    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (8 * 10256 / 2 + 66720 / 4))
 
 
 def test_data_spatial_on_eight_pes():
-    (alpha_2, beta_2), (alpha_1, beta_1) = NVLINK, INTER_NODE
+    (alpha_2, beta_2), (alpha_1, beta_1), (alpha_h, beta_h) = NVLINK, INTER_NODE, PCIE
     # spatial over a node's 4 GPUs (a 2 x 2 grid, tiles 8 x 8: one neighbour per axis) on
-    # B / p1 = 16 samples; then the gradients all-reduced inside the node and between nodes
+    # B / p1 = 4 samples, halos over PCIe; then the gradients all-reduced inside the node over
+    # NVLink and between nodes
     halo_x, halo_dy = 8 * (8 + 8), 16 * (8 + 8)
-    halo = 2 * (2 * alpha_2 + 16 * (halo_x + halo_dy) * 4 * beta_2)
+    halo = 2 * (2 * alpha_h + 4 * (halo_x + halo_dy) * 4 * beta_h)
     inside = 2 * 3 * (alpha_2 + 66720 * 4 * beta_2 / 4)
     between = 2 * 1 * (alpha_1 + 66720 * 4 * beta_1 / 2)
     result = case("data+spatial", 8)
-    assert result.compute_seconds == pytest.approx(1000 / 8 * 3.6e-4 + 1000 / 32 * 4e-5)
-    assert result.communication_seconds == pytest.approx(1000 / 32 * (halo + inside + between))
-    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (32 * 10256 / 8 + 66720))
+    assert result.batch == 8
+    assert result.compute_seconds == pytest.approx(125 * (8 / 8 * 3.6e-4 + 4e-5))
+    assert result.communication_seconds == pytest.approx(125 * (halo + inside + between))
+    assert result.memory_bytes_per_pe == pytest.approx(2 * 4 * (8 * 10256 / 8 + 66720))
+
+
+def test_an_epoch_is_whole_iterations():
+    # 1001 samples in batches of 4: 251 iterations, the last one a full batch (ceil, as ParaDL)
+    serial = case("serial", 1, dataset_size=1001)
+    assert serial.compute_seconds == pytest.approx(251 * (4 * 3.6e-4 + 4e-5))
+    alpha, beta = INTER_NODE
+    data = case("data", 8, dataset_size=1001)  # B = 32: ceil(1001 / 32) = 32
+    assert data.communication_seconds == pytest.approx(
+        32 * 2 * 7 * (alpha + 66720 * 4 * beta / 8))
+
+
+def test_collectives_take_the_latency_of_the_tier_they_span(tmp_path):
+    path = tmp_path / "tiers.yaml"
+    path.write_text("schema_version: 1\nname: tiers\ncluster: abci\ntiers:\n"
+                    "  node: {bandwidth: 10 GB/s, latency: 1 us}\n"
+                    "  rack: {bandwidth: 10 GB/s, latency: 2 us}\n"
+                    "  across_racks: {bandwidth: 10 GB/s, latency: 3 us}\n")
+    platform = load_platform(str(path))
+    assert platform.name == "tiers" and platform.halo is None
+
+    def comm(pes):
+        return evaluate(TWO_LAYERS, platform, "data", pes, samples_per_pe=S,
+                        dataset_size=4 * pes).communication_seconds  # one iteration
+
+    # 4 PEs: one node; 8: two nodes of a rack; 128 = 32 nodes: two racks of 17
+    for pes, latency in ((4, 1e-6), (8, 2e-6), (128, 3e-6)):
+        assert comm(pes) == pytest.approx(2 * (pes - 1) * (latency + 66720 * 4 / pes / 10e9))
+
+
+def test_channel_is_bounded_from_the_second_layer_on():
+    rgb = CONV.model_copy(update={"in_channels": 3, "x": 3 * 16 * 16})
+    image_first = ModelSummary(name="rgb", layers=(rgb, FC))
+    assert case("channel", 8, summary=image_first).feasible  # 3 input channels do not bound it
+    assert case("filter", 8, summary=image_first).feasible
+    narrow = ModelSummary(name="narrow", layers=(rgb, FC.model_copy(update={"in_channels": 4})))
+    result = case("channel", 8, summary=narrow)
+    assert (result.feasible, result.reason) == (
+        False, "p=8 > min input channels 4 (from the second layer)")
+
+
+def test_weight_update_switch():
+    paper, none = case("data", 8), case("data", 8, weight_update="none")
+    assert paper.compute_seconds == pytest.approx(32 * (32 / 8 * 3.6e-4 + 4e-5))
+    assert none.compute_seconds == pytest.approx(32 * (32 / 8 * 3.6e-4))
+    assert none.communication_seconds == paper.communication_seconds
+    with pytest.raises(LayerwiseError, match="unknown weight update 'some'"):
+        case("data", 8, weight_update="some")
+
+
+def test_equal_times_share_a_rank():
+    cases = [case(name, 8) for name in ("data", "filter", "channel", "data+filter")]
+    # one equation prices filter and channel: they tie, and share the rank after the others
+    assert cases[1].epoch_seconds == cases[2].epoch_seconds
+    assert ranks(cases) == {"data": 1, "data+filter": 2, "filter": 3, "channel": 3}
+    assert ranks([*cases, case("serial", 2)]) == ranks(cases)  # infeasible cases go unranked
+
+
+def test_step_case_gives_the_executed_global_batch_to_every_strategy():
+    # 8 PEs x 4 samples: a global batch of 32 for data and model (filter) alike, one step
+    for executed in ("data", "model", "spatial_h"):
+        result = step_case(TWO_LAYERS, ABCI, executed, 8, 4)
+        assert result.batch == 32 and result.feasible
+    model = step_case(TWO_LAYERS, ABCI, "model", 8, 4)
+    assert model.compute_seconds == pytest.approx(32 / 8 * 3.6e-4 + 4e-5 / 8)
+    assert step_case(TWO_LAYERS, ABCI, "owt", 8, 4) is None
+    # every strategy one step of the same 32 samples; the hybrids split them over 2 nodes
+    cases = {c.strategy: c for c in step_cases(TWO_LAYERS, PLATFORM, 8, 4)}
+    assert {c.batch for c in cases.values() if c.feasible} == {32}
+    assert cases["data+filter"].samples_per_pe == 16 and cases["filter"].samples_per_pe == 32
 
 
 def test_weight_update_estimated_from_memory_bandwidth():
@@ -163,7 +272,8 @@ def test_weight_update_estimated_from_memory_bandwidth():
 def test_data_communication_grows_with_pes_and_slower_links():
     def expected(pes, link):
         alpha, beta = link
-        return 2 * (1000 * 8 / (4 * pes)) * (pes - 1) * (alpha + 66720 * 4 * beta / pes)
+        iterations = math.ceil(1000 * 8 / (4 * pes))
+        return 2 * iterations * (pes - 1) * (alpha + 66720 * 4 * beta / pes)
 
     pes_counts = [2, 4, 8, 64, 128]
     comm = [case("data", p, dataset_size=1000 * 8).communication_seconds for p in pes_counts]
@@ -182,7 +292,6 @@ def test_data_communication_grows_with_pes_and_slower_links():
 @pytest.mark.parametrize(("strategy", "pes", "reason"), [
     ("serial", 2, "p=2 > 1: serial runs on one PE"),
     ("pipeline", 8, "p=8 > 2 layers"),
-    ("channel", 16, "p=16 > min input channels 8"),
     ("filter", 32, "p=32 > min filters 16"),
     ("spatial", 512, "p=512 > min output H*W 256"),
     ("data+spatial", 6, "p=6 is not a whole number of 4-PE nodes"),
@@ -220,8 +329,8 @@ def test_fit_takes_the_largest_power_of_two_per_pe_that_fits():
     fitted = case("serial", 1, samples_per_pe=None, dataset_size=10**9)
     assert serial_memory(131072) <= 16 * GIB < serial_memory(262144)
     assert (fitted.samples_per_pe, fitted.batch, fitted.feasible) == (131072, 131072, True)
-    # filter keeps all B = s * p samples on every PE: fewer fit per PE as p grows
-    assert case("filter", 8, samples_per_pe=None, dataset_size=10**9).samples_per_pe == 16384
+    # filter keeps all B = s samples on every PE and splits the weights: as many fit as serial
+    assert case("filter", 8, samples_per_pe=None, dataset_size=10**9).samples_per_pe == 131072
 
 
 def test_ranking_lists_feasible_strategies_fastest_first():
@@ -370,15 +479,60 @@ def test_cli_reads_a_summary_file_and_prints_tables(tmp_path):
                                               dataset_size=1000)
 
 
+def test_table8_ranks_match_the_paper():
+    result = runner.invoke(app, ["oracle", "table8", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    ours = {(row["model"], row["gpus"], row["case"]["strategy"]): row["rank"] for row in rows}
+    stated = {(model, gpus, name): rank for (model, gpus), ranked in PAPER_RANKS.items()
+              for name, rank in ranked.items()}
+    assert ours == stated
+    # the eight cases of Table VIII: two models at 32 and 64 GPUs, the four strategies each
+    assert {(model, gpus) for model, gpus, _ in ours if gpus <= 64} == {
+        (model, gpus) for model in ("resnet50", "vgg16") for gpus in (32, 64)}
+    assert [row["case"]["batch"] for row in rows if row["gpus"] == 32] == [
+        512, 512, 64, 64, 256, 256, 32, 32]
+
+
+def test_table8_prints_the_paper_beside_ours():
+    result = runner.invoke(app, ["oracle", "table8"])
+    assert result.exit_code == 0, result.output
+    assert "ranks matching the paper: 24 of 24" in result.stdout
+    assert "DIFFERS" not in result.stdout
+
+
 @pytest.mark.parametrize(("args", "fragment"), [
     (["--gpus", "0,8"], "'0' is not a positive whole number"),
     (["--gpus", "1..x"], "'x' is not a positive whole number"),
     (["--strategies", "data,owt"], "unknown strategy 'owt'"),
     (["--platform", "nowhere"], "unknown cluster 'nowhere'"),
     (["--samples-per-gpu", "lots"], "--samples-per-gpu must be"),
+    (["--weight-update", "half"], "--weight-update must be one of paper, none"),
 ])
 def test_cli_bad_options_are_one_line(args, fragment):
     result = runner.invoke(app, ["oracle", "lenet5", *args])
+    _assert_one_line_error(result, fragment)
+
+
+@pytest.mark.parametrize("args", [["--gpus", "32"], ["--samples-per-gpu", "8"],
+                                  ["--profile", "p.json"]])
+def test_table8_refuses_options_that_do_not_apply(args):
+    result = runner.invoke(app, ["oracle", "table8", *args])
+    _assert_one_line_error(result, f"{args[0]} does not apply to it")
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("schema_version: 1\nname: x\ncluster: abci\ntiers: {rack: {bandwidth: 1 GB/s, "
+     "latency: 1 us}}\n", "tiers.node: Field required"),
+    ("schema_version: 1\nname: x\ncluster: nowhere\ntiers: {node: {bandwidth: 1 GB/s, "
+     "latency: 1 us}, rack: {bandwidth: 1 GB/s, latency: 1 us}}\n", "unknown cluster 'nowhere'"),
+    ("schema_version: 2\nname: x\ncluster: abci\ntiers: {node: {bandwidth: 1 GB/s, "
+     "latency: 1 us}, rack: {bandwidth: 1 GB/s, latency: 1 us}}\n", "schema_version"),
+])
+def test_cli_malformed_platform_is_one_line(tmp_path, text, fragment):
+    path = tmp_path / "platform.yaml"
+    path.write_text(text)
+    result = runner.invoke(app, ["oracle", "lenet5", "--platform", str(path)])
     _assert_one_line_error(result, fragment)
 
 

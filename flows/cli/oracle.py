@@ -5,32 +5,44 @@
     layerwise oracle alexnet --samples-per-gpu fit --json > alexnet-oracle.json
     layerwise oracle mysummary.yaml --platform mycluster.yaml --save oracle.json
     layerwise oracle resnet18 --image-size 32 --profile data/profiles/<file>.json
+    layerwise oracle table8
 
 Kahira et al., HPDC 2021 (DESIGN 3.3; strategies/oracle.py): per strategy and GPU count, the
 per-epoch compute and communication time, memory per GPU and what limits it. FW/BW per sample
 come from a profile (`--profile`), a model summary file, or the roofline on the platform's
-device.
+device. `table8` replays the paper's Table VIII (strategies/paradl_table8.py) and prints our
+ranks beside the paper's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast, get_args
 
 import typer
 from rich.table import Table
 
 from flows.cli.console import console, print_json, user_errors
 from strategies.errors import LayerwiseError
+from strategies.files import write_atomic
 
 if TYPE_CHECKING:
     from strategies.cluster import Cluster
-    from strategies.oracle import ModelSummary, OracleCase, OracleReport, StrategyName
+    from strategies.oracle import (
+        ModelSummary,
+        OracleCase,
+        OracleReport,
+        StrategyName,
+        WeightUpdate,
+    )
+    from strategies.oracle_platform import Platform
+    from strategies.paradl_table8 import Table8
 
 SUMMARY_SUFFIXES = (".json", ".yaml", ".yml")
 DEFAULT_GPUS = "1..1024"
 DEFAULT_SAMPLES_PER_GPU = "32"
 FIT_MEMORY = "fit"
+TABLE8 = "table8"
 
 
 def register(app: typer.Typer) -> None:
@@ -41,8 +53,11 @@ def register(app: typer.Typer) -> None:
 @user_errors
 def oracle(
     model: Annotated[str, typer.Argument(
-        help="Zoo name, package.module:factory, or a model summary file (.json/.yaml).")],
-    platform: Annotated[str, typer.Option(help="Cluster preset name or YAML path.")] = "abci",
+        help="Zoo name, package.module:factory, a model summary file (.json/.yaml), or "
+             f"{TABLE8!r} for the paper's Table VIII.")],
+    platform: Annotated[str, typer.Option(
+        help="Oracle platform preset or file (strategies/oracle_platforms/), or a cluster "
+             "preset name or YAML path.")] = "abci",
     gpus: Annotated[str, typer.Option(
         help='GPU counts: a comma list, "A..B" for the powers of two from A to B, or both.')
     ] = DEFAULT_GPUS,
@@ -50,14 +65,19 @@ def oracle(
         help="Comma list of serial, data, spatial, filter, channel, pipeline, data+filter, "
              "data+spatial (default: all).")] = None,
     samples_per_gpu: Annotated[str, typer.Option(
-        help='Samples per GPU (weak scaling: batch = this x GPUs), or "fit" for the largest '
-             "power of two that fits the GPU's memory.")] = DEFAULT_SAMPLES_PER_GPU,
+        help="Samples per model replica: data parallelism's batch is this x GPUs, filter, "
+             "channel and spatial keep this batch on any number of GPUs, the hybrids take "
+             'this per node; or "fit" for the largest power of two that fits the GPU\'s '
+             "memory.")] = DEFAULT_SAMPLES_PER_GPU,
     dataset_size: Annotated[int | None, typer.Option(
         help="Samples per epoch (default: ImageNet's 1,281,167 training images).")] = None,
     profile: Annotated[Path | None, typer.Option(
         help="Profile JSON from `layerwise profile` for FW/BW (default: the roofline).")
     ] = None,
     image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
+    weight_update: Annotated[str, typer.Option(
+        help='"paper": the weight update priced as the paper\'s equations do; "none": left '
+             "out, as the authors' analysis tool does.")] = "paper",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     save: Annotated[Path | None, typer.Option(help="Also write the report JSON here.")] = None,
 ) -> None:
@@ -65,21 +85,30 @@ def oracle(
 
         layerwise oracle resnet50 --platform abci --gpus 4,64,1024
     """
-    from strategies.cluster import load_cluster
     from strategies.files import writable_file
     from strategies.oracle import IMAGENET_TRAIN_SAMPLES
     from strategies.oracle import oracle as run_oracle
+    from strategies.oracle_platform import load_platform
 
     if save is not None:
         writable_file(save, "--save")
-    cluster = load_cluster(platform)
+    update = parse_weight_update(weight_update)
+    where = load_platform(platform)
+    if model == TABLE8:
+        given = {"--gpus": gpus != DEFAULT_GPUS, "--strategies": strategies is not None,
+                 "--samples-per-gpu": samples_per_gpu != DEFAULT_SAMPLES_PER_GPU,
+                 "--dataset-size": dataset_size is not None, "--profile": profile is not None,
+                 "--image-size": image_size is not None}
+        _table8(where, update, as_json, save, [name for name, set_ in given.items() if set_])
+        return
+    cluster = where.cluster
     pes_counts = parse_gpus(gpus)
     chosen = parse_strategies(strategies)
     samples = parse_samples_per_gpu(samples_per_gpu)
     summary, source = model_summary(model, cluster, profile, image_size, samples)
-    report = run_oracle(summary, cluster, pes_counts, chosen, samples_per_pe=samples,
+    report = run_oracle(summary, where, pes_counts, chosen, samples_per_pe=samples,
                         dataset_size=IMAGENET_TRAIN_SAMPLES if dataset_size is None
-                        else dataset_size)
+                        else dataset_size, weight_update=update)
     if save is not None:
         report.save(save)
     if as_json:
@@ -88,6 +117,64 @@ def oracle(
     _print(report, summary, cluster, source)
     if save is not None:
         console.print(f"saved the report to {save}")
+
+
+def parse_weight_update(text: str) -> WeightUpdate:
+    """"paper" or "none"."""
+    from strategies.oracle import WeightUpdate
+
+    choices = get_args(WeightUpdate)
+    if text not in choices:
+        raise LayerwiseError(f"--weight-update must be one of {', '.join(choices)} "
+                             f"(got {text!r})")
+    return cast("WeightUpdate", text)
+
+
+def _table8(platform: Platform, update: WeightUpdate, as_json: bool, save: Path | None,
+            given: list[str]) -> None:
+    from strategies.paradl_table8 import table8
+
+    if given:
+        raise LayerwiseError(f"{TABLE8} runs the paper's models, GPU counts and batches; "
+                             f"{given[0]} does not apply to it (leave it out)")
+    result = table8(platform, weight_update=update)
+    if save is not None:
+        write_atomic(save, result.model_dump_json(indent=1) + "\n")
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+        return
+    _print_table8(result)
+    if save is not None:
+        console.print(f"saved the table to {save}")
+
+
+def _print_table8(result: Table8) -> None:
+    console.print(
+        f"Kahira et al. (HPDC 2021), Table VIII on {result.platform}: one epoch of "
+        f"{result.dataset_size:,} ImageNet images, FW/BW from the roofline, weight update "
+        f"'{result.weight_update}'\nsamples per model replica (the authors' runs): "
+        + ", ".join(f"{model} {samples}"
+                    for model, samples in result.samples_per_replica.items()),
+        highlight=False)
+    table = Table(title_justify="left")
+    for column in ("model", "GPUs", "strategy", "batch", "epoch", "compute", "comm",
+                   "memory/GPU", "rank", "paper", ""):
+        table.add_column(column, justify="left" if column in ("model", "strategy")
+                         else "right")
+    for row in result.rows:
+        case = row.case
+        table.add_row(row.model, str(row.gpus), case.strategy,
+                      "-" if case.batch is None else str(case.batch),
+                      _duration(case.epoch_seconds), _duration(case.compute_seconds),
+                      _duration(case.communication_seconds),
+                      _memory(case.memory_bytes_per_pe),
+                      "-" if row.rank is None else str(row.rank),
+                      "-" if row.paper_rank is None else str(row.paper_rank),
+                      "ok" if row.matches else "DIFFERS")
+    console.print(table)
+    matched = sum(row.paper_rank is not None and row.matches for row in result.rows)
+    stated = sum(row.paper_rank is not None for row in result.rows)
+    console.print(f"ranks matching the paper: {matched} of {stated}", highlight=False)
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -191,14 +278,14 @@ def _row(rank: str, case: OracleCase) -> tuple[str, ...]:
     bottleneck = case.bottleneck if case.reason is None else f"{case.bottleneck}: {case.reason}"
     return (rank, case.strategy, _duration(case.epoch_seconds), _duration(case.compute_seconds),
             _duration(case.communication_seconds), _memory(case.memory_bytes_per_pe),
-            "-" if case.samples_per_pe is None else str(case.samples_per_pe), bottleneck)
+            "-" if case.batch is None else str(case.batch), bottleneck)
 
 
 def _table(report: OracleReport, pes: int, cluster: Cluster) -> Table:
     nodes = -(-pes // cluster.devices_per_node)
     table = Table(title=f"{pes} GPU{'s' if pes > 1 else ''} ({nodes} node"
                         f"{'s' if nodes > 1 else ''} of {cluster.name})", title_justify="left")
-    for column in ("#", "strategy", "epoch", "compute", "comm", "memory/GPU", "samples/GPU",
+    for column in ("#", "strategy", "epoch", "compute", "comm", "memory/GPU", "batch",
                    "bottleneck"):
         table.add_column(column, justify="left" if column in ("strategy", "bottleneck")
                          else "right")
@@ -213,8 +300,9 @@ def _table(report: OracleReport, pes: int, cluster: Cluster) -> Table:
 
 def _print(report: OracleReport, summary: ModelSummary, cluster: Cluster, source: str) -> None:
     sample_ms = sum(fw + bw for fw, bw in summary.layer_seconds()) * 1e3
-    batch = ("the largest power of two per GPU that fits" if report.samples_per_pe is None
-             else f"{report.samples_per_pe} samples per GPU")
+    batch = ("the largest power of two per model replica that fits"
+             if report.samples_per_pe is None
+             else f"{report.samples_per_pe} samples per model replica")
     console.print(
         f"{summary.name}: {len(summary.layers)} layers, {summary.weights:,} weights, "
         f"{sample_ms:.3g} ms forward + backward per sample ({source})\n"
