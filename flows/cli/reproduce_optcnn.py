@@ -1,0 +1,183 @@
+"""`layerwise reproduce optcnn`: Jia et al., ICML 2018, Fig. 7 in simulation.
+
+    layerwise reproduce optcnn
+    layerwise reproduce optcnn --cluster h200x8 --batch-per-device 64
+    layerwise reproduce optcnn --profile profiles/alexnet.json --json
+
+AlexNet, VGG-16 and Inception-v3 on 1, 2, 4, 8 and 16 devices (as many as the cluster has) of
+the p100x16 preset by default, 32 images per device, t_c from the preset's device model. Every
+strategy is priced on the cluster as given, so its `sync` (the preset's: how the paper's
+systems synchronised) prices the baselines and the searched strategy alike. A measured profile
+holds one model at one global batch: with `--profile` that model is replayed at the device
+count and batch it was measured for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from flows.cli.console import console, print_json
+from strategies.errors import LayerwiseError
+
+PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
+PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
+BASELINES = ("model", "data", "owt")
+PAPER_DEVICES = (1, 2, 4, 8, 16)
+# What the paper's text states at 16 GPUs (Jia et al. 2018, abstract and section 7.2), as
+# ranges over the three models: layer-wise's throughput over the best other strategy, and the
+# bytes OWT moves per step over what layer-wise moves.
+PAPER_SPEEDUP_OVER_BEST = (1.4, 2.2)
+PAPER_OWT_BYTES_OVER_LAYERWISE = (1.2, 2.5)
+PAPER_RATIO_DEVICES = 16
+# The paper's Table 5: its layer-wise strategy for VGG-16 on 4 GPUs, by layer group.
+PAPER_VGG16_4_GPUS = {
+    "conv groups 1-4": "n4", "conv group 5": "n1h2w2", "FC1-2": "c4", "FC3": "c2",
+}
+
+
+def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int | None,
+                     as_json: bool) -> None:
+    """Plan every model and device count, then print the tables (or the JSON document)."""
+    from flows.cli.plan import plan
+    from strategies.cluster import load_cluster
+    from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+    from strategies.profile import Profile
+
+    spec = load_cluster(cluster)
+    if batch_per_device is not None and batch_per_device < 1:
+        raise LayerwiseError(f"--batch-per-device must be >= 1 (got {batch_per_device})")
+    if profile is not None:
+        measured = Profile.load(profile)
+        per_device = measured.batch // measured.devices
+        if batch_per_device not in (None, per_device):
+            raise LayerwiseError(
+                f"--batch-per-device {batch_per_device} differs from the profile's "
+                f"{per_device} images per device; leave it out with --profile")
+        grid = [(measured.model, measured.devices)]
+        batch, image_size = per_device, measured.input_shape[-1]
+        in_channels = measured.input_shape[1]
+    else:
+        batch = batch_per_device or DEFAULT_BATCH_PER_DEVICE
+        counts = [n for n in PAPER_DEVICES if n <= spec.num_devices]
+        grid = [(model, devices) for model in PAPER_MODELS for devices in counts]
+        image_size = in_channels = None
+    rows: list[dict[str, Any]] = []
+    vgg_strategy = None
+    status = contextlib.nullcontext() if as_json else console.status("replaying",
+                                                                     spinner="dots")
+    with status as spinner:
+        for model, devices in grid:
+            if spinner is not None:
+                spinner.update(f"replaying {model} on {devices} devices")
+            document = plan(
+                model, devices, cluster, batch_per_device=batch, image_size=image_size,
+                classes=None, in_channels=in_channels, profile=profile,
+                analytic=profile is None, baselines=list(BASELINES), placement="origin",
+            ).document()
+            data_step = document["strategies"]["data"]["step_seconds"]
+            for name in PAPER_STRATEGIES:
+                entry = document["strategies"][name]
+                rows.append({
+                    "model": model, "devices": devices, "strategy": name,
+                    "images_per_second": entry["samples_per_second"],
+                    "gb_per_step": (entry["transfer_bytes"] + entry["sync_bytes"]) / 1e9,
+                    "step_seconds": entry["step_seconds"],
+                    "vs_data": data_step / entry["step_seconds"],
+                })
+            if model == "vgg16" and devices == 4:
+                vgg_strategy = document["strategies"]["layerwise"]["layers"]
+    summary = _summary(rows)
+    if as_json:
+        print_json({"schema_version": 1, "experiment": "optcnn", "cluster": spec.name,
+                    "sync": spec.sync, "batch_per_device": batch,
+                    "cost_source": "profile" if profile else "analytic", "rows": rows,
+                    "summary": summary,
+                    "paper": {"devices": PAPER_RATIO_DEVICES,
+                              "speedup_over_best_other": PAPER_SPEEDUP_OVER_BEST,
+                              "owt_bytes_over_layerwise": PAPER_OWT_BYTES_OVER_LAYERWISE,
+                              "vgg16_4_gpus_layerwise": PAPER_VGG16_4_GPUS},
+                    "vgg16_4_gpus_layerwise": vgg_strategy})
+        return
+    console.print(f"Jia et al. 2018 in simulation: {spec.name} (sync: {spec.sync}), {batch} "
+                  f"images per device, t_c from {'the profile' if profile else 'the device model'}")
+    _print_tables(rows, summary, vgg_strategy or [])
+
+
+def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and device count: layer-wise over the best baseline, OWT's bytes over
+    layer-wise's, and the paper's ranges where it states them."""
+    cells: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["model"], row["devices"]), {})[row["strategy"]] = row
+    summary = []
+    for (model, devices), cell in cells.items():
+        best = max(BASELINES, key=lambda name: cell[name]["images_per_second"])
+        layerwise_gb = cell["layerwise"]["gb_per_step"]
+        stated = devices == PAPER_RATIO_DEVICES
+        summary.append({
+            "model": model, "devices": devices, "best_other": best,
+            "speedup_over_best_other": (cell["layerwise"]["images_per_second"]
+                                        / cell[best]["images_per_second"]),
+            "owt_bytes_over_layerwise": (cell["owt"]["gb_per_step"] / layerwise_gb
+                                         if layerwise_gb else None),
+            "paper_speedup_over_best_other": PAPER_SPEEDUP_OVER_BEST if stated else None,
+            "paper_owt_bytes_over_layerwise": PAPER_OWT_BYTES_OVER_LAYERWISE if stated else None,
+        })
+    return summary
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _paper(span: tuple[float, float] | None) -> str:
+    return "" if span is None else f"{span[0]}-{span[1]}x"
+
+
+def _print_tables(rows: list[dict[str, Any]], summary: list[dict[str, Any]],
+                  vgg_strategy: list[dict[str, str]]) -> None:
+    devices = sorted({row["devices"] for row in rows})
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    for metric, title, fmt in (
+        ("images_per_second", "predicted training throughput (images/s)", "{:,.0f}"),
+        ("gb_per_step", "data moved per step (GB, transfer + sync)", "{:.3f}"),
+        ("vs_data", "throughput over data parallelism", "{:.2f}x"),
+    ):
+        table = Table(title=title, title_justify="left")
+        table.add_column("model")
+        table.add_column("strategy")
+        for count in devices:
+            table.add_column(f"{count} GPU" + ("s" if count > 1 else ""), justify="right")
+        for model in models:
+            for strategy in PAPER_STRATEGIES:
+                table.add_row(model, strategy, *(
+                    fmt.format(r[metric]) for r in rows
+                    if r["model"] == model and r["strategy"] == strategy))
+        console.print(table)
+    table = Table(title="layer-wise against the others (paper: Jia et al. 2018, at 16 GPUs)",
+                  title_justify="left")
+    for column in ("model", "GPUs", "best other", "speedup", "paper", "OWT bytes / ours",
+                   "paper"):
+        table.add_column(column, justify="left" if column in ("model", "best other")
+                         else "right")
+    for entry in summary:
+        table.add_row(entry["model"], str(entry["devices"]), entry["best_other"],
+                      _ratio(entry["speedup_over_best_other"]),
+                      _paper(entry["paper_speedup_over_best_other"]),
+                      _ratio(entry["owt_bytes_over_layerwise"]),
+                      _paper(entry["paper_owt_bytes_over_layerwise"]))
+    console.print(table)
+    if vgg_strategy:
+        strategy_table = Table(title="layer-wise strategy for VGG-16 on 4 GPUs",
+                               title_justify="left")
+        strategy_table.add_column("layer")
+        strategy_table.add_column("config")
+        for choice in vgg_strategy:
+            strategy_table.add_row(choice["name"], choice["config"])
+        console.print(strategy_table)
+        console.print("the paper's (Table 5): " + ", ".join(
+            f"{group} {config}" for group, config in PAPER_VGG16_4_GPUS.items()))
