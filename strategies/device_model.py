@@ -59,6 +59,12 @@ BACKWARD_KERNELS_WITH_WEIGHTS = 2
 BACKWARD_KERNELS_WITHOUT_WEIGHTS = 1
 KERNELS_PER_FUSED_OP = 2
 
+# cuDNN runs 3x3 stride-1 convolutions by Winograd's minimal filtering (cuDNN 5 release notes,
+# 2016: Winograd forward and backward data for 3x3 filters): F(2x2, 3x3) computes a 2x2 output
+# tile with 16 multiplies instead of 36, 2.25x fewer (Lavin and Gray, "Fast Algorithms for
+# Convolutional Neural Networks", CVPR 2016, section 4). Backward weights stays a direct GEMM.
+WINOGRAD_MULTIPLY_REDUCTION = 36 / 16
+
 # Layer kinds that run as GEMMs (implicit GEMM for convolutions); the rest are memory-bound.
 GEMM_KINDS = frozenset({"conv", "linear"})
 # A view: no kernel, no traffic.
@@ -73,6 +79,14 @@ def waves(blocks: np.ndarray, slots: int) -> np.ndarray:
 def tiles(rows: np.ndarray, columns: np.ndarray | int) -> np.ndarray:
     """Thread blocks of a GEMM whose output is rows x columns."""
     return -(-np.asarray(rows) // TILE_EDGE) * -(-np.asarray(columns) // TILE_EDGE)
+
+
+def winograd(layer: Layer) -> bool:
+    """Whether the layer is a convolution that cuDNN runs by Winograd: 3x3, stride 1, no
+    dilation, no groups."""
+    geometry = layer.geometry
+    return (layer.kind == "conv" and geometry is not None and geometry.kernel == (3, 3)
+            and geometry.stride == (1, 1) and geometry.dilation == (1, 1) and geometry.groups == 1)
 
 
 class DeviceModel:
@@ -94,15 +108,15 @@ class DeviceModel:
         blocks = np.maximum(blocks, 1)
         return flops * (waves(blocks, self.slots) * self.slots / blocks) / self.flops_per_second
 
-    def weight_gradient_blocks(self, out_channels: np.ndarray, reduction: int,
-                               rows: np.ndarray) -> np.ndarray:
+    def weight_gradient_seconds(self, flops: np.ndarray, out_channels: np.ndarray,
+                                reduction: int, rows: np.ndarray) -> np.ndarray:
         """Backward weights is a GEMM with a small output (out channels x reduction) and a long
-        sum over the tile's rows: its kernels split the sum (split-K, CUTLASS's
-        "GemmSplitKParallel") until the blocks fill one wave, at most one split per TILE_EDGE
-        rows."""
-        base = tiles(out_channels, reduction)
-        splits = np.clip(self.slots // np.maximum(base, 1), 1, -(-rows // TILE_EDGE))
-        return base * splits
+        sum over the tile's rows. Its kernels split the sum (split-K: CUTLASS's
+        "GemmSplitKParallel", cuDNN's backward-filter algorithms) into as many pieces as fill
+        whole waves, so it loses nothing to quantization unless even one split per TILE_EDGE
+        rows leaves a wave part-empty."""
+        blocks = tiles(out_channels, reduction) * -(-np.asarray(rows) // TILE_EDGE)
+        return flops * np.maximum(1.0, self.slots / np.maximum(blocks, 1)) / self.flops_per_second
 
     def pass_seconds(self, layer: Layer, out_elements: np.ndarray, out_channels: np.ndarray,
                      input_elements: np.ndarray, param_elements: np.ndarray) -> np.ndarray:
@@ -123,10 +137,11 @@ class DeviceModel:
             groups = layer.geometry.groups if layer.geometry else 1
             kernel = layer.geometry.kernel if layer.geometry else (1, 1)
             reduction = in_channels // groups * kernel[0] * kernel[1]
-            compute = (self.gemm_seconds(forward_flops, tiles(rows, out_channels))
-                       + self.gemm_seconds(forward_flops, tiles(in_rows, in_channels))
-                       + self.gemm_seconds(forward_flops, self.weight_gradient_blocks(
-                           out_channels, reduction, rows)))
+            filtered = forward_flops / (WINOGRAD_MULTIPLY_REDUCTION if winograd(layer) else 1)
+            compute = (self.gemm_seconds(filtered, tiles(rows, out_channels))
+                       + self.gemm_seconds(filtered, tiles(in_rows, in_channels))
+                       + self.weight_gradient_seconds(forward_flops, out_channels, reduction,
+                                                      rows))
             passes = 3
             kernels = FORWARD_KERNELS + BACKWARD_KERNELS_WITH_WEIGHTS
         else:
