@@ -1,5 +1,5 @@
-"""Where t_c of Jia et al. 2018, Eq. 1 comes from: a roofline on the cluster's device or a
-measured profile.
+"""Where t_c of Jia et al. 2018, Eq. 1 comes from: the cluster's device (its device model,
+device_model.py, or a roofline where the device has no SM figures) or a measured profile.
 
 t_c(l, c) is the compute one training step spends on the layer's largest tile (devices run
 their tiles at once): its forward + backward and the SGD update of its weight shard (the
@@ -8,8 +8,8 @@ updates every weight: ~30% of AlexNet's step on a CPU).
 
 A source answers for one tile (the oracle asks for whole layers) and for every config of a
 layer's search space at once (the cost model's node vectors). Each answers the second in its
-own way: the roofline needs only the tiles' element counts, which come vectorised from
-per-dimension lengths; a profile is looked up tile by tile.
+own way: the device model needs only the tiles' element and channel counts, which come
+vectorised from per-dimension lengths; a profile is looked up tile by tile.
 """
 
 from __future__ import annotations

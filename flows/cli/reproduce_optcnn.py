@@ -59,11 +59,11 @@ VGG16_GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
 def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int | None,
                      as_json: bool) -> None:
     """Plan every model and device count, then print the tables (or the JSON document)."""
-    from flows.cli.plan import plan
     from strategies.cluster import load_cluster
     from strategies.graph import build_graph
     from strategies.jobs.costing import cost_model
     from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+    from strategies.jobs.named_strategies import LAYERWISE, searched_strategy, strategy_by_name
     from strategies.profile import Profile
 
     spec = load_cluster(cluster)
@@ -93,28 +93,25 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
         for model, devices in grid:
             if spinner is not None:
                 spinner.update(f"replaying {model} on {devices} devices")
-            document = plan(
-                model, devices, cluster, batch_per_device=batch, image_size=image_size,
-                classes=None, in_channels=in_channels, profile=profile,
-                analytic=profile is None, baselines=list(BASELINES), placement="origin",
-            ).document()
-            data_step = document["strategies"]["data"]["step_seconds"]
+            cost = cost_model(build_graph(model, batch=batch * devices, image_size=image_size,
+                                          in_channels=in_channels),
+                              cluster, devices, profile, profile is None)
+            searched, _ = searched_strategy(cost)
+            strategies = {LAYERWISE: searched,
+                          **{name: strategy_by_name(name, cost) for name in BASELINES}}
+            data_step = strategies["data"].predicted.step_seconds
             for name in PAPER_STRATEGIES:
-                entry = document["strategies"][name]
+                predicted = strategies[name].predicted
                 rows.append({
                     "model": model, "devices": devices, "strategy": name,
-                    "images_per_second": entry["samples_per_second"],
-                    "gb_per_step": (entry["transfer_bytes"] + entry["sync_bytes"]) / 1e9,
-                    "step_seconds": entry["step_seconds"],
-                    "vs_data": data_step / entry["step_seconds"],
+                    "images_per_second": cost.graph.batch / predicted.step_seconds,
+                    "gb_per_step": (predicted.transfer_bytes + predicted.sync_bytes) / 1e9,
+                    "step_seconds": predicted.step_seconds,
+                    "vs_data": data_step / predicted.step_seconds,
                 })
             if model == "vgg16" and devices == 4:
-                vgg_strategy = document["strategies"]["layerwise"]["layers"]
-                table5 = paper_choices_costed(
-                    cost_model(build_graph(model, batch=batch * devices, image_size=image_size,
-                                           in_channels=in_channels),
-                               cluster, devices, profile, profile is None),
-                    vgg_strategy)
+                vgg_strategy = [choice.model_dump() for choice in searched.layers]
+                table5 = paper_choices_costed(cost, vgg_strategy)
     summary = _summary(rows)
     if as_json:
         print_json({"schema_version": 1, "experiment": "optcnn", "cluster": spec.name,
