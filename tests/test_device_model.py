@@ -38,10 +38,11 @@ def test_a_layers_time_stops_falling_as_its_degree_grows():
     waves of the P100's 112 slots; a sample split in two fits one wave, and beyond that the
     wave only empties."""
     graph = build_graph("vgg16", batch=32)
-    cost = CostModel(graph, P100, 16, AnalyticCompute(P100))
+    compute = AnalyticCompute(P100)
     conv = graph.by_name["features_28"]
-    seconds = cost.pass_seconds(conv, [P("n1c1h1w1@0"), P("n2c1h1w1@0-1"), P("n4c1h1w1@0-3"),
-                                       P("n8c1h1w1@0-7"), P("n16c1h1w1@0-15")])
+    seconds = np.array([compute.tile_seconds(conv, largest_tile(conv, P(config))) for config in
+                        ("n1c1h1w1@0", "n2c1h1w1@0-1", "n4c1h1w1@0-3", "n8c1h1w1@0-7",
+                         "n16c1h1w1@0-15")])
     gains = seconds[:-1] / seconds[1:]
     assert gains[0] > 1.5  # two waves become one
     assert np.all(gains[1:] < 1.5)  # one wave stays one: far from the roofline's 2x
