@@ -289,19 +289,28 @@ class Link(_Spec):
 
 
 class DeviceType(_Spec):
-    """One accelerator. `peak_flops_bf16` is None where the device has no bf16 support."""
+    """One accelerator. `peak_flops_bf16` is None where the device has no bf16 support.
+
+    `multiprocessors` (a GPU's SM count) and `kernel_latency` (the fixed cost of one kernel
+    launch) feed the analytic device model (strategies/device_model.py): work is spread over
+    the SMs in waves of tiles, and every kernel costs at least its launch. Without them (a CPU,
+    a calibrated cluster) t_c is the plain roofline.
+    """
 
     name: str = Field(min_length=1)
     peak_flops_fp32: Flops
     peak_flops_bf16: Flops | None = None
     memory_bytes: MemoryBytes
     memory_bandwidth: Bandwidth
+    multiprocessors: int | None = Field(default=None, gt=0)
+    kernel_latency: Latency | None = None
 
     _units: ClassVar[dict[str, str]] = {
         "peak_flops_fp32": "flops",
         "peak_flops_bf16": "flops",
         "memory_bytes": "memory",
         "memory_bandwidth": "bandwidth",
+        "kernel_latency": "latency",
     }
 
 

@@ -1,5 +1,5 @@
-"""Where t_c of Jia et al. 2018, Eq. 1 comes from: a roofline on the cluster's device or a
-measured profile.
+"""Where t_c of Jia et al. 2018, Eq. 1 comes from: the cluster's device (its device model,
+device_model.py, or a roofline where the device has no SM figures) or a measured profile.
 
 t_c(l, c) is the compute one training step spends on the layer's largest tile (devices run
 their tiles at once): its forward + backward and the SGD update of its weight shard (the
@@ -8,8 +8,8 @@ updates every weight: ~30% of AlexNet's step on a CPU).
 
 A source answers for one tile (the oracle asks for whole layers) and for every config of a
 layer's search space at once (the cost model's node vectors). Each answers the second in its
-own way: the roofline needs only the tiles' element counts, which come vectorised from
-per-dimension lengths; a profile is looked up tile by tile.
+own way: the device model needs only the tiles' element and channel counts, which come
+vectorised from per-dimension lengths; a profile is looked up tile by tile.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from strategies.cluster import Cluster
+from strategies.device_model import DeviceModel
 from strategies.graph import BYTES_PER_ELEMENT, Layer
 from strategies.space import ParallelConfig
-from strategies.tiles import TileWork
+from strategies.tiles import TileWork, as_4d
 
 if TYPE_CHECKING:
     from strategies.cost_tables import LayerTiles
@@ -70,42 +71,62 @@ def weight_update_seconds(weights: int | np.ndarray, memory_bandwidth: float,
 
 
 class AnalyticCompute:
-    """Roofline t_c on the cluster's device: max(FLOPs / (peak * efficiency), bytes / memory BW).
+    """t_c on the cluster's device, from the layer's structure alone.
 
-    Backward costs about twice the forward for layers with weights (input and weight
-    gradients) and about the forward for the others; every tensor is read or written once
-    per pass.
+    On a GPU preset (the device has `multiprocessors` and `kernel_latency`) the device model
+    of device_model.py: kernels in waves over the SMs, a launch latency per kernel,
+    memory-bound ops at memory bandwidth. Without those figures (a CPU, a calibrated cluster)
+    a roofline: max(FLOPs / (peak * efficiency), bytes / memory BW), backward about twice the
+    forward for layers with weights (input and weight gradients) and about the forward for the
+    others, every tensor read or written once per pass.
     """
 
     name = "analytic"
     by_layer_name = False
 
     def __init__(self, cluster: Cluster) -> None:
-        self.flops_per_second = cluster.device.peak_flops_fp32 * cluster.compute_efficiency
-        self.bytes_per_second = cluster.device.memory_bandwidth
+        device = cluster.device
+        self.flops_per_second = device.peak_flops_fp32 * cluster.compute_efficiency
+        self.bytes_per_second = device.memory_bandwidth
+        self.device_model = (
+            DeviceModel(device.multiprocessors, self.flops_per_second, self.bytes_per_second,
+                        device.kernel_latency or 0.0)
+            if device.multiprocessors is not None else None)
 
     def tile_seconds(self, layer: Layer, tile: TileWork) -> float:
         return float(self.volume_seconds(
             layer, np.int64(math.prod(tile.output_shape)),
+            np.int64(as_4d(tile.output_shape)[1]),
             np.int64(sum(math.prod(s) for s in tile.input_shapes)),
             np.int64(tile.param_elements)))
 
     def update_seconds(self, layer: Layer, tile: TileWork) -> float:
-        return float(weight_update_seconds(tile.param_elements, self.bytes_per_second))
+        return float(self.weight_update(layer, np.int64(tile.param_elements)))
 
     def configs_seconds(self, layer: Layer, tiles: LayerTiles,
                         configs: Sequence[ParallelConfig]) -> np.ndarray:
         volumes = tiles.volumes(configs)
-        return self.volume_seconds(layer, volumes.output, volumes.inputs, volumes.params)
+        return self.volume_seconds(layer, volumes.output, tile_channels(layer, configs),
+                                   volumes.inputs, volumes.params)
 
     def configs_update_seconds(self, layer: Layer, tiles: LayerTiles,
                                configs: Sequence[ParallelConfig]) -> np.ndarray:
-        return np.asarray(weight_update_seconds(tiles.volumes(configs).params,
-                                                self.bytes_per_second), dtype=float)
+        return np.asarray(self.weight_update(layer, tiles.volumes(configs).params), dtype=float)
 
-    def volume_seconds(self, layer: Layer, out_elements: np.ndarray, input_elements: np.ndarray,
-                       param_elements: np.ndarray) -> np.ndarray:
-        """The roofline from element counts alone (arrays: one entry per tile)."""
+    def weight_update(self, layer: Layer, param_elements: np.ndarray) -> np.ndarray:
+        """The SGD update of shards of `param_elements` weights (one entry per tile)."""
+        seconds = weight_update_seconds(param_elements, self.bytes_per_second)
+        if self.device_model is None:
+            return np.asarray(seconds)
+        return self.device_model.update_seconds(
+            layer, np.asarray(seconds) * self.bytes_per_second, param_elements)
+
+    def volume_seconds(self, layer: Layer, out_elements: np.ndarray, out_channels: np.ndarray,
+                       input_elements: np.ndarray, param_elements: np.ndarray) -> np.ndarray:
+        """Forward + backward from element counts alone (arrays: one entry per tile)."""
+        if self.device_model is not None:
+            return self.device_model.pass_seconds(layer, out_elements, out_channels,
+                                                  input_elements, param_elements)
         if layer.kind == "input":
             return np.zeros(np.shape(out_elements))
         fraction = out_elements / math.prod(layer.output_shape)
@@ -113,6 +134,13 @@ class AnalyticCompute:
         flops = layer.flops * fraction * passes
         memory = (out_elements + input_elements + param_elements) * BYTES_PER_ELEMENT * passes
         return np.maximum(flops / self.flops_per_second, memory / self.bytes_per_second)
+
+
+def tile_channels(layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+    """Output channels of each config's largest tile: ceil(C / c)."""
+    channels = as_4d(layer.output_shape)[1]
+    degrees = np.fromiter((config.c for config in configs), dtype=np.int64, count=len(configs))
+    return -(-channels // degrees)
 
 
 class ProfiledCompute:

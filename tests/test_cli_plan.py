@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from strategies.cluster import load_cluster
 from strategies.errors import ConfigError
 from strategies.graph import build_graph
 from strategies.space import ParallelConfig
@@ -106,6 +107,42 @@ def test_reproduce_optcnn_covers_the_papers_grid():
     one_line_error(runner.invoke(app, ["reproduce", "alexnet2012"]), "available: optcnn")
 
 
+def test_reproduce_optcnn_on_a_users_cluster_and_batch(tmp_path):
+    """--cluster and --batch-per-device: the grid stops at the cluster's device count, every
+    row is priced at the batch asked for, the ratios to data parallelism are printed."""
+    two = tmp_path / "two.yaml"
+    two.write_text(load_cluster("p100x16").model_copy(
+        update={"name": "two_p100", "nodes": 1, "devices_per_node": 2}).to_yaml())
+    result = runner.invoke(app, ["reproduce", "optcnn", "--cluster", str(two),
+                                 "--batch-per-device", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert (document["cluster"], document["batch_per_device"]) == ("two_p100", 2)
+    assert document["sync"] == "parameter_server" and document["cost_source"] == "analytic"
+    assert {(row["model"], row["devices"]) for row in document["rows"]} == {
+        (model, devices) for model in ("alexnet", "vgg16", "inception_v3") for devices in (1, 2)}
+    for row in document["rows"]:
+        if row["strategy"] == "data":
+            assert row["vs_data"] == 1.0
+    for entry in document["summary"]:
+        assert entry["speedup_over_best_other"] >= 1 - 1e-9
+        assert entry["paper_speedup_over_best_other"] is None  # the paper states 16 GPUs
+    printed = runner.invoke(app, ["reproduce", "optcnn", "--cluster", str(two),
+                                  "--batch-per-device", "2"])
+    assert printed.exit_code == 0, printed.output
+    assert "throughput over data parallelism" in printed.stdout
+    assert "2 images per device" in printed.stdout
+
+
+@pytest.mark.parametrize(("arguments", "fragment"), [
+    (["optcnn", "--batch-per-device", "0"], "--batch-per-device must be >= 1"),
+    (["optcnn", "--cluster", "nowhere"], "unknown cluster 'nowhere'"),
+    (["owt", "--cluster", "p100x16"], "apply to optcnn"),
+])
+def test_reproduce_refuses_bad_options_in_one_line(arguments, fragment):
+    one_line_error(runner.invoke(app, ["reproduce", *arguments]), fragment)
+
+
 def test_profile_then_search_with_measured_costs(tmp_path):
     profile = tmp_path / "tiny.json"
     made = runner.invoke(app, ["profile", "tiny_cnn", "--devices", "2", "--batch-per-device", "2",
@@ -123,10 +160,21 @@ def test_profile_then_search_with_measured_costs(tmp_path):
                                    "4", "--image-size", "8", "--cluster", "local", "--profile",
                                    str(profile)])
     one_line_error(mismatch, "batch 4", "layerwise profile tiny_cnn")
+    # the paper's replay on the measured profile: its model, at its device count and batch
+    replay = runner.invoke(app, ["reproduce", "optcnn", "--cluster", "local", "--profile",
+                                 str(profile), "--json"])
+    assert replay.exit_code == 0, replay.output
+    document = json.loads(replay.stdout)
+    assert document["cost_source"] == "profile" and document["batch_per_device"] == 2
+    assert {(row["model"], row["devices"]) for row in document["rows"]} == {("tiny_cnn", 2)}
+    one_line_error(runner.invoke(app, ["reproduce", "optcnn", "--cluster", "local", "--profile",
+                                       str(profile), "--batch-per-device", "4"]),
+                   "--batch-per-device 4", "profile's 2 images per device")
 
 
 def test_search_with_paradl_adds_the_oracles_cases_agreeing_on_data_parallelism():
-    result = runner.invoke(app, ["search", "vgg16", "--devices", "4", "--cluster", "p100x16",
+    # ParaDL's closed form syncs by ring all-reduce: compare on a ring cluster (its own)
+    result = runner.invoke(app, ["search", "vgg16", "--devices", "4", "--cluster", "abci",
                                  "--analytic", "--baselines", "data,paradl", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)

@@ -446,6 +446,24 @@ def test_compute_efficiency_bounds(tmp_path, value, expected):
     assert f"compute_efficiency: {expected}" in message
 
 
+@pytest.mark.parametrize(("device", "expected"), [
+    ({"multiprocessors": 0}, "device.multiprocessors: must be > 0"),
+    ({"kernel_latency": "5 parsecs"}, "device.kernel_latency: cannot read '5 parsecs'"),
+])
+def test_bad_device_model_figures(tmp_path, device, expected):
+    data = minimal()
+    data["device"] = data["device"] | device
+    assert expected in load_error(tmp_path, data)
+
+
+@pytest.mark.parametrize(("name", "sync"), [("p100x16", "parameter_server"), ("abci", "ring"),
+                                            ("h200x8", "ring"), ("k20x8", "ring")])
+def test_gpu_presets_carry_their_device_model_and_their_systems_sync(name, sync):
+    cluster = load_cluster(name)
+    assert cluster.device.multiprocessors and cluster.device.kernel_latency == 5e-6
+    assert cluster.sync == sync
+
+
 def test_bad_sync(tmp_path):
     message = load_error(tmp_path, minimal() | {"sync": "allreduce"})
     assert "sync: must be 'ring', 'parameter_server' or 'bucketed'" in message

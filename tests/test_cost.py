@@ -84,7 +84,7 @@ def test_vgg16_first_fc_layer_syncs_far_more_than_a_channel_split_transfers():
 
 def test_parameter_server_moves_as_much_as_a_ring_but_takes_longer():
     graph = build_graph("vgg16", batch=128)
-    ring = model_for(graph, 4)
+    ring = model_for(graph, 4, CLUSTER.model_copy(update={"sync": "ring"}))
     server = model_for(graph, 4, CLUSTER.model_copy(update={"sync": "parameter_server"}))
     fc = graph.by_name["classifier_3"]
     config = [P("n4c1h1w1@0-3")]
@@ -115,7 +115,8 @@ def test_bucketed_sync_pays_one_ring_latency_per_bucket_of_a_group(model, bucket
     channel_split = {name: P("n1c2h1w1@0-1") if layer.param_count else config
                      for (name, config), layer in zip(data.items(), graph.layers, strict=True)}
     assert cost.evaluate(channel_split).sync_seconds == 0  # sharded weights: no bucket
-    ring = model_for(graph, 2).evaluate(data).sync_seconds  # a latency per layer
+    ring = model_for(graph, 2, CLUSTER.model_copy(update={"sync": "ring"})).evaluate(
+        data).sync_seconds  # a latency per layer
     assert ring == pytest.approx(2 * len(weights) * link.allreduce_latency + per_layer)
 
 
@@ -302,9 +303,12 @@ def test_int64_element_counts_give_the_same_matrices(monkeypatch):
         assert np.array_equal(s32, s64) and np.array_equal(b32, b64)
 
 
-def test_analytic_compute_scales_with_the_tile():
+def test_roofline_compute_scales_with_the_tile():
+    """Without SM figures (a CPU, a calibrated cluster) t_c is the roofline: in proportion
+    to the tile."""
     graph = build_graph("vgg16", batch=64)
-    cost = model_for(graph, 4)
+    device = CLUSTER.device.model_copy(update={"multiprocessors": None, "kernel_latency": None})
+    cost = model_for(graph, 4, CLUSTER.model_copy(update={"device": device}))
     conv = graph.by_name["features_2"]
     configs = [P("n1c1h1w1@0"), P("n2c1h1w1@0-1"), P("n4c1h1w1@0-3")]
     whole, half, quarter = cost.pass_seconds(conv, configs)

@@ -3,7 +3,7 @@
     layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
     layerwise search inception_v3 --devices 16 --cluster p100x16 --analytic --json
     layerwise search resnet18 --devices 4 --cluster local --image-size 32 --save s.json
-    layerwise reproduce optcnn
+    layerwise reproduce optcnn --cluster h200x8 --batch-per-device 64
     layerwise reproduce owt
 """
 
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     from strategies.strategy import Strategy
 
 SEARCH_SCHEMA_VERSION = 1
-PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
-PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
-PAPER_DEVICES = (1, 2, 4, 8, 16)
 PARADL = "paradl"  # the --baselines entry that adds the ParaDL oracle's cases
 
 
@@ -187,6 +184,18 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def reproduce(
         experiment: Annotated[str, typer.Argument(help="Which paper: optcnn or owt.")],
+        cluster: Annotated[
+            str | None, typer.Option(help="optcnn: cluster preset name or YAML path "
+                                          "(default p100x16, the paper's testbed).")
+        ] = None,
+        profile: Annotated[
+            Path | None, typer.Option(help="optcnn: t_c from this profile (its model, at the "
+                                           "device count and batch it was measured for).")
+        ] = None,
+        batch_per_device: Annotated[
+            int | None, typer.Option(help="optcnn: images per device (default "
+                                          f"{DEFAULT_BATCH_PER_DEVICE}, the paper's).")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Replay a paper's experiment in simulation (optcnn: Jia et al., ICML 2018, Fig. 7;
@@ -194,40 +203,18 @@ def register(app: typer.Typer) -> None:
         from strategies.errors import LayerwiseError
 
         if experiment == "owt":
+            if cluster is not None or profile is not None or batch_per_device is not None:
+                raise LayerwiseError("--cluster, --profile and --batch-per-device apply to "
+                                     "optcnn; owt replays Krizhevsky's own k20x8 setup")
             from flows.cli.reproduce_owt import reproduce_owt
 
             reproduce_owt(as_json)
             return
         if experiment != "optcnn":
             raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn, owt")
-        rows = []
-        vgg_strategy = None
-        with _status("replaying", as_json) as status:
-            for model in PAPER_MODELS:
-                for devices in PAPER_DEVICES:
-                    if status is not None:
-                        status.update(f"replaying {model} on {devices} GPUs")
-                    document = plan(
-                        model, devices, "p100x16", batch_per_device=DEFAULT_BATCH_PER_DEVICE,
-                        image_size=None, classes=None, in_channels=None, profile=None,
-                        analytic=True, baselines=["data", "model", "owt"], placement="origin",
-                    ).document()
-                    for name in PAPER_STRATEGIES:
-                        entry = document["strategies"][name]
-                        rows.append({
-                            "model": model, "devices": devices, "strategy": name,
-                            "images_per_second": entry["samples_per_second"],
-                            "gb_per_step": (entry["transfer_bytes"] + entry["sync_bytes"]) / 1e9,
-                            "step_seconds": entry["step_seconds"],
-                        })
-                    if model == "vgg16" and devices == 4:
-                        vgg_strategy = document["strategies"]["layerwise"]["layers"]
-        if as_json:
-            print_json({"schema_version": 1, "experiment": "optcnn", "cluster": "p100x16",
-                        "batch_per_device": DEFAULT_BATCH_PER_DEVICE, "cost_source": "analytic",
-                        "rows": rows, "vgg16_4_gpus_layerwise": vgg_strategy})
-            return
-        _print_reproduction(rows, vgg_strategy or [])
+        from flows.cli.reproduce_optcnn import reproduce_optcnn
+
+        reproduce_optcnn(cluster or "p100x16", profile, batch_per_device, as_json)
 
 
 def _status(message: str, quiet: bool) -> contextlib.AbstractContextManager[Any]:
@@ -310,28 +297,3 @@ def _paradl_table(cases: tuple[OracleCase, ...]) -> Table:
         table.add_row(case.strategy, ms(case.epoch_seconds), ms(case.compute_seconds),
                       ms(case.communication_seconds), memory, label)
     return table
-
-
-def _print_reproduction(rows: list[dict[str, Any]], vgg_strategy: list[dict[str, str]]) -> None:
-    console.print("Jia et al. 2018 in simulation: p100x16, 32 images per GPU, analytic t_c")
-    for metric, title, fmt in (
-        ("images_per_second", "predicted training throughput (images/s)", "{:,.0f}"),
-        ("gb_per_step", "data moved per step (GB, transfer + sync)", "{:.3f}"),
-    ):
-        table = Table(title=title, title_justify="left")
-        table.add_column("model")
-        table.add_column("strategy")
-        for devices in PAPER_DEVICES:
-            table.add_column(f"{devices} GPU" + ("s" if devices > 1 else ""), justify="right")
-        for model in PAPER_MODELS:
-            for strategy in PAPER_STRATEGIES:
-                values = [fmt.format(r[metric]) for r in rows
-                          if r["model"] == model and r["strategy"] == strategy]
-                table.add_row(model, strategy, *values)
-        console.print(table)
-    strategy_table = Table(title="layer-wise strategy for VGG-16 on 4 GPUs", title_justify="left")
-    strategy_table.add_column("layer")
-    strategy_table.add_column("config")
-    for choice in vgg_strategy:
-        strategy_table.add_row(choice["name"], choice["config"])
-    console.print(strategy_table)

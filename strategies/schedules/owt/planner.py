@@ -47,6 +47,7 @@ from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
 from strategies.schedules.owt.execution import OwtExecution
 from strategies.space import ParallelConfig
 from strategies.strategy import Strategy
+from strategies.tiles import TileWork
 
 Scheme = Literal["a", "b", "c"]
 
@@ -183,10 +184,11 @@ def _seconds(seconds: Callable[[Layer, list[ParallelConfig]], np.ndarray], graph
 def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
     """Predicted step of an OWT scheme on `cost`'s graph and devices.
 
-    - compute: Eq. 1's t_c of the OWT configs. The K passes of b rows (b, c) are taken to cost
-      what one pass of B rows costs (the FC tiles scale with their rows); the variable batch
-      adds K-1 FC weight updates per step (the cost model's update of the worker's FC shards,
-      measured or memory-bound).
+    - compute: Eq. 1's t_c of the OWT configs. The K passes of b rows (b, c) each cost the FC
+      tile of b rows on an analytic device (small GEMMs leave the device's SMs idle: the
+      device model's waves); a profile measured the B-row tiles, so there one pass of B rows
+      stands for the K passes. The variable batch adds K-1 FC weight updates per step (the
+      cost model's update of the worker's FC shards, measured or memory-bound).
     - transfer: h, one pass's hand-off forward and backward over the slowest link among the K
       devices. a: h, exposed. b, c: the next pass's hand-off runs during this pass's FC compute
       f, so only the first is exposed in full: h + (K-1) max(0, h - f), Krizhevsky's (K-1)/K
@@ -205,15 +207,21 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
     per_worker = graph.batch // workers
     features = graph.by_name[split.flatten].output_shape[1]
     fc_seconds = _seconds(cost.pass_seconds, graph, split.channels, assignment)
+    fc_passes_seconds = fc_seconds
+    if passes > 1 and not cost.compute.by_layer_name:
+        fc_passes_seconds = passes * sum(
+            cost.compute.tile_seconds(graph.by_name[name],
+                                      _pass_tile(graph.by_name[name], per_worker, workers))
+            for name in split.channels)
     handoff = _handoff_seconds(scheme, link, workers, per_worker, features)
     rows = graph.batch // passes
     between_fc = sum(
         2 * _all_gather_seconds(link, workers,
                                 rows * -(-graph.by_name[name].output_shape[1] // workers))
         for name in split.channels[:-1])
-    transfer = (handoff + (passes - 1) * max(0.0, handoff - fc_seconds / passes)
+    transfer = (handoff + (passes - 1) * max(0.0, handoff - fc_passes_seconds / passes)
                 + passes * between_fc)
-    compute = equation_1.compute_seconds
+    compute = equation_1.compute_seconds - fc_seconds + fc_passes_seconds
     if variable_batch:
         compute += (passes - 1) * _seconds(cost.update_seconds, graph, split.channels,
                                            assignment)
@@ -221,6 +229,14 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
     return Breakdown(step_seconds=compute + transfer + sync, compute_seconds=compute,
                      transfer_seconds=transfer, sync_seconds=sync,
                      transfer_bytes=equation_1.transfer_bytes, sync_bytes=equation_1.sync_bytes)
+
+
+def _pass_tile(layer: Layer, rows: int, workers: int) -> TileWork:
+    """One worker's tile of an FC layer in one pass of `rows` rows: its 1/K of the neurons."""
+    features = layer.output_shape[1]
+    shard = -(-features // workers)
+    return TileWork(output_shape=(rows, shard), input_shapes=((rows, layer.input_shapes[0][1]),),
+                    param_elements=layer.param_count * shard // features)
 
 
 def _sync_seconds(cost: CostModel, split: OwtSplit, link: Link | None) -> float:
