@@ -118,14 +118,12 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
 
 
 def paradl_step_cases(cost: CostModel, batch_per_device: int) -> tuple[OracleCase, ...]:
-    """ParaDL's analytic cases for one step (an epoch of one global batch) on the same
-    devices, cluster and t_c as the search."""
-    from strategies.oracle import STRATEGIES, oracle, summary_from_graph
+    """ParaDL's analytic cases for one step of the search's global batch on the same devices,
+    cluster and t_c as the search: every strategy at that batch (oracle.step_cases)."""
+    from strategies.oracle import step_cases, summary_from_graph
 
-    report = oracle(summary_from_graph(cost.graph, cost.compute), cost.cluster, [cost.devices],
-                    STRATEGIES, samples_per_pe=batch_per_device,
-                    dataset_size=batch_per_device * cost.devices)
-    return report.cases
+    return step_cases(summary_from_graph(cost.graph, cost.compute), cost.cluster,
+                      cost.devices, batch_per_device)
 
 
 def register(app: typer.Typer) -> None:
