@@ -585,6 +585,11 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
     finally:
         model.train(was_training)
 
+    _refuse_shared_modules(gm)
+    for node in gm.graph.nodes:  # before shapes: torch would warn of what is refused here
+        if node.op == "call_module" and isinstance(
+                conv := gm.get_submodule(str(node.target)), nn.Conv2d):
+            _conv_padding(node, conv)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     # Meta tensors carry shapes only, so a meta module propagates as is (about 3x faster);
     # a real module runs on fake copies so its BatchNorm statistics stay untouched.
@@ -651,7 +656,6 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
     raw_layers: list[_Raw] = []
     output_nodes: list[str] = []
     shape_queries: set[str] = set()
-    _refuse_shared_modules(gm)
     for node in gm.graph.nodes:
         if node.op == "output":
             output_nodes = [s.name for s in _tensor_inputs(node)]
