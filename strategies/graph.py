@@ -6,10 +6,17 @@ layer with its kind, output shape, parameter shapes, forward FLOPs and, for conv
 geometry the cost model and the halo exchange need.
 
 Fusion (Jia et al. 2018 treat these as part of the layer that produces their input): an
-elementwise op with one input (BatchNorm, ReLU and other activations, Dropout, Identity, scalar
-arithmetic) is fused into its producer when that producer has no other consumer and is not the
-network input. Fused ops keep their names and order in `Layer.fused`; the producer's output
-shape does not change. Everything else (conv, linear, pool, add, concat, flatten) is a layer.
+elementwise op with one input (BatchNorm, GroupNorm, ReLU and other activations, Dropout,
+Identity, scalar arithmetic) is fused into its producer when that producer has no other consumer
+and is not the network input. Fused ops keep their names and order in `Layer.fused`; the
+producer's output shape does not change. Everything else (conv, linear, pool, the mean over h
+and w, add, concat, flatten) is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`)
+is none, but runs with the layer that reads it (`Layer.reads`).
+
+Some ops hold their layer to fewer dims than its shape allows (`Layer.split_dims`, with the
+reason): GroupNorm's statistics span channels and the plane, a reflect/replicate/circular
+padding copies the plane's own rows. A module with weights called twice (shared weights) is
+refused here, so that every command refuses it before anything is priced or launched.
 """
 
 from __future__ import annotations
@@ -128,9 +135,9 @@ class Layer(BaseModel):
     geometry: Geometry | None = None
     concat_dim: int | None = None
     fused: tuple[FusedOp, ...] = ()
-    split_dims: tuple[str, ...] | None = None
-    held_reason: str = ""
-    reads: tuple[str, ...] = ()
+    split_dims: tuple[str, ...] | None = None  # None: every dim its shape has (space.py)
+    held_reason: str = ""  # why its ops keep it to split_dims
+    reads: tuple[str, ...] = ()  # fx nodes of the size queries its op reads
 
     @property
     def param_count(self) -> int:
