@@ -6,17 +6,17 @@ layer with its kind, output shape, parameter shapes, forward FLOPs and, for conv
 geometry the cost model and the halo exchange need.
 
 Fusion (Jia et al. 2018 treat these as part of the layer that produces their input): an
-elementwise op with one input (BatchNorm, GroupNorm, ReLU and other activations, Dropout,
+elementwise op with one input (BatchNorm, GroupNorm, LayerNorm, ReLU and other activations, Dropout,
 Identity, scalar arithmetic) is fused into its producer when that producer has no other consumer
 and is not the network input. Fused ops keep their names and order in `Layer.fused`; the
 producer's output shape does not change. Everything else (conv, linear, pool, the mean over h
 and w, add, concat, flatten) is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`)
 is none, but runs with the layer that reads it (`Layer.reads`).
 
-Some ops hold their layer to fewer dims than its shape allows (`Layer.split_dims`, with the
-reason): GroupNorm's statistics span channels and the plane, a reflect/replicate/circular
-padding copies the plane's own rows. A module with weights called twice (shared weights) is
-refused here, so that every command refuses it before anything is priced or launched.
+Some ops hold their layer to fewer dims than its shape allows (`Layer.split_dims`, with the reason):
+GroupNorm's and LayerNorm's statistics span channels and the plane, a reflect/replicate/circular
+padding copies the plane's own rows. A module with weights called twice (shared weights) is refused
+here, so that every command refuses it before anything is priced or launched.
 """
 
 from __future__ import annotations
@@ -381,6 +381,9 @@ class _Builder:
             return raw
         if isinstance(module, nn.GroupNorm):
             return self._group_norm(common, op, target, params, module.num_groups)
+        if isinstance(module, nn.LayerNorm):
+            return self._layer_norm(node, common, op, target, params,
+                                    tuple(module.normalized_shape))
         if isinstance(module, nn.Linear):
             flops = 2 * out * module.in_features + (out if module.bias is not None else 0)
             return _Raw(kind="linear", op=op, target=target, param_shapes=params, flops=flops,
@@ -505,6 +508,21 @@ class _Builder:
                  "and the whole h/w plane, so c, h and w stay whole")
         return raw
 
+    def _layer_norm(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
+                    params: dict[str, tuple[int, ...]], normalized: tuple[int, ...]) -> _Raw:
+        """LayerNorm over every value of a sample (after a conv, normalized_shape = (C, H, W);
+        after a linear layer, (F,)): like GroupNorm(1, C), only a sample split."""
+        if normalized != tuple(common["output_shape"][1:]):
+            raise self._unsupported(node, f"LayerNorm over {list(normalized)} of "
+                                    f"{common['output_shape']} (only over every dim after "
+                                    "the batch)")
+        raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                   flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
+                   **common)
+        raw.hold(("n",), "LayerNorm takes its statistics over every value of a sample, so only "
+                 "n splits")
+        return raw
+
     def _binary_or_scalar(self, node: fx.Node, common: dict[str, Any], op: str,
                           target: str) -> _Raw:
         out = _numel(common["output_shape"])
@@ -522,7 +540,8 @@ class _Builder:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
-            "Conv2d, Linear, pooling, BatchNorm, GroupNorm, activations, dropout, add, cat, "
+            "Conv2d, Linear, pooling, BatchNorm, GroupNorm, LayerNorm, activations, dropout, "
+            "add, cat, "
             "flatten and the mean over h and w"
         )
 

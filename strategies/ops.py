@@ -343,6 +343,12 @@ def group_norm(x: Tensor, groups: int, weight: Tensor | None, bias: Tensor | Non
     return F.group_norm(x, groups, weight, bias, eps)
 
 
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """LayerNorm over every value of each sample of a tile of whole samples (graph.py keeps
+    its layer to a sample split)."""
+    return F.layer_norm(x, x.shape[1:], weight, bias, eps)
+
+
 def dropout_mask(shape: tuple[int, ...], p: float, per_channel: bool, device: torch.device,
                  dtype: torch.dtype) -> Tensor:
     """The scaled mask torch's dropout would draw next from the global generator.

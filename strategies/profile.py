@@ -473,6 +473,9 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
         return _batch_norm(layer, tile, prefix, device)
     if op in ("GroupNorm", "group_norm"):
         return _group_norm(prefix)
+    if op == "LayerNorm":
+        return lambda x, params: ops.layer_norm(x, params.get(f"{prefix}weight"),
+                                                params.get(f"{prefix}bias"), BATCH_NORM_EPS)
     name = _MODULE_OPS.get(op, op)
     if name in _DROPOUTS:
         return _dropout(tile, _DROPOUTS[name])

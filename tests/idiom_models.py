@@ -77,6 +77,23 @@ class GroupNormNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+class LayerNormNet(nn.Module):
+    """LayerNorm over each sample's (C, H, W) after a conv and over the features after a linear
+    layer."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.LayerNorm([4, 8, 8])
+        self.hidden = nn.Linear(4 * 8 * 8, 16)
+        self.hidden_norm = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm(self.conv(x)))
+        return self.fc(F.relu(self.hidden_norm(self.hidden(torch.flatten(x, 1)))))
+
+
 class PaddingModes(nn.Module):
     """Convolutions padded by reflection, replication and wrapping around."""
 
@@ -119,16 +136,19 @@ class Idioms(nn.Module):
         self.replicate = nn.Conv2d(8, 8, 3, padding=1, padding_mode="replicate")
         self.circular = nn.Conv2d(8, 8, 3, padding=1, padding_mode="circular")
         self.plain = nn.Conv2d(8, 8, 3, padding=1)
+        self.sample_norm = nn.LayerNorm([8, 8, 8])
         self.valid = nn.Conv2d(8, 8, 3, padding="valid")
         self.layer_norm = nn.GroupNorm(1, 8)
+        self.head_norm = nn.LayerNorm(8)
         self.fc = nn.Linear(8, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.dilated(F.relu(self.norm(self.same(x))))  # held n, then any split
-        x = self.plain(self.circular(self.replicate(self.reflect(x))))  # held n, c
-        x = F.relu(self.layer_norm(self.valid(x)))
+        x = self.circular(self.replicate(self.reflect(x)))  # held n, c
+        x = F.relu(self.layer_norm(self.valid(self.sample_norm(self.plain(x)))))
         pooled = x.mean((2, 3)) + x.mean(dim=[2, 3], keepdim=True).view(x.size(0), -1)
-        return self.fc(pooled + F.adaptive_avg_pool2d(x, 1).reshape(x.shape[0], -1))
+        pooled = pooled + F.adaptive_avg_pool2d(x, 1).reshape(x.shape[0], -1)
+        return self.fc(self.head_norm(pooled))
 
 
 class EvenSame(nn.Module):

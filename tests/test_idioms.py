@@ -1,10 +1,10 @@
 """Models written the way users write them (tests/idiom_models.py): padding="same" and
 "valid", reflect/replicate/circular padding, x.view(x.size(0), -1), the mean over h and w,
-GroupNorm. Each traces with its own parameter count and the dims its ops allow; all of them in
-one network train equal to one process in float64 on 2 and 4 processes under every strategy
+GroupNorm, LayerNorm. Each traces with its own parameter count and the dims its ops allow; all of
+them in one network train equal to one process in float64 on 2 and 4 processes under every strategy
 that applies (one torchrun launch per process count). A strategy file is priced afresh before
-launch. The refusals (shared weights, an even kernel with padding="same", strategy files that
-do not fit the run) are rows of tests/test_bad_input.py.
+launch. The refusals (shared weights, an even kernel with padding="same", strategy files that do not
+fit the run) are rows of tests/test_bad_input.py.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ DIMS = {
     "ReshapeFlatten": ["nchw", "nchw", "n", "nc"],
     "MeanPool": ["nchw", "nchw", "nchw", "nc", "n", "nc", "nc"],
     "GroupNormNet": ["nchw", "n", "n", "nchw", "n", "nc"],
+    "LayerNormNet": ["nchw", "n", "n", "n", "nc"],
     "PaddingModes": ["nchw", "nc", "nc", "nc", "nc", "nc"],
 }
 
@@ -56,7 +57,7 @@ def test_graph_says_which_layers_are_held_whole_and_why() -> None:
     result = runner.invoke(app, ["graph", "tests.idiom_models:Idioms", "--image-size", "8"])
     assert result.exit_code == 0, result.output
     held = [line for line in result.stdout.replace("\n", " ").split("held: ")[1:]]
-    assert len(held) == 5
+    assert len(held) == 7
     assert "layer 'same' (Conv2d+GroupNorm+relu) splits only along n: GroupNorm(2)" in held[0]
     assert "splits only along n, c: circular padding" in " ".join(held)
 

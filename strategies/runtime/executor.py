@@ -208,12 +208,13 @@ class LayerwiseModel(ShardedModel):
         module = self._submodules.get(node.name)
         if isinstance(module, _BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))
-        if isinstance(module, nn.GroupNorm):  # its weights are this rank's shards
+        if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
             shards = state.modules.get(str(node.target), {})
-            weight, bias = shards.get("weight"), shards.get("bias")
-            return ops.group_norm(tile, module.num_groups,
-                                  weight.tensor if weight is not None else None,
-                                  bias.tensor if bias is not None else None, module.eps)
+            weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None
+                            for key in ("weight", "bias"))
+            if isinstance(module, nn.GroupNorm):
+                return ops.group_norm(tile, module.num_groups, weight, bias, module.eps)
+            return ops.layer_norm(tile, weight, bias, module.eps)
         return ops.activation(tile, lambda x: self._call(node, module, x),
                               node.name in self._in_place)
 
