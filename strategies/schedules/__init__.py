@@ -19,8 +19,11 @@ Add a strategy
    - if the per-layer configs alone do not say how it runs: `execution.py`, an
      `ExecutionBase` subclass (strategies/execution.py) with `kind: Literal["<name>"]` and the
      schedule's options, pure pydantic; and `engine.py`, a class built from an
-     `EngineContext` that meets the `Engine` protocol (strategies/runtime/engine_base.py).
-     Without them the layer-wise executor runs its configs (`LayerwiseExecution`).
+     `EngineContext` that meets the `Engine` protocol (strategies/runtime/engine_base.py);
+     and in `planner.py`, `reprice(strategy, cost) -> Strategy`: a strategy read from a file,
+     checked as the engine will check it and priced for the run (`repriced`).
+     Without them the layer-wise executor runs its configs (`LayerwiseExecution`), priced
+     by Eq. 1.
 2. One entry in `SCHEDULES`: its names, the names inexact by design, and the paths above.
 """
 
