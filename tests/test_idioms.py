@@ -62,6 +62,14 @@ def test_graph_says_which_layers_are_held_whole_and_why() -> None:
     assert "splits only along n, c: circular padding" in " ".join(held)
 
 
+def test_train_says_which_layers_are_held_before_it_starts(tmp_path) -> None:
+    options = TrainOptions.given(nproc=2, image_size=8, batch_per_device=4)
+    with new_job("tests.idiom_models:GroupNormNet", "spatial_h", options, tmp_path / "run",
+                 analytic=True) as job:
+        assert [line.split(":")[0] for line in job.warnings] == ["held", "held"]
+        assert job.strategy.assignment()["conv1"].text == "n2c1h1w1@0-1"
+
+
 @pytest.fixture()
 def workers_import_tests(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun workers import the test models by reference, from this checkout."""
@@ -106,3 +114,16 @@ def test_a_pipeline_file_is_priced_for_the_run_not_as_saved(tmp_path) -> None:
                  analytic=True) as job:
         assert job.strategy.predicted.transfer_bytes == 2 * planned.predicted.transfer_bytes
         assert Strategy.model_validate(job.strategy.model_dump()) == job.strategy
+
+
+@pytest.mark.slow
+def test_owt_schemes_hand_off_a_view_flatten(tmp_path, workers_import_tests) -> None:
+    """OWT's engine replays the conv part node by node, x.size(0) included (Idioms has two
+    flattens, which OWT does not take)."""
+    result = runner.invoke(app, ["verify", "tests.idiom_models:ViewFlatten", "--strategy",
+                                 "owt_a,owt_b,owt_c", "--nproc", "2", "--image-size", "8",
+                                 "--steps", "2", "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    divergences = json.loads(result.stdout)["divergences"]
+    assert [d["strategy"] for d in divergences] == ["owt_a", "owt_b", "owt_c"]
+    assert all(d["exact"] is True for d in divergences), divergences

@@ -59,7 +59,8 @@ class Job:
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # node 0's HOST:PORT, for a run on several nodes
     checkpoint: Path | None = None  # the file it resumes from
-    warnings: tuple[str, ...] = ()  # what the launcher says before it starts: still correct
+    # what the launcher says before it starts (idle ranks, layers an op holds to fewer dims)
+    warnings: tuple[str, ...] = ()
 
     @property
     def out(self) -> Path:
@@ -117,7 +118,9 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
         **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
                claim=claim, checkpoint_step=None, node_rank=node_rank,
-               rdzv_endpoint=rdzv_endpoint, warnings=_idle_warning(chosen, world))
+               rdzv_endpoint=rdzv_endpoint,
+               warnings=(*_idle_warning(chosen, world),
+                         *(f"held: {note}" for note in graph.held_notes)))
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
