@@ -6,10 +6,17 @@ layer with its kind, output shape, parameter shapes, forward FLOPs and, for conv
 geometry the cost model and the halo exchange need.
 
 Fusion (Jia et al. 2018 treat these as part of the layer that produces their input): an
-elementwise op with one input (BatchNorm, ReLU and other activations, Dropout, Identity, scalar
-arithmetic) is fused into its producer when that producer has no other consumer and is not the
-network input. Fused ops keep their names and order in `Layer.fused`; the producer's output
-shape does not change. Everything else (conv, linear, pool, add, concat, flatten) is a layer.
+elementwise op with one input (BatchNorm, GroupNorm, LayerNorm, ReLU and other activations, Dropout,
+Identity, scalar arithmetic) is fused into its producer when that producer has no other consumer
+and is not the network input. Fused ops keep their names and order in `Layer.fused`; the
+producer's output shape does not change. Everything else (conv, linear, pool, the mean over h
+and w, add, concat, flatten) is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`)
+is none, but runs with the layer that reads it (`Layer.reads`).
+
+Some ops hold their layer to fewer dims than its shape allows (`Layer.split_dims`, with the reason):
+GroupNorm's and LayerNorm's statistics span channels and the plane, a reflect/replicate/circular
+padding copies the plane's own rows. A module with weights called twice (shared weights) is refused
+here, so that every command refuses it before anything is priced or launched.
 """
 
 from __future__ import annotations
@@ -128,10 +135,19 @@ class Layer(BaseModel):
     geometry: Geometry | None = None
     concat_dim: int | None = None
     fused: tuple[FusedOp, ...] = ()
+    split_dims: tuple[str, ...] | None = None  # None: every dim its shape has (space.py)
+    held_reason: str = ""  # why its ops keep it to split_dims
+    reads: tuple[str, ...] = ()  # fx nodes of the size queries its op reads
 
     @property
     def param_count(self) -> int:
         return sum(_numel(shape) for shape in self.param_shapes.values())
+
+    @property
+    def fx_nodes(self) -> tuple[str, ...]:
+        """Every fx node this layer runs, in order: the size queries its op reads (`x.size(0)`
+        of `x.view(x.size(0), -1)`), its own node, then its fused ops'."""
+        return (*self.reads, self.name, *(fused.name for fused in self.fused))
 
     @property
     def label(self) -> str:
@@ -169,6 +185,13 @@ class LayerGraph(BaseModel):
     @property
     def param_count(self) -> int:
         return sum(layer.param_count for layer in self.layers)
+
+    @property
+    def held_notes(self) -> list[str]:
+        """One line per layer whose op keeps some dims whole, saying which and why."""
+        return [f"layer '{layer.name}' ({layer.label}) splits only along "
+                f"{', '.join(layer.split_dims or ())}: {layer.held_reason}"
+                for layer in self.layers if layer.held_reason]
 
     @property
     def flops(self) -> int:
@@ -216,6 +239,25 @@ def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
     if len(value) == 1:
         return (value[0], value[0])
     return (int(value[0]), int(value[1]))
+
+
+def _conv_padding(node: fx.Node, module: nn.Conv2d) -> tuple[int, int]:
+    """A Conv2d's padding per axis: numbers as given, "valid" none, "same" half the dilated
+    kernel on each side (torch pads the odd extra row of an even kernel on one side only, which
+    a symmetric window cannot express)."""
+    if module.padding == "valid":
+        return (0, 0)
+    if module.padding == "same":
+        reach = [d * (k - 1) for d, k in zip(_pair(module.dilation), _pair(module.kernel_size),
+                                              strict=True)]
+        if any(total % 2 for total in reach):
+            raise GraphError(
+                f"layer '{node.name}' ({node.target}): padding='same' with kernel "
+                f"{module.kernel_size} and dilation {module.dilation} pads one side more than "
+                "the other; use an odd kernel or give the padding as numbers"
+            )
+        return (reach[0] // 2, reach[1] // 2)
+    return _pair(module.padding)  # type: ignore[arg-type]
 
 
 def _call_arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
@@ -273,6 +315,15 @@ class _Raw(BaseModel):
     concat_dim: int | None = None
     fused: list[FusedOp] = []
     elementwise_flops_per_element: float = 0.0
+    split_dims: tuple[str, ...] | None = None
+    held_reason: str = ""
+    reads: list[str] = []
+
+    def hold(self, dims: tuple[str, ...], reason: str) -> None:
+        """Keep the layer to `dims` (fewer when a fused op already keeps it to fewer)."""
+        self.split_dims = dims if self.split_dims is None else tuple(
+            dim for dim in self.split_dims if dim in dims)
+        self.held_reason = "; ".join(filter(None, (self.held_reason, reason)))
 
 
 class _Builder:
@@ -314,19 +365,25 @@ class _Builder:
             geometry = Geometry(
                 kernel=_pair(module.kernel_size),
                 stride=_pair(module.stride),
-                padding=_pair(module.padding),  # type: ignore[arg-type]
+                padding=_conv_padding(node, module),
                 dilation=_pair(module.dilation),
                 groups=module.groups,
             )
-            if isinstance(module.padding, str) or module.padding_mode != "zeros":
-                raise GraphError(
-                    f"layer '{node.name}' ({target}): only numeric zero padding is supported "
-                    f"(got padding={module.padding!r}, padding_mode={module.padding_mode!r})"
-                )
             macs_per_output = (module.in_channels // module.groups) * _numel(geometry.kernel)
             flops = 2 * out * macs_per_output + (out if module.bias is not None else 0)
-            return _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
-                        geometry=geometry, **common)
+            if module.padding_mode != "zeros":
+                op = f"{op}(padding_mode={module.padding_mode})"
+            raw = _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
+                       geometry=geometry, **common)
+            if module.padding_mode != "zeros" and geometry.padding != (0, 0):
+                raw.hold(("n", "c"), f"{module.padding_mode} padding copies rows and columns "
+                         "of the whole plane, so h and w stay whole")
+            return raw
+        if isinstance(module, nn.GroupNorm):
+            return self._group_norm(common, op, target, params, module.num_groups)
+        if isinstance(module, nn.LayerNorm):
+            return self._layer_norm(node, common, op, target, params,
+                                    tuple(module.normalized_shape))
         if isinstance(module, nn.Linear):
             flops = 2 * out * module.in_features + (out if module.bias is not None else 0)
             return _Raw(kind="linear", op=op, target=target, param_shapes=params, flops=flops,
@@ -377,6 +434,11 @@ class _Builder:
         if fn in _ADAPTIVE_POOL_FUNCTIONS:
             return _Raw(kind="adaptive_pool", op=_ADAPTIVE_POOL_FUNCTIONS[fn], target=name,
                         param_shapes={}, flops=_numel(common["input_shapes"][0]), **common)
+        if fn is torch.mean:
+            return self._mean(node, common, name)
+        if fn is F.group_norm:
+            return self._group_norm(common, "group_norm", name, {},
+                                    int(_call_arg(node, 1, "num_groups", 1)))
         if fn is torch.flatten:
             start = _call_arg(node, 1, "start_dim", 0)
             end = _call_arg(node, 2, "end_dim", -1)
@@ -400,6 +462,8 @@ class _Builder:
             start = _call_arg(node, 1, "start_dim", 0)
             end = _call_arg(node, 2, "end_dim", -1)
             return self._flatten(node, common, "flatten", method, start, end)
+        if method == "mean":
+            return self._mean(node, common, method)
         if method in ("view", "reshape"):
             in_shape = common["input_shapes"][0]
             out_shape = common["output_shape"]
@@ -421,6 +485,44 @@ class _Builder:
                                     "flattening every dim after the batch is supported")
         return _Raw(kind="flatten", op=op, target=target, param_shapes={}, flops=0, **common)
 
+    def _mean(self, node: fx.Node, common: dict[str, Any], target: str) -> _Raw:
+        """A mean over h and w (global average pooling written as `x.mean((2, 3))`): an
+        adaptive average pool to 1x1, keeping its (N, C, 1, 1) or (N, C) shape."""
+        dims = _call_arg(node, 1, "dim", None)
+        rank = len(common["input_shapes"][0])
+        chosen = (dims,) if isinstance(dims, int) else tuple(dims or ())
+        if rank != 4 or sorted(dim % rank for dim in chosen) != [2, 3]:
+            raise self._unsupported(node, f"mean over dims {dims} (only the mean over h and w, "
+                                    "x.mean((2, 3)), is a layer)")
+        return _Raw(kind="adaptive_pool", op="mean", target=target, param_shapes={},
+                    flops=_numel(common["input_shapes"][0]), **common)
+
+    def _group_norm(self, common: dict[str, Any], op: str, target: str,
+                    params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
+        """GroupNorm: per-sample statistics over each group's channels and the whole h/w
+        plane, so only a sample split leaves every statistic on one device."""
+        raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                   flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
+                   **common)
+        raw.hold(("n",), f"GroupNorm({groups}) takes its statistics over each group's channels "
+                 "and the whole h/w plane, so c, h and w stay whole")
+        return raw
+
+    def _layer_norm(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
+                    params: dict[str, tuple[int, ...]], normalized: tuple[int, ...]) -> _Raw:
+        """LayerNorm over every value of a sample (after a conv, normalized_shape = (C, H, W);
+        after a linear layer, (F,)): like GroupNorm(1, C), only a sample split."""
+        if normalized != tuple(common["output_shape"][1:]):
+            raise self._unsupported(node, f"LayerNorm over {list(normalized)} of "
+                                    f"{common['output_shape']} (only over every dim after "
+                                    "the batch)")
+        raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                   flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
+                   **common)
+        raw.hold(("n",), "LayerNorm takes its statistics over every value of a sample, so only "
+                 "n splits")
+        return raw
+
     def _binary_or_scalar(self, node: fx.Node, common: dict[str, Any], op: str,
                           target: str) -> _Raw:
         out = _numel(common["output_shape"])
@@ -438,7 +540,9 @@ class _Builder:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
-            "Conv2d, Linear, pooling, BatchNorm, activations, dropout, add, cat and flatten"
+            "Conv2d, Linear, pooling, BatchNorm, GroupNorm, LayerNorm, activations, dropout, "
+            "add, cat, "
+            "flatten and the mean over h and w"
         )
 
 
@@ -462,6 +566,9 @@ def _fuse(raw_layers: list[_Raw], users: dict[str, int]) -> tuple[list[_Raw], di
                             flops_per_element=layer.elementwise_flops_per_element)
                 )
                 producer.flops += layer.flops
+                producer.reads.extend(layer.reads)
+                if layer.split_dims is not None:
+                    producer.hold(layer.split_dims, layer.held_reason)
                 producer.param_shapes.update(
                     {f"{layer.target}.{key}": shape for key, shape in layer.param_shapes.items()}
                 )
@@ -504,6 +611,11 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
     finally:
         model.train(was_training)
 
+    _refuse_shared_modules(gm)
+    for node in gm.graph.nodes:  # before shapes: torch would warn of what is refused here
+        if node.op == "call_module" and isinstance(
+                conv := gm.get_submodule(str(node.target)), nn.Conv2d):
+            _conv_padding(node, conv)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     # Meta tensors carry shapes only, so a meta module propagates as is (about 3x faster);
     # a real module runs on fake copies so its BatchNorm statistics stay untouched.
@@ -521,10 +633,55 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
     return _build(gm, tuple(input_shape), label)
 
 
+def _is_shape_query(node: fx.Node, shape_queries: set[str]) -> bool:
+    """Whether `node` reads a tensor's sizes (`x.size(0)`, `x.shape[0]`, `x.dim()`) rather
+    than computing a tensor: such a node is an argument of a reshape, not a layer."""
+    if node.op == "call_method" and node.target in ("size", "dim"):
+        return True
+    if node.op == "call_function" and node.target is getattr:
+        return node.args[1] == "shape"
+    if node.op == "call_function" and node.target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, fx.Node) and source.name in shape_queries
+    return False
+
+
+def _shape_reads(node: fx.Node, shape_queries: set[str]) -> list[str]:
+    """The size queries `node` reads, directly or through others (x.size(0), then [0])."""
+    found: list[str] = []
+    pending = list(node.all_input_nodes)
+    while pending:
+        source = pending.pop()
+        if source.name in shape_queries and source.name not in found:
+            found.insert(0, source.name)
+            pending.extend(source.all_input_nodes)
+    return found
+
+
+def _refuse_shared_modules(gm: fx.GraphModule) -> None:
+    """A module with weights called twice shares them between two layers, which per-layer
+    splits and per-layer weight shards cannot express: refuse it before anything is priced."""
+    calls: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls.setdefault(str(node.target), []).append(node.name)
+    for target, names in calls.items():
+        module = gm.get_submodule(target)
+        stateful = next(module.parameters(recurse=False), None) is not None or next(
+            module.buffers(recurse=False), None) is not None
+        if len(names) > 1 and stateful:
+            raise GraphError(
+                f"module '{target}' ({type(module).__name__}) is called {len(names)} times "
+                f"(fx nodes {', '.join(names)}): shared weights are not supported, since each "
+                "layer is split and holds its weights on its own; give each call its own module"
+            )
+
+
 def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> LayerGraph:
     builder = _Builder(gm)
     raw_layers: list[_Raw] = []
     output_nodes: list[str] = []
+    shape_queries: set[str] = set()
     for node in gm.graph.nodes:
         if node.op == "output":
             output_nodes = [s.name for s in _tensor_inputs(node)]
@@ -532,8 +689,13 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
         if node.op == "get_attr":
             raise builder._unsupported(node, f"direct use of parameter or buffer {node.target}")
         if "tensor_meta" not in node.meta:
+            if _is_shape_query(node, shape_queries):
+                shape_queries.add(node.name)  # x.size(0) in x.view(x.size(0), -1): no layer
+                continue
             raise builder._unsupported(node)
-        raw_layers.append(builder.layer_for(node))
+        raw = builder.layer_for(node)
+        raw.reads = _shape_reads(node, shape_queries)
+        raw_layers.append(raw)
     users = {layer.name: 0 for layer in raw_layers}
     for layer in raw_layers:
         for source in dict.fromkeys(layer.inputs):
@@ -547,6 +709,7 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             inputs=tuple(raw.inputs), input_shapes=tuple(raw.input_shapes),
             output_shape=raw.output_shape, param_shapes=raw.param_shapes, flops=raw.flops,
             geometry=raw.geometry, concat_dim=raw.concat_dim, fused=tuple(raw.fused),
+            split_dims=raw.split_dims, held_reason=raw.held_reason, reads=tuple(raw.reads),
         )
         for raw in kept
     )

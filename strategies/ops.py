@@ -85,14 +85,16 @@ def _whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Ge
 
 def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
          bias: Tensor | None, geometry: Geometry, out_channels_total: int,
-         in_channel_start: int) -> Tensor:
+         in_channel_start: int, padding_mode: str = "zeros") -> Tensor:
     """Output channels out_box[1] = [c0, c1) over out_box's rows/cols of a zero-padded conv2d.
 
     x is the needed input box; its first channel is global input channel `in_channel_start`
     (0 for groups == 1, where it holds every input channel). weight and bias are the shard of
     output channels [c0, c1). A shard whose ends fall on group boundaries is one grouped conv;
     one that cuts a group is convolved group by group, each part with its group's input
-    channels, because conv2d's `groups` assumes every group is whole.
+    channels, because conv2d's `groups` assumes every group is whole. A reflect, replicate or
+    circular padding copies the plane's own rows, so such a layer keeps h and w whole
+    (graph.py) and its tile pads the whole plane as nn.Conv2d does.
     """
     per_group_out = out_channels_total // geometry.groups
     per_group_in = weight.shape[1]
@@ -102,7 +104,10 @@ def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
     width = (last_group - first_group + 1) * per_group_in
     if offset or width != x.shape[1]:  # a slice is an autograd node: only when it cuts
         x = x[:, offset:offset + width]
-    if _whole_rows_and_cols(out_box, in_size_hw, geometry):
+    if padding_mode != "zeros":
+        rows, cols = geometry.padding
+        padded, padding = F.pad(x, (cols, cols, rows, rows), mode=padding_mode), (0, 0)
+    elif _whole_rows_and_cols(out_box, in_size_hw, geometry):
         padded, padding = x, geometry.padding  # conv2d pads the global border itself
     else:
         padded, padding = _pad_borders(x, out_box, in_size_hw, geometry, 0.0), (0, 0)
@@ -204,6 +209,14 @@ def adaptive_pool(x: Tensor, out_box: Box, in_size_hw: tuple[int, int],
         return pool(x, out_size_hw)
     cols = _adaptive_axis(x, 3, out_box[3], in_size_hw[1], out_size_hw[1], mode)
     return _adaptive_axis(cols, 2, out_box[2], in_size_hw[0], out_size_hw[0], mode)
+
+
+def conv_padding_mode(op: str) -> str:
+    """A conv layer's padding mode, which graph.py writes into its op name unless zeros."""
+    for mode in ("reflect", "replicate", "circular"):
+        if f"padding_mode={mode}" in op:
+            return mode
+    return "zeros"
 
 
 def pool_mode(op: str) -> PoolMode:
@@ -323,6 +336,19 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
                            reduce)
 
 
+def group_norm(x: Tensor, groups: int, weight: Tensor | None, bias: Tensor | None,
+               eps: float) -> Tensor:
+    """GroupNorm of a tile of whole samples (graph.py keeps its layer's c, h and w whole, so
+    each sample's statistics are the tile's own)."""
+    return F.group_norm(x, groups, weight, bias, eps)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """LayerNorm over every value of each sample of a tile of whole samples (graph.py keeps
+    its layer to a sample split)."""
+    return F.layer_norm(x, x.shape[1:], weight, bias, eps)
+
+
 def dropout_mask(shape: tuple[int, ...], p: float, per_channel: bool, device: torch.device,
                  dtype: torch.dtype) -> Tensor:
     """The scaled mask torch's dropout would draw next from the global generator.
@@ -369,7 +395,8 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
         assert weight is not None and layer.geometry is not None
         in_channel_start = needed_range(layer, 0, 1, box[1])[0]
         return conv(first, box, as_4d(layer.input_shapes[0])[2:], weight, bias, layer.geometry,
-                    as_4d(layer.output_shape)[1], in_channel_start)
+                    as_4d(layer.output_shape)[1], in_channel_start,
+                    conv_padding_mode(layer.op))
     if kind == "linear":
         assert weight is not None
         return linear(first, weight, bias)
@@ -378,8 +405,10 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
         return pool(first, box, as_4d(layer.input_shapes[0])[2:], layer.geometry,
                     pool_mode(layer.op), count_include_pad)
     if kind == "adaptive_pool":
-        return adaptive_pool(first, box, as_4d(layer.input_shapes[0])[2:],
-                             as_4d(layer.output_shape)[2:], pool_mode(layer.op))
+        pooled = adaptive_pool(first, box, as_4d(layer.input_shapes[0])[2:],
+                               as_4d(layer.output_shape)[2:], pool_mode(layer.op))
+        # x.mean((2, 3)) without keepdim: the (N, C) of a 1x1 pool
+        return pooled.flatten(1) if len(layer.output_shape) == 2 else pooled
     if kind == "flatten":
         return flatten(first)
     if kind == "add":

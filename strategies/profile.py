@@ -415,6 +415,17 @@ def _batch_norm(layer: Layer, tile: TileWork, prefix: str,
     return apply
 
 
+def _group_norm(prefix: str) -> Elementwise:
+    """GroupNorm of the tile (`ops.group_norm`), timed with one group: its statistics are one
+    pass over each sample's tile however its channels are grouped (the layer graph keeps no
+    group count, and any count divides the channels only if one does)."""
+    def apply(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return ops.group_norm(x, 1, params.get(f"{prefix}weight"), params.get(f"{prefix}bias"),
+                              BATCH_NORM_EPS)
+
+    return apply
+
+
 def _dropout(tile: TileWork, per_channel: bool) -> Elementwise:
     """Dropout of the tile (`ops.dropout`) with its mask drawn as it runs (`ops.dropout_mask`):
     a step draws every mask, so the draw is timed with the op."""
@@ -461,6 +472,11 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
     "target." for a fused one)."""
     if op in ("BatchNorm1d", "BatchNorm2d"):
         return _batch_norm(layer, tile, prefix, device)
+    if op in ("GroupNorm", "group_norm"):
+        return _group_norm(prefix)
+    if op == "LayerNorm":
+        return lambda x, params: ops.layer_norm(x, params.get(f"{prefix}weight"),
+                                                params.get(f"{prefix}bias"), BATCH_NORM_EPS)
     name = _MODULE_OPS.get(op, op)
     if name in _DROPOUTS:
         return _dropout(tile, _DROPOUTS[name])

@@ -137,7 +137,14 @@ def tile_range(size: int, degree: int, index: int) -> tuple[int, int]:
 
 
 def parallel_dims(layer: Layer) -> tuple[str, ...]:
-    """The dimensions a layer's output may be split along (Jia et al. 2018, Table 1)."""
+    """The dimensions a layer's output may be split along (Jia et al. 2018, Table 1), less
+    those its op holds whole (`Layer.split_dims`: GroupNorm, reflect padding)."""
+    if layer.split_dims is not None:
+        return tuple(dim for dim in _shape_dims(layer) if dim in layer.split_dims)
+    return _shape_dims(layer)
+
+
+def _shape_dims(layer: Layer) -> tuple[str, ...]:
     if layer.kind == "flatten":
         return ("n",)
     if len(layer.output_shape) == 2:

@@ -23,14 +23,18 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.cli.run import embedded_environment
 from strategies.cluster import load_cluster
+from strategies.graph import build_graph
+from strategies.jobs.costing import cost_model
 from strategies.jobs.job import new_job
 from strategies.jobs.launch import write_run_folder
+from strategies.jobs.named_strategies import strategy_by_name
 from strategies.jobs.options import TrainOptions
 from strategies.jobs.run_folder import LOCK_FILE
 from strategies.models import build_model
 from strategies.runtime.checkpoint import CHECKPOINT_NAME, SCHEMA_VERSION, sealed
 from strategies.runtime.engine_base import MODEL_STATE_KEY
 from strategies.runtime.worker import SETTINGS_FILE
+from strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
 from tasks import data as prepare_data
 
 DEEP = 100_000
@@ -46,6 +50,7 @@ INLINE_BOMB = "[" + ", ".join(  # the same bomb as one YAML flow value
        for below, this in zip(_LEVELS, _LEVELS[1:], strict=False)]) + "]"
 TRAIN = ("train", "tiny_cnn", "--strategy", "data", "--nproc", "1")
 SEARCH = ("search", "tiny_cnn", "--devices", "2", "--analytic")
+TRAIN_8 = ("train", "tiny_cnn", "--image-size", "8", "--batch-per-device", "8")
 
 
 class Payload:
@@ -83,6 +88,21 @@ def _run_folder(root: Path, name: str, checkpoint: bytes | None) -> None:
         write_run_folder(job)
         if checkpoint is not None:
             (job.out / CHECKPOINT_NAME).write_bytes(checkpoint)
+
+
+def _strategy_files(root: Path) -> None:
+    """Scheduled strategies for tiny_cnn planned on 2 processes, and pipelines edited by hand."""
+    graph = build_graph("tiny_cnn", batch=16, image_size=8)
+    cost = cost_model(graph, "local", 2, None, True)
+    for name in ("owt_a", "local"):
+        strategy_by_name(name, cost).save(root / f"{name}-2.json")
+    pipeline = plan_strategy(optimal_pipeline(cost, stages=2, micro_batches=2), graph)
+    for name, update in {"micro-3": {"micro_batches": 3},
+                         "swapped": {"stages": tuple(
+                             stage.model_copy(update={"devices": (1 - index,)})
+                             for index, stage in enumerate(pipeline.execution.stages))}}.items():
+        execution = pipeline.execution.model_copy(update=update)
+        pipeline.model_copy(update={"execution": execution}).save(root / f"pipeline-{name}.json")
 
 
 def _checkpoint(payload: object) -> bytes:
@@ -140,6 +160,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for name, tensor in build_model("tiny_cnn", image_size=8).state_dict().items()}}})),
     }.items():
         _run_folder(root, f"ckpt-{name}", checkpoint)
+    _strategy_files(root)
     _run_folder(root, "deep-settings", None)
     (root / "runs" / "deep-settings" / SETTINGS_FILE).write_text(_nested(DEEP))
     assert len(BOMB.encode()) < 400 and load_cluster("local")  # the bomb is a small file
@@ -215,6 +236,23 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("tasks.data", "--params", "params-list.yaml"), "the top level must be a mapping"),
     (("tasks.data", "--params", "params-huge.yaml"),
      "1,797 images at 100000x100000 would need at least 65.4 TiB of memory"),
+    # a module called twice shares its weights between layers: refused by every command
+    (("graph", "tests.idiom_models:SharedConv"), "module 'shared' (Conv2d) is called 2 times"),
+    (("search", "tests.idiom_models:SharedConv", "--devices", "2", "--cluster", "local",
+      "--analytic"),
+     "shared weights are not supported"),
+    (("train", "tests.idiom_models:SharedConv", "--strategy", "data", "--nproc", "1"),
+     "give each call its own module"),
+    (("graph", "tests.idiom_models:EvenSame"), "padding='same' with kernel (2, 2)"),
+    # strategy files checked against the run and priced before any process starts
+    ((*TRAIN_8, "--strategy", "owt_a-2.json", "--nproc", "4"),
+     "strategy 'owt_a' (OWT scheme a (all-gather), fixed batch) was planned for 2 processes, "
+     "not 4"),
+    ((*TRAIN_8, "--strategy", "local-2.json", "--nproc", "4"), "was planned for 2 processes"),
+    ((*TRAIN_8, "--strategy", "pipeline-micro-3.json", "--nproc", "2"),
+     "3 micro-batches do not divide the global batch of 16"),
+    ((*TRAIN_8, "--strategy", "pipeline-swapped.json", "--nproc", "2"),
+     "are not consecutive blocks from device 0"),
     # numbers that would need more memory than there is, refused with what they would need
     (("profile", "tiny_cnn", "--devices", "1", "--batch-per-device", "100000000"),
      "profiling tiny_cnn at a global batch of 100000000"),

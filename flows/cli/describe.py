@@ -151,6 +151,8 @@ def graph(
         f"FLOPs per step; {total_configs:,} configurations in all "
         f"(max {max(counts.values()):,} per layer); structure {layer_graph.structure_hash}"
     )
+    for note in layer_graph.held_notes:
+        console.print(f"held: {note}")
 
 
 @user_errors

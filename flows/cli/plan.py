@@ -74,6 +74,7 @@ class Plan:
             },
             **({"paradl": [case.model_dump() for case in self.paradl]} if self.paradl else {}),
             **({"pipeline": self.pipeline.model_dump()} if self.pipeline else {}),
+            "held_layers": self.graph.held_notes,
         }
 
 
@@ -259,6 +260,8 @@ def _print_plan(result: Plan) -> None:
         f"eliminated, final graph {document['final_graph_nodes']} node(s), placement "
         f"{document['placement']})"
     )
+    for note in graph.held_notes:
+        console.print(f"held: {note}")
 
 
 def _pipeline_table(pipeline: PipelinePlan) -> Table:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import torch
 
@@ -43,6 +42,7 @@ from strategies.runtime.datasets import (
 )
 from strategies.runtime.plan import build_plan
 from strategies.runtime.worker import SETTINGS_FILE, STRATEGY_FILE
+from strategies.schedules import repriced
 from strategies.strategy import Strategy
 
 RUNS_DIR = Path("runs")  # where run folders go unless one is named; relative to the project
@@ -62,7 +62,8 @@ class Job:
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # node 0's HOST:PORT, for a run on several nodes
     checkpoint: Path | None = None  # the file it resumes from
-    warnings: tuple[str, ...] = ()  # what the launcher says before it starts: still correct
+    # what the launcher says before it starts (idle ranks, layers an op holds to fewer dims)
+    warnings: tuple[str, ...] = ()
 
     @property
     def out(self) -> Path:
@@ -120,7 +121,9 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
         **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
                claim=claim, checkpoint_step=None, node_rank=node_rank,
-               rdzv_endpoint=rdzv_endpoint, warnings=_idle_warning(chosen, world))
+               rdzv_endpoint=rdzv_endpoint,
+               warnings=(*_idle_warning(chosen, world),
+                         *(f"held: {note}" for note in graph.held_notes)))
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
@@ -207,23 +210,20 @@ def _resolve_strategy(spec: str, graph: LayerGraph, world: int, options: TrainOp
         raise LayerwiseError(f"--strategy {spec}: not a strategy name "
                              f"({', '.join(strategy_names())}) nor a strategy file")
     loaded = Strategy.load(spec)
-    assignment = _check_strategy(loaded, spec, graph, world)
-    if loaded.execution.kind != "layerwise":  # Eq. 1 does not price its schedule
-        return loaded
-    return loaded.model_copy(update={"cluster": cost.cluster.name,
-                                     "cost_source": cost.compute.name,
-                                     "predicted": cost.evaluate(assignment)})
-
-
-def _check_strategy(strategy: Strategy, source: str, graph: LayerGraph,
-                    world: int) -> dict[str, Any]:
-    """The strategy's configs after checking them against the model on `world` processes."""
+    _check_strategy(loaded, spec, graph, world)
     try:
-        assignment = strategy.check_against(graph, world)
-        build_plan(graph, assignment, world)
+        return repriced(loaded, cost)
+    except ConfigError as error:
+        raise ConfigError(f"--strategy {spec}: {error}") from None
+
+
+def _check_strategy(strategy: Strategy, source: str, graph: LayerGraph, world: int) -> None:
+    """ConfigError (one line) unless the strategy's configs fit the model on `world`
+    processes."""
+    try:
+        build_plan(graph, strategy.check_against(graph, world), world)
     except ConfigError as error:
         raise ConfigError(f"--strategy {source}: {error}") from None
-    return assignment
 
 
 def _idle_warning(strategy: Strategy, world: int) -> tuple[str, ...]:

@@ -85,7 +85,7 @@ class LayerwiseModel(ShardedModel):
             self.states[name] = _LayerState(plan=layer_plan, modules=modules,
                                             box=layer_plan.tiles[self.rank].box)
         holders = {name: layer for layer in plan.graph.layers
-                   for name in (layer.name, *(fused.name for fused in layer.fused))}
+                   for name in layer.fx_nodes}
         # (node, output shape, p, per-channel) of every active dropout, in forward order
         self._dropouts = [
             (node.name, holders[node.name].output_shape, *found)
@@ -208,6 +208,13 @@ class LayerwiseModel(ShardedModel):
         module = self._submodules.get(node.name)
         if isinstance(module, _BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))
+        if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
+            shards = state.modules.get(str(node.target), {})
+            weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None
+                            for key in ("weight", "bias"))
+            if isinstance(module, nn.GroupNorm):
+                return ops.group_norm(tile, module.num_groups, weight, bias, module.eps)
+            return ops.layer_norm(tile, weight, bias, module.eps)
         return ops.activation(tile, lambda x: self._call(node, module, x),
                               node.name in self._in_place)
 

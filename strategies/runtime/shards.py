@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from strategies.errors import ConfigError
 from strategies.graph import Layer
 from strategies.runtime.comm import exchange_tagged
 from strategies.runtime.plan import StrategyPlan
@@ -56,7 +55,6 @@ class ShardedModel:
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self.dtype = first.dtype if first is not None else torch.get_default_dtype()
-        self._check_modules()
         full_state = module.state_dict()
         # layer name -> its modules' shards, for the layers this rank holds a tile of
         self.layer_shards: dict[str, ModuleShards] = {}
@@ -70,20 +68,9 @@ class ShardedModel:
                                 for target in self._module_targets(layer_plan.layer)}
         self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
 
-    def _check_modules(self) -> None:
-        users: dict[str, str] = {}
-        for layer in self.plan.graph.layers:
-            for target in self._module_targets(layer):
-                if target in users:
-                    raise ConfigError(
-                        f"module '{target}' is used by layers '{users[target]}' and "
-                        f"'{layer.name}' (shared weights); layerwise needs one layer per module"
-                    )
-                users[target] = layer.name
-
     def _module_targets(self, layer: Layer) -> list[str]:
         """Modules with parameters or buffers that a layer runs (main op, then fused ops)."""
-        names = [layer.name, *(fused.name for fused in layer.fused)]
+        names = layer.fx_nodes
         targets = []
         for name in names:
             node = self.nodes[name]

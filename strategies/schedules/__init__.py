@@ -19,8 +19,11 @@ Add a strategy
    - if the per-layer configs alone do not say how it runs: `execution.py`, an
      `ExecutionBase` subclass (strategies/execution.py) with `kind: Literal["<name>"]` and the
      schedule's options, pure pydantic; and `engine.py`, a class built from an
-     `EngineContext` that meets the `Engine` protocol (strategies/runtime/engine_base.py).
-     Without them the layer-wise executor runs its configs (`LayerwiseExecution`).
+     `EngineContext` that meets the `Engine` protocol (strategies/runtime/engine_base.py);
+     and in `planner.py`, `reprice(strategy, cost) -> Strategy`: a strategy read from a file,
+     checked as the engine will check it and priced for the run (`repriced`).
+     Without them the layer-wise executor runs its configs (`LayerwiseExecution`), priced
+     by Eq. 1.
 2. One entry in `SCHEDULES`: its names, the names inexact by design, and the paths above.
 """
 
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from strategies.strategy import Strategy
 
 LAYERWISE_ENGINE = "strategies.runtime.engine:LayerwiseEngine"
+LAYERWISE_PRICE = "strategies.schedules:price_layerwise"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,8 @@ class Schedule:
     builder: str | None = None  # (name, cost) -> Strategy
     execution: type[ExecutionBase] = LayerwiseExecution
     engine: str = LAYERWISE_ENGINE  # built from an EngineContext on every rank
+    # (saved strategy, cost) -> the strategy checked and priced on cost's graph and devices
+    reprice: str = LAYERWISE_PRICE
     inexact: tuple[str, ...] = ()  # names whose step is not one device's SGD step by design
 
     def __post_init__(self) -> None:
@@ -86,6 +92,7 @@ SCHEDULES: tuple[Schedule, ...] = (
         inexact=("owt_b_vb", "owt_c_vb"),  # FC weights step K times per step
         execution=OwtExecution,
         builder="strategies.schedules.owt.planner:build_strategy",
+        reprice="strategies.schedules.owt.planner:reprice",
         engine="strategies.schedules.owt.engine:OwtEngine",
         help="Krizhevsky 2014's one weird trick: sample-parallel convs, channel-parallel FC, "
              "hand-off a all-gather, b broadcast per turn, c 1/K per round; _vb variable batch"),
@@ -93,6 +100,7 @@ SCHEDULES: tuple[Schedule, ...] = (
         names=("pipeline",),
         execution=PipelineExecution,
         builder="strategies.schedules.pipeline.planner:build_strategy",
+        reprice="strategies.schedules.pipeline.planner:reprice",
         engine="strategies.schedules.pipeline.engine:PipelineEngine",
         help="Akintoye et al. 2023: contiguous stages, 1F1B micro-batches"),
     Schedule(
@@ -100,6 +108,7 @@ SCHEDULES: tuple[Schedule, ...] = (
         inexact=("local", "local_overlap"),  # local losses, not global backprop
         execution=LocalExecution,
         builder="strategies.schedules.local.planner:build_strategy",
+        reprice="strategies.schedules.local.planner:reprice",
         engine="strategies.schedules.local.engine:LocalEngine",
         help="Laskin et al. 2020: blocks with local losses, greedy or overlapping"),
 )
@@ -133,6 +142,39 @@ def is_exact(strategy: Strategy, graph: LayerGraph) -> bool:
     (`ExecutionBase.exact_on`: a pipeline with BatchNorm across devices or micro-batches).
     """
     return strategy.name not in INEXACT and strategy.execution.exact_on(graph)
+
+
+def price_layerwise(strategy: Strategy, cost: CostModel) -> Strategy:
+    """A layer-wise strategy (its configs already checked against the graph) priced by Eq. 1
+    on `cost`'s cluster and t_c."""
+    return strategy.model_copy(update={"cluster": cost.cluster.name,
+                                       "cost_source": cost.compute.name,
+                                       "predicted": cost.evaluate(strategy.assignment())})
+
+
+def repriced(strategy: Strategy, cost: CostModel) -> Strategy:
+    """A strategy read from a file, checked for `cost`'s graph and devices and priced there by
+    its schedule's pricer: the prediction a file holds is of the batch, cluster and device
+    count it was made for, and a schedule's rules (OWT's workers, a pipeline's micro-batches,
+    one local block per process) would otherwise first fail inside the workers.
+
+    The per-layer configs must be those its schedule implies; ConfigError (one line) if not.
+    """
+    schedule = schedule_of(strategy.execution)
+    if schedule.names and strategy.devices != cost.devices:
+        raise ConfigError(
+            f"strategy '{strategy.name}' ({strategy.execution.describe()}) was planned for "
+            f"{strategy.devices} processes, not {cost.devices}; pass --strategy "
+            f"{strategy.name} to plan it for {cost.devices}, or train on {strategy.devices}")
+    fresh: Strategy = _load(schedule.reprice)(strategy, cost)
+    saved, expected = strategy.assignment(), fresh.assignment()
+    for name, config in expected.items():
+        if saved[name] != config:
+            raise ConfigError(
+                f"strategy '{strategy.name}' gives layer '{name}' {saved[name].text}, but its "
+                f"schedule runs it as {config.text}; pass --strategy {fresh.name} to plan it "
+                "again rather than edit its layers")
+    return fresh
 
 
 def scheduled_strategy(name: str, cost: CostModel) -> Strategy:

@@ -110,32 +110,13 @@ def _value_node(layer: Layer) -> str:
 def model_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
     """Every active dropout of the model, in forward order, with its mask's shape."""
     holders = {name: layer for layer in graph.layers
-               for name in (layer.name, *(fused.name for fused in layer.fused))}
+               for name in layer.fx_nodes}
     found = []
     for node in traced.graph.nodes:
         spec = active_dropout(node, traced)
         if spec is not None:
             found.append((node.name, holders[node.name].output_shape, *spec))
     return found
-
-
-def check_unshared(traced: fx.GraphModule, graph: LayerGraph, blocks: list[list[str]]) -> None:
-    """ConfigError when a module with weights or buffers runs in two blocks: each block would
-    train its own copy of it."""
-    nodes = {node.name: node for node in traced.graph.nodes}
-    owner: dict[str, int] = {}
-    for index, layers in enumerate(blocks):
-        for name in layers:
-            layer = graph.by_name[name]
-            for node_name in (layer.name, *(fused.name for fused in layer.fused)):
-                node = nodes[node_name]
-                if node.op != "call_module" or not traced.get_submodule(
-                        str(node.target)).state_dict():
-                    continue
-                if owner.setdefault(str(node.target), index) != index:
-                    raise ConfigError(f"module '{node.target}' runs in local blocks "
-                                      f"{owner[str(node.target)]} and {index} (shared "
-                                      "weights); cut the model elsewhere")
 
 
 def block_module(traced: fx.GraphModule, graph: LayerGraph, layers: tuple[str, ...],
@@ -148,7 +129,7 @@ def block_module(traced: fx.GraphModule, graph: LayerGraph, layers: tuple[str, .
     are the plain module's own objects, so the block trains the plain module's weights.
     """
     members = {name for layer_name in layers
-               for name in (layer_name, *(f.name for f in graph.by_name[layer_name].fused))}
+               for name in graph.by_name[layer_name].fx_nodes}
     block = fx.Graph()
     values: dict[str, fx.Node] = {source: block.placeholder("block_input")}
     masked = [node.name for node in traced.graph.nodes
@@ -183,7 +164,6 @@ class LocalEngine:
         self.overlapping = execution.variant == "overlapping"
         self.is_last = self.rank == self.world - 1
         traced = fx.symbolic_trace(context.module)
-        check_unshared(traced, graph, [list(block.layers) for block in execution.blocks])
         self.dropouts = model_dropouts(traced, graph)
         source = graph.layers[0] if self.rank == 0 else graph.by_name[
             self.cuts[self.rank - 1].crossing]

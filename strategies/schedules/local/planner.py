@@ -272,3 +272,12 @@ def build_strategy(name: str, cost: CostModel) -> Strategy:
     if name not in VARIANTS:
         raise ConfigError(f"unknown local strategy '{name}'; choose from {', '.join(VARIANTS)}")
     return local_strategy(name, cost, best_cuts(cost, VARIANTS[name] == "overlapping"))
+
+
+def reprice(strategy: Strategy, cost: CostModel) -> Strategy:
+    """Saved local blocks checked against `cost`'s graph and processes (one block each, as
+    the engine checks them) and priced afresh."""
+    execution = strategy.execution
+    assert isinstance(execution, LocalExecution)
+    name = next(name for name, variant in VARIANTS.items() if variant == execution.variant)
+    return local_strategy(name, cost, block_cuts(cost.graph, execution.blocks, cost.devices))

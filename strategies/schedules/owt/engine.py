@@ -336,7 +336,7 @@ class OwtEngine:
     def _find_nodes(self, graph: LayerGraph, split: OwtSplit) -> None:
         """The fx nodes of the conv part (in order), the layer holding every node, dropouts."""
         holders = {name: layer for layer in graph.layers
-                   for name in (layer.name, *(fused.name for fused in layer.fused))}
+                   for name in layer.fx_nodes}
         samples = set(split.samples)
         nodes = [node for node in self.graph_module.graph.nodes if node.op != "output"]
         self.sample_nodes = [node for node in nodes if holders[node.name].name in samples]

@@ -299,3 +299,13 @@ def epoch_estimates(gpus: tuple[int, ...] = REPRODUCE_GPUS) -> list[EpochEstimat
                 steps_per_epoch=steps, epoch_hours=hours,
                 speedup=single[(scheme, variable_batch)] / hours))
     return estimates
+
+
+def reprice(strategy: Strategy, cost: CostModel) -> Strategy:
+    """A saved OWT strategy checked against `cost`'s graph and workers (its scheme's batch
+    rules, as the engine checks them) and priced afresh."""
+    execution = strategy.execution
+    assert isinstance(execution, OwtExecution)
+    name = next(name for name, scheme in SCHEMES.items()
+                if scheme == (execution.scheme, execution.variable_batch))
+    return build_strategy(name, cost)

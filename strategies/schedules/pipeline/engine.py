@@ -386,7 +386,7 @@ def _check_configs(context: EngineContext, execution: PipelineExecution) -> None
 def _mask_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
     """Replace every active dropout with a `_MaskedDropout`, in forward order."""
     shapes = {name: layer.output_shape for layer in graph.layers
-              for name in (layer.name, *(fused.name for fused in layer.fused))}
+              for name in layer.fx_nodes}
     dropouts = []
     for node in traced.graph.nodes:
         found = active_dropout(node, traced)
@@ -406,14 +406,13 @@ def _split(traced: fx.GraphModule, root: nn.Module, graph: LayerGraph,
     """Each stage's module (split_module) and its state_dict keys mapped to the plain keys."""
     stage_of = {name: index for index, stage in enumerate(execution.stages)
                 for layer in stage.layers
-                for name in (layer, *(fused.name for fused in graph.by_name[layer].fused))}
+                for name in graph.by_name[layer].fx_nodes}
     qualified: dict[str, str] = {}
     split = split_module(traced, root, lambda node: stage_of[node.name],
                          qualname_map=qualified)
     modules, keys = [], []
     for index in range(len(execution.stages)):
         module = getattr(split, f"submod_{index}")
-        _check_unshared(index, qualified, keys)
         keys.append({key: _plain_key(index, key, qualified) for key in module.state_dict()})
         modules.append(module)
     return modules, keys
@@ -422,12 +421,3 @@ def _split(traced: fx.GraphModule, root: nn.Module, graph: LayerGraph,
 def _plain_key(index: int, key: str, qualified: dict[str, str]) -> str:
     owner, _, attribute = key.rpartition(".")
     return f"{qualified[f'submod_{index}.{owner}']}.{attribute}"
-
-
-def _check_unshared(index: int, qualified: dict[str, str], keys: list[dict[str, str]]) -> None:
-    """A module used by two stages would need its gradients summed across them: refuse."""
-    earlier = {plain.rpartition(".")[0] for stage_keys in keys for plain in stage_keys.values()}
-    for name, original in qualified.items():
-        if name.startswith(f"submod_{index}.") and original in earlier:
-            raise ConfigError(f"module '{original}' is used by two pipeline stages (shared "
-                              "weights); cut the network elsewhere")

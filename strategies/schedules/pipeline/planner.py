@@ -547,3 +547,26 @@ def plan_strategy(plan: PipelinePlan, graph: LayerGraph) -> Strategy:
     return Strategy.from_assignment(
         "pipeline", graph, plan.devices, plan.cluster, plan.cost_source,
         stage_assignment(graph, execution), plan.predicted, execution)
+
+
+def reprice(strategy: Strategy, cost: CostModel) -> Strategy:
+    """A saved pipeline checked against `cost`'s graph and devices, as the engine will check
+    it, and priced afresh by the 1F1B model (a file keeps the prediction of the batch and
+    cluster it was planned for). The model prices stages on consecutive device blocks from
+    device 0, which is how the planner lays them out."""
+    execution = strategy.execution
+    assert isinstance(execution, PipelineExecution)
+    check_execution(cost.graph, execution, cost.devices)
+    first = 0
+    for stage in execution.stages:
+        if stage.devices != tuple(range(first, first + len(stage.devices))):
+            raise ConfigError(
+                f"pipeline stage devices {[list(s.devices) for s in execution.stages]} are not "
+                "consecutive blocks from device 0, the layout `layerwise search` writes and "
+                "the 1F1B cost model prices; renumber them in order")
+        first += len(stage.devices)
+    boundaries = list(accumulate((len(stage.layers) for stage in execution.stages),
+                                 initial=0))
+    widths = [len(stage.devices) for stage in execution.stages]
+    plan = evaluate(PipelineCosts(cost), boundaries, widths, execution.micro_batches)
+    return plan_strategy(plan, cost.graph)

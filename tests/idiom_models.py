@@ -1,0 +1,164 @@
+"""Small CNNs written the way users write them, for tests/test_idioms.py.
+
+The torchrun workers build them by reference (`tests.idiom_models:idioms`), so they live in an
+importable module rather than in the test file; each takes `num_classes` as zoo factories do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SamePadding(nn.Module):
+    """padding="same" and "valid" given as strings."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.same = nn.Conv2d(3, 6, 3, padding="same")
+        self.dilated = nn.Conv2d(6, 6, 3, padding="same", dilation=2)
+        self.valid = nn.Conv2d(6, 6, 3, padding="valid")
+        self.fc = nn.Linear(6 * 6 * 6, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.valid(self.dilated(self.same(x))), 1))
+
+
+class ViewFlatten(nn.Module):
+    """The flatten most models in the wild write: x.view(x.size(0), -1)."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv(x))
+        return self.fc(x.view(x.size(0), -1))
+
+
+class ReshapeFlatten(ViewFlatten):
+    """x.reshape(x.shape[0], -1), reading the batch from .shape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv(x))
+        return self.fc(x.reshape(x.shape[0], -1))
+
+
+class MeanPool(nn.Module):
+    """Global average pooling written as a mean over h and w, with and without keepdim."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        kept = x.mean(dim=[2, 3], keepdim=True)
+        return self.fc(x.mean((2, 3)) + torch.flatten(kept, 1))
+
+
+class GroupNormNet(nn.Module):
+    """GroupNorm after a conv, and GroupNorm(1, C), the usual LayerNorm of a conv net."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm1 = nn.GroupNorm(2, 8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.norm2 = nn.GroupNorm(1, 8)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm1(self.conv1(x)))
+        x = F.relu(self.norm2(self.conv2(x)))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class LayerNormNet(nn.Module):
+    """LayerNorm over each sample's (C, H, W) after a conv and over the features after a linear
+    layer."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.LayerNorm([4, 8, 8])
+        self.hidden = nn.Linear(4 * 8 * 8, 16)
+        self.hidden_norm = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm(self.conv(x)))
+        return self.fc(F.relu(self.hidden_norm(self.hidden(torch.flatten(x, 1)))))
+
+
+class PaddingModes(nn.Module):
+    """Convolutions padded by reflection, replication and wrapping around."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.reflect = nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+        self.replicate = nn.Conv2d(4, 4, 3, padding=1, padding_mode="replicate")
+        self.circular = nn.Conv2d(4, 4, 3, padding=1, padding_mode="circular")
+        self.fc = nn.Linear(4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.circular(self.replicate(F.relu(self.reflect(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+class SharedConv(nn.Module):
+    """One conv called twice: its weights are shared between two layers."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.shared = nn.Conv2d(4, 4, 3, padding=1)
+        self.fc = nn.Linear(4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.shared(F.relu(self.shared(self.stem(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+class Idioms(nn.Module):
+    """Every supported idiom above in one network, so one torchrun launch trains them all;
+    layers held to fewer dims sit next to layers split along h and w."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.same = nn.Conv2d(3, 8, 3, padding="same")
+        self.norm = nn.GroupNorm(2, 8)
+        self.dilated = nn.Conv2d(8, 8, 3, padding="same", dilation=2)
+        self.reflect = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
+        self.replicate = nn.Conv2d(8, 8, 3, padding=1, padding_mode="replicate")
+        self.circular = nn.Conv2d(8, 8, 3, padding=1, padding_mode="circular")
+        self.plain = nn.Conv2d(8, 8, 3, padding=1)
+        self.sample_norm = nn.LayerNorm([8, 8, 8])
+        self.valid = nn.Conv2d(8, 8, 3, padding="valid")
+        self.layer_norm = nn.GroupNorm(1, 8)
+        self.head_norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dilated(F.relu(self.norm(self.same(x))))  # held n, then any split
+        x = self.circular(self.replicate(self.reflect(x)))  # held n, c
+        x = F.relu(self.layer_norm(self.valid(self.sample_norm(self.plain(x)))))
+        pooled = x.mean((2, 3)) + x.mean(dim=[2, 3], keepdim=True).view(x.size(0), -1)
+        pooled = pooled + F.adaptive_avg_pool2d(x, 1).reshape(x.shape[0], -1)
+        return self.fc(self.head_norm(pooled))
+
+
+class EvenSame(nn.Module):
+    """padding="same" with an even kernel: torch pads one side more than the other."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 2, padding="same")
+        self.fc = nn.Linear(4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean((2, 3)))
+
