@@ -11,7 +11,9 @@ strategy and cost the baselines, prove every strategy file exact in float64 agai
 (a few steps, tasks/verify.py), train the one-process reference (strategy data on 1 process,
 the same global batch and seed), then train each strategy on `nproc` torchrun processes, judge
 its validation accuracy against the reference (a binomial bound in images, strategies/
-accuracy.py), and record it in a nested MLflow run. A failed check fails its own task and
+accuracy.py), and record it in a nested MLflow run: its inputs (dataset, calibration,
+profile) before training, its loss per step while it trains, its results and trained model
+(registered with `register: true`) after. A failed check fails its own task and
 MLflow run, keeps every measured number, and the other strategies still run; the flow then
 ends Failed, naming it once. Whatever ends the flow, its MLflow runs do not stay RUNNING: an
 error closes them FAILED, Ctrl-C or SIGTERM KILLED, and the runs of a flow killed outright
@@ -57,7 +59,7 @@ from tasks import track
 from tasks.calibrate import calibrate_links
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
-from tasks.record import record_strategy_run
+from tasks.record import ModelRecord, record_strategy_run
 from tasks.search import oracle_step_seconds, search_strategies
 from tasks.train import train_strategy
 from tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
@@ -276,21 +278,26 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
     """Train, validate, judge and track one strategy; a failure is recorded, not raised."""
     config, clock = context.config, context.clock
     label = f"{model.name} {model.version} {strategy}"
-    with clock.stage("track"):
-        run_id = track.start_child_run(
-            context.client, context.experiment_id, context.parent_id,
-            f"{model.name}-{model.version}-{strategy}",
-            _run_params(context, model, graph, strategy), context.tags)
     out = folder / strategy
     result = check = None
-    with track.closed_on_exit(context.client, run_id):  # what escapes: FAILED or KILLED
+    with track.strategy_run(  # what escapes: FAILED or KILLED
+            context.client, context.experiment_id, context.parent_id,
+            f"{model.name}-{model.version}-{strategy}",
+            _run_params(context, model, graph, strategy), context.tags) as run_id:
         try:
+            with clock.stage("track"):
+                track.log_run_inputs(context.client, run_id, config.dataset, context.image,
+                                     context.cluster, profile)
             options = _train_options(context, nproc=config.nproc,
                                      batch_per_device=config.batch_per_device, profile=profile)
-            with clock.stage("train"):
-                result = train_strategy.with_options(task_run_name=f"train[{label}]")(
-                    model.name, str(strategy_file), options, config.steps, out,
-                    config.train_deadline_s)
+            live = track.LiveLoss(context.client, run_id)
+            try:
+                with clock.stage("train"):
+                    result = train_strategy.with_options(task_run_name=f"train[{label}]")(
+                        model.name, str(strategy_file), options, config.steps, out,
+                        config.train_deadline_s, on_step=live)
+            finally:
+                live.flush()
             if reference.correct is not None and reference.images is not None:
                 with clock.stage("validate"):
                     correct, images = measure_accuracy.with_options(
@@ -305,7 +312,10 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
             with clock.stage("track"):
                 record_strategy_run.with_options(task_run_name=f"track[{label}]")(
                     context.client, run_id, result, graph, out, check, divergence,
-                    oracle_seconds)
+                    oracle_seconds, ModelRecord(
+                        registered_name=track.registered_model_name(model.name)
+                        if config.register else None,
+                        version_label=model.version, strategy=strategy))
             error = _first_failure(reference, divergence, verify_error, check)
         except Exception as failure:  # recorded in its MLflow run; the other strategies go on
             error = str(failure)

@@ -74,7 +74,9 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {run.data.tags["mlflow.parentRunId"] for run in children} == {parents[0].info.run_id}
     assert sorted(run.data.params["strategy"] for run in children) == list(STRATEGIES)
-    for tag in ("git_commit", "torch_version", "device_name", "prefect_flow_run_id"):
+    assert experiment.tags[track.EXPERIMENT_KIND_TAG] == track.EXPERIMENT_KIND  # UI: runs
+    for tag in ("mlflow.source.git.commit", "mlflow.source.name", "mlflow.source.type",
+                track.GIT_DIRTY_TAG, "torch_version", "device_name", "prefect_flow_run_id"):
         assert parents[0].data.tags[tag]
     for run in runs:  # what a later flow reads to tell a killed writer's runs (test_faults.py)
         assert run.data.tags[track.OWNER_PID] == str(os.getpid())
@@ -107,8 +109,41 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
             metrics["oracle_step_seconds"] / metrics["step_seconds"])
     losses = client.get_metric_history(run.info.run_id, "train_loss")
     assert sorted(metric.step for metric in losses) == [1, 2, 3, 4, 5, 6]
+    # logged as the steps arrived, before the results were
+    [result_time] = [m.timestamp for m in client.get_metric_history(run.info.run_id,
+                                                                     "step_seconds")]
+    assert max(metric.timestamp for metric in losses) <= result_time
+    assert len({metric.timestamp for metric in losses}) > 1
+    assert any(name.startswith("system/") for name in metrics)  # MLflow's system metrics
+    [dataset] = run.inputs.dataset_inputs
+    assert dataset.dataset.name == "synthetic" and dataset.tags[0].value == "training"
     artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
     assert artifacts >= ARTIFACTS
+    priced = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "priced_with")}
+    path = calibration_path(2)
+    assert priced >= {path.name, f"{path.stem}.calibration.json"}
+    assert any(name.startswith("tiny_cnn") for name in priced - {path.name}), priced  # profile
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_strategy_runs_model_is_registered_and_rebuilds_its_predictions(benchmarked,
+                                                                         strategy):
+    """`register: true`: each run's weights are a registry version of the model's name,
+    aliased `<version label>-<strategy>`, that loads with MLflow alone and predicts."""
+    import mlflow
+    import numpy as np
+
+    client, _, _ = benchmarked
+    version = client.get_model_version_by_alias("tiny_cnn", f"v1-{strategy}")
+    [run] = client.search_runs([client.get_experiment_by_name("test-benchmark").experiment_id],
+                               f"params.strategy = '{strategy}'")
+    assert version.run_id == run.info.run_id
+    assert version.tags == {"model_version": "v1", "strategy": strategy}
+    mlflow.set_tracking_uri(client.tracking_uri)  # as every flow run sets it (tasks/track.py)
+    model = mlflow.pyfunc.load_model(f"models:/tiny_cnn@v1-{strategy}")
+    inputs = model.metadata.get_input_schema().inputs[0]
+    assert inputs.shape == (-1, 3, 8, 8)
+    assert model.predict(np.zeros((5, 3, 8, 8), np.float32)).shape == (5, 10)
     table = Path(client.download_artifacts(run.info.run_id, "per_layer.json"))
     assert "conv1" in table.read_text(encoding="utf-8")
 
