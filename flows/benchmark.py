@@ -13,7 +13,7 @@ the same global batch and seed), then train each strategy on `nproc` torchrun pr
 its validation accuracy against the reference (a binomial bound in images, strategies/
 accuracy.py), and record it in a nested MLflow run: its inputs (dataset, calibration,
 profile) before training, its loss per step while it trains, its results and trained model
-(registered with `register: true`) after. A failed check fails its own task and
+(registered with `register_model: true`) after. A failed check fails its own task and
 MLflow run, keeps every measured number, and the other strategies still run; the flow then
 ends Failed, naming it once. Whatever ends the flow, its MLflow runs do not stay RUNNING: an
 error closes them FAILED, Ctrl-C or SIGTERM KILLED, and the runs of a flow killed outright
@@ -314,7 +314,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                     context.client, run_id, result, graph, out, check, divergence,
                     oracle_seconds, ModelRecord(
                         registered_name=track.registered_model_name(model.name)
-                        if config.register else None,
+                        if config.register_model else None,
                         version_label=model.version, strategy=strategy))
             error = _first_failure(reference, divergence, verify_error, check)
         except Exception as failure:  # recorded in its MLflow run; the other strategies go on

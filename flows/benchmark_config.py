@@ -81,7 +81,7 @@ class BenchmarkConfig(BaseModel):
     train_deadline_s: float = Field(default=600.0, gt=0)
     # each run's trained model becomes a version of the model's name in MLflow's registry,
     # tagged with its version label and strategy and aliased `<version>-<strategy>`
-    register: bool = False
+    register_model: bool = False
 
     @model_validator(mode="after")
     def _links_to_measure(self) -> BenchmarkConfig:
