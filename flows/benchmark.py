@@ -25,6 +25,7 @@ run's Prefect artifact.
 """
 
 import contextlib
+import json
 import os
 import time
 from collections import defaultdict
@@ -44,6 +45,7 @@ from flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
 from flows.cli.console import console
 from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
+from strategies.files import write_atomic
 from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.job import RUNS_DIR
 from strategies.jobs.named_strategies import LAYERWISE
@@ -181,6 +183,7 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
         failed = [outcome for outcome in outcomes if outcome.error is not None]
         with clock.stage("track"):
             _finish_parent(context, outcomes, failed, time.perf_counter() - started)
+            write_reports(outcomes, parent_id)
     _print_report(context, outcomes, time.perf_counter() - started)
     if failed:
         return Failed(message=f"{len(failed)} of {len(outcomes)} strategy runs failed: "
@@ -401,6 +404,45 @@ def _stage_seconds(clock: StageClock, elapsed: float) -> dict[str, float]:
     seconds = dict(clock.seconds)
     seconds["flow overhead"] = elapsed - sum(seconds.get(name, 0.0) for name in MEASURED_STAGES)
     return seconds
+
+
+REPORTS = Path("reports")  # dvc.yaml's metrics and plots: the latest benchmark of the project
+SUMMARY_FILE, TABLE_FILE = REPORTS / "benchmark.json", REPORTS / "strategies.csv"
+
+
+def write_reports(outcomes: list[Outcome], parent_id: str) -> None:
+    """The latest benchmark as DVC reads it: per model version and strategy its numbers
+    (`dvc metrics show`), and one CSV row each (`dvc plots show`). Git-ignored: a run must
+    leave a clone clean; its MLflow run holds every run's copy."""
+    summary: dict[str, Any] = {"mlflow_run_id": parent_id}
+    rows = ["run,model,strategy,predicted_ms,measured_ms,transfer_bytes,sync_bytes,"
+            "val_accuracy"]
+    for outcome in outcomes:
+        if outcome.result is None:
+            continue
+        result, check = outcome.result, outcome.accuracy
+        values = {"predicted_ms": result.predicted_step_seconds * 1e3,
+                  "measured_ms": result.step_seconds_median * 1e3,
+                  "transfer_bytes": result.bytes_per_step.transfer,
+                  "sync_bytes": result.bytes_per_step.sync,
+                  "val_accuracy": None if check is None else check.accuracy,
+                  "passed": outcome.error is None}
+        label = f"{outcome.model.name} {outcome.model.version}"
+        summary.setdefault(label, {})[outcome.strategy] = values
+        rows.append(",".join([outcome.label, label, outcome.strategy, *(
+            _csv_number(values[key]) for key in ("predicted_ms", "measured_ms",
+                                                  "transfer_bytes", "sync_bytes",
+                                                  "val_accuracy"))]))
+    REPORTS.mkdir(exist_ok=True)
+    write_atomic(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    write_atomic(TABLE_FILE, "\n".join(rows) + "\n")
+
+
+def _csv_number(value: float | None) -> str:
+    """Byte counts whole, times and shares to six significant digits, nothing for None."""
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
 
 
 COLUMNS = ("model", "strategy", "pred. ms", "meas. ms (IQR)", f"x {BASELINE_STRATEGY}",

@@ -82,6 +82,25 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
         assert run.data.tags[track.OWNER_PID] == str(os.getpid())
 
 
+def test_the_latest_summary_and_table_are_where_dvc_yaml_reads_them(benchmarked):
+    import yaml
+
+    from flows.benchmark import SUMMARY_FILE, TABLE_FILE
+
+    client, _, project = benchmarked
+    declared = yaml.safe_load((Path(__file__).parents[1] / "dvc.yaml").read_text())
+    assert declared["metrics"] == [str(SUMMARY_FILE)]
+    assert {next(iter(plot.values()))["y"][str(TABLE_FILE)] for plot in declared["plots"]} \
+        == {"run"}
+    summary = json.loads((project / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert set(summary["tiny_cnn v1"]) == set(STRATEGIES) and summary["mlflow_run_id"]
+    data = summary["tiny_cnn v1"]["data"]
+    assert data["passed"] and data["measured_ms"] > 0 and data["sync_bytes"] > 0
+    lines = (project / TABLE_FILE).read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("run,") and len(lines) == 1 + len(STRATEGIES)
+    assert f",{data['sync_bytes']}," in lines[1 + STRATEGIES.index("data")]
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy):
     client, _, _ = benchmarked
