@@ -59,6 +59,7 @@ from strategies.space import DIMS, ParallelConfig
 from strategies.verify import Divergence
 from tasks import track
 from tasks.calibrate import calibrate_links
+from tasks.figures import SPLIT_WORDS
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
 from tasks.record import ModelRecord, record_strategy_run
@@ -70,7 +71,6 @@ from tasks.verify import verify_exactness
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
 BASELINE_STRATEGY = "data"  # what the summary measures the winner against
 MEASURED_STAGES = ("train", "profile", "calibrate", "verify")  # the work; the rest is overhead
-SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
 
 
 class BenchmarkFailed(RuntimeError):

@@ -27,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import subprocess
 import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,16 +42,15 @@ import numpy as np
 import psutil
 import torch
 import yaml
-from matplotlib.colors import BoundaryNorm, ListedColormap
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from mlflow import MlflowClient
 from mlflow.data.code_dataset_source import CodeDatasetSource
 from mlflow.data.dataset_source_registry import resolve_dataset_source
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import Experiment, Metric, Param, RunStatus
+from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 from mlflow.models.model import ModelInfo
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.types import Schema, TensorSpec
 from mlflow.utils.mlflow_tags import (
     MLFLOW_GIT_BRANCH,
@@ -68,6 +69,7 @@ from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
 from strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
 from strategies.space import DIMS, ParallelConfig
 from strategies.verify import Divergence
+from tasks.figures import degrees_figure
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
 DVC_LOCK = Path("dvc.lock")
@@ -182,13 +184,19 @@ def environment_tags(flow_run_id: str | None, device: str, torch_version: str,
 
 def _git(*arguments: str) -> str | None:
     """git's output in the current directory, stripped; None outside a git work tree."""
-    finished = subprocess.run(["git", *arguments], capture_output=True, text=True, check=False)
-    return finished.stdout.strip() if finished.returncode == 0 else None
+    output = _git_output(*arguments)
+    return None if output is None else output.strip()
 
 
 def _git_changes() -> str | None:
-    """The uncommitted changes to tracked files as a patch ('' when clean, None without git)."""
-    return _git("diff", "HEAD")
+    """The uncommitted changes to tracked files as a patch that `git apply` takes ('' when
+    clean, None without git)."""
+    return _git_output("diff", "HEAD")
+
+
+def _git_output(*arguments: str) -> str | None:
+    finished = subprocess.run(["git", *arguments], capture_output=True, text=True, check=False)
+    return finished.stdout if finished.returncode == 0 else None
 
 
 def dvc_data_hash() -> str | None:
@@ -293,6 +301,8 @@ def strategy_run(client: MlflowClient, experiment_id: str, parent_id: str, run_n
     the run (closed_on_exit); MLflow's run stack is left as it was found in every case.
     """
     mlflow.set_tracking_uri(client.tracking_uri)  # MLflow's fluent API: the client's store
+    # its monitor says at INFO that it starts, stops and skips the GPU, per run
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_SECONDS)
     run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
                            parent_run_id=parent_id, tags=tags, log_system_metrics=True)
@@ -405,7 +415,10 @@ def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
     schema = Schema([TensorSpec(np.dtype(np.float32),
                                 (-1, image.channels, image.image_size, image.image_size), "x"),
                      TensorSpec(np.dtype(np.int64), (-1,), "y")])
-    return MetaDataset(resolve_dataset_source(str(folder.resolve())), name=dataset,
+    with warnings.catch_warnings():  # MLflow registers its local source for two URI schemes
+        warnings.simplefilter("ignore", UserWarning)  # and warns that both match a path
+        source = resolve_dataset_source(str(folder.resolve()))
+    return MetaDataset(source, name=dataset,
                        digest=digest.removesuffix(".dir") if digest else None, schema=schema)
 
 
@@ -461,16 +474,26 @@ def log_trained_model(run_folder: Path, registered_name: str | None,
         output = module(torch.from_numpy(example)).numpy()
     info = mlflow.pytorch.log_model(
         module, name=MODEL_ARTIFACT, signature=infer_signature(example, output),
-        input_example=example, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-        registered_model_name=registered_name)
-    if registered_name is not None and info.registered_model_version is not None:
-        version = str(info.registered_model_version)
-        client = MlflowClient()
-        for key, value in (("model_version", version_label), ("strategy", strategy)):
-            client.set_model_version_tag(registered_name, version, key, value)
-        client.set_registered_model_alias(registered_name, model_alias(version_label, strategy),
-                                          version)
+        input_example=example, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    if registered_name is not None:
+        _register(info, registered_name, version_label, strategy)
     return info
+
+
+def _register(info: ModelInfo, name: str, version_label: str, strategy: str) -> None:
+    """A new version of registered model `name` (created when new) from the logged model,
+    through the client: MLflow's fluent registration prints to stderr on every call."""
+    client = MlflowClient()
+    try:
+        client.create_registered_model(name)
+    except MlflowException as error:  # another run (or flow) registered it first
+        if error.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+    version = client.create_model_version(
+        name, info.model_uri, run_id=info.run_id, model_id=info.model_id,
+        tags={"model_version": version_label, "strategy": strategy})
+    client.set_registered_model_alias(name, model_alias(version_label, strategy),
+                                      version.version)
 
 
 def model_alias(version_label: str, strategy: str) -> str:
@@ -500,59 +523,6 @@ def per_layer_table(result: RunResult, graph: LayerGraph) -> dict[str, list[Any]
         ):
             rows[column].append(value)
     return rows
-
-
-def degrees_figure(result: RunResult) -> Figure:
-    """Where the strategy splits what, per layer: a heat map of log2 of each dim's degree
-    (n, c, h, w; the degree written in each cell, blank where it is 1), and below it the block
-    of devices each layer runs on (of the run's processes).
-
-    A bare Figure (no pyplot): no global figure state, no GUI backend on a headless machine.
-    """
-    names = [choice.name for choice in result.strategy.layers]
-    configs = [ParallelConfig.parse(choice.config) for choice in result.strategy.layers]
-    devices = max([result.nproc, *(max(config.devices) + 1 for config in configs)])
-    exponents = np.log2(np.array([config.degrees for config in configs], dtype=float).T)
-    top = max(1, int(exponents.max()))
-    figure = Figure(figsize=(max(6.0, 0.5 * len(names) + 2.0), 2.4 + 0.25 * (4 + devices)),
-                    layout="constrained")
-    heat_axes, device_axes = figure.subplots(
-        2, 1, sharex=True, height_ratios=[4, max(1, min(devices, 8))])
-    colors = ListedColormap(["#f4f4f4", *[_shade(level / top) for level in range(1, top + 1)]])
-    image = heat_axes.imshow(exponents, aspect="auto", cmap=colors,
-                             norm=BoundaryNorm(np.arange(-0.5, top + 1), top + 1))
-    for (row, column), exponent in np.ndenumerate(exponents):
-        if exponent > 0:
-            heat_axes.text(column, row, str(2 ** int(exponent)), ha="center", va="center",
-                           fontsize=8, color="white" if exponent > top / 2 else "black")
-    heat_axes.set_yticks(range(len(DIMS)), [f"{dim} ({SPLIT_WORDS[dim]})" for dim in DIMS])
-    heat_axes.set_title(f"{result.model} under '{result.strategy.name}': how far each layer "
-                        "splits each dim")
-    bar = figure.colorbar(image, ax=heat_axes, ticks=range(top + 1), pad=0.01)
-    bar.ax.set_yticklabels([str(2 ** level) for level in range(top + 1)])
-    bar.set_label("degree")
-    for column, config in enumerate(configs):
-        for device in config.devices:
-            device_axes.add_patch(_device_cell(column, device))
-    device_axes.set_ylim(devices - 0.5, -0.5)
-    device_axes.set_yticks(range(devices))
-    device_axes.set_ylabel("device")
-    device_axes.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
-    device_axes.set_xlim(-0.5, len(names) - 0.5)
-    return figure
-
-
-SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
-
-
-def _shade(share: float) -> tuple[float, float, float]:
-    """From light to dark blue as the degree grows."""
-    light, dark = np.array([0.74, 0.84, 0.93]), np.array([0.03, 0.19, 0.42])
-    return tuple(light + (dark - light) * share)
-
-
-def _device_cell(column: int, device: int) -> Rectangle:
-    return Rectangle((column - 0.45, device - 0.45), 0.9, 0.9, color="#4a7ab5")
 
 
 def finish_run(client: MlflowClient, run_id: str) -> None:

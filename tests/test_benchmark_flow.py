@@ -82,6 +82,24 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
         assert run.data.tags[track.OWNER_PID] == str(os.getpid())
 
 
+def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked):
+    """Data parallelism on 2 processes: every layer's n at degree 2 (log2 1), nothing else
+    split, and every layer on both devices (not a bar of 2+1+1+1 per layer)."""
+    import numpy as np
+
+    from tasks.figures import degrees_figure
+
+    _, outcomes, _ = benchmarked
+    [data] = [outcome.result for outcome in outcomes if outcome.strategy == "data"]
+    assert data is not None
+    heat, devices, _ = degrees_figure(data).axes  # heat map, device block, colour bar
+    layers = len(data.strategy.layers)
+    expected = np.zeros((4, layers))
+    expected[0] = 1.0
+    assert np.array_equal(heat.images[0].get_array(), expected)
+    assert len(devices.patches) == 2 * layers
+
+
 def test_the_latest_summary_and_table_are_where_dvc_yaml_reads_them(benchmarked):
     import yaml
 
