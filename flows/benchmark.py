@@ -172,12 +172,14 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
                                       torch.__version__, _prefect_ui_url()) | track.owner_tags()
-        parent_id = track.start_parent_run(client, experiment_id, folder.name,
-                                           config.model_dump(mode="json"), tags)
-    context = Context(config=config, client=client, experiment_id=experiment_id,
-                      parent_id=parent_id, tags=tags, folder=folder, image=image, clock=clock,
-                      cluster=cluster)
-    with track.closed_on_exit(client, parent_id):  # an error: FAILED; Ctrl-C, SIGTERM: KILLED
+    # an error: FAILED; Ctrl-C, SIGTERM: KILLED
+    with track.benchmark_run(client, experiment_id, folder.name,
+                             config.model_dump(mode="json"), tags) as parent_id:
+        with clock.stage("track"):
+            track.log_dataset(config.dataset, image)
+        context = Context(config=config, client=client, experiment_id=experiment_id,
+                          parent_id=parent_id, tags=tags, folder=folder, image=image,
+                          clock=clock, cluster=cluster)
         outcomes = [outcome for model in config.models
                     for outcome in _benchmark_model(context, model)]
         failed = [outcome for outcome in outcomes if outcome.error is not None]
@@ -507,8 +509,8 @@ def _print_report(context: Context, outcomes: list[Outcome], elapsed: float) -> 
         style = None if row["status"] == "passed" else "red"
         table.add_row(*row.values(), style=style)
     console.print(table)
-    console.print(f"MLflow: {ui_command(os.environ[track.TRACKING_VARIABLE])}",
-                  highlight=False, soft_wrap=True)
+    where = ui_command(os.environ[track.TRACKING_VARIABLE], context.experiment_id)
+    console.print(f"MLflow: {where}", highlight=False, soft_wrap=True)
 
 
 def summary_lines(outcomes: list[Outcome]) -> list[str]:
@@ -584,8 +586,11 @@ def _check_lines(outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
-def ui_command(tracking_uri: str) -> str:
-    """How to look at the results: the MLflow UI on a local store, else the server itself."""
+def ui_command(tracking_uri: str, experiment_id: str) -> str:
+    """How to look at the results: the MLflow UI on a local store, else the server itself,
+    opened on the experiment's runs (MLflow's UI starts in its GenAI view unless told)."""
+    page = f"#/experiments/{experiment_id}?workflowType=machine_learning"
     if tracking_uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
-        return f"mlflow ui --backend-store-uri {tracking_uri}"
-    return f"open {tracking_uri}"
+        return (f"mlflow ui --backend-store-uri {tracking_uri}, then open "
+                f"http://127.0.0.1:5000/{page}")
+    return f"open {tracking_uri.rstrip('/')}/{page}"

@@ -276,44 +276,60 @@ def closed_on_exit(client: MlflowClient, run_id: str) -> Iterator[None]:
         raise
 
 
-def start_parent_run(client: MlflowClient, experiment_id: str, run_name: str,
-                     config: dict[str, Any], tags: dict[str, str]) -> str:
-    """The flow run's MLflow run, holding the whole config as params, dvc.lock, and the
-    uncommitted changes as a patch when the work tree had any."""
-    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
-    with closed_on_exit(client, run.info.run_id):
-        _log_params(client, run.info.run_id, config)
-        if DVC_LOCK.is_file():
-            client.log_artifact(run.info.run_id, str(DVC_LOCK))
-        changes = _git_changes()
-        if changes:
-            client.log_text(run.info.run_id, changes, "git_diff.patch")
-    return run.info.run_id
-
-
 @contextlib.contextmanager
-def strategy_run(client: MlflowClient, experiment_id: str, parent_id: str, run_name: str,
-                 params: dict[str, Any], tags: dict[str, str]) -> Iterator[str]:
-    """A nested run for one (model version, strategy), active in this thread while its
-    training runs, with MLflow's system metrics sampled meanwhile.
+def benchmark_run(client: MlflowClient, experiment_id: str, run_name: str,
+                  config: dict[str, Any], tags: dict[str, str]) -> Iterator[str]:
+    """The flow run's MLflow run, active in this thread while the flow runs (its strategy
+    runs nest under it), holding the whole config as params, dvc.lock, and the uncommitted
+    changes as a patch when the work tree had any.
 
     The block sets the run's status (finish_run, fail_run); whatever escapes it fails or kills
     the run (closed_on_exit); MLflow's run stack is left as it was found in every case.
     """
     mlflow.set_tracking_uri(client.tracking_uri)  # MLflow's fluent API: the client's store
+    run_id = mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
+                              tags=tags).info.run_id
+    try:
+        with closed_on_exit(client, run_id):
+            _log_params(client, run_id, config)
+            if DVC_LOCK.is_file():
+                client.log_artifact(run_id, str(DVC_LOCK))
+            changes = _git_changes()
+            if changes:
+                client.log_text(run_id, changes, "git_diff.patch")
+            yield run_id
+    finally:
+        _end_active_run(client, run_id)
+
+
+def _end_active_run(client: MlflowClient, run_id: str) -> None:
+    """Pop the active run off MLflow's stack, keeping the status the flow gave it (KILLED if
+    it gave none)."""
+    status = client.get_run(run_id).info.status
+    mlflow.end_run(status if status != "RUNNING" else RunStatus.to_string(RunStatus.KILLED))
+
+
+@contextlib.contextmanager
+def strategy_run(client: MlflowClient, experiment_id: str, parent_id: str, run_name: str,
+                 params: dict[str, Any], tags: dict[str, str]) -> Iterator[str]:
+    """A run for one (model version, strategy) nested under the active benchmark run, active
+    in this thread while its training runs, with MLflow's system metrics sampled meanwhile.
+
+    The block sets the run's status (finish_run, fail_run); whatever escapes it fails or kills
+    the run (closed_on_exit); MLflow's run stack is left as it was found in every case.
+    """
     # its monitor says at INFO that it starts, stops and skips the GPU, per run
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_SECONDS)
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
-                           parent_run_id=parent_id, tags=tags, log_system_metrics=True)
-    run_id = run.info.run_id
+    run_id = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=True,
+                              parent_run_id=parent_id, tags=tags,
+                              log_system_metrics=True).info.run_id
     try:
         with closed_on_exit(client, run_id):
             _log_params(client, run_id, params)
             yield run_id
     finally:
-        status = client.get_run(run_id).info.status
-        mlflow.end_run(status if status != "RUNNING" else RunStatus.to_string(RunStatus.KILLED))
+        _end_active_run(client, run_id)
 
 
 def _log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
@@ -434,8 +450,13 @@ def _locked_output() -> str | None:
 def log_run_inputs(client: MlflowClient, run_id: str, dataset: str, image: ImageSpec | None,
                    cluster: str, profile: Path | None) -> None:
     """What the active strategy run trains on and was priced with, logged before it trains."""
-    mlflow.log_input(dataset_input(dataset, image), context="training")
+    log_dataset(dataset, image)
     log_priced_with(client, run_id, cluster, profile)
+
+
+def log_dataset(dataset: str, image: ImageSpec | None) -> None:
+    """The dataset as an input of the active run (the runs list's Datasets column)."""
+    mlflow.log_input(dataset_input(dataset, image), context="training")
 
 
 def log_priced_with(client: MlflowClient, run_id: str, cluster: str,

@@ -75,6 +75,7 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
     assert {run.data.tags["mlflow.parentRunId"] for run in children} == {parents[0].info.run_id}
     assert sorted(run.data.params["strategy"] for run in children) == list(STRATEGIES)
     assert experiment.tags[track.EXPERIMENT_KIND_TAG] == track.EXPERIMENT_KIND  # UI: runs
+    assert [found.dataset.name for found in parents[0].inputs.dataset_inputs] == ["synthetic"]
     for tag in ("mlflow.source.git.commit", "mlflow.source.name", "mlflow.source.type",
                 track.GIT_DIRTY_TAG, "torch_version", "device_name", "prefect_flow_run_id"):
         assert parents[0].data.tags[tag]
