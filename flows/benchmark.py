@@ -11,7 +11,9 @@ strategy and cost the baselines, prove every strategy file exact in float64 agai
 (a few steps, tasks/verify.py), train the one-process reference (strategy data on 1 process,
 the same global batch and seed), then train each strategy on `nproc` torchrun processes, judge
 its validation accuracy against the reference (a binomial bound in images, strategies/
-accuracy.py), and record it in a nested MLflow run. A failed check fails its own task and
+accuracy.py), and record it in a nested MLflow run: its inputs (dataset, calibration,
+profile) before training, its loss per step while it trains, its results and trained model
+(registered with `register_model: true`) after. A failed check fails its own task and
 MLflow run, keeps every measured number, and the other strategies still run; the flow then
 ends Failed, naming it once. Whatever ends the flow, its MLflow runs do not stay RUNNING: an
 error closes them FAILED, Ctrl-C or SIGTERM KILLED, and the runs of a flow killed outright
@@ -23,6 +25,7 @@ run's Prefect artifact.
 """
 
 import contextlib
+import json
 import os
 import time
 from collections import defaultdict
@@ -42,6 +45,7 @@ from flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
 from flows.cli.console import console
 from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
+from strategies.files import write_atomic
 from strategies.graph import LayerGraph, build_graph
 from strategies.jobs.job import RUNS_DIR
 from strategies.jobs.named_strategies import LAYERWISE
@@ -55,10 +59,11 @@ from strategies.space import DIMS, ParallelConfig
 from strategies.verify import Divergence
 from tasks import track
 from tasks.calibrate import calibrate_links
+from tasks.figures import SPLIT_WORDS
 from tasks.owner import owner_tags
 from tasks.prepare import prepare_data
 from tasks.profile import profile_model
-from tasks.record import record_strategy_run
+from tasks.record import ModelRecord, record_strategy_run
 from tasks.search import oracle_step_seconds, search_strategies
 from tasks.train import train_strategy
 from tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
@@ -67,7 +72,6 @@ from tasks.verify import verify_exactness
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
 BASELINE_STRATEGY = "data"  # what the summary measures the winner against
 MEASURED_STAGES = ("train", "profile", "calibrate", "verify")  # the work; the rest is overhead
-SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
 
 
 class BenchmarkFailed(RuntimeError):
@@ -169,17 +173,20 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
     with clock.stage("track"):
         tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
                                       torch.__version__, _prefect_ui_url()) | owner_tags()
-        parent_id = track.start_parent_run(client, experiment_id, folder.name,
-                                           config.model_dump(mode="json"), tags)
-    context = Context(config=config, client=client, experiment_id=experiment_id,
-                      parent_id=parent_id, tags=tags, folder=folder, image=image, clock=clock,
-                      cluster=cluster)
-    with track.closed_on_exit(client, parent_id):  # an error: FAILED; Ctrl-C, SIGTERM: KILLED
+    # an error: FAILED; Ctrl-C, SIGTERM: KILLED
+    with track.benchmark_run(client, experiment_id, folder.name,
+                             config.model_dump(mode="json"), tags) as parent_id:
+        with clock.stage("track"):
+            track.log_dataset(config.dataset, image)
+        context = Context(config=config, client=client, experiment_id=experiment_id,
+                          parent_id=parent_id, tags=tags, folder=folder, image=image,
+                          clock=clock, cluster=cluster)
         outcomes = [outcome for model in config.models
                     for outcome in _benchmark_model(context, model)]
         failed = [outcome for outcome in outcomes if outcome.error is not None]
         with clock.stage("track"):
             _finish_parent(context, outcomes, failed, time.perf_counter() - started)
+            write_reports(outcomes, parent_id)
     _print_report(context, outcomes, time.perf_counter() - started)
     if failed:
         return Failed(message=f"{len(failed)} of {len(outcomes)} strategy runs failed: "
@@ -277,21 +284,26 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
     """Train, validate, judge and track one strategy; a failure is recorded, not raised."""
     config, clock = context.config, context.clock
     label = f"{model.name} {model.version} {strategy}"
-    with clock.stage("track"):
-        run_id = track.start_child_run(
-            context.client, context.experiment_id, context.parent_id,
-            f"{model.name}-{model.version}-{strategy}",
-            _run_params(context, model, graph, strategy), context.tags)
     out = folder / strategy
     result = check = None
-    with track.closed_on_exit(context.client, run_id):  # what escapes: FAILED or KILLED
+    with track.strategy_run(  # what escapes: FAILED or KILLED
+            context.client, context.experiment_id, context.parent_id,
+            f"{model.name}-{model.version}-{strategy}",
+            _run_params(context, model, graph, strategy), context.tags) as run_id:
         try:
+            with clock.stage("track"):
+                track.log_run_inputs(context.client, run_id, config.dataset, context.image,
+                                     context.cluster, profile)
             options = _train_options(context, nproc=config.nproc,
                                      batch_per_device=config.batch_per_device, profile=profile)
-            with clock.stage("train"):
-                result = train_strategy.with_options(task_run_name=f"train[{label}]")(
-                    model.name, str(strategy_file), options, config.steps, out,
-                    config.train_deadline_s)
+            live = track.LiveLoss(context.client, run_id)
+            try:
+                with clock.stage("train"):
+                    result = train_strategy.with_options(task_run_name=f"train[{label}]")(
+                        model.name, str(strategy_file), options, config.steps, out,
+                        config.train_deadline_s, on_step=live)
+            finally:
+                live.flush()
             if reference.correct is not None and reference.images is not None:
                 with clock.stage("validate"):
                     correct, images = measure_accuracy.with_options(
@@ -306,7 +318,10 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
             with clock.stage("track"):
                 record_strategy_run.with_options(task_run_name=f"track[{label}]")(
                     context.client, run_id, result, graph, out, check, divergence,
-                    oracle_seconds)
+                    oracle_seconds, ModelRecord(
+                        registered_name=track.registered_model_name(model.name)
+                        if config.register_model else None,
+                        version_label=model.version, strategy=strategy))
             error = _first_failure(reference, divergence, verify_error, check)
         except Exception as failure:  # recorded in its MLflow run; the other strategies go on
             error = str(failure)
@@ -394,6 +409,45 @@ def _stage_seconds(clock: StageClock, elapsed: float) -> dict[str, float]:
     return seconds
 
 
+REPORTS = Path("reports")  # dvc.yaml's metrics and plots: the latest benchmark of the project
+SUMMARY_FILE, TABLE_FILE = REPORTS / "benchmark.json", REPORTS / "strategies.csv"
+
+
+def write_reports(outcomes: list[Outcome], parent_id: str) -> None:
+    """The latest benchmark as DVC reads it: per model version and strategy its numbers
+    (`dvc metrics show`), and one CSV row each (`dvc plots show`). Git-ignored: a run must
+    leave a clone clean; its MLflow run holds every run's copy."""
+    summary: dict[str, Any] = {"mlflow_run_id": parent_id}
+    rows = ["run,model,strategy,predicted_ms,measured_ms,transfer_bytes,sync_bytes,"
+            "val_accuracy"]
+    for outcome in outcomes:
+        if outcome.result is None:
+            continue
+        result, check = outcome.result, outcome.accuracy
+        values = {"predicted_ms": result.predicted_step_seconds * 1e3,
+                  "measured_ms": result.step_seconds_median * 1e3,
+                  "transfer_bytes": result.bytes_per_step.transfer,
+                  "sync_bytes": result.bytes_per_step.sync,
+                  "val_accuracy": None if check is None else check.accuracy,
+                  "passed": outcome.error is None}
+        label = f"{outcome.model.name} {outcome.model.version}"
+        summary.setdefault(label, {})[outcome.strategy] = values
+        rows.append(",".join([outcome.label, label, outcome.strategy, *(
+            _csv_number(values[key]) for key in ("predicted_ms", "measured_ms",
+                                                  "transfer_bytes", "sync_bytes",
+                                                  "val_accuracy"))]))
+    REPORTS.mkdir(exist_ok=True)
+    write_atomic(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    write_atomic(TABLE_FILE, "\n".join(rows) + "\n")
+
+
+def _csv_number(value: float | None) -> str:
+    """Byte counts whole, times and shares to six significant digits, nothing for None."""
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
 COLUMNS = ("model", "strategy", "pred. ms", "meas. ms (IQR)", f"x {BASELINE_STRATEGY}",
            "pred. bytes", "meas. bytes", "val acc", "1-proc acc", "verify", "status")
 
@@ -456,8 +510,8 @@ def _print_report(context: Context, outcomes: list[Outcome], elapsed: float) -> 
         style = None if row["status"] == "passed" else "red"
         table.add_row(*row.values(), style=style)
     console.print(table)
-    console.print(f"MLflow: {ui_command(os.environ[track.TRACKING_VARIABLE])}",
-                  highlight=False, soft_wrap=True)
+    where = ui_command(os.environ[track.TRACKING_VARIABLE], context.experiment_id)
+    console.print(f"MLflow: {where}", highlight=False, soft_wrap=True)
 
 
 def summary_lines(outcomes: list[Outcome]) -> list[str]:
@@ -533,8 +587,11 @@ def _check_lines(outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
-def ui_command(tracking_uri: str) -> str:
-    """How to look at the results: the MLflow UI on a local store, else the server itself."""
+def ui_command(tracking_uri: str, experiment_id: str) -> str:
+    """How to look at the results: the MLflow UI on a local store, else the server itself,
+    opened on the experiment's runs (MLflow's UI starts in its GenAI view unless told)."""
+    page = f"#/experiments/{experiment_id}?workflowType=machine_learning"
     if tracking_uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
-        return f"mlflow ui --backend-store-uri {tracking_uri}"
-    return f"open {tracking_uri}"
+        return (f"mlflow ui --backend-store-uri {tracking_uri}, then open "
+                f"http://127.0.0.1:5000/{page}")
+    return f"open {tracking_uri.rstrip('/')}/{page}"

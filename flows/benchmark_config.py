@@ -79,6 +79,9 @@ class BenchmarkConfig(BaseModel):
     # float64 steps per strategy in the verify stage (exactness against one process); 0 skips it
     verify_steps: int = Field(default=3, ge=0)
     train_deadline_s: float = Field(default=600.0, gt=0)
+    # each run's trained model becomes a version of the model's name in MLflow's registry,
+    # tagged with its version label and strategy and aliased `<version>-<strategy>`
+    register_model: bool = False
 
     @model_validator(mode="after")
     def _links_to_measure(self) -> BenchmarkConfig:

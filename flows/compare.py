@@ -8,11 +8,13 @@ run (or of all of them): predicted vs measured step time, throughput, bytes per 
 and sync, predicted and measured) and validation accuracy against the one-process baseline.
 When one model has two versions, it also says what changed between them: the structure hash,
 the layers added or removed (by name, from each version's logged per-layer table) and the
-metric deltas per strategy. The comparison is logged on the newest parent run (a table, a
-figure and the whole report as JSON, under `compare-TIMESTAMP/` so repeated comparisons never
-mix) and as Prefect artifacts. Reading goes through MlflowClient only, so a tracking server
-(MLFLOW_TRACKING_URI) works as the embedded SQLite store does. Runs left RUNNING by a flow that
-was killed are marked KILLED first (tasks/track.py), so no status shown is a dead flow's.
+metric deltas per strategy. The table is a Prefect artifact of the compare run; only with
+`log` (`--log`) is the comparison also logged on the newest parent run (a table, a figure and
+the whole report as JSON, under `compare-TIMESTAMP/` so repeated comparisons never mix): a
+query alone writes nothing to MLflow. Runs are read with `mlflow.search_runs` (it pages by
+itself), so a tracking server (MLFLOW_TRACKING_URI) works as the embedded SQLite store does.
+Runs left RUNNING by a flow that was killed are marked KILLED first (tasks/track.py), so no
+status shown is a dead flow's.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import datetime
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
+import mlflow
+import numpy as np
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from mlflow.entities import Run
@@ -45,7 +48,6 @@ DELTA_METRICS = ("step_seconds", "throughput_samples_per_s", "transfer_bytes_per
                  "sync_bytes_per_step", "val_accuracy")
 PARENT_TAG = "mlflow.parentRunId"
 PER_LAYER_TABLE = "per_layer.json"
-_PAGE = 1000
 
 
 class ParentRun(BaseModel):
@@ -101,61 +103,53 @@ class Comparison(BaseModel):
 
 
 @flow(name="compare")
-def compare(experiment: str, all_runs: bool = False) -> Comparison:
-    """Compare the strategies of the newest (or every) benchmark run; see the module docstring."""
+def compare(experiment: str, all_runs: bool = False, log: bool = False) -> Comparison:
+    """Compare the strategies of the newest (or every) benchmark run, logging the comparison
+    on the newest only with `log`; see the module docstring."""
     uri = os.environ[track.TRACKING_VARIABLE]
     client = MlflowClient(tracking_uri=uri)
+    mlflow.set_tracking_uri(uri)
     found = track.find_experiment(client, experiment)
     track.close_orphaned_runs(client, found.experiment_id)  # a killed flow's runs: KILLED
-    parents = _parent_runs(client, found.experiment_id, all_runs)
+    parents = _parent_runs(found.experiment_id, all_runs)
     if not parents:
         raise LayerwiseError(f"experiment '{experiment}' has no benchmark runs yet: "
                              "run `layerwise run` first")
     rows = [row for parent in parents
-            for row in _strategy_rows(client, found.experiment_id, parent)]
+            for row in _strategy_rows(found.experiment_id, parent)]
     comparison = Comparison(
         experiment=experiment, tracking_uri=uri,
         parent_runs=[ParentRun(run_id=run.info.run_id, run_name=run.info.run_name,
                                status=run.info.status, start_time=run.info.start_time)
                      for run in parents],
         rows=rows, changes=_version_changes(client, rows))
-    newest = parents[0].info.run_id
-    artifacts = _log_comparison(client, newest, comparison)
-    comparison = comparison.model_copy(update={"logged_on_run": newest, "artifacts": artifacts})
+    if log:
+        newest = parents[0].info.run_id
+        comparison = comparison.model_copy(update={
+            "logged_on_run": newest, "artifacts": _log_comparison(client, newest, comparison)})
     _create_prefect_artifacts(comparison)
     return comparison
 
 
-def _runs(client: MlflowClient, experiment_id: str, filter_string: str = "",
-          order: str = "DESC") -> Iterator[Run]:
-    """Every matching run, by start time, page by page (a store may hold thousands)."""
-    token = None
-    while True:
-        page = client.search_runs([experiment_id], filter_string, max_results=_PAGE,
-                                  order_by=[f"attributes.start_time {order}"],
-                                  page_token=token)
-        yield from page
-        token = page.token
-        if not token:
-            return
+def _runs(experiment_id: str, filter_string: str, order: str,
+          max_results: int | None = None) -> list[Run]:
+    """The matching runs by start time (mlflow.search_runs reads every page by itself)."""
+    found = mlflow.search_runs([experiment_id], filter_string, output_format="list",
+                               order_by=[f"attributes.start_time {order}"],
+                               **({} if max_results is None else {"max_results": max_results}))
+    assert isinstance(found, list)
+    return found
 
 
-def _parent_runs(client: MlflowClient, experiment_id: str, all_runs: bool) -> list[Run]:
+def _parent_runs(experiment_id: str, all_runs: bool) -> list[Run]:
     """The benchmark flow runs (the runs without a parent), newest first."""
-    parents = []
-    for run in _runs(client, experiment_id):
-        if PARENT_TAG in run.data.tags:
-            continue
-        parents.append(run)
-        if not all_runs:
-            break
-    return parents
+    return _runs(experiment_id, f"tags.`{PARENT_TAG}` IS NULL", "DESC",
+                 None if all_runs else 1)
 
 
-def _strategy_rows(client: MlflowClient, experiment_id: str, parent: Run) -> list[StrategyRow]:
+def _strategy_rows(experiment_id: str, parent: Run) -> list[StrategyRow]:
     """The parent's nested runs in the order they ran (the config's order)."""
-    children = _runs(client, experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
-                     order="ASC")
+    children = _runs(experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", "ASC")
     return [StrategyRow(
         parent_run_id=parent.info.run_id, parent_run_name=parent.info.run_name,
         run_id=run.info.run_id, model=run.data.params.get("model", "?"),
@@ -246,40 +240,40 @@ def _log_comparison(client: MlflowClient, run_id: str, comparison: Comparison) -
 
 
 def comparison_figure(rows: list[StrategyRow]) -> Figure:
-    """Predicted vs measured step time and bytes per step, one pair of bars per run.
+    """Per run, predicted beside measured: the step time, the transfer bytes and the sync
+    bytes per step, each on its own axes (a strategy's sync bytes can dwarf another's
+    transfer), the legend beside the axes, never on the bars.
 
     A bare Figure (no pyplot), as in tasks/track.py: no global state, no GUI backend.
     """
     measured = [row for row in rows if row.metrics.get("step_seconds") is not None]
     labels = [f"{row.model} {row.model_version}\n{row.strategy}" for row in measured]
-    figure = Figure(figsize=(max(6.0, 1.2 * len(labels)), 6.4))
-    time_axes, bytes_axes = figure.subplots(2, 1)
-    width = 0.4
-    positions = range(len(labels))
-    for axes, unit, scale, parts in (
-        (time_axes, "ms per step", 1e3, (("predicted_step_seconds",), ("step_seconds",))),
-        (bytes_axes, "bytes per step", 1.0,
-         (("predicted_transfer_bytes_per_step", "predicted_sync_bytes_per_step"),
-          ("transfer_bytes_per_step", "sync_bytes_per_step"))),
-    ):
-        for offset, (kind, names) in zip((-width / 2, width / 2),
-                                         zip(("predicted", "measured"), parts, strict=True),
-                                         strict=True):
-            heights = [scale * sum(row.metrics[name] or 0.0 for name in names)
-                       for row in measured]
-            axes.bar([position + offset for position in positions], heights, width, label=kind)
-        axes.set_xticks(list(positions), labels, fontsize=7)
+    figure = Figure(figsize=(max(7.0, 1.3 * len(labels) + 3.0), 8.0), layout="constrained")
+    panels = figure.subplots(3, 1, sharex=True)
+    positions, width = np.arange(len(labels)), 0.38
+    for axes, (unit, scale, predicted, actual) in zip(panels, (
+            ("ms per step", 1e3, "predicted_step_seconds", "step_seconds"),
+            ("transfer MB per step", 1e-6, "predicted_transfer_bytes_per_step",
+             "transfer_bytes_per_step"),
+            ("sync MB per step", 1e-6, "predicted_sync_bytes_per_step", "sync_bytes_per_step"),
+    ), strict=True):
+        for offset, kind, name, color in ((-width / 2, "predicted", predicted, "#9ecae1"),
+                                          (width / 2, "measured", actual, "#3182bd")):
+            axes.bar(positions + offset, [scale * (row.metrics.get(name) or 0.0)
+                                          for row in measured], width, label=kind, color=color)
         axes.set_ylabel(unit)
-        axes.legend(fontsize=8)
-    time_axes.set_title("predicted vs measured per training step")
-    figure.tight_layout()
+    panels[0].set_title("predicted vs measured per training step")
+    panels[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    panels[-1].set_xticks(positions, labels, fontsize=8)
     return figure
 
 
 def _create_prefect_artifacts(comparison: Comparison) -> None:
     """The table (and what changed) on the Prefect flow run, pointing back at MLflow."""
-    where = (f"MLflow experiment `{comparison.experiment}`, run `{comparison.logged_on_run}`, "
-             f"folder `{comparison.artifacts[0].split('/')[0]}`")
+    where = f"MLflow experiment `{comparison.experiment}`"
+    if comparison.logged_on_run is not None:
+        where += (f", logged on run `{comparison.logged_on_run}`, folder "
+                  f"`{comparison.artifacts[0].split('/')[0]}`")
     create_table_artifact(table=table_rows(comparison), key="strategy-comparison",
                           description=f"Predicted vs measured per strategy. {where}")
     if comparison.changes:

@@ -3,8 +3,10 @@
 It runs the same job as `layerwise train` (strategies.jobs): the same checks before any
 process starts, the same run folder (strategy.json, train.json, graph.json, checkpoints,
 model.pt, result.json, torchrun.log), the same torchrun command in its own process group. What
-the task adds: rank 0's output goes to the Prefect run logger, and a deadline stops the whole
-process group (a Prefect timeout cannot interrupt a blocked read of a subprocess's output).
+the task adds: rank 0's output goes to the Prefect run logger, each step's loss to `on_step` as
+it arrives (the flow writes it to the run's MLflow record: the workers never write there), and
+a deadline stops the whole process group (a Prefect timeout cannot interrupt a blocked read of
+a subprocess's output).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ class TrainingFailed(RuntimeError):
 
 @task(name="train", cache_policy=NO_CACHE)
 def train_strategy(model: str, strategy: str, options: TrainOptions, steps: int, out: Path,
-                   deadline_s: float) -> RunResult:
+                   deadline_s: float,
+                   on_step: Callable[[int, float], None] | None = None) -> RunResult:
     """Train `model` under `strategy` (a strategy name or a strategy file) into the new folder
-    `out` with the run `options`, stopping torchrun after `deadline_s` seconds."""
+    `out` with the run `options`, stopping torchrun after `deadline_s` seconds; `on_step` gets
+    every step's index and loss while training runs."""
     logger = get_run_logger()
     check_launch_numbers(steps, None, steps, DEFAULT_TIMEOUT_SECONDS)
     with new_job(model, strategy, options, out, analytic=options.profile is None) as job:
@@ -46,17 +50,22 @@ def train_strategy(model: str, strategy: str, options: TrainOptions, steps: int,
         logger.info("torchrun: %d processes, %d steps, run folder %s", job.settings.nproc,
                     total, out)
         code = run_torchrun(command, job, on_line=lambda line: logger.info("%s", line),
-                            on_progress=_progress_logger(logger, total), deadline_s=deadline_s)
+                            on_progress=_progress_logger(logger, total, on_step),
+                            deadline_s=deadline_s)
     if code != 0:
         raise TrainingFailed(failure_line(out, code, job.settings.nproc))
     return RunResult.load(out / RESULT_FILE)
 
 
-def _progress_logger(logger: Any, total: int) -> Callable[[StepProgress], None]:
-    """Logs rank 0's progress a few times per run and at its last step."""
+def _progress_logger(logger: Any, total: int, on_step: Callable[[int, float], None] | None
+                     ) -> Callable[[StepProgress], None]:
+    """Hands every step to `on_step`; logs rank 0's progress a few times per run and at its
+    last step."""
     every = max(1, total // PROGRESS_LINES)
 
     def log(progress: StepProgress) -> None:
+        if on_step is not None:
+            on_step(progress.step, progress.loss)
         if progress.step % every == 0 or progress.step == progress.steps:
             logger.info("step %d/%d loss %.4f", progress.step, progress.steps, progress.loss)
 

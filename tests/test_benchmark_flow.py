@@ -74,10 +74,50 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {run.data.tags["mlflow.parentRunId"] for run in children} == {parents[0].info.run_id}
     assert sorted(run.data.params["strategy"] for run in children) == list(STRATEGIES)
-    for tag in ("git_commit", "torch_version", "device_name", "prefect_flow_run_id"):
+    assert experiment.tags[track.EXPERIMENT_KIND_TAG] == track.EXPERIMENT_KIND  # UI: runs
+    assert [found.dataset.name for found in parents[0].inputs.dataset_inputs] == ["synthetic"]
+    for tag in ("mlflow.source.git.commit", "mlflow.source.name", "mlflow.source.type",
+                track.GIT_DIRTY_TAG, "torch_version", "device_name", "prefect_flow_run_id"):
         assert parents[0].data.tags[tag]
     for run in runs:  # what a later flow reads to tell a killed writer's runs (test_faults.py)
         assert run.data.tags[owner.OWNER_PID] == str(os.getpid())
+
+
+def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked):
+    """Data parallelism on 2 processes: every layer's n at degree 2 (log2 1), nothing else
+    split, and every layer on both devices (not a bar of 2+1+1+1 per layer)."""
+    import numpy as np
+
+    from tasks.figures import degrees_figure
+
+    _, outcomes, _ = benchmarked
+    [data] = [outcome.result for outcome in outcomes if outcome.strategy == "data"]
+    assert data is not None
+    heat, devices, _ = degrees_figure(data).axes  # heat map, device block, colour bar
+    layers = len(data.strategy.layers)
+    expected = np.zeros((4, layers))
+    expected[0] = 1.0
+    assert np.array_equal(heat.images[0].get_array(), expected)
+    assert len(devices.patches) == 2 * layers
+
+
+def test_the_latest_summary_and_table_are_where_dvc_yaml_reads_them(benchmarked):
+    import yaml
+
+    from flows.benchmark import SUMMARY_FILE, TABLE_FILE
+
+    client, _, project = benchmarked
+    declared = yaml.safe_load((Path(__file__).parents[1] / "dvc.yaml").read_text())
+    assert declared["metrics"] == [str(SUMMARY_FILE)]
+    assert {next(iter(plot.values()))["y"][str(TABLE_FILE)] for plot in declared["plots"]} \
+        == {"run"}
+    summary = json.loads((project / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert set(summary["tiny_cnn v1"]) == set(STRATEGIES) and summary["mlflow_run_id"]
+    data = summary["tiny_cnn v1"]["data"]
+    assert data["passed"] and data["measured_ms"] > 0 and data["sync_bytes"] > 0
+    lines = (project / TABLE_FILE).read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("run,") and len(lines) == 1 + len(STRATEGIES)
+    assert f",{data['sync_bytes']}," in lines[1 + STRATEGIES.index("data")]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -107,8 +147,41 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
             metrics["oracle_step_seconds"] / metrics["step_seconds"])
     losses = client.get_metric_history(run.info.run_id, "train_loss")
     assert sorted(metric.step for metric in losses) == [1, 2, 3, 4, 5, 6]
+    # logged as the steps arrived, before the results were
+    [result_time] = [m.timestamp for m in client.get_metric_history(run.info.run_id,
+                                                                     "step_seconds")]
+    assert max(metric.timestamp for metric in losses) <= result_time
+    assert len({metric.timestamp for metric in losses}) > 1
+    assert any(name.startswith("system/") for name in metrics)  # MLflow's system metrics
+    [dataset] = run.inputs.dataset_inputs
+    assert dataset.dataset.name == "synthetic" and dataset.tags[0].value == "training"
     artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
     assert artifacts >= ARTIFACTS
+    priced = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "priced_with")}
+    path = calibration_path(2)
+    assert priced >= {path.name, f"{path.stem}.calibration.json"}
+    assert any(name.startswith("tiny_cnn") for name in priced - {path.name}), priced  # profile
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_strategy_runs_model_is_registered_and_rebuilds_its_predictions(benchmarked,
+                                                                         strategy):
+    """`register: true`: each run's weights are a registry version of the model's name,
+    aliased `<version label>-<strategy>`, that loads with MLflow alone and predicts."""
+    import mlflow
+    import numpy as np
+
+    client, _, _ = benchmarked
+    version = client.get_model_version_by_alias("tiny_cnn", f"v1-{strategy}")
+    [run] = client.search_runs([client.get_experiment_by_name("test-benchmark").experiment_id],
+                               f"params.strategy = '{strategy}'")
+    assert version.run_id == run.info.run_id
+    assert version.tags == {"model_version": "v1", "strategy": strategy}
+    mlflow.set_tracking_uri(client.tracking_uri)  # as every flow run sets it (tasks/track.py)
+    model = mlflow.pyfunc.load_model(f"models:/tiny_cnn@v1-{strategy}")
+    inputs = model.metadata.get_input_schema().inputs[0]
+    assert inputs.shape == (-1, 3, 8, 8)
+    assert model.predict(np.zeros((5, 3, 8, 8), np.float32)).shape == (5, 10)
     table = Path(client.download_artifacts(run.info.run_id, "per_layer.json"))
     assert "conv1" in table.read_text(encoding="utf-8")
 

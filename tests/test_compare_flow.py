@@ -2,7 +2,8 @@
 
 One benchmark run (tiny_cnn labelled v1 and v2 at 8x8 on synthetic data, strategy data, 2
 processes, 4 steps) in Prefect's test harness with MLflow on a temporary SQLite file, and an
-older run that a killed flow left RUNNING; then `layerwise compare --json` as a user runs it.
+older run that a killed flow left RUNNING; then `layerwise compare --json --log` and
+`layerwise compare --all` (a query alone, which writes nothing to MLflow) as a user runs them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ OVERRIDES = (f"name={EXPERIMENT}", "dataset=synthetic", "image_size=8", "classes
 
 @pytest.fixture(scope="module")
 def compared(prefect_server, tmp_path_factory):
-    """The benchmark flow once, then `layerwise compare --json` on its store."""
+    """The benchmark flow once, then `layerwise compare --json --log` and `--all` on its
+    store."""
     from flows.benchmark import benchmark
 
     project = tmp_path_factory.mktemp("project")
@@ -47,7 +49,8 @@ def compared(prefect_server, tmp_path_factory):
             patch.setenv(name, value)
         benchmark(load_config(None, OVERRIDES))
         _leave_an_orphan(MlflowClient(tracking_uri=uri))
-        result = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--json"])
+        result = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--json",
+                                          "--log"])
         assert result.exit_code == 0, result.output
         printed = CliRunner().invoke(app, ["compare", "--experiment", EXPERIMENT, "--all"])
         assert printed.exit_code == 0, printed.output
@@ -115,11 +118,22 @@ def test_the_comparison_is_logged_on_the_parent_run_and_in_prefect(compared):
     assert prefect_artifacts["model-version-changes"] == "markdown"
 
 
-def test_the_table_and_what_changed_are_printed(compared):
-    *_, printed = compared
+def test_the_table_and_what_changed_are_printed_with_whole_names(compared):
+    _, report, _, printed = compared
     assert "predicted vs measured" in printed
     assert "what changed: tiny_cnn v1 -> v2: same structure" in printed
-    assert "logged on MLflow run" in printed
+    assert report["parent_runs"][0]["run_name"] in printed  # in 160 columns, not cut
+    assert "finished" in printed  # each run's status
+
+
+def test_a_query_without_log_writes_nothing_to_mlflow(compared):
+    """`compare --all` ran after `compare --json --log`: only the latter's folder is there."""
+    client, report, _, printed = compared
+    parent = report["parent_runs"][0]["run_id"]
+    folders = [artifact.path for artifact in client.list_artifacts(parent)
+               if artifact.path.startswith("compare-")]
+    assert folders == [report["artifacts"][0].split("/")[0]]
+    assert "logged on MLflow run" not in printed
 
 
 def test_a_run_a_killed_flow_left_running_is_marked_killed(compared):

@@ -60,11 +60,11 @@ def _track_concurrently(uri: str, barrier, index: int, results) -> None:
     barrier.wait()  # both open the fresh store at the same moment
     try:
         client, experiment_id = track.open_experiment("concurrent")
-        run_id = track.start_parent_run(client, experiment_id, f"flow-{index}",
-                                        {"index": index}, {"writer": str(index)})
-        for step in range(METRIC_STEPS):
-            client.log_metric(run_id, "loss", float(step), step=step)
-        track.finish_run(client, run_id)
+        with track.benchmark_run(client, experiment_id, f"flow-{index}", {"index": index},
+                                 {"writer": str(index)}) as run_id:
+            for step in range(METRIC_STEPS):
+                client.log_metric(run_id, "loss", float(step), step=step)
+            track.finish_run(client, run_id)
         results.put(("ok", run_id))
     except Exception as error:  # reported to the test, which fails with it
         results.put(("error", f"{type(error).__name__}: {error}"))

@@ -3,6 +3,7 @@
     layerwise compare
     layerwise compare --experiment nightly --all
     layerwise compare --json > comparison.json
+    layerwise compare --log          # also log table, figure and report on the newest run
     MLFLOW_TRACKING_URI=http://mlflow:5000 layerwise compare --experiment nightly
 
 The same embedded defaults as `layerwise run` (flows/cli/run.py). The experiment and its store are
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from flows.cli.console import console, print_json, user_errors
@@ -23,7 +25,7 @@ from flows.cli.run import start_local_api, use_embedded_environment
 from strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:
-    from flows.compare import Comparison
+    from flows.compare import Comparison, StrategyRow
 
 
 def register(app: typer.Typer) -> None:
@@ -40,6 +42,9 @@ def compare(
         "--all", help="Every benchmark run of the experiment, not only the newest.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")
                        ] = False,
+    log: Annotated[bool, typer.Option(
+        "--log", help="Also log the comparison (table, figure, JSON) on the newest benchmark "
+                      "run in MLflow; without it nothing is written there.")] = False,
 ) -> None:
     """Compare predicted vs measured time, bytes and accuracy per model version and strategy."""
     from flows.benchmark_config import load_config
@@ -52,7 +57,7 @@ def compare(
     from flows.flow_runs import owned_flow_runs
 
     with owned_flow_runs():
-        comparison = compare_flow(name, all_runs)
+        comparison = compare_flow(name, all_runs, log)
     if as_json:
         print_json(comparison.model_dump(mode="json"))
         return
@@ -78,42 +83,65 @@ def _check_experiment(name: str) -> None:
 
 
 def _print(comparison: Comparison) -> None:
+    """One table per benchmark run (its name and status in the title), every value whole."""
     from flows.compare import change_lines
 
-    several = len(comparison.parent_runs) > 1
-    table = Table(title=f"{comparison.experiment}: predicted vs measured per training step",
-                  title_justify="left")
-    columns = (["run"] if several else []) + [
-        "model", "strategy", "pred. ms", "ParaDL ms", "meas. ms", "samples/s",
-        "transfer B pred.",
-        "transfer B meas.", "sync B pred.", "sync B meas.", "val acc", "1-proc acc", "status"]
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("run", "model", "strategy")
-                         else "right")
-    for row in comparison.rows:
-        metric = row.metrics
-        cells = [f"{row.model} {row.model_version}", row.strategy]
-        if metric["step_seconds"] is None:  # nothing was measured: the run failed before
-            cells += ["-"] * 9 + [_percent(metric["baseline_val_accuracy"])]
-        else:
-            cells += [_number(metric["predicted_step_seconds"], 1e3, ".2f"),
-                      _number(metric["oracle_step_seconds"], 1e3, ".2f"),
-                      _number(metric["step_seconds"], 1e3, ".2f"),
-                      _number(metric["throughput_samples_per_s"], 1, ",.0f"),
-                      *(_number(metric[name], 1, ",.0f") for name in (
-                          "predicted_transfer_bytes_per_step", "transfer_bytes_per_step",
-                          "predicted_sync_bytes_per_step", "sync_bytes_per_step")),
-                      _percent(metric["val_accuracy"]),
-                      _percent(metric["baseline_val_accuracy"])]
-        cells.append(row.status.lower() if row.error is None
-                     else f"{row.status.lower()}: {row.error}")
-        table.add_row(*([row.parent_run_name] if several else []), *cells)
-    console.print(table)
+    for parent in comparison.parent_runs:
+        rows = [_cells(row) for row in comparison.rows if row.parent_run_id == parent.run_id]
+        title = (f"{comparison.experiment}, run {parent.run_name} ({parent.status.lower()}): "
+                 "predicted vs measured per training step")
+        console.print(_table(title, rows) if rows else f"{title}: no strategy runs",
+                      highlight=False)
     for change in comparison.changes:
         console.print("what changed: " + "\n".join(change_lines(change)), highlight=False,
                       soft_wrap=True)
-    console.print(f"logged on MLflow run {comparison.logged_on_run}: "
-                  f"{', '.join(comparison.artifacts)}", highlight=False, soft_wrap=True)
+    if comparison.logged_on_run is not None:
+        console.print(f"logged on MLflow run {comparison.logged_on_run}: "
+                      f"{', '.join(comparison.artifacts)}", highlight=False, soft_wrap=True)
+
+
+COLUMNS = ("model", "strategy", "pred. ms", "ParaDL ms", "meas. ms", "samples/s",
+           "transfer B pred.", "transfer B meas.", "sync B pred.", "sync B meas.", "val acc",
+           "1-proc acc", "status")
+NUMERIC = frozenset({"pred. ms", "ParaDL ms", "meas. ms", "samples/s", "transfer B pred.",
+                     "transfer B meas.", "sync B pred.", "sync B meas.", "val acc",
+                     "1-proc acc"})
+
+
+def _table(title: str, rows: list[list[str]]) -> Table:
+    """Every value whole, however narrow the terminal: headers wrap at their spaces and the
+    status (with a failed run's error) folds instead; no vertical rules, to leave room."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for index, column in enumerate(COLUMNS):
+        status = column == "status"
+        widest = max([len(word) for word in column.split()]
+                     + [len(cells[index]) for cells in rows])
+        table.add_column(column, justify="right" if column in NUMERIC else "left",
+                         overflow="fold", min_width=len("finished") if status else None,
+                         width=None if status else widest)
+    for cells in rows:
+        table.add_row(*cells)
+    return table
+
+
+def _cells(row: StrategyRow) -> list[str]:
+    """A run's cells after the parent run's name: model, strategy, numbers, status."""
+    metric = row.metrics
+    cells = [f"{row.model} {row.model_version}", row.strategy]
+    if metric["step_seconds"] is None:  # nothing was measured: the run failed before
+        cells += ["-"] * 9 + [_percent(metric["baseline_val_accuracy"])]
+    else:
+        cells += [_number(metric["predicted_step_seconds"], 1e3, ".2f"),
+                  _number(metric["oracle_step_seconds"], 1e3, ".2f"),
+                  _number(metric["step_seconds"], 1e3, ".2f"),
+                  _number(metric["throughput_samples_per_s"], 1, ",.0f"),
+                  *(_number(metric[name], 1, ",.0f") for name in (
+                      "predicted_transfer_bytes_per_step", "transfer_bytes_per_step",
+                      "predicted_sync_bytes_per_step", "sync_bytes_per_step")),
+                  _percent(metric["val_accuracy"]),
+                  _percent(metric["baseline_val_accuracy"])]
+    return [*cells, row.status.lower() if row.error is None
+            else f"{row.status.lower()}: {row.error}"]
 
 
 def _number(value: float | None, scale: float, spec: str) -> str:
