@@ -296,7 +296,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                                      context.cluster, profile)
             options = _train_options(context, nproc=config.nproc,
                                      batch_per_device=config.batch_per_device, profile=profile)
-            live = track.LiveLoss(context.client, run_id)
+            live = track.LiveSteps(context.client, run_id)
             try:
                 with clock.stage("train"):
                     result = train_strategy.with_options(task_run_name=f"train[{label}]")(

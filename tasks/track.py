@@ -61,6 +61,7 @@ from mlflow.utils.time import get_current_time_millis
 from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
+from strategies.jobs.launch import StepProgress
 from strategies.models import build_model, input_shape
 from strategies.run import RunResult, TrainSettings
 from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
@@ -86,7 +87,7 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 GIT_DIRTY_TAG = "git_dirty"  # MLflow has no tag of its own for uncommitted changes
 SOURCE_NAME = "layerwise run (flows/benchmark.py)"
 SYSTEM_METRICS_SECONDS = 2  # a sample of CPU, memory, disk and network every 2 s
-LIVE_FLUSH_SECONDS = 1.0  # train_loss points are written at most this often, in one batch
+LIVE_FLUSH_SECONDS = 1.0  # per-step points are written at most this often, in one batch
 MODEL_ARTIFACT = "model"
 PRICED_WITH = "priced_with"  # artifact folder of the cluster (calibration) and profile files
 
@@ -326,7 +327,8 @@ def log_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph
 def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
                 divergence: Divergence | None,
                 oracle_seconds: float | None = None) -> list[Metric]:
-    """The contract's metrics; train_loss once per step, the rest once. With the ParaDL
+    """The contract's metrics but train_loss (logged per step as it comes: LiveSteps), each
+    once. With the ParaDL
     oracle's step time, also it and its accuracy (predicted / measured, as Kahira et al.);
     with the float64 verify stage's divergence, its largest relative difference."""
     now = get_current_time_millis()
@@ -363,19 +365,21 @@ def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
     return [Metric(key, float(value), now, 0) for key, value in values.items()]
 
 
-class LiveLoss:
-    """train_loss per step into a run while training goes on: rank 0's progress lines reach
-    the flow's process (the train task reads them), which writes them here in batches of at
-    most LIVE_FLUSH_SECONDS, each point with the time it arrived."""
+class LiveSteps:
+    """train_loss and train_step_seconds per step into a run while training goes on: rank 0's
+    progress lines reach the flow's process (the train task reads them), which writes them
+    here in batches of at most LIVE_FLUSH_SECONDS, each point with the time it arrived.
+    (step_seconds, the contract's metric, is the run's median, logged once at its end.)"""
 
     def __init__(self, client: MlflowClient, run_id: str) -> None:
         self.client, self.run_id = client, run_id
         self.pending: list[Metric] = []
         self.flushed_at = get_current_time_millis()
 
-    def __call__(self, step: int, loss: float) -> None:
+    def __call__(self, progress: StepProgress) -> None:
         now = get_current_time_millis()
-        self.pending.append(Metric("train_loss", loss, now, step))
+        self.pending += [Metric("train_loss", progress.loss, now, progress.step),
+                         Metric("train_step_seconds", progress.seconds, now, progress.step)]
         if now - self.flushed_at >= LIVE_FLUSH_SECONDS * 1e3:
             self.flush()
 

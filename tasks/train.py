@@ -35,7 +35,7 @@ class TrainingFailed(RuntimeError):
 @task(name="train", cache_policy=NO_CACHE)
 def train_strategy(model: str, strategy: str, options: TrainOptions, steps: int, out: Path,
                    deadline_s: float,
-                   on_step: Callable[[int, float], None] | None = None) -> RunResult:
+                   on_step: Callable[[StepProgress], None] | None = None) -> RunResult:
     """Train `model` under `strategy` (a strategy name or a strategy file) into the new folder
     `out` with the run `options`, stopping torchrun after `deadline_s` seconds; `on_step` gets
     every step's index and loss while training runs."""
@@ -57,7 +57,7 @@ def train_strategy(model: str, strategy: str, options: TrainOptions, steps: int,
     return RunResult.load(out / RESULT_FILE)
 
 
-def _progress_logger(logger: Any, total: int, on_step: Callable[[int, float], None] | None
+def _progress_logger(logger: Any, total: int, on_step: Callable[[StepProgress], None] | None
                      ) -> Callable[[StepProgress], None]:
     """Hands every step to `on_step`; logs rank 0's progress a few times per run and at its
     last step."""
@@ -65,7 +65,7 @@ def _progress_logger(logger: Any, total: int, on_step: Callable[[int, float], No
 
     def log(progress: StepProgress) -> None:
         if on_step is not None:
-            on_step(progress.step, progress.loss)
+            on_step(progress)
         if progress.step % every == 0 or progress.step == progress.steps:
             logger.info("step %d/%d loss %.4f", progress.step, progress.steps, progress.loss)
 

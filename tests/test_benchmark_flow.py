@@ -147,6 +147,9 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
             metrics["oracle_step_seconds"] / metrics["step_seconds"])
     losses = client.get_metric_history(run.info.run_id, "train_loss")
     assert sorted(metric.step for metric in losses) == [1, 2, 3, 4, 5, 6]
+    step_times = client.get_metric_history(run.info.run_id, "train_step_seconds")
+    assert sorted(metric.step for metric in step_times) == [1, 2, 3, 4, 5, 6]
+    assert all(metric.value > 0 for metric in step_times)
     # logged as the steps arrived, before the results were
     [result_time] = [m.timestamp for m in client.get_metric_history(run.info.run_id,
                                                                      "step_seconds")]

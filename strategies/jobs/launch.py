@@ -53,11 +53,13 @@ ORPHANED_OUTPUT_SECONDS = 5.0
 
 
 class StepProgress(NamedTuple):
-    """One of rank 0's progress lines: the step just finished, the last step, its loss."""
+    """One of rank 0's progress lines: the step just finished, the last step, its loss and
+    its time in seconds."""
 
     step: int
     steps: int
     loss: float
+    seconds: float
 
 
 def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout: float,
@@ -181,7 +183,8 @@ def _hand_on(line: bytes, on_line: Callable[[str], None],
     text = line.decode("utf-8", errors="replace").rstrip("\r")
     if text.startswith(PROGRESS_PREFIX):
         progress = json.loads(text[len(PROGRESS_PREFIX):])
-        on_progress(StepProgress(progress["step"], progress["steps"], progress["loss"]))
+        on_progress(StepProgress(progress["step"], progress["steps"], progress["loss"],
+                                 progress["seconds"]))
     else:
         on_line(text)
 
