@@ -8,14 +8,17 @@ per pair of configs). Eliminations shrink it while keeping the optimum:
 - a node with a single neighbour (the network input, the last layer, a side branch) folds
   into that neighbour's vector by the same min rule.
 They alternate until nothing applies; the K nodes left (K <= 1 for every network in the zoo)
-are solved exactly: exhaustively for K <= 2, otherwise by variable elimination (dynamic
-programming over the tree decomposition that the elimination order defines). Undoing the
+are solved exactly by variable elimination (dynamic programming over the tree decomposition
+that a min-size elimination order defines; exhaustive for K <= 2). Dense connectivity (every
+block reading all earlier outputs) leaves a K whose tables no memory holds: those go to an
+integer program (milp.py), whose answer comes with a proven gap to the optimum. Undoing the
 eliminations in reverse recovers every layer's config. Our own code: no library implements
 this min-plus elimination over tensors of configurations.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,15 +28,11 @@ from pydantic import BaseModel, ConfigDict
 
 from strategies.breakdown import Breakdown
 from strategies.cost import CostModel
-from strategies.errors import LayerwiseError
+from strategies.milp import solve_milp
 from strategies.space import ParallelConfig
 
 _CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
-_MAX_FACTOR_ELEMENTS = 50_000_000  # refuse variable elimination factors larger than this
-
-
-class SearchError(LayerwiseError):
-    """The final graph is too entangled for an exact search within memory."""
+_MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to the integer program
 
 
 class SearchResult(BaseModel):
@@ -45,6 +44,7 @@ class SearchResult(BaseModel):
     predicted: Breakdown
     search_seconds: float
     search_method: str
+    optimality_gap: float  # proven relative distance to the optimum (0: exact)
     final_graph_nodes: int
     nodes_eliminated: int
     edges_eliminated: int
@@ -60,6 +60,7 @@ class Solution:
     nodes_eliminated: int
     edges_eliminated: int
     method: str
+    gap: float = 0.0  # proven relative distance to the optimum (0: exact)
 
 
 @dataclass
@@ -152,7 +153,7 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
             nodes_eliminated += 1
             changed = True
     final_nodes = len(graph.nodes)
-    choice, cost, method = _solve_final(graph)
+    choice, cost, method, gap = _solve_final(graph)
     for kind, j, neighbours, arg in reversed(undo):
         if kind == "pair":
             choice[j] = int(arg[choice[neighbours[0]], choice[neighbours[1]]])
@@ -160,46 +161,77 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
             choice[j] = int(arg[choice[neighbours[0]]])
     return Solution(choice=choice, cost=cost, final_nodes=final_nodes,
                     nodes_eliminated=nodes_eliminated, edges_eliminated=edges_eliminated,
-                    method=method)
+                    method=method, gap=gap)
 
 
-def _neighbourhood(factors: list[tuple[tuple[str, ...], np.ndarray]], var: str) -> int:
-    """Number of variables sharing a factor with `var` (min-degree elimination order)."""
-    return len({v for scope, _ in factors if var in scope for v in scope})
+def _elimination_order(graph: _Graph) -> tuple[list[str], int]:
+    """A variable elimination order for what Jia's eliminations left, and its largest table.
+
+    Eliminating a node makes a table over it and its neighbours (who then become neighbours
+    of each other), so each step takes the node whose table is smallest (the weighted
+    min-degree heuristic of treewidth, sizes being config counts), ties broken by the fewest
+    new neighbour pairs (min-fill), then by graph order.
+    """
+    sizes = {name: len(cost) for name, cost in graph.nodes.items()}
+    position = {name: index for index, name in enumerate(graph.nodes)}
+    adjacent = {name: graph.pred[name] | graph.succ[name] for name in graph.nodes}
+
+    def weight(name: str) -> tuple[int, int, int]:
+        around = adjacent[name]
+        table = math.prod(sizes[other] for other in around) * sizes[name]
+        fill = sum(1 for a in around for b in around if a < b and b not in adjacent[a])
+        return table, fill, position[name]
+
+    order: list[str] = []
+    largest = 0
+    while adjacent:
+        name = min(adjacent, key=weight)
+        largest = max(largest, weight(name)[0])
+        around = adjacent.pop(name)
+        for other in around:
+            adjacent[other] = (adjacent[other] | around) - {other, name}
+        order.append(name)
+    return order, largest
 
 
-def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str]:
-    """Exact minimum of what elimination left: variable elimination, min-degree order."""
+def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str, float]:
+    """The minimum of what elimination left: variable elimination when its largest table is
+    small enough (exact), else the integer program (within its proven gap)."""
+    order, largest = _elimination_order(graph)
+    if largest > _MAX_FACTOR_ELEMENTS:
+        solution = solve_milp(graph.nodes, graph.edges)
+        return (solution.choice, solution.cost,
+                f"elimination+milp (gap {solution.gap:.2%})", solution.gap)
+    choice, total = _variable_elimination(graph, order)
+    method = ("elimination+exhaustive" if len(graph.nodes) <= 2
+              else "elimination+variable-elimination")
+    return choice, total, method, 0.0
+
+
+def _variable_elimination(graph: _Graph, order: list[str]) -> tuple[dict[str, int], float]:
+    """Exact minimum by eliminating the nodes in `order`, each into a table over its
+    neighbours, then choosing back in reverse."""
     factors: list[tuple[tuple[str, ...], np.ndarray]] = [
         ((name,), cost) for name, cost in graph.nodes.items()
     ] + [((u, v), cost) for (u, v), cost in graph.edges.items()]
-    remaining = list(graph.nodes)
     trace: list[tuple[str, tuple[str, ...], np.ndarray]] = []
     total = 0.0
-    while remaining:
-        var = min(remaining, key=lambda name: _neighbourhood(factors, name))
+    for var in order:
         touching = [(scope, cost) for scope, cost in factors if var in scope]
         factors = [(scope, cost) for scope, cost in factors if var not in scope]
         scope = tuple(dict.fromkeys(v for s, _ in touching for v in s if v != var))
         sizes = {v: c.shape[s.index(v)] for s, c in touching for v in s}
-        elements = int(np.prod([sizes[v] for v in (*scope, var)]))
-        if elements > _MAX_FACTOR_ELEMENTS:
-            raise SearchError(
-                f"the graph left after elimination needs a table of {elements:,} entries "
-                f"around '{var}'; use fewer devices or --placement origin"
-            )
         joint = np.zeros([sizes[v] for v in (*scope, var)])
         axes = {v: n for n, v in enumerate((*scope, var))}
         for s, cost in touching:
             shape = [1] * len(axes)
             for v, size in zip(s, cost.shape, strict=True):
                 shape[axes[v]] = size
-            order = sorted(range(len(s)), key=lambda n: axes[s[n]])
-            joint = joint + cost.transpose(order).reshape(shape)
+            transpose = sorted(range(len(s)), key=lambda n: axes[s[n]])
+            joint = joint + cost.transpose(transpose).reshape(shape)
         arg = joint.argmin(axis=-1)
         best = joint.min(axis=-1)
         trace.append((var, scope, arg))
-        remaining.remove(var)
         if scope:
             factors.append((scope, best))
         else:
@@ -207,9 +239,7 @@ def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str]:
     choice: dict[str, int] = {}
     for var, scope, arg in reversed(trace):
         choice[var] = int(arg[tuple(choice[v] for v in scope)])
-    method = ("elimination+exhaustive" if len(graph.nodes) <= 2
-              else "elimination+variable-elimination")
-    return choice, total, method
+    return choice, total
 
 
 def optimal_strategy(cost_model: CostModel,
@@ -234,7 +264,7 @@ def optimal_strategy(cost_model: CostModel,
     elapsed = time.perf_counter() - started
     return SearchResult(
         assignment=assignment, predicted=cost_model.evaluate(assignment),
-        search_seconds=elapsed, search_method=solution.method,
+        search_seconds=elapsed, search_method=solution.method, optimality_gap=solution.gap,
         final_graph_nodes=solution.final_nodes, nodes_eliminated=solution.nodes_eliminated,
         edges_eliminated=solution.edges_eliminated,
     )
