@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -32,6 +33,7 @@ from strategies.milp import solve_milp
 from strategies.space import ParallelConfig
 
 _CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
+_T = TypeVar("_T")
 _MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to the integer program
 
 
@@ -65,24 +67,35 @@ class Solution:
 
 @dataclass
 class _Graph:
+    """The graph being eliminated; every vector and matrix carries a key (`_Keys`) that says
+    how it was computed, so equal keys mean equal values."""
+
     nodes: dict[str, np.ndarray]
     edges: dict[tuple[str, str], np.ndarray]
+    keys: _Keys
+    node_keys: dict[str, int] = field(default_factory=dict)
+    edge_keys: dict[tuple[str, str], int] = field(default_factory=dict)
     succ: dict[str, set[str]] = field(default_factory=dict)
     pred: dict[str, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.node_keys = {name: self.keys.leaf(cost) for name, cost in self.nodes.items()}
+        self.edge_keys = {edge: self.keys.leaf(cost) for edge, cost in self.edges.items()}
         self.succ = {name: set() for name in self.nodes}
         self.pred = {name: set() for name in self.nodes}
         for u, v in self.edges:
             self.succ[u].add(v)
             self.pred[v].add(u)
 
-    def add_edge(self, u: str, v: str, cost: np.ndarray) -> bool:
+    def add_edge(self, u: str, v: str, cost: np.ndarray, key: int) -> bool:
         """Add an edge; returns True when it merged with an existing one (Eq. 3)."""
         if (u, v) in self.edges:
-            self.edges[(u, v)] = self.edges[(u, v)] + cost
+            merged = self.keys.derived("sum", self.edge_keys[(u, v)], key)
+            self.edges[(u, v)] = self.keys.memo(merged, lambda: self.edges[(u, v)] + cost)
+            self.edge_keys[(u, v)] = merged
             return True
         self.edges[(u, v)] = cost
+        self.edge_keys[(u, v)] = key
         self.succ[u].add(v)
         self.pred[v].add(u)
         return False
@@ -90,11 +103,36 @@ class _Graph:
     def remove(self, node: str) -> None:
         for v in self.succ.pop(node):
             self.pred[v].discard(node)
-            del self.edges[(node, v)]
+            del self.edges[(node, v)], self.edge_keys[(node, v)]
         for u in self.pred.pop(node):
             self.succ[u].discard(node)
-            del self.edges[(u, node)]
-        del self.nodes[node]
+            del self.edges[(u, node)], self.edge_keys[(u, node)]
+        del self.nodes[node], self.node_keys[node]
+
+
+class _Keys:
+    """Names for the values an elimination computes, and those values, computed once.
+
+    Networks repeat blocks: the cost model hands equal layers and edges the same array, so
+    eliminating the second of two equal blocks repeats the first one's arithmetic exactly.
+    A value's key is its operation and its operands' keys (the input arrays are keyed by
+    identity; the caller holds them for the whole search), numbered as small integers.
+    """
+
+    def __init__(self) -> None:
+        self._numbers: dict[tuple[object, ...], int] = {}
+        self._values: dict[int, object] = {}
+
+    def leaf(self, array: np.ndarray) -> int:
+        return self._numbers.setdefault(("leaf", id(array)), len(self._numbers))
+
+    def derived(self, operation: str, *operands: int) -> int:
+        return self._numbers.setdefault((operation, *operands), len(self._numbers))
+
+    def memo(self, key: int, compute: Callable[[], _T]) -> _T:
+        if key not in self._values:
+            self._values[key] = compute()
+        return self._values[key]  # type: ignore[return-value]
 
 
 def _min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -106,11 +144,14 @@ def _min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarr
     right_t = np.ascontiguousarray(right.T)
     rows = max(1, _CHUNK_ELEMENTS // max(1, left.shape[1] * right.shape[1]))
     best = np.empty((left.shape[0], right.shape[1]))
-    arg = np.empty((left.shape[0], right.shape[1]), dtype=np.int64)
+    # argmins kept until the search ends: the narrowest type that holds a config index
+    arg = np.empty((left.shape[0], right.shape[1]),
+                   dtype=np.int16 if left.shape[1] <= np.iinfo(np.int16).max else np.int64)
     for start in range(0, left.shape[0], rows):
         block = left[start:start + rows, None, :] + right_t[None, :, :]
-        arg[start:start + rows] = block.argmin(axis=2)
-        best[start:start + rows] = block.min(axis=2)
+        found = block.argmin(axis=2)
+        arg[start:start + rows] = found
+        best[start:start + rows] = np.take_along_axis(block, found[..., None], axis=2)[..., 0]
     return best, arg
 
 
@@ -121,7 +162,8 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
     `order` (default: insertion order of `nodes`) fixes which eliminable node goes first, so
     results are deterministic.
     """
-    graph = _Graph(dict(nodes), dict(edges))
+    keys = _Keys()
+    graph = _Graph(dict(nodes), dict(edges), keys)
     undo: list[tuple[str, str, tuple[str, ...], np.ndarray]] = []
     nodes_eliminated = edges_eliminated = 0
     sequence = order or list(nodes)
@@ -135,17 +177,27 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
             cost_j = graph.nodes[j]
             if len(preds) == 1 and len(succs) == 1:
                 (i,), (k,) = preds, succs
-                left = graph.edges[(i, j)] + cost_j[None, :]
-                merged_cost, arg = _min_plus(left, graph.edges[(j, k)])
+                first, second = graph.edges[(i, j)], graph.edges[(j, k)]
+                key = keys.derived("pair", graph.edge_keys[(i, j)], graph.node_keys[j],
+                                   graph.edge_keys[(j, k)])
+                merged_cost, arg = keys.memo(
+                    key, lambda first=first, cost_j=cost_j, second=second: _min_plus(
+                        first + cost_j[None, :], second))
                 graph.remove(j)
-                edges_eliminated += graph.add_edge(i, k, merged_cost)
+                edges_eliminated += graph.add_edge(i, k, merged_cost, key)
                 undo.append(("pair", j, (i, k), arg))
             elif len(preds) + len(succs) == 1:
                 (other,) = preds or succs
                 matrix = graph.edges[(other, j)] if preds else graph.edges[(j, other)].T
-                total = matrix + cost_j[None, :]
-                arg = total.argmin(axis=1)
-                graph.nodes[other] = graph.nodes[other] + total[np.arange(len(arg)), arg]
+                edge_key = graph.edge_keys[(other, j) if preds else (j, other)]
+                key = keys.derived("fold" if preds else "fold_back", edge_key,
+                                   graph.node_keys[j])
+                folded, arg = keys.memo(key, lambda matrix=matrix, cost_j=cost_j: _fold(
+                    matrix, cost_j))
+                summed = keys.derived("plus", graph.node_keys[other], key)
+                graph.nodes[other] = keys.memo(
+                    summed, lambda other=other, folded=folded: graph.nodes[other] + folded)
+                graph.node_keys[other] = summed
                 graph.remove(j)
                 undo.append(("single", j, (other,), arg))
             else:
@@ -162,6 +214,14 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
     return Solution(choice=choice, cost=cost, final_nodes=final_nodes,
                     nodes_eliminated=nodes_eliminated, edges_eliminated=edges_eliminated,
                     method=method, gap=gap)
+
+
+def _fold(matrix: np.ndarray, cost_j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A leaf j folded into its neighbour: per neighbour config, min over c_j of the edge
+    plus j's cost, and the argmin."""
+    total = matrix + cost_j[None, :]
+    arg = total.argmin(axis=1)
+    return total[np.arange(len(arg)), arg], arg
 
 
 def _elimination_order(graph: _Graph) -> tuple[list[str], int]:
