@@ -23,8 +23,11 @@ from scipy.optimize import LinearConstraint, milp
 from scipy.sparse import coo_array
 
 from strategies.errors import LayerwiseError
+from strategies.memory import check_memory
 
 DEFAULT_TIME_LIMIT_SECONDS = 60.0
+# HiGHS' memory per pair-of-configs column (its two nonzeros, bounds, cost, presolve copies)
+_BYTES_PER_PAIR = 200
 _RELATIVE_GAP = 1e-6  # stop once proven within this of the optimum (HiGHS' default is 1e-4)
 
 
@@ -46,6 +49,9 @@ def solve_milp(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.nda
     """Minimise sum(node[v][c_v]) + sum(edge[u, v][c_u, c_v]) with HiGHS, over the configs
     that `prune` cannot rule out (none of which the optimum uses)."""
     keep = prune(nodes, edges)
+    pairs = sum(int(keep[u].sum()) * int(keep[v].sum()) for u, v in edges)
+    check_memory(pairs * _BYTES_PER_PAIR, f"the integer program over {pairs:,} pairs of configs",
+                 "plan for fewer devices or use --placement origin")
     solution = _solve_kept({name: cost[keep[name]] for name, cost in nodes.items()},
                            {(u, v): matrix[np.ix_(keep[u], keep[v])]
                             for (u, v), matrix in edges.items()}, time_limit)
