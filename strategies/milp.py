@@ -22,17 +22,12 @@ import numpy as np
 from scipy.optimize import LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from strategies.errors import LayerwiseError
 from strategies.memory import check_memory
 
 DEFAULT_TIME_LIMIT_SECONDS = 60.0
 # HiGHS' memory per pair-of-configs column (its two nonzeros, bounds, cost, presolve copies)
 _BYTES_PER_PAIR = 200
 _RELATIVE_GAP = 1e-6  # stop once proven within this of the optimum (HiGHS' default is 1e-4)
-
-
-class MilpError(LayerwiseError):
-    """HiGHS found no strategy within its time limit."""
 
 
 @dataclass(frozen=True)
@@ -48,16 +43,34 @@ def solve_milp(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.nda
                time_limit: float = DEFAULT_TIME_LIMIT_SECONDS) -> MilpSolution:
     """Minimise sum(node[v][c_v]) + sum(edge[u, v][c_u, c_v]) with HiGHS, over the configs
     that `prune` cannot rule out (none of which the optimum uses)."""
-    keep = prune(nodes, edges)
+    pruned = prune(nodes, edges)
+    keep = pruned.keep
     pairs = sum(int(keep[u].sum()) * int(keep[v].sum()) for u, v in edges)
     check_memory(pairs * _BYTES_PER_PAIR, f"the integer program over {pairs:,} pairs of configs",
                  "plan for fewer devices or use --placement origin")
-    solution = _solve_kept({name: cost[keep[name]] for name, cost in nodes.items()},
-                           {(u, v): matrix[np.ix_(keep[u], keep[v])]
-                            for (u, v), matrix in edges.items()}, time_limit)
-    choice = {name: int(np.flatnonzero(keep[name])[index])
-              for name, index in solution.choice.items()}
-    return MilpSolution(choice=choice, cost=solution.cost, gap=solution.gap)
+    found, lower = _solve_kept({name: cost[keep[name]] for name, cost in nodes.items()},
+                               {(u, v): matrix[np.ix_(keep[u], keep[v])]
+                                for (u, v), matrix in edges.items()}, time_limit)
+    choice = pruned.incumbent  # HiGHS' answer where it has one at least as good
+    if found is not None:
+        solved = {name: int(np.flatnonzero(keep[name])[index])
+                  for name, index in found.items()}
+        if _total(nodes, edges, solved) <= _total(nodes, edges, choice):
+            choice = solved
+    cost = _total(nodes, edges, choice)
+    lower = max(lower, pruned.lower)
+    return MilpSolution(choice=choice, cost=cost,
+                        gap=max(0.0, (cost - lower) / cost) if cost > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What `prune` proved: the configs the optimum may use (a mask per node), a feasible
+    strategy (config index per node), and a lower bound on the optimum."""
+
+    keep: dict[str, np.ndarray]
+    incumbent: dict[str, int]
+    lower: float
 
 
 def _edge_shares(nodes: dict[str, np.ndarray],
@@ -99,9 +112,8 @@ def _local_search(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.
     return choice
 
 
-def prune(nodes: dict[str, np.ndarray],
-          edges: dict[tuple[str, str], np.ndarray]) -> dict[str, np.ndarray]:
-    """Which configs of each node the optimum may use (a boolean mask per node).
+def prune(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]) -> Pruned:
+    """Which configs of each node the optimum may use.
 
     With the objective written as a sum over edges of shares (`_edge_shares`), fixing node v
     to config c costs at least the minimum of each share given c on v's edges plus the
@@ -112,7 +124,8 @@ def prune(nodes: dict[str, np.ndarray],
     shares = _edge_shares(nodes, edges)
     alone = [name for name in nodes if not any(name in key for key in edges)]
     keep = {name: np.ones(len(cost), dtype=bool) for name, cost in nodes.items()}
-    upper = None
+    incumbent: dict[str, int] = {}
+    upper = base = 0.0
     for _ in range(8):
         masked = {key: np.where(keep[key[0]][:, None] & keep[key[1]][None, :], share, np.inf)
                   for key, share in shares.items()}
@@ -125,20 +138,22 @@ def prune(nodes: dict[str, np.ndarray],
             bound[v] += share.min(axis=0) - lowest
         for name in alone:  # no edges: its own cost in place of its minimum
             bound[name] += nodes[name] - nodes[name][keep[name]].min()
-        if upper is None:
+        if not incumbent:
             start = {name: int(np.argmin(values)) for name, values in bound.items()}
-            upper = _total(nodes, edges, _local_search(nodes, edges, start))
+            incumbent = _local_search(nodes, edges, start)
+            upper = _total(nodes, edges, incumbent)
         slack = upper * (1 + 1e-9) + 1e-15  # never drop a config on rounding
         narrowed = {name: keep[name] & (bound[name] <= slack) for name in nodes}
         if all(np.array_equal(narrowed[name], keep[name]) for name in nodes):
             break
         keep = narrowed
-    return keep
+    return Pruned(keep=keep, incumbent=incumbent, lower=base)
 
 
 def _solve_kept(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
-                time_limit: float) -> MilpSolution:
-    """The integer program itself."""
+                time_limit: float) -> tuple[dict[str, int] | None, float]:
+    """The integer program itself: HiGHS' config index per node (None when it found no
+    strategy in time) and its proven lower bound on the optimum (0 when it has none)."""
     names = list(nodes)
     x_start = dict(zip(names, np.cumsum([0] + [len(nodes[n]) for n in names[:-1]]),
                        strict=True))
@@ -183,13 +198,11 @@ def _solve_kept(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.nd
     result = milp(objective, integrality=integrality, bounds=(0, 1),
                   constraints=LinearConstraint(matrix, bounds, bounds),
                   options={"time_limit": time_limit, "mip_rel_gap": _RELATIVE_GAP})
+    if result.mip_dual_bound is None or not np.isfinite(result.mip_dual_bound):
+        lower = 0.0
+    else:
+        lower = float(result.mip_dual_bound) * scale
     if result.x is None:
-        raise MilpError(f"the integer program found no strategy in {time_limit:.0f} s "
-                        f"({result.message}); plan for fewer devices")
-    choice = {name: int(np.argmax(result.x[x_start[name]:x_start[name] + len(nodes[name])]))
-              for name in names}
-    cost = (sum(float(nodes[n][choice[n]]) for n in names)
-            + sum(float(m[choice[u], choice[v]]) for (u, v), m in edges.items()))
-    bound = float(result.mip_dual_bound) * scale if result.mip_dual_bound is not None else cost
-    return MilpSolution(choice=choice, cost=cost, gap=max(0.0, (cost - bound) / cost)
-                        if cost > 0 else 0.0)
+        return None, lower
+    return {name: int(np.argmax(result.x[x_start[name]:x_start[name] + len(nodes[name])]))
+            for name in names}, lower
