@@ -312,13 +312,14 @@ class EdgeDims:
 
 @dataclass(frozen=True)
 class ProducerSide:
-    """The producer configs' per-device terms, (P, D) and per group."""
+    """The producer configs' per-device terms, (D, P) and per group: a device's terms of every
+    producer config are one contiguous row."""
 
-    state: list[np.ndarray]  # per group: (P, D) state of each device
+    state: list[np.ndarray]  # per group: (D, P) state of each device
     same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
-    recv: list[np.ndarray]  # per group: (P, T) producer tiles a consumer state needs
-    seconds_per_element: np.ndarray  # (P, D) over the producer block's slowest link
-    latency: np.ndarray  # (P, D)
+    recv: list[np.ndarray]  # per group: (T, P) producer tiles a consumer state needs
+    seconds_per_element: np.ndarray  # (D, P) over the producer block's slowest link
+    latency: np.ndarray  # (D, P)
 
 
 @dataclass(frozen=True)
@@ -333,26 +334,25 @@ class ConsumerSide:
     latency: np.ndarray  # (D, Q)
 
 
-def _forward_block(producer: ProducerSide, consumer: ConsumerSide, rows: np.ndarray,
-                   columns: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Forward t_x seconds and elements of producer configs `rows` x consumer configs
-    `columns`, all of one size, over the devices holding their consumer tiles (`devices`:
-    (tiles, len(columns))): a device without a consumer tile needs nothing, so its terms are
-    zero and leave the max and the sum unchanged. Per device as `_pairs` describes."""
+def _forward_block(producer: ProducerSide, consumer: ConsumerSide, columns: np.ndarray,
+                   devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Forward t_x seconds and elements of consumer configs `columns`, all of one size, x every
+    producer config, as (columns, P), over the devices holding the consumer tiles (`devices`:
+    (len(columns), tiles)): a device without a consumer tile needs nothing, so its terms are
+    zero and leave the max and the sum unchanged."""
     same = recv = None
     for group in range(len(_GROUPS)):
         table = producer.same[group]
-        q_state = consumer.state[group][devices, columns[None, :]]  # (K, C)
-        p_state = producer.state[group][rows[:, None, None], devices[None]]  # (R, K, C)
-        part = table.ravel().take(p_state * table.shape[1] + q_state[None])
+        q_state = consumer.state[group][devices, columns[:, None]]  # (C, K)
+        part = table.ravel().take(producer.state[group][devices] * table.shape[1]
+                                  + q_state[..., None])  # (C, K, P)
         same = part if same is None else np.multiply(same, part, out=same)
-        part = np.take(producer.recv[group][rows], q_state, axis=1)
+        part = producer.recv[group][q_state]
         recv = part if recv is None else np.multiply(recv, part, out=recv)
     np.subtract(recv, same > 0, out=recv)
-    remote = np.subtract(consumer.need[devices, columns[None, :]][None], same)
-    at = (rows[:, None, None], devices[None])
-    forward = remote * producer.seconds_per_element[at]
-    forward += recv * producer.latency[at]
+    remote = np.subtract(consumer.need[devices, columns[:, None]][..., None], same)
+    forward = remote * producer.seconds_per_element[devices]
+    forward += recv * producer.latency[devices]
     return forward.max(axis=1), remote.sum(axis=1, dtype=np.int64)
 
 
@@ -364,7 +364,7 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, rows: np.nda
     same = row_sum = sent = None
     for group in range(len(_GROUPS)):
         table = producer.same[group]
-        p_state = producer.state[group][rows[:, None], devices]  # (R, K)
+        p_state = producer.state[group][devices, rows[:, None]]  # (R, K)
         q_state = consumer.state[group][devices]  # (R, K, Q)
         part = table.ravel().take(p_state[..., None] * table.shape[1] + q_state)
         same = part if same is None else np.multiply(same, part, out=same)
@@ -542,11 +542,12 @@ class TransferTables:
         # producer side as (P, D), consumer side as (D, Q); bytes per
         # element are folded into the seconds per byte (a power of two: exact)
         producer = ProducerSide(
-            state=[terms.p_state for terms in groups],
+            state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
             same=[terms.same.astype(dtype, copy=False) for terms in groups],
-            recv=[terms.recv[terms.p_pair] for terms in groups],
-            seconds_per_element=ptab.links.seconds_per_byte * BYTES_PER_ELEMENT,
-            latency=ptab.links.latency,
+            recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T) for terms in groups],
+            seconds_per_element=np.ascontiguousarray(
+                ptab.links.seconds_per_byte.T * BYTES_PER_ELEMENT),
+            latency=np.ascontiguousarray(ptab.links.latency.T),
         )
         consumer = ConsumerSide(
             state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
@@ -559,14 +560,13 @@ class TransferTables:
         )
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
-        all_rows = np.arange(len(pconfs))
-        for columns, devices in _by_size(qconfs):
-            step = max(1, _CHUNK_ELEMENTS // devices.size)
-            for start in range(0, len(pconfs), step):
-                rows = all_rows[start:start + step]
-                block = np.ix_(rows, columns)
-                seconds[block], elements[block] = _forward_block(producer, consumer, rows,
-                                                                 columns, devices.T)
+        for columns_of_size, devices in _by_size(qconfs):
+            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
+            for start in range(0, len(columns_of_size), step):
+                columns = columns_of_size[start:start + step]
+                forward, moved = _forward_block(producer, consumer, columns,
+                                                devices[start:start + step])
+                seconds[:, columns], elements[:, columns] = forward.T, moved.T
         if backward:
             for rows_of_size, devices in _by_size(pconfs):
                 step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(qconfs)))
