@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict
 
 from strategies.breakdown import Breakdown
 from strategies.cost import CostModel
-from strategies.milp import solve_milp
 from strategies.space import ParallelConfig
 
 _CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
@@ -259,6 +258,8 @@ def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str, float]:
     small enough (exact), else the integer program (within its proven gap)."""
     order, largest = _elimination_order(graph)
     if largest > _MAX_FACTOR_ELEMENTS:
+        from strategies.milp import solve_milp  # scipy loads only for the graphs that need it
+
         solution = solve_milp(graph.nodes, graph.edges)
         return (solution.choice, solution.cost,
                 f"elimination+milp (gap {solution.gap:.2%})", solution.gap)
