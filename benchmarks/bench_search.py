@@ -1,24 +1,24 @@
-"""Search time of the elimination algorithm for every zoo model (a measurement, not a test).
+"""Search time of every zoo model over both search spaces (a measurement, not a test).
 
-    .venv/bin/python benchmarks/bench_search.py                    # 4, 16, 64 devices
-    .venv/bin/python benchmarks/bench_search.py --devices 16 --models inception_v3,resnet152
-    .venv/bin/python benchmarks/bench_search.py --placement aligned --devices 4,8,16
+    taskset -c 0 .venv/bin/python benchmarks/bench_search.py               # 4, 16, 64 devices
+    taskset -c 0 .venv/bin/python benchmarks/bench_search.py --devices 16 --models inception_v3
 
-Full input size, 32 images per device, analytic t_c, origin placement unless --placement
-aligned (every config also at each offset aligned to its size: many more configs per layer).
+Full input size, 32 images per device, analytic t_c; one core with `taskset -c 0`. Each model
+is searched over origin placement (every layer's devices start at 0) and over the whole space,
+aligned placement (the default: also every offset aligned to a config's size), side by side.
 The presets have 16 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with
-more nodes. Each row
-is one fresh search in this process: building the cost vectors and matrices, eliminating, and
-undoing; `cost s` and `eliminate s` split it. One search of the tiny CNN runs first so that
-the first row does not carry the process's one-time warm-up. Peak memory is the process's
-maximum RSS.
+more nodes. Each search is fresh in this process: building the cost vectors and matrices
+(`cost s`), eliminating and undoing (`elim s`). One search of the tiny CNN runs first so that
+the first row does not carry the process's one-time warm-up. `peak MB` is the most memory
+the aligned search held (tracemalloc, in a second run, so that tracing does not slow the
+timed one); `optimum` says whether aligned found a cheaper step than origin (=: equal).
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import time
+import tracemalloc
 
 from rich.console import Console
 from rich.table import Table
@@ -26,9 +26,9 @@ from rich.table import Table
 from strategies.cluster import Cluster, load_cluster
 from strategies.compute import AnalyticCompute
 from strategies.cost import CostModel, Placement
-from strategies.graph import build_graph
+from strategies.graph import LayerGraph, build_graph
 from strategies.models import ZOO
-from strategies.search import solve
+from strategies.search import Solution, solve
 
 
 def scaled(cluster: Cluster, devices: int) -> Cluster:
@@ -38,22 +38,40 @@ def scaled(cluster: Cluster, devices: int) -> Cluster:
     return cluster.model_copy(update={"nodes": nodes, "name": f"{cluster.name}x{nodes}nodes"})
 
 
-def measure(model: str, devices: int, cluster: Cluster,
-            placement: Placement = "origin") -> dict[str, float | int | str]:
-    graph = build_graph(model, batch=32 * devices)
+def search(graph: LayerGraph, devices: int, cluster: Cluster,
+           placement: Placement) -> tuple[CostModel, Solution, float, float]:
+    """One fresh search: the cost model, the solution, and the seconds costing and solving."""
     started = time.perf_counter()
     cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement=placement)
     nodes = {layer.name: cost.node_seconds(layer) for layer in graph.layers}
     edges = {(u, v): cost.edge(graph.by_name[u], graph.by_name[v])[0] for u, v in graph.edges}
     costed = time.perf_counter()
     solution = solve(nodes, edges, order=[layer.name for layer in graph.layers])
-    finished = time.perf_counter()
-    return {
-        "layers": len(graph.layers), "max configs": max(len(c) for c in cost.configs.values()),
-        "cost s": costed - started, "eliminate s": finished - costed,
-        "search s": finished - started, "final nodes": solution.final_nodes,
-        "peak MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
+    return cost, solution, costed - started, time.perf_counter() - costed
+
+
+def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int | str]:
+    graph = build_graph(model, batch=32 * devices)
+    row: dict[str, float | int | str] = {"layers": len(graph.layers)}
+    for placement in ("origin", "aligned"):
+        cost, solution, costing, solving = search(graph, devices, cluster, placement)
+        row[f"{placement} configs"] = max(len(c) for c in cost.configs.values())
+        row[f"{placement} s"] = costing + solving
+        row[f"{placement} optimum"] = solution.cost
+        if placement == "aligned":
+            row["cost s"], row["elim s"], row["method"] = costing, solving, solution.method
+    row["ratio"] = f"{float(row['aligned s']) / float(row['origin s']):.2f}x"
+    row["optimum"] = "=" if row["aligned optimum"] == row["origin optimum"] else (
+        f"{float(row['aligned optimum']) / float(row['origin optimum']) - 1:+.1%}")
+    tracemalloc.start()
+    search(graph, devices, cluster, "aligned")
+    row["peak MB"] = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return row
+
+
+COLUMNS = ("model", "cluster", "devices", "layers", "origin configs", "aligned configs",
+           "origin s", "aligned s", "ratio", "cost s", "elim s", "optimum", "peak MB", "method")
 
 
 def main() -> None:
@@ -61,26 +79,23 @@ def main() -> None:
     parser.add_argument("--devices", default="4,16,64")
     parser.add_argument("--models", default=",".join(ZOO))
     parser.add_argument("--clusters", default="p100x16,h200x8")
-    parser.add_argument("--placement", choices=("origin", "aligned"), default="origin")
     args = parser.parse_args()
-    table = Table(title=f"search time (elimination, analytic t_c, full input size, "
-                        f"{args.placement} placement)",
-                  title_justify="left")
-    columns = ("model", "cluster", "devices", "layers", "max configs", "cost s",
-               "eliminate s", "search s", "final nodes", "peak MB")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("model", "cluster") else "right")
-    console = Console(width=150)
+    table = Table(title="search time, origin vs aligned placement (analytic t_c, full input "
+                        "size, 32 images per device)", title_justify="left")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column in ("model", "cluster", "method")
+                         else "right")
+    console = Console(width=180)
     measure("tiny_cnn", 4, load_cluster(args.clusters.split(",")[0]))
     for cluster_name in args.clusters.split(","):
         for devices in map(int, args.devices.split(",")):
             cluster = scaled(load_cluster(cluster_name), devices)
             for model in args.models.split(","):
-                row = measure(model, devices, cluster, args.placement)
-                cells = [model, cluster.name, str(devices)] + [
-                    f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c])
-                    for c in columns[3:]
-                ]
+                row = {"model": model, "cluster": cluster.name, "devices": devices,
+                       **measure(model, devices, cluster)}
+                cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c])
+                         for c in COLUMNS]
+                cells[COLUMNS.index("peak MB")] = f"{row['peak MB']:.0f}"
                 table.add_row(*cells)
                 console.print(" ".join(cells), style="dim")
     console.print(table)

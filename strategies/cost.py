@@ -70,7 +70,7 @@ class CostModel:
     """Eq. 1 for one graph on `devices` devices of `cluster`, with t_c from `compute`."""
 
     def __init__(self, graph: LayerGraph, cluster: Cluster, devices: int,
-                 compute: ComputeSource, placement: Placement = "origin") -> None:
+                 compute: ComputeSource, placement: Placement = "aligned") -> None:
         if devices < 1:
             raise ConfigError(f"the number of devices must be >= 1 (got {devices})")
         if devices > cluster.num_devices:

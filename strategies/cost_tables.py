@@ -172,7 +172,6 @@ class ConfigTable:
             self.exponents[row] = [degree.bit_length() - 1 for degree in config.degrees]
             self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
         # one past the highest device of each config: devices beyond hold no tile
-        self.extent = np.array([max(config.devices) + 1 for config in configs], dtype=np.int64)
         levels = devices.bit_length()
         width = (1 << (levels - 1)) + 1
         tile = np.where(self.tile_of < 0, width - 1, self.tile_of)  # -1 reads the zero slot
@@ -313,18 +312,19 @@ class EdgeDims:
 
 @dataclass(frozen=True)
 class ProducerSide:
-    """The producer configs' per-device terms, (P, D) and per group, in extent order."""
+    """The producer configs' per-device terms, (D, P) and per group: a device's terms of every
+    producer config are one contiguous row."""
 
-    state: list[np.ndarray]  # per group: (P, D) state of each device
+    state: list[np.ndarray]  # per group: (D, P) state of each device
     same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
-    recv: list[np.ndarray]  # per group: (P, T) producer tiles a consumer state needs
-    seconds_per_element: np.ndarray  # (P, D) over the producer block's slowest link
-    latency: np.ndarray  # (P, D)
+    recv: list[np.ndarray]  # per group: (T, P) producer tiles a consumer state needs
+    seconds_per_element: np.ndarray  # (D, P) over the producer block's slowest link
+    latency: np.ndarray  # (D, P)
 
 
 @dataclass(frozen=True)
 class ConsumerSide:
-    """The consumer configs' per-device terms, (D, Q) and per group, in extent order."""
+    """The consumer configs' per-device terms, (D, Q) and per group."""
 
     state: list[np.ndarray]  # per group: (D, Q) state of each device
     row: list[np.ndarray]  # per group: (S, Q) elements of a producer state needed in all
@@ -334,50 +334,59 @@ class ConsumerSide:
     latency: np.ndarray  # (D, Q)
 
 
-def _pair_block(producer: ProducerSide, consumer: ConsumerSide, rows: slice, columns: slice,
-                extent: int, backward: bool) -> tuple[np.ndarray, np.ndarray]:
-    """t_x seconds and forward elements of producer configs `rows` x consumer configs
-    `columns`, over devices [0, extent), as (P, D, Q) arrays reduced over D.
-
-    Per device: `same` elements it holds of what its consumer tile needs, the producer tiles
-    it receives from, and (backward) its producer tile's elements needed elsewhere and the
-    consumer tiles it sends to. Forward time is the slowest device's remote elements over its
-    producer block's link plus latency per message; backward likewise over the consumer's.
-    The expression and its order of operations are the reference's, so results are equal
-    bit for bit.
-    """
-    devices = slice(0, extent)
+def _forward_block(producer: ProducerSide, consumer: ConsumerSide, columns: np.ndarray,
+                   devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Forward t_x seconds and elements of consumer configs `columns`, all of one size, x every
+    producer config, as (columns, P), over the devices holding the consumer tiles (`devices`:
+    (len(columns), tiles)): a device without a consumer tile needs nothing, so its terms are
+    zero and leave the max and the sum unchanged."""
     same = recv = None
     for group in range(len(_GROUPS)):
         table = producer.same[group]
-        index = (producer.state[group][rows, devices, None] * table.shape[1]
-                 + consumer.state[group][None, devices, columns])
-        part = table.ravel().take(index)
+        q_state = consumer.state[group][devices, columns[:, None]]  # (C, K)
+        part = table.ravel().take(producer.state[group][devices] * table.shape[1]
+                                  + q_state[..., None])  # (C, K, P)
         same = part if same is None else np.multiply(same, part, out=same)
-        part = np.take(producer.recv[group][rows], consumer.state[group][devices, columns],
-                       axis=1)
+        part = producer.recv[group][q_state]
         recv = part if recv is None else np.multiply(recv, part, out=recv)
-    held = same > 0
-    np.subtract(recv, held, out=recv)
-    remote = np.subtract(consumer.need[None, devices, columns], same)
-    forward = remote * producer.seconds_per_element[rows, devices, None]
-    forward += recv * producer.latency[rows, devices, None]
-    seconds = forward.max(axis=1)
-    elements = remote.sum(axis=1, dtype=np.int64)
-    if backward:
-        row_sum = sent = None
-        for group in range(len(_GROUPS)):
-            state = producer.state[group][rows, devices]
-            part = np.take(consumer.row[group][:, columns], state, axis=0)
-            row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
-            part = np.take(consumer.sent[group][:, columns], state, axis=0)
-            sent = part if sent is None else np.multiply(sent, part, out=sent)
-        np.subtract(sent, held, out=sent)
-        np.subtract(row_sum, same, out=row_sum)
-        back = row_sum * consumer.seconds_per_element[None, devices, columns]
-        back += sent * consumer.latency[None, devices, columns]
-        seconds = seconds + back.max(axis=1)
-    return seconds, elements
+    np.subtract(recv, same > 0, out=recv)
+    remote = np.subtract(consumer.need[devices, columns[:, None]][..., None], same)
+    forward = remote * producer.seconds_per_element[devices]
+    forward += recv * producer.latency[devices]
+    return forward.max(axis=1), remote.sum(axis=1, dtype=np.int64)
+
+
+def _backward_block(producer: ProducerSide, consumer: ConsumerSide, rows: np.ndarray,
+                    devices: np.ndarray) -> np.ndarray:
+    """Backward t_x seconds of producer configs `rows`, all of one size, x every consumer
+    config, over the devices holding their producer tiles (`devices`: (len(rows), tiles)):
+    elsewhere there is no gradient to send. Per device as `_pairs` describes."""
+    same = row_sum = sent = None
+    for group in range(len(_GROUPS)):
+        table = producer.same[group]
+        p_state = producer.state[group][devices, rows[:, None]]  # (R, K)
+        q_state = consumer.state[group][devices]  # (R, K, Q)
+        part = table.ravel().take(p_state[..., None] * table.shape[1] + q_state)
+        same = part if same is None else np.multiply(same, part, out=same)
+        part = np.take(consumer.row[group], p_state, axis=0)
+        row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
+        part = np.take(consumer.sent[group], p_state, axis=0)
+        sent = part if sent is None else np.multiply(sent, part, out=sent)
+    np.subtract(sent, same > 0, out=sent)
+    np.subtract(row_sum, same, out=row_sum)
+    back = row_sum * consumer.seconds_per_element[devices]
+    back += sent * consumer.latency[devices]
+    return back.max(axis=1)
+
+
+def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The configs grouped by their number of devices: each group's indices and its devices,
+    (configs, tiles)."""
+    sizes: dict[int, list[int]] = {}
+    for index, config in enumerate(configs):
+        sizes.setdefault(config.size, []).append(index)
+    return [(np.array(indices), np.array([configs[i].devices for i in indices]))
+            for _, indices in sorted(sizes.items())]
 
 
 class TransferTables:
@@ -512,12 +521,17 @@ class TransferTables:
     def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
                qconfs: Sequence[ParallelConfig],
                backward: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Every pair's t_x from per-device terms (see `_pair_block`).
+        """Every pair's t_x from per-device terms.
 
-        A device outside both configs' blocks holds and needs nothing, so its terms are zero
-        and, all terms being >= 0, leave the max and the sum over devices unchanged. Configs
-        are therefore sorted by extent (one past their highest device) and each block of pairs
-        only looks at devices below the larger extent of the two.
+        Per device: `same` elements it holds of what its consumer tile needs, the producer
+        tiles it receives from, and (backward) its producer tile's elements needed elsewhere
+        and the consumer tiles it sends to. Forward time is the slowest device's remote
+        elements over its producer block's link plus latency per message; backward likewise
+        over the consumer's. A device without a consumer tile receives nothing and one
+        without a producer tile sends nothing, all terms being >= 0: the forward pass runs
+        over each consumer config's devices (`_forward_block`, configs grouped by size), the
+        backward over each producer config's (`_backward_block`). The expression and its
+        order of operations are the reference's, so results are equal bit for bit.
         """
         ptab, qtab = self._config_table(pconfs), self._config_table(qconfs)
         groups = dims.terms(ptab, qtab)
@@ -525,51 +539,40 @@ class TransferTables:
         # element counts in int32 where no product can reach 2^31 (counts of tiles always)
         bound = max(_bound(groups), int(need.max(initial=0)))
         dtype = np.int32 if bound < _INT32_LIMIT else np.int64
-        p_order = np.argsort(ptab.extent, kind="stable")
-        q_order = np.argsort(qtab.extent, kind="stable")
-        # producer side as (P, D), consumer side as (D, Q), both in extent order; bytes per
+        # producer side as (P, D), consumer side as (D, Q); bytes per
         # element are folded into the seconds per byte (a power of two: exact)
         producer = ProducerSide(
-            state=[terms.p_state[p_order] for terms in groups],
+            state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
             same=[terms.same.astype(dtype, copy=False) for terms in groups],
-            recv=[terms.recv[terms.p_pair[p_order]] for terms in groups],
-            seconds_per_element=ptab.links.seconds_per_byte[p_order] * BYTES_PER_ELEMENT,
-            latency=ptab.links.latency[p_order],
+            recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T) for terms in groups],
+            seconds_per_element=np.ascontiguousarray(
+                ptab.links.seconds_per_byte.T * BYTES_PER_ELEMENT),
+            latency=np.ascontiguousarray(ptab.links.latency.T),
         )
         consumer = ConsumerSide(
-            state=[np.ascontiguousarray(terms.q_state[q_order].T) for terms in groups],
-            row=[terms.row[:, terms.q_pair[q_order]].astype(dtype) for terms in groups],
-            sent=[terms.sent[:, terms.q_pair[q_order]] for terms in groups],
-            need=np.ascontiguousarray(need[q_order].T.astype(dtype)),
+            state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
+            row=[terms.row[:, terms.q_pair].astype(dtype) for terms in groups],
+            sent=[terms.sent[:, terms.q_pair] for terms in groups],
+            need=np.ascontiguousarray(need.T.astype(dtype)),
             seconds_per_element=np.ascontiguousarray(
-                qtab.links.seconds_per_byte[q_order].T * BYTES_PER_ELEMENT),
-            latency=np.ascontiguousarray(qtab.links.latency[q_order].T),
+                qtab.links.seconds_per_byte.T * BYTES_PER_ELEMENT),
+            latency=np.ascontiguousarray(qtab.links.latency.T),
         )
-        p_extent, q_extent = ptab.extent[p_order], qtab.extent[q_order]
-        if len(pconfs) * len(qconfs) * self.devices <= _CHUNK_ELEMENTS:
-            # small: one block over every device costs less than many calls
-            p_extent = np.full(len(pconfs), self.devices)
-            q_extent = np.full(len(qconfs), self.devices)
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
-        for extent in np.unique(np.concatenate([p_extent, q_extent])):
-            p_at = np.searchsorted(p_extent, [extent, extent], side="left")
-            p_at[1] = np.searchsorted(p_extent, extent, side="right")
-            q_at = np.searchsorted(q_extent, [extent, extent], side="left")
-            q_at[1] = np.searchsorted(q_extent, extent, side="right")
-            # producers at this extent x consumers up to it; producers below x consumers at it
-            for p_rows, q_columns in ((slice(p_at[0], p_at[1]), slice(0, q_at[1])),
-                                      (slice(0, p_at[0]), slice(q_at[0], q_at[1]))):
-                if p_rows.stop <= p_rows.start or q_columns.stop <= q_columns.start:
-                    continue
-                columns = q_columns.stop - q_columns.start
-                step = max(1, _CHUNK_ELEMENTS // (int(extent) * columns))
-                for start in range(p_rows.start, p_rows.stop, step):
-                    rows = slice(start, min(start + step, p_rows.stop))
-                    seconds[rows, q_columns], elements[rows, q_columns] = _pair_block(
-                        producer, consumer, rows, q_columns, int(extent), backward)
+        for columns_of_size, devices in _by_size(qconfs):
+            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
+            for start in range(0, len(columns_of_size), step):
+                columns = columns_of_size[start:start + step]
+                forward, moved = _forward_block(producer, consumer, columns,
+                                                devices[start:start + step])
+                seconds[:, columns], elements[:, columns] = forward.T, moved.T
+        if backward:
+            for rows_of_size, devices in _by_size(pconfs):
+                step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(qconfs)))
+                for start in range(0, len(rows_of_size), step):
+                    rows = rows_of_size[start:start + step]
+                    seconds[rows] = seconds[rows] + _backward_block(
+                        producer, consumer, rows, devices[start:start + step])
         passes = 2 if backward else 1  # forward, and backward unless input
-        p_back, q_back = np.argsort(p_order), np.argsort(q_order)
-        seconds = seconds[p_back][:, q_back]
-        elements = elements[p_back][:, q_back]
         return seconds, passes * elements * BYTES_PER_ELEMENT

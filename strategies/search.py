@@ -8,32 +8,32 @@ per pair of configs). Eliminations shrink it while keeping the optimum:
 - a node with a single neighbour (the network input, the last layer, a side branch) folds
   into that neighbour's vector by the same min rule.
 They alternate until nothing applies; the K nodes left (K <= 1 for every network in the zoo)
-are solved exactly: exhaustively for K <= 2, otherwise by variable elimination (dynamic
-programming over the tree decomposition that the elimination order defines). Undoing the
+are solved exactly by variable elimination (dynamic programming over the tree decomposition
+that a min-size elimination order defines; exhaustive for K <= 2). Dense connectivity (every
+block reading all earlier outputs) leaves a K whose tables no memory holds: those go to an
+integer program (milp.py), whose answer comes with a proven gap to the optimum. Undoing the
 eliminations in reverse recovers every layer's config. Our own code: no library implements
 this min-plus elimination over tensors of configurations.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from strategies.breakdown import Breakdown
 from strategies.cost import CostModel
-from strategies.errors import LayerwiseError
 from strategies.space import ParallelConfig
 
 _CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
-_MAX_FACTOR_ELEMENTS = 50_000_000  # refuse variable elimination factors larger than this
-
-
-class SearchError(LayerwiseError):
-    """The final graph is too entangled for an exact search within memory."""
+_T = TypeVar("_T")
+_MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to the integer program
 
 
 class SearchResult(BaseModel):
@@ -45,6 +45,7 @@ class SearchResult(BaseModel):
     predicted: Breakdown
     search_seconds: float
     search_method: str
+    optimality_gap: float  # proven relative distance to the optimum (0: exact)
     final_graph_nodes: int
     nodes_eliminated: int
     edges_eliminated: int
@@ -60,28 +61,40 @@ class Solution:
     nodes_eliminated: int
     edges_eliminated: int
     method: str
+    gap: float = 0.0  # proven relative distance to the optimum (0: exact)
 
 
 @dataclass
 class _Graph:
+    """The graph being eliminated; every vector and matrix carries a key (`_Keys`) that says
+    how it was computed, so equal keys mean equal values."""
+
     nodes: dict[str, np.ndarray]
     edges: dict[tuple[str, str], np.ndarray]
+    keys: _Keys
+    node_keys: dict[str, int] = field(default_factory=dict)
+    edge_keys: dict[tuple[str, str], int] = field(default_factory=dict)
     succ: dict[str, set[str]] = field(default_factory=dict)
     pred: dict[str, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.node_keys = {name: self.keys.leaf(cost) for name, cost in self.nodes.items()}
+        self.edge_keys = {edge: self.keys.leaf(cost) for edge, cost in self.edges.items()}
         self.succ = {name: set() for name in self.nodes}
         self.pred = {name: set() for name in self.nodes}
         for u, v in self.edges:
             self.succ[u].add(v)
             self.pred[v].add(u)
 
-    def add_edge(self, u: str, v: str, cost: np.ndarray) -> bool:
+    def add_edge(self, u: str, v: str, cost: np.ndarray, key: int) -> bool:
         """Add an edge; returns True when it merged with an existing one (Eq. 3)."""
         if (u, v) in self.edges:
-            self.edges[(u, v)] = self.edges[(u, v)] + cost
+            merged = self.keys.derived("sum", self.edge_keys[(u, v)], key)
+            self.edges[(u, v)] = self.keys.memo(merged, lambda: self.edges[(u, v)] + cost)
+            self.edge_keys[(u, v)] = merged
             return True
         self.edges[(u, v)] = cost
+        self.edge_keys[(u, v)] = key
         self.succ[u].add(v)
         self.pred[v].add(u)
         return False
@@ -89,11 +102,36 @@ class _Graph:
     def remove(self, node: str) -> None:
         for v in self.succ.pop(node):
             self.pred[v].discard(node)
-            del self.edges[(node, v)]
+            del self.edges[(node, v)], self.edge_keys[(node, v)]
         for u in self.pred.pop(node):
             self.succ[u].discard(node)
-            del self.edges[(u, node)]
-        del self.nodes[node]
+            del self.edges[(u, node)], self.edge_keys[(u, node)]
+        del self.nodes[node], self.node_keys[node]
+
+
+class _Keys:
+    """Names for the values an elimination computes, and those values, computed once.
+
+    Networks repeat blocks: the cost model hands equal layers and edges the same array, so
+    eliminating the second of two equal blocks repeats the first one's arithmetic exactly.
+    A value's key is its operation and its operands' keys (the input arrays are keyed by
+    identity; the caller holds them for the whole search), numbered as small integers.
+    """
+
+    def __init__(self) -> None:
+        self._numbers: dict[tuple[object, ...], int] = {}
+        self._values: dict[int, object] = {}
+
+    def leaf(self, array: np.ndarray) -> int:
+        return self._numbers.setdefault(("leaf", id(array)), len(self._numbers))
+
+    def derived(self, operation: str, *operands: int) -> int:
+        return self._numbers.setdefault((operation, *operands), len(self._numbers))
+
+    def memo(self, key: int, compute: Callable[[], _T]) -> _T:
+        if key not in self._values:
+            self._values[key] = compute()
+        return self._values[key]  # type: ignore[return-value]
 
 
 def _min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,11 +143,14 @@ def _min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarr
     right_t = np.ascontiguousarray(right.T)
     rows = max(1, _CHUNK_ELEMENTS // max(1, left.shape[1] * right.shape[1]))
     best = np.empty((left.shape[0], right.shape[1]))
-    arg = np.empty((left.shape[0], right.shape[1]), dtype=np.int64)
+    # argmins kept until the search ends: the narrowest type that holds a config index
+    arg = np.empty((left.shape[0], right.shape[1]),
+                   dtype=np.int16 if left.shape[1] <= np.iinfo(np.int16).max else np.int64)
     for start in range(0, left.shape[0], rows):
         block = left[start:start + rows, None, :] + right_t[None, :, :]
-        arg[start:start + rows] = block.argmin(axis=2)
-        best[start:start + rows] = block.min(axis=2)
+        found = block.argmin(axis=2)
+        arg[start:start + rows] = found
+        best[start:start + rows] = np.take_along_axis(block, found[..., None], axis=2)[..., 0]
     return best, arg
 
 
@@ -120,7 +161,8 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
     `order` (default: insertion order of `nodes`) fixes which eliminable node goes first, so
     results are deterministic.
     """
-    graph = _Graph(dict(nodes), dict(edges))
+    keys = _Keys()
+    graph = _Graph(dict(nodes), dict(edges), keys)
     undo: list[tuple[str, str, tuple[str, ...], np.ndarray]] = []
     nodes_eliminated = edges_eliminated = 0
     sequence = order or list(nodes)
@@ -134,17 +176,27 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
             cost_j = graph.nodes[j]
             if len(preds) == 1 and len(succs) == 1:
                 (i,), (k,) = preds, succs
-                left = graph.edges[(i, j)] + cost_j[None, :]
-                merged_cost, arg = _min_plus(left, graph.edges[(j, k)])
+                first, second = graph.edges[(i, j)], graph.edges[(j, k)]
+                key = keys.derived("pair", graph.edge_keys[(i, j)], graph.node_keys[j],
+                                   graph.edge_keys[(j, k)])
+                merged_cost, arg = keys.memo(
+                    key, lambda first=first, cost_j=cost_j, second=second: _min_plus(
+                        first + cost_j[None, :], second))
                 graph.remove(j)
-                edges_eliminated += graph.add_edge(i, k, merged_cost)
+                edges_eliminated += graph.add_edge(i, k, merged_cost, key)
                 undo.append(("pair", j, (i, k), arg))
             elif len(preds) + len(succs) == 1:
                 (other,) = preds or succs
                 matrix = graph.edges[(other, j)] if preds else graph.edges[(j, other)].T
-                total = matrix + cost_j[None, :]
-                arg = total.argmin(axis=1)
-                graph.nodes[other] = graph.nodes[other] + total[np.arange(len(arg)), arg]
+                edge_key = graph.edge_keys[(other, j) if preds else (j, other)]
+                key = keys.derived("fold" if preds else "fold_back", edge_key,
+                                   graph.node_keys[j])
+                folded, arg = keys.memo(key, lambda matrix=matrix, cost_j=cost_j: _fold(
+                    matrix, cost_j))
+                summed = keys.derived("plus", graph.node_keys[other], key)
+                graph.nodes[other] = keys.memo(
+                    summed, lambda other=other, folded=folded: graph.nodes[other] + folded)
+                graph.node_keys[other] = summed
                 graph.remove(j)
                 undo.append(("single", j, (other,), arg))
             else:
@@ -152,7 +204,7 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
             nodes_eliminated += 1
             changed = True
     final_nodes = len(graph.nodes)
-    choice, cost, method = _solve_final(graph)
+    choice, cost, method, gap = _solve_final(graph)
     for kind, j, neighbours, arg in reversed(undo):
         if kind == "pair":
             choice[j] = int(arg[choice[neighbours[0]], choice[neighbours[1]]])
@@ -160,46 +212,87 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
             choice[j] = int(arg[choice[neighbours[0]]])
     return Solution(choice=choice, cost=cost, final_nodes=final_nodes,
                     nodes_eliminated=nodes_eliminated, edges_eliminated=edges_eliminated,
-                    method=method)
+                    method=method, gap=gap)
 
 
-def _neighbourhood(factors: list[tuple[tuple[str, ...], np.ndarray]], var: str) -> int:
-    """Number of variables sharing a factor with `var` (min-degree elimination order)."""
-    return len({v for scope, _ in factors if var in scope for v in scope})
+def _fold(matrix: np.ndarray, cost_j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A leaf j folded into its neighbour: per neighbour config, min over c_j of the edge
+    plus j's cost, and the argmin."""
+    total = matrix + cost_j[None, :]
+    arg = total.argmin(axis=1)
+    return total[np.arange(len(arg)), arg], arg
 
 
-def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str]:
-    """Exact minimum of what elimination left: variable elimination, min-degree order."""
+def _elimination_order(graph: _Graph) -> tuple[list[str], int]:
+    """A variable elimination order for what Jia's eliminations left, and its largest table.
+
+    Eliminating a node makes a table over it and its neighbours (who then become neighbours
+    of each other), so each step takes the node whose table is smallest (the weighted
+    min-degree heuristic of treewidth, sizes being config counts), ties broken by the fewest
+    new neighbour pairs (min-fill), then by graph order.
+    """
+    sizes = {name: len(cost) for name, cost in graph.nodes.items()}
+    position = {name: index for index, name in enumerate(graph.nodes)}
+    adjacent = {name: graph.pred[name] | graph.succ[name] for name in graph.nodes}
+
+    def weight(name: str) -> tuple[int, int, int]:
+        around = adjacent[name]
+        table = math.prod(sizes[other] for other in around) * sizes[name]
+        fill = sum(1 for a in around for b in around if a < b and b not in adjacent[a])
+        return table, fill, position[name]
+
+    order: list[str] = []
+    largest = 0
+    while adjacent:
+        name = min(adjacent, key=weight)
+        largest = max(largest, weight(name)[0])
+        around = adjacent.pop(name)
+        for other in around:
+            adjacent[other] = (adjacent[other] | around) - {other, name}
+        order.append(name)
+    return order, largest
+
+
+def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str, float]:
+    """The minimum of what elimination left: variable elimination when its largest table is
+    small enough (exact), else the integer program (within its proven gap)."""
+    order, largest = _elimination_order(graph)
+    if largest > _MAX_FACTOR_ELEMENTS:
+        from strategies.milp import solve_milp  # scipy loads only for the graphs that need it
+
+        solution = solve_milp(graph.nodes, graph.edges)
+        return (solution.choice, solution.cost,
+                f"elimination+milp (gap {solution.gap:.2%})", solution.gap)
+    choice, total = _variable_elimination(graph, order)
+    method = ("elimination+exhaustive" if len(graph.nodes) <= 2
+              else "elimination+variable-elimination")
+    return choice, total, method, 0.0
+
+
+def _variable_elimination(graph: _Graph, order: list[str]) -> tuple[dict[str, int], float]:
+    """Exact minimum by eliminating the nodes in `order`, each into a table over its
+    neighbours, then choosing back in reverse."""
     factors: list[tuple[tuple[str, ...], np.ndarray]] = [
         ((name,), cost) for name, cost in graph.nodes.items()
     ] + [((u, v), cost) for (u, v), cost in graph.edges.items()]
-    remaining = list(graph.nodes)
     trace: list[tuple[str, tuple[str, ...], np.ndarray]] = []
     total = 0.0
-    while remaining:
-        var = min(remaining, key=lambda name: _neighbourhood(factors, name))
+    for var in order:
         touching = [(scope, cost) for scope, cost in factors if var in scope]
         factors = [(scope, cost) for scope, cost in factors if var not in scope]
         scope = tuple(dict.fromkeys(v for s, _ in touching for v in s if v != var))
         sizes = {v: c.shape[s.index(v)] for s, c in touching for v in s}
-        elements = int(np.prod([sizes[v] for v in (*scope, var)]))
-        if elements > _MAX_FACTOR_ELEMENTS:
-            raise SearchError(
-                f"the graph left after elimination needs a table of {elements:,} entries "
-                f"around '{var}'; use fewer devices or --placement origin"
-            )
         joint = np.zeros([sizes[v] for v in (*scope, var)])
         axes = {v: n for n, v in enumerate((*scope, var))}
         for s, cost in touching:
             shape = [1] * len(axes)
             for v, size in zip(s, cost.shape, strict=True):
                 shape[axes[v]] = size
-            order = sorted(range(len(s)), key=lambda n: axes[s[n]])
-            joint = joint + cost.transpose(order).reshape(shape)
+            transpose = sorted(range(len(s)), key=lambda n: axes[s[n]])
+            joint = joint + cost.transpose(transpose).reshape(shape)
         arg = joint.argmin(axis=-1)
         best = joint.min(axis=-1)
         trace.append((var, scope, arg))
-        remaining.remove(var)
         if scope:
             factors.append((scope, best))
         else:
@@ -207,9 +300,7 @@ def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str]:
     choice: dict[str, int] = {}
     for var, scope, arg in reversed(trace):
         choice[var] = int(arg[tuple(choice[v] for v in scope)])
-    method = ("elimination+exhaustive" if len(graph.nodes) <= 2
-              else "elimination+variable-elimination")
-    return choice, total, method
+    return choice, total
 
 
 def optimal_strategy(cost_model: CostModel,
@@ -234,7 +325,7 @@ def optimal_strategy(cost_model: CostModel,
     elapsed = time.perf_counter() - started
     return SearchResult(
         assignment=assignment, predicted=cost_model.evaluate(assignment),
-        search_seconds=elapsed, search_method=solution.method,
+        search_seconds=elapsed, search_method=solution.method, optimality_gap=solution.gap,
         final_graph_nodes=solution.final_nodes, nodes_eliminated=solution.nodes_eliminated,
         edges_eliminated=solution.edges_eliminated,
     )

@@ -32,9 +32,12 @@ def test_search_json_follows_the_contract():
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     for key in ("schema_version", "model", "devices", "cluster", "cost_source",
-                "search_seconds", "search_method", "final_graph_nodes", "strategies"):
+                "search_seconds", "search_method", "optimality_gap", "final_graph_nodes",
+                "strategies"):
         assert key in document
     assert document["cost_source"] == "analytic" and document["devices"] == 4
+    # the whole space by default, solved exactly
+    assert document["placement"] == "aligned" and document["optimality_gap"] == 0
     assert set(document["strategies"]) == {"layerwise", "data", "model", "owt"}
     graph = build_graph("tiny_cnn", batch=16)
     best = document["strategies"]["layerwise"]["step_seconds"]

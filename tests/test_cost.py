@@ -276,6 +276,32 @@ def test_search_space_matrices_equal_the_definition_pair_by_pair(model, devices,
             assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), devices=st.sampled_from([4, 8, 16]))
+def test_configs_on_scattered_devices_equal_the_definition(seed, devices):
+    """The matrices look at each pair's own devices only (forward the consumer's, backward the
+    producer's): right for any device order, not only for aligned blocks."""
+    rng = random.Random(seed)
+    cost = model_for(ZOO_GRAPH, devices)
+    producer, consumer = rng.choice([
+        (ZOO_GRAPH.by_name[u], ZOO_GRAPH.by_name[v]) for u, v in ZOO_GRAPH.edges
+    ])
+
+    def scattered(layer):
+        configs = rng.sample(enumerate_configs(layer, devices), 4)
+        return [config.model_copy(update={"devices": tuple(rng.sample(range(devices),
+                                                                      config.size))})
+                for config in configs]
+
+    pconfs, qconfs = scattered(producer), scattered(consumer)
+    seconds, moved = cost.edge(producer, consumer, pconfs, qconfs)
+    for row, pconf in enumerate(pconfs):
+        for column, qconf in enumerate(qconfs):
+            expected_seconds, expected_bytes = naive_edge(cost, producer, consumer, pconf, qconf)
+            assert moved[row, column] == expected_bytes, (pconf, qconf)
+            assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
+
+
 @pytest.mark.parametrize(("model", "devices"), [("inception_v3", 8), ("resnet18", 16)])
 def test_vectorised_roofline_equals_the_roofline_of_each_largest_tile(model, devices):
     """t_c (passes and update) over a whole search space from per-dimension lengths, against

@@ -368,3 +368,16 @@ def test_a_resumed_run_continues_bit_identically(tmp_path):
     assert [s["loss"] for s in resumed_result["steps"]] == [
         s["loss"] for s in whole_result["steps"]]
     assert whole_result["bytes_per_step"] == whole_result["predicted_bytes_per_step"]
+
+
+@pytest.mark.parametrize(("model", "workers"), [("alexnet", 4), ("lenet5", 2)])
+def test_owt_and_the_owt_baseline_price_equal_configs_and_bytes_equal(model, workers):
+    from strategies.jobs.named_strategies import strategy_by_name
+
+    cluster = load_cluster("p100x16")
+    cost = CostModel(build_graph(model, 8 * workers, 32, 10), cluster, workers,
+                     AnalyticCompute(cluster))
+    scheduled, plain = strategy_by_name("owt_a", cost), strategy_by_name("owt", cost)
+    assert scheduled.layers == plain.layers
+    for field in ("sync_bytes", "transfer_bytes", "sync_seconds"):
+        assert getattr(scheduled.predicted, field) == getattr(plain.predicted, field), field

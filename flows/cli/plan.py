@@ -45,6 +45,7 @@ class Plan:
     placement: str
     search: SearchResult
     strategies: dict[str, Strategy]  # "layerwise" first, then the baselines
+    skipped: dict[str, str]  # baselines that cannot run this model, with the reason
     paradl: tuple[OracleCase, ...] = ()  # with baseline "paradl": the oracle's step per strategy
     pipeline: PipelinePlan | None = None  # with baseline "pipeline": its stages, M and bubble
 
@@ -61,6 +62,7 @@ class Plan:
             "placement": self.placement,
             "search_seconds": self.search.search_seconds,
             "search_method": self.search.search_method,
+            "optimality_gap": self.search.optimality_gap,
             "final_graph_nodes": self.search.final_graph_nodes,
             "nodes_eliminated": self.search.nodes_eliminated,
             "edges_eliminated": self.search.edges_eliminated,
@@ -72,6 +74,7 @@ class Plan:
                 }
                 for name, strategy in self.strategies.items()
             },
+            **({"skipped": self.skipped} if self.skipped else {}),
             **({"paradl": [case.model_dump() for case in self.paradl]} if self.paradl else {}),
             **({"pipeline": self.pipeline.model_dump()} if self.pipeline else {}),
             "held_layers": self.graph.held_notes,
@@ -104,17 +107,21 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     best, result = searched_strategy(cost)
     strategies = {LAYERWISE: best}
     pipeline = None
+    skipped: dict[str, str] = {}
     for name in baselines:
-        if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
-            from strategies.schedules.pipeline.planner import pipeline_report, plan_strategy
+        try:
+            if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
+                from strategies.schedules.pipeline.planner import pipeline_report, plan_strategy
 
-            pipeline = pipeline_report(cost)
-            strategies[name] = plan_strategy(pipeline, graph)
-        elif name != PARADL:
-            strategies[name] = strategy_by_name(name, cost)
+                pipeline = pipeline_report(cost)
+                strategies[name] = plan_strategy(pipeline, graph)
+            elif name != PARADL:
+                strategies[name] = strategy_by_name(name, cost)
+        except LayerwiseError as error:  # one strategy that cannot run this model
+            skipped[name] = str(error)
     return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
                 cost_source=cost.compute.name, placement=placement, search=result,
-                strategies=strategies, pipeline=pipeline,
+                strategies=strategies, skipped=skipped, pipeline=pipeline,
                 paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
 
 
@@ -153,9 +160,10 @@ def register(app: typer.Typer) -> None:
                                    "cases).")
         ] = "data,model,owt",
         placement: Annotated[
-            str, typer.Option(help="origin: every layer's devices start at 0 (fast); aligned: "
-                                   "any aligned block (exact over the whole space, slower).")
-        ] = "origin",
+            str, typer.Option(help="aligned: any block of devices aligned to its size (the "
+                                   "whole space); origin: every layer's devices start at 0 "
+                                   "(a smaller space, faster).")
+        ] = "aligned",
         save: Annotated[
             Path | None, typer.Option(help="Write the layer-wise strategy JSON here.")
         ] = None,
@@ -242,6 +250,8 @@ def _print_plan(result: Plan) -> None:
             f"{data_step / entry['step_seconds']:.2f}x" if data_step else "",
         )
     console.print(table)
+    for name, reason in result.skipped.items():
+        console.print(f"skipped {name}: {reason}")
     if result.pipeline:
         console.print(_pipeline_table(result.pipeline))
     if result.paradl:

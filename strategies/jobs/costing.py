@@ -33,7 +33,7 @@ def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, an
 
 
 def cost_model(graph: LayerGraph, cluster_name: str, devices: int, profile: Path | None,
-               analytic: bool, placement: str = "origin") -> CostModel:
+               analytic: bool, placement: str = "aligned") -> CostModel:
     """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the roofline."""
     if placement not in PLACEMENTS:
         raise LayerwiseError(f"--placement must be origin or aligned (got {placement})")

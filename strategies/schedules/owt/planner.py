@@ -24,7 +24,9 @@ engine.py, which runs these schemes.
 Bytes: every scheme moves what Eq. 1 counts for the OWT configs: each worker's b x F rows to the
 K-1 others and their gradients back, and the column all-gathers between consecutive FC layers,
 so `predicted.transfer_bytes` and `predicted.sync_bytes` are the cost model's and the engine
-counts exactly as much. Times are this module's model of each schedule (`predict`).
+counts exactly as much. Times are this module's model of each schedule (`predict`), except
+sync: Eq. 1's t_s, as for every strategy with the same configs (the cluster's `sync` mode says
+how a flat gradient's all-reduce is priced: `bucketed` is closest to the engine's one buffer).
 """
 
 from __future__ import annotations
@@ -158,13 +160,6 @@ def _broadcast_seconds(link: Link | None, workers: int, elements: int) -> float:
     return (workers - 1) * link.latency + elements * BYTES_PER_ELEMENT / link.bandwidth
 
 
-def _all_reduce_seconds(link: Link | None, workers: int, elements: int) -> float:
-    """Reduce-scatter then all-gather of `elements` (a ring all-reduce, as cost.py's)."""
-    if link is None:
-        return 0.0
-    return link.allreduce_seconds(elements * BYTES_PER_ELEMENT, workers)
-
-
 def _handoff_seconds(scheme: Scheme, link: Link | None, workers: int, rows: int,
                      features: int) -> float:
     """One pass's hand-off, forward plus its mirrored backward (rows = b per worker)."""
@@ -194,8 +189,10 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
       f, so only the first is exposed in full: h + (K-1) max(0, h - f), Krizhevsky's (K-1)/K
       hidden when h <= f. Plus, per pass, the column all-gathers between consecutive FC layers
       and their reduce-scatters backward, in the critical path.
-    - sync: a ring all-reduce (reduce-scatter + all-gather) of the flat conv gradient, and the
-      two all-reduces of 2C statistics per BatchNorm of the conv part.
+    - sync: Eq. 1's t_s of the OWT configs (the conv gradients' all-reduce as the cluster's
+      `sync` prices it, and the two all-reduces of 2C statistics per BatchNorm of the conv
+      part), the one pricing of this traffic, so that OWT and the `owt` baseline, equal in
+      configs and bytes, are equal in sync.
     - bytes: Eq. 1's for the OWT configs, which is what every scheme moves.
     """
     graph, workers = cost.graph, cost.devices
@@ -225,7 +222,7 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
     if variable_batch:
         compute += (passes - 1) * _seconds(cost.update_seconds, graph, split.channels,
                                            assignment)
-    sync = _sync_seconds(cost, split, link)
+    sync = equation_1.sync_seconds
     return Breakdown(step_seconds=compute + transfer + sync, compute_seconds=compute,
                      transfer_seconds=transfer, sync_seconds=sync,
                      transfer_bytes=equation_1.transfer_bytes, sync_bytes=equation_1.sync_bytes)
@@ -237,17 +234,6 @@ def _pass_tile(layer: Layer, rows: int, workers: int) -> TileWork:
     shard = -(-features // workers)
     return TileWork(output_shape=(rows, shard), input_shapes=((rows, layer.input_shapes[0][1]),),
                     param_elements=layer.param_count * shard // features)
-
-
-def _sync_seconds(cost: CostModel, split: OwtSplit, link: Link | None) -> float:
-    layers = [cost.graph.by_name[name] for name in split.samples]
-    weights = sum(layer.param_count for layer in layers)
-    seconds = _all_reduce_seconds(link, cost.devices, weights) if weights else 0.0
-    for layer in layers:
-        norms = sum(op.startswith("BatchNorm") for op in (layer.op, *(f.op for f in layer.fused)))
-        seconds += 2 * norms * _all_reduce_seconds(link, cost.devices,
-                                                    2 * layer.output_shape[1])
-    return seconds
 
 
 def build_strategy(name: str, cost: CostModel) -> Strategy:
