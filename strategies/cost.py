@@ -70,7 +70,8 @@ class CostModel:
     """Eq. 1 for one graph on `devices` devices of `cluster`, with t_c from `compute`."""
 
     def __init__(self, graph: LayerGraph, cluster: Cluster, devices: int,
-                 compute: ComputeSource, placement: Placement = "aligned") -> None:
+                 compute: ComputeSource, placement: Placement = "aligned",
+                 placement_note: str | None = None) -> None:
         if devices < 1:
             raise ConfigError(f"the number of devices must be >= 1 (got {devices})")
         if devices > cluster.num_devices:
@@ -83,6 +84,7 @@ class CostModel:
         self.devices = devices
         self.compute = compute
         self.placement = placement
+        self.placement_note = placement_note  # why a default search took a smaller space
         self._transfers = TransferTables(cluster, devices)
         self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
         self._tiles: dict[str, LayerTiles] = {}

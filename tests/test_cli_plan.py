@@ -9,8 +9,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from strategies.cluster import load_cluster
-from strategies.errors import ConfigError
+from strategies.errors import ConfigError, LayerwiseError
 from strategies.graph import build_graph
+from strategies.jobs.costing import resolved_placement
 from strategies.space import ParallelConfig
 from strategies.strategy import Strategy
 
@@ -38,6 +39,7 @@ def test_search_json_follows_the_contract():
     assert document["cost_source"] == "analytic" and document["devices"] == 4
     # the whole space by default, solved exactly
     assert document["placement"] == "aligned" and document["optimality_gap"] == 0
+    assert document["placement_note"] is None
     assert set(document["strategies"]) == {"layerwise", "data", "model", "owt"}
     graph = build_graph("tiny_cnn", batch=16)
     best = document["strategies"]["layerwise"]["step_seconds"]
@@ -205,3 +207,15 @@ def test_search_with_pipeline_reports_its_stages_next_to_the_layerwise_optimum()
         (stages - 1) / (pipeline["micro_batches"] + stages - 1))
     predicted = document["strategies"]["pipeline"]["step_seconds"]
     assert predicted == pytest.approx(pipeline["step_seconds"])
+
+
+def test_the_default_placement_takes_the_whole_space_unless_it_would_take_minutes():
+    """`auto`: aligned where bench_search measured seconds, origin beyond, with the reason."""
+    graph = build_graph("resnet18", batch=64)
+    assert resolved_placement(graph, 16, "auto") == ("aligned", None)
+    placement, note = resolved_placement(graph, 64, "auto")
+    assert placement == "origin"
+    assert "resnet18 on 64 devices" in note and "--placement aligned" in note
+    assert resolved_placement(graph, 64, "aligned") == ("aligned", None)
+    with pytest.raises(LayerwiseError, match="auto, aligned or origin"):
+        resolved_placement(graph, 4, "everywhere")

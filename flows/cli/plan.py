@@ -42,7 +42,8 @@ class Plan:
     cluster: str
     devices: int
     cost_source: str
-    placement: str
+    placement: str  # the one searched (auto resolves to aligned or origin)
+    placement_note: str | None  # why auto searched less than the whole space
     search: SearchResult
     strategies: dict[str, Strategy]  # "layerwise" first, then the baselines
     skipped: dict[str, str]  # baselines that cannot run this model, with the reason
@@ -60,6 +61,7 @@ class Plan:
             "batch": self.graph.batch,
             "cost_source": self.cost_source,
             "placement": self.placement,
+            "placement_note": self.placement_note,
             "search_seconds": self.search.search_seconds,
             "search_method": self.search.search_method,
             "optimality_gap": self.search.optimality_gap,
@@ -120,7 +122,8 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
         except LayerwiseError as error:  # one strategy that cannot run this model
             skipped[name] = str(error)
     return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
-                cost_source=cost.compute.name, placement=placement, search=result,
+                cost_source=cost.compute.name, placement=cost.placement,
+                placement_note=cost.placement_note, search=result,
                 strategies=strategies, skipped=skipped, pipeline=pipeline,
                 paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
 
@@ -162,8 +165,9 @@ def register(app: typer.Typer) -> None:
         placement: Annotated[
             str, typer.Option(help="aligned: any block of devices aligned to its size (the "
                                    "whole space); origin: every layer's devices start at 0 "
-                                   "(a smaller space, faster).")
-        ] = "aligned",
+                                   "(a smaller space, faster); auto: aligned unless its "
+                                   "space would take more than seconds, then origin, said.")
+        ] = "auto",
         save: Annotated[
             Path | None, typer.Option(help="Write the layer-wise strategy JSON here.")
         ] = None,
@@ -272,6 +276,8 @@ def _print_plan(result: Plan) -> None:
     )
     for note in graph.held_notes:
         console.print(f"held: {note}")
+    if document["placement_note"]:
+        console.print(document["placement_note"], highlight=False, soft_wrap=True)
 
 
 def _pipeline_table(pipeline: PipelinePlan) -> Table:

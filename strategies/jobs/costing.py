@@ -7,12 +7,19 @@ from pathlib import Path
 
 from strategies.cluster import Cluster, load_cluster
 from strategies.compute import AnalyticCompute, ProfiledCompute
-from strategies.cost import CostModel, Placement
+from strategies.cost import CostModel, Placement, configs_for
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.profile import Profile
 
-PLACEMENTS: tuple[Placement, ...] = ("origin", "aligned")
+AUTO = "auto"
+PLACEMENTS: tuple[str, ...] = (AUTO, "aligned", "origin")
+# The whole space's size the default (`auto`) searches, as the sum over layers of its configs
+# squared (the pairs an edge matrix prices). bench_search on one core here: AlexNet on 64
+# devices (6.4M pairs) 1.9 s, VGG-16 (13.5M) 4.8-5.3 s, ResNet-18 (19.4M) 7.6 s, Inception-v3
+# (84.9M) 97 s; the issue's bound at 64 devices is 5 s. Above it `auto` searches the origin
+# space and says so.
+AUTO_ALIGNED_PAIRS = 10_000_000
 
 
 def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, analytic: bool,
@@ -32,11 +39,29 @@ def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, an
     return ProfiledCompute(loaded)
 
 
-def cost_model(graph: LayerGraph, cluster_name: str, devices: int, profile: Path | None,
-               analytic: bool, placement: str = "aligned") -> CostModel:
-    """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the roofline."""
+def resolved_placement(graph: LayerGraph, devices: int, placement: str,
+                       ) -> tuple[Placement, str | None]:
+    """The placement a search runs with, and the line saying why when `auto` could not take
+    the whole space: aligned (any block of devices aligned to its size) unless its size is
+    above AUTO_ALIGNED_PAIRS, then origin (every layer's devices start at device 0)."""
     if placement not in PLACEMENTS:
-        raise LayerwiseError(f"--placement must be origin or aligned (got {placement})")
+        raise LayerwiseError(f"--placement must be auto, aligned or origin (got {placement})")
+    if placement != AUTO:
+        return placement, None  # type: ignore[return-value]
+    pairs = sum(len(configs_for(layer, devices, "aligned")) ** 2 for layer in graph.layers)
+    if pairs <= AUTO_ALIGNED_PAIRS:
+        return "aligned", None
+    return "origin", (f"placement origin: the whole space of {graph.model} on {devices} devices "
+                      f"prices {pairs:,} config pairs, more than the {AUTO_ALIGNED_PAIRS:,} "
+                      "searched in seconds; every layer's devices start at device 0 "
+                      "(--placement aligned searches it all, in minutes)")
+
+
+def cost_model(graph: LayerGraph, cluster_name: str, devices: int, profile: Path | None,
+               analytic: bool, placement: str = AUTO) -> CostModel:
+    """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the roofline;
+    its `placement_note` says when `auto` searched less than the whole space."""
+    chosen, note = resolved_placement(graph, devices, placement)
     cluster = load_cluster(cluster_name)
     compute = compute_source(graph, cluster, profile, analytic, devices)
-    return CostModel(graph, cluster, devices, compute, placement=placement)  # type: ignore[arg-type]
+    return CostModel(graph, cluster, devices, compute, placement=chosen, placement_note=note)
