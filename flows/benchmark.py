@@ -57,7 +57,7 @@ from strategies.runtime.datasets import ImageSpec
 from strategies.schedules import is_exact
 from strategies.space import DIMS, ParallelConfig
 from strategies.verify import Divergence
-from tasks import track
+from tasks import provenance, registry, track
 from tasks.calibrate import calibrate_links
 from tasks.figures import SPLIT_WORDS
 from tasks.owner import owner_tags
@@ -171,13 +171,13 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
                 task_run_name=f"calibrate[{config.nproc} processes]")(config.nproc))
     folder = make_stamped_folder(RUNS_DIR, "benchmark")
     with clock.stage("track"):
-        tags = track.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
+        tags = provenance.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
                                       torch.__version__, _prefect_ui_url()) | owner_tags()
     # an error: FAILED; Ctrl-C, SIGTERM: KILLED
     with track.benchmark_run(client, experiment_id, folder.name,
                              config.model_dump(mode="json"), tags) as parent_id:
         with clock.stage("track"):
-            track.log_dataset(config.dataset, image)
+            provenance.log_dataset(config.dataset, image)
         context = Context(config=config, client=client, experiment_id=experiment_id,
                           parent_id=parent_id, tags=tags, folder=folder, image=image,
                           clock=clock, cluster=cluster)
@@ -292,7 +292,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
             _run_params(context, model, graph, strategy), context.tags) as run_id:
         try:
             with clock.stage("track"):
-                track.log_run_inputs(context.client, run_id, config.dataset, context.image,
+                provenance.log_run_inputs(context.client, run_id, config.dataset, context.image,
                                      context.cluster, profile)
             options = _train_options(context, nproc=config.nproc,
                                      batch_per_device=config.batch_per_device, profile=profile)
@@ -319,7 +319,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                 record_strategy_run.with_options(task_run_name=f"track[{label}]")(
                     context.client, run_id, result, graph, out, check, divergence,
                     oracle_seconds, ModelRecord(
-                        registered_name=track.registered_model_name(model.name)
+                        registered_name=registry.registered_model_name(model.name)
                         if config.register_model else None,
                         version_label=model.version, strategy=strategy))
             error = _first_failure(reference, divergence, verify_error, check)

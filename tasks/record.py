@@ -18,7 +18,8 @@ from strategies.accuracy import AccuracyCheck
 from strategies.graph import LayerGraph
 from strategies.run import RunResult
 from strategies.verify import Divergence
-from tasks.track import log_strategy_run, log_trained_model
+from tasks.registry import log_trained_model
+from tasks.track import log_strategy_run
 
 
 class ModelRecord(BaseModel):

@@ -2,15 +2,13 @@
 
 One experiment per benchmark name, tagged as MLflow's custom model development kind so the UI
 opens on its runs; one parent run per flow run; one nested run per (model version, strategy)
-(`mlflow.start_run(parent_run_id=...)`, with MLflow's system metrics) holding what rebuilds its
-prediction: MLflow's source tags (git commit, a flag for a dirty work tree), the dataset as an
-MLflow dataset input (its DVC hash as digest), the calibration and profile it was priced with,
-the params, metrics (names below are a contract: dashboards and checks read them), train_loss
-per step as training runs (rank 0's progress lines, read by the train task in this process),
-the strategy JSON, the RunResult, the per-layer table, a heat map of the per-layer degrees, and
-the trained weights as an MLflow model (registered under the model's name on request). The
-store is created and the runs are opened here, before any worker starts: two processes creating
-one SQLite store at once corrupt it; only this process writes to it.
+(`mlflow.start_run(parent_run_id=...)`, with MLflow's system metrics) holding the params,
+metrics (names below are a contract: dashboards and checks read them), train_loss and the step
+time per step as training runs (rank 0's progress lines, read by the train task in this
+process), the strategy JSON, the RunResult, the per-layer table and a heat map of the per-layer
+degrees. What the run was made from is recorded by tasks.provenance, its trained model by
+tasks.registry. The store is created and the runs are opened here, before any worker starts:
+two processes creating one SQLite store at once corrupt it; only this process writes to it.
 
 No run stays RUNNING once its flow is gone: an error or an interruption closes it as FAILED or
 KILLED (`closed_on_exit`), and since a SIGKILL leaves nothing to do that, every run names the
@@ -29,50 +27,28 @@ import fcntl
 import json
 import logging
 import os
-import subprocess
 import traceback
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import mlflow
-import numpy as np
-import torch
-import yaml
 from mlflow import MlflowClient
-from mlflow.data.code_dataset_source import CodeDatasetSource
-from mlflow.data.dataset_source_registry import resolve_dataset_source
-from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import Experiment, Metric, Param, RunStatus
-from mlflow.exceptions import MlflowException
-from mlflow.models import infer_signature
-from mlflow.models.model import ModelInfo
-from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
-from mlflow.types import Schema, TensorSpec
-from mlflow.utils.mlflow_tags import (
-    MLFLOW_GIT_BRANCH,
-    MLFLOW_GIT_COMMIT,
-    MLFLOW_SOURCE_NAME,
-    MLFLOW_SOURCE_TYPE,
-)
 from mlflow.utils.time import get_current_time_millis
 
 from strategies.accuracy import AccuracyCheck
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.jobs.launch import StepProgress
-from strategies.models import build_model, input_shape
-from strategies.run import RunResult, TrainSettings
-from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
-from strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
+from strategies.run import RunResult
 from strategies.space import DIMS, ParallelConfig
 from strategies.verify import Divergence
 from tasks.figures import degrees_figure
 from tasks.owner import orphan_reason, owner_gone
+from tasks.provenance import log_sources
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
-DVC_LOCK = Path("dvc.lock")
 METRIC_NAMES = (
     "predicted_step_seconds", "predicted_compute_seconds", "predicted_transfer_seconds",
     "predicted_sync_seconds", "step_seconds", "throughput_samples_per_s",
@@ -84,12 +60,8 @@ _MAX_PARAM_LENGTH = 500
 ORPHAN_TAG = "killed_because"
 # the tag MLflow's UI reads to open an experiment on its runs (not on the GenAI overview)
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
-GIT_DIRTY_TAG = "git_dirty"  # MLflow has no tag of its own for uncommitted changes
-SOURCE_NAME = "layerwise run (flows/benchmark.py)"
 SYSTEM_METRICS_SECONDS = 2  # a sample of CPU, memory, disk and network every 2 s
 LIVE_FLUSH_SECONDS = 1.0  # per-step points are written at most this often, in one batch
-MODEL_ARTIFACT = "model"
-PRICED_WITH = "priced_with"  # artifact folder of the cluster (calibration) and profile files
 
 
 def default_tracking_uri(project: Path) -> str:
@@ -119,7 +91,7 @@ def open_experiment(name: str) -> tuple[MlflowClient, str]:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             root = artifact_root(uri)
-            location = f"{root}/{_safe_name(name)}" if root else None
+            location = f"{root}/{safe_name(name)}" if root else None
             experiment_id = client.create_experiment(name, artifact_location=location)
         else:
             experiment_id = experiment.experiment_id
@@ -155,55 +127,8 @@ def find_experiment(client: MlflowClient, name: str) -> Experiment:
                          f"{', '.join(known) or 'none'} (`layerwise run` creates it)")
 
 
-def _safe_name(name: str) -> str:
+def safe_name(name: str) -> str:
     return "".join(char if char.isalnum() or char in "-_." else "_" for char in name)
-
-
-def environment_tags(flow_run_id: str | None, device: str, torch_version: str,
-                     flow_run_url: str | None = None) -> dict[str, str]:
-    """Tags of every run: MLflow's source tags (git commit and branch, and whether the work
-    tree had uncommitted changes), data and machine versions, and the Prefect run (its UI page
-    when Prefect has a UI: a server, or PREFECT_UI_URL)."""
-    tags = {MLFLOW_SOURCE_NAME: SOURCE_NAME, MLFLOW_SOURCE_TYPE: "JOB",
-            MLFLOW_GIT_COMMIT: _git("rev-parse", "HEAD") or "unknown",
-            GIT_DIRTY_TAG: {None: "unknown", "": "false"}.get(_git_changes(), "true"),
-            "torch_version": torch_version, "device_name": device,
-            "prefect_flow_run_id": flow_run_id or "none"}
-    branch = _git("rev-parse", "--abbrev-ref", "HEAD")
-    if branch:
-        tags[MLFLOW_GIT_BRANCH] = branch
-    if flow_run_url is not None:
-        tags["prefect_flow_run_url"] = flow_run_url
-    data_hash = dvc_data_hash()
-    if data_hash is not None:
-        tags["dvc_data_hash"] = data_hash
-    return tags
-
-
-def _git(*arguments: str) -> str | None:
-    """git's output in the current directory, stripped; None outside a git work tree."""
-    output = _git_output(*arguments)
-    return None if output is None else output.strip()
-
-
-def _git_changes() -> str | None:
-    """The uncommitted changes to tracked files as a patch that `git apply` takes ('' when
-    clean, None without git)."""
-    return _git_output("diff", "HEAD")
-
-
-def _git_output(*arguments: str) -> str | None:
-    finished = subprocess.run(["git", *arguments], capture_output=True, text=True, check=False)
-    return finished.stdout if finished.returncode == 0 else None
-
-
-def dvc_data_hash() -> str | None:
-    """The md5 DVC recorded for the prepared data in dvc.lock (None without a lock file)."""
-    if not DVC_LOCK.is_file():
-        return None
-    lock = yaml.safe_load(DVC_LOCK.read_text(encoding="utf-8")) or {}
-    outs = lock.get("stages", {}).get("prepare", {}).get("outs", [])
-    return next((str(out["md5"]) for out in outs if "md5" in out), None)
 
 
 def close_orphaned_runs(client: MlflowClient, experiment_id: str) -> list[str]:
@@ -259,11 +184,7 @@ def benchmark_run(client: MlflowClient, experiment_id: str, run_name: str,
     try:
         with closed_on_exit(client, run_id):
             _log_params(client, run_id, config)
-            if DVC_LOCK.is_file():
-                client.log_artifact(run_id, str(DVC_LOCK))
-            changes = _git_changes()
-            if changes:
-                client.log_text(run_id, changes, "git_diff.patch")
+            log_sources(client, run_id)
             yield run_id
     finally:
         _end_active_run(client, run_id)
@@ -387,115 +308,6 @@ class LiveSteps:
         if self.pending:
             self.client.log_batch(self.run_id, metrics=self.pending)
         self.pending, self.flushed_at = [], get_current_time_millis()
-
-
-def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
-    """The run's data as an MLflow dataset: a prepared dataset's folder as source, the md5 DVC
-    recorded for it in dvc.lock as digest (MLflow's own digest of the name and source without
-    one), its tensors as schema; synthetic data names the code that draws it."""
-    if image is None:
-        return MetaDataset(CodeDatasetSource({"generator": "strategies.runtime.datasets"}),
-                           name=dataset)
-    folder = DEFAULT_ROOT / dataset
-    digest = dvc_data_hash() if _locked_output() == folder.as_posix() else None
-    schema = Schema([TensorSpec(np.dtype(np.float32),
-                                (-1, image.channels, image.image_size, image.image_size), "x"),
-                     TensorSpec(np.dtype(np.int64), (-1,), "y")])
-    with warnings.catch_warnings():  # MLflow registers its local source for two URI schemes
-        warnings.simplefilter("ignore", UserWarning)  # and warns that both match a path
-        source = resolve_dataset_source(str(folder.resolve()))
-    return MetaDataset(source, name=dataset,
-                       digest=digest.removesuffix(".dir") if digest else None, schema=schema)
-
-
-def _locked_output() -> str | None:
-    """The path of the prepare stage's output in dvc.lock (None without one)."""
-    if not DVC_LOCK.is_file():
-        return None
-    lock = yaml.safe_load(DVC_LOCK.read_text(encoding="utf-8")) or {}
-    outs = lock.get("stages", {}).get("prepare", {}).get("outs", [])
-    return next((str(out["path"]) for out in outs if "path" in out), None)
-
-
-def log_run_inputs(client: MlflowClient, run_id: str, dataset: str, image: ImageSpec | None,
-                   cluster: str, profile: Path | None) -> None:
-    """What the active strategy run trains on and was priced with, logged before it trains."""
-    log_dataset(dataset, image)
-    log_priced_with(client, run_id, cluster, profile)
-
-
-def log_dataset(dataset: str, image: ImageSpec | None) -> None:
-    """The dataset as an input of the active run (the runs list's Datasets column)."""
-    mlflow.log_input(dataset_input(dataset, image), context="training")
-
-
-def log_priced_with(client: MlflowClient, run_id: str, cluster: str,
-                    profile: Path | None) -> None:
-    """The files the run's prediction was priced with, as artifacts: the cluster file (for a
-    calibrated cluster also its calibration's measurements) and the profile of t_c."""
-    files = [] if profile is None else [profile]
-    cluster_file = Path(cluster)
-    if cluster_file.is_file():  # else a preset: its name (the `cluster` param) says it all
-        files.append(cluster_file)
-        measured = cluster_file.with_name(f"{cluster_file.stem}.calibration.json")
-        if measured.is_file():
-            files.append(measured)
-    for path in files:
-        client.log_artifact(run_id, str(path), PRICED_WITH)
-
-
-def log_trained_model(run_folder: Path, registered_name: str | None,
-                      version_label: str, strategy: str) -> ModelInfo:
-    """The run's trained weights (model.pt in the plain module) as an MLflow model of the
-    active run, with its signature and an input example, in torch.export's format (loading it
-    needs torch only, not this project's code). With `registered_name`, also a new version of
-    that registered model, tagged with the config's version label and strategy and aliased
-    `<label>-<strategy>` (MLflow reserves aliases of the form v<N>).
-
-    The pip requirements are given: inferring them from the environment takes seconds.
-    """
-    settings = TrainSettings.load(run_folder / SETTINGS_FILE)
-    module = build_model(settings.model, num_classes=settings.classes,
-                         image_size=settings.image_size, in_channels=settings.in_channels)
-    module.load_state_dict(torch.load(run_folder / MODEL_FILE, weights_only=True), strict=True)
-    module.eval()
-    example = np.zeros(input_shape(settings.model, 2, settings.image_size,
-                                   settings.in_channels), np.float32)
-    with torch.no_grad():
-        output = module(torch.from_numpy(example)).numpy()
-    info = mlflow.pytorch.log_model(
-        module, name=MODEL_ARTIFACT, signature=infer_signature(example, output),
-        input_example=example, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
-    if registered_name is not None:
-        _register(info, registered_name, version_label, strategy)
-    return info
-
-
-def _register(info: ModelInfo, name: str, version_label: str, strategy: str) -> None:
-    """A new version of registered model `name` (created when new) from the logged model,
-    through the client: MLflow's fluent registration prints to stderr on every call."""
-    client = MlflowClient()
-    try:
-        client.create_registered_model(name)
-    except MlflowException as error:  # another run (or flow) registered it first
-        if error.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
-            raise
-    version = client.create_model_version(
-        name, info.model_uri, run_id=info.run_id, model_id=info.model_id,
-        tags={"model_version": version_label, "strategy": strategy})
-    client.set_registered_model_alias(name, model_alias(version_label, strategy),
-                                      version.version)
-
-
-def model_alias(version_label: str, strategy: str) -> str:
-    """The registry alias of a (version label, strategy) model: letters, digits, _ and -."""
-    return "".join(char if char.isalnum() or char in "-_" else "_"
-                   for char in f"{version_label}-{strategy}")
-
-
-def registered_model_name(model: str) -> str:
-    """The registry name of a zoo model or a `package.module:factory` reference."""
-    return _safe_name(model)
 
 
 def per_layer_table(result: RunResult, graph: LayerGraph) -> dict[str, list[Any]]:

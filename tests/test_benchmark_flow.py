@@ -25,7 +25,7 @@ from flows.cli.run import embedded_environment
 from strategies.calibrate import calibration_path
 from strategies.errors import LayerwiseError
 from strategies.verify import EXACT_TOLERANCE
-from tasks import owner, track
+from tasks import owner, provenance, track
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
     assert experiment.tags[track.EXPERIMENT_KIND_TAG] == track.EXPERIMENT_KIND  # UI: runs
     assert [found.dataset.name for found in parents[0].inputs.dataset_inputs] == ["synthetic"]
     for tag in ("mlflow.source.git.commit", "mlflow.source.name", "mlflow.source.type",
-                track.GIT_DIRTY_TAG, "torch_version", "device_name", "prefect_flow_run_id"):
+                provenance.GIT_DIRTY_TAG, "torch_version", "device_name", "prefect_flow_run_id"):
         assert parents[0].data.tags[tag]
     for run in runs:  # what a later flow reads to tell a killed writer's runs (test_faults.py)
         assert run.data.tags[owner.OWNER_PID] == str(os.getpid())
