@@ -9,11 +9,14 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   box held by producer tiles on OTHER devices move. Bytes are counted exactly, forward
   (activations) and backward (their gradients, the same regions the other way; the network
   input has no gradient, so its edges move forward only). Devices
-  receive at once, each over the slowest link between it and the devices it receives from,
-  paying the link latency per message; t_x is the slowest device, forward plus backward.
+  receive at once, each over the slowest link between it and the devices of the producer's
+  (backward: the consumer's) block, paying the link latency per message; t_x is the slowest
+  device, forward plus backward.
 - t_s(l, c): gradients of weights replicated by n/h/w splits are reduced within each replica
   group (the tiles that share a channel index): ring all-reduce (alpha-beta; 2(r-1) chunks of
-  1/r of the shard per device) or the paper's parameter-server round trip, as the cluster says.
+  1/r of the shard per device) or the paper's parameter-server round trip (the group's first
+  device takes r-1 gradients in and sends r-1 updates out, each over its link to that replica),
+  as the cluster says.
   With `sync: bucketed` (the runtime's pattern: a group's gradients all-reduced in buckets of
   GRADIENT_BUCKET_BYTES) a layer's t_s carries the ring latencies in proportion to its share of
   a bucket, so that t_s stays a sum over layers for the search; `evaluate` adds what that leaves
