@@ -71,8 +71,8 @@ WINOGRAD_MULTIPLY_REDUCTION = 36 / 16
 # What each kind of convolution kernel sustains as a share of a large SGEMM's rate on the same
 # GPU. Source: Baidu DeepBench, results/train/DeepBench_NV_P100.xlsx, sheet "Results FP32"
 # (github.com/baidu-research/DeepBench, CUDA 8.0.88, cuDNN 6.0.21, a PCIe P100). The reference
-# is the median of the sheet's 52 GEMMs of >= 5e10 multiply-adds with M, N >= 512 (rows 8-166):
-# 8.93 TFLOP/s. Each share is the median, over the sheet's convolution rows (174-268) that fill
+# is the median of the sheet's 52 GEMMs of >= 5e10 multiply-adds with M, N >= 512 (rows 23-166):
+# 8.93 TFLOP/s. Each share is the median, over the sheet's convolution rows (175-268) that fill
 # at least one wave of this model's 128 x 128 tiles on the P100's 112 slots and read more than 3
 # channels (so neither the wave model's size effect nor the input layer's tiny reduction is
 # counted twice), of that column's TERAFLOPS over 8.93:
