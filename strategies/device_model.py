@@ -80,7 +80,7 @@ WINOGRAD_MULTIPLY_REDUCTION = 36 / 16
 CONV_FORWARD_EFFICIENCY = 0.73
 # - forward and backward data of the rows run by WINOGRAD(_NONFUSED) or FFT, per real multiply
 #   (TERAFLOPS / WINOGRAD_MULTIPLY_REDUCTION): 13 rows, 0.43-1.09
-WINOGRAD_EFFICIENCY = 0.64
+WINOGRAD_EFFICIENCY = 0.63
 # - backward weights of those rows (cuDNN 6 also filters them by a fast algorithm:
 #   "BWD PARMS TERAFLOPS" up to 2.49x a GEMM's rate in direct multiplies), per real multiply:
 #   13 rows, 0.19-1.11

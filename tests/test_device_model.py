@@ -105,7 +105,7 @@ def test_a_conv_tile_under_one_wave_costs_a_wave():
     # AlexNet's conv2: 5x5, stride 1
     ("alexnet", "features_3", (0.73, 0.62, 0.50)),
     # VGG-16's 3x3 stride-1 convolutions: Winograd in all three passes
-    ("vgg16", "features_2", (0.64, 0.64, 0.81)),
+    ("vgg16", "features_2", (0.63, 0.63, 0.81)),
     # a fully connected layer: the large SGEMM itself
     ("vgg16", "classifier_0", (1.0, 1.0, 1.0)),
 ])
