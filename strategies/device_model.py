@@ -16,12 +16,13 @@ grows). Three effects cause it, and this model prices each one from published de
 - Memory-bound ops (pooling, elementwise, BatchNorm, concat, the SGD update) move their tensors
   at the device's memory bandwidth.
 
-The large-work efficiency of a large GEMM is the cluster's `compute_efficiency`: PALEO's
-"platform percent of peak" (Qi, Sparks, Talwalkar, ICLR 2017, section 3.1.1), one fraction per
-platform. The other GEMM-like kernels run at a fixed share of a large GEMM's rate per op kind
-(conv forward, conv backward data, conv backward weights, by algorithm and stride), measured by
-Baidu's DeepBench on a P100 (OP_KIND_EFFICIENCY below). Below a full wave the efficiency falls
-further with the work size through the wave count, which is how it depends on size here.
+A large GEMM's share of peak is the cluster's `compute_efficiency`: PALEO's "platform percent
+of peak" (Qi, Sparks, Talwalkar, ICLR 2017, section 3.1.1), one fraction per platform. The
+other GEMM-like kernels run at a fixed share of a large GEMM's rate per op kind (conv forward,
+conv backward data, conv backward weights, by algorithm and stride), measured by Baidu's
+DeepBench on a P100 (CONV_FORWARD_EFFICIENCY and the shares beside it). Below a full wave the
+efficiency falls further with the work size through the wave count, which is how it depends on
+size here.
 
 No constant in this module or in the presets was fitted to a result it is meant to reproduce;
 each has its source beside it. None was checked against CUDA-event profiles of real tiles yet
@@ -86,8 +87,8 @@ WINOGRAD_EFFICIENCY = 0.63
 #   13 rows, 0.19-1.11
 WINOGRAD_BACKWARD_WEIGHTS_EFFICIENCY = 0.81
 # - backward data ("BWD INPUTS TERAFLOPS") of the implicit-GEMM rows of stride 1: 13 rows,
-#   0.47-0.87; of stride 2: 10 rows, 0.19-0.72 (a strided convolution's input gradient
-#   scatters into a sparse grid)
+#   0.47-0.87; of stride 2: 10 rows, 0.19-0.72 (the sheet has no larger stride; the strided
+#   share prices every stride > 1)
 CONV_BACKWARD_DATA_EFFICIENCY = 0.62
 STRIDED_CONV_BACKWARD_DATA_EFFICIENCY = 0.31
 # - backward weights ("BWD PARMS TERAFLOPS") of the implicit-GEMM rows: 23 rows, 0.27-0.87
