@@ -9,11 +9,14 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   box held by producer tiles on OTHER devices move. Bytes are counted exactly, forward
   (activations) and backward (their gradients, the same regions the other way; the network
   input has no gradient, so its edges move forward only). Devices
-  receive at once, each over the slowest link between it and the devices it receives from,
-  paying the link latency per message; t_x is the slowest device, forward plus backward.
+  receive at once, each over the slowest link between it and the devices of the producer's
+  (backward: the consumer's) block, paying the link latency per message; t_x is the slowest
+  device, forward plus backward.
 - t_s(l, c): gradients of weights replicated by n/h/w splits are reduced within each replica
   group (the tiles that share a channel index): ring all-reduce (alpha-beta; 2(r-1) chunks of
-  1/r of the shard per device) or the paper's parameter-server round trip, as the cluster says.
+  1/r of the shard per device) or the paper's parameter-server round trip (the group's first
+  device takes r-1 gradients in and sends r-1 updates out, each over its link to that replica),
+  as the cluster says.
   With `sync: bucketed` (the runtime's pattern: a group's gradients all-reduced in buckets of
   GRADIENT_BUCKET_BYTES) a layer's t_s carries the ring latencies in proportion to its share of
   a bucket, so that t_s stays a sum over layers for the search; `evaluate` adds what that leaves
@@ -30,6 +33,7 @@ edge; cost_tables.py computes those vectorised over whole search spaces.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
@@ -89,7 +93,7 @@ class CostModel:
         self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
-        self._replica_links: dict[tuple[object, ...], list[Link]] = {}
+        self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
         self._memory_checked = _UNCHECKED
 
     # ---- the search space --------------------------------------------------------------
@@ -165,44 +169,54 @@ class CostModel:
             reduced = param_count + statistics * out_channels
             total_bytes[row] = 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
             worst = 0.0
-            done: set[tuple[int, float, float]] = set()  # equal groups take equal time
-            for (c_start, c_stop), link in zip(output_ranges(layer, 1, config.c),
-                                               self._group_links(config), strict=True):
-                key = (c_stop - c_start, link.latency, link.bandwidth)
+            done: set[tuple[int, GroupLinks]] = set()  # equal groups take equal time
+            for (c_start, c_stop), links in zip(output_ranges(layer, 1, config.c),
+                                                self._group_links(config), strict=True):
+                key = (c_stop - c_start, links)
                 if key in done:
                     continue
                 done.add(key)
                 shard = param_count * (c_stop - c_start) // out_channels
                 group_seconds = 2 * norms * self._sync_seconds(2 * (c_stop - c_start),
-                                                               replicas, link)
+                                                               replicas, links)
                 if shard:
-                    group_seconds += self._sync_seconds(shard, replicas, link, gradients=True)
+                    group_seconds += self._sync_seconds(shard, replicas, links,
+                                                        gradients=True)
                 worst = max(worst, group_seconds)
             seconds[row] = worst
         return seconds, total_bytes
 
-    def _group_links(self, config: ParallelConfig) -> list[Link]:
-        """Slowest link of each replica group (the devices of one channel index)."""
+    def _group_links(self, config: ParallelConfig) -> list[GroupLinks]:
+        """The links of each replica group (the devices of one channel index): its slowest
+        link, and the links from its first device (the parameter server) to each other."""
         key = (config.degrees, config.devices)
         if key not in self._replica_links:
             n, c, h, w = config.degrees
             devices = np.array(config.devices).reshape(n, c, h * w)
             links = []
             for c_index in range(c):
-                link = self.cluster.slowest_link(devices[:, c_index].ravel().tolist())
-                assert link is not None  # a group of r > 1 devices has a slowest link
-                links.append(link)
+                group = devices[:, c_index].ravel().tolist()
+                slowest = self.cluster.slowest_link(group)
+                assert slowest is not None  # a group of r > 1 devices has a slowest link
+                server = [self.cluster.link(group[0], member) for member in group[1:]]
+                links.append(GroupLinks(slowest, tuple(sorted(
+                    (link for link in server if link is not None),
+                    key=lambda link: (link.bandwidth, link.latency)))))
             self._replica_links[key] = links
         return self._replica_links[key]
 
-    def _sync_seconds(self, shard_elements: int, replicas: int, link: Link,
+    def _sync_seconds(self, shard_elements: int, replicas: int, links: GroupLinks,
                       gradients: bool = False) -> float:
         """One all-reduce of a shard over its replica group (BatchNorm statistics are always
         an all-reduce of their own; gradients share buckets under `sync: bucketed`)."""
         shard_bytes = shard_elements * BYTES_PER_ELEMENT
+        link = links.slowest
         if self.cluster.sync == "parameter_server":
-            # the server takes r-1 gradients in and sends r-1 updates out
-            return 2 * (replicas - 1) * (link.latency + shard_bytes / link.bandwidth)
+            # the server takes r-1 gradients in and sends r-1 updates out, one after another,
+            # each over the link between the server and that replica (Jia et al. 2018,
+            # section 3: devices send gradients to the server, which sends parameters back)
+            return sum(2 * (member.latency + shard_bytes / member.bandwidth)
+                       for member in links.server)
         if gradients and self.cluster.sync == "bucketed":
             chunk = -(-shard_bytes // replicas)
             return 2 * (replicas - 1) * (
@@ -235,7 +249,7 @@ class CostModel:
                 shard = layer.param_count * (c_stop - c_start) // out_channels
                 group_bytes[group] = group_bytes.get(group, 0) + shard * BYTES_PER_ELEMENT
                 group_latency[group] = max(group_latency.get(group, 0.0),
-                                           link.allreduce_latency)
+                                           link.slowest.allreduce_latency)
         waits = np.zeros(self.devices)
         for group, nbytes in group_bytes.items():
             buckets = nbytes / GRADIENT_BUCKET_BYTES
@@ -306,6 +320,15 @@ class CostModel:
             transfer_seconds=transfer, sync_seconds=sync, transfer_bytes=transfer_bytes,
             sync_bytes=sync_bytes,
         )
+
+
+@dataclass(frozen=True)
+class GroupLinks:
+    """The links of one replica group: its slowest (a ring's bottleneck) and, in order, those
+    from its parameter server (its first device) to each other device."""
+
+    slowest: Link
+    server: tuple[Link, ...]
 
 
 def _batch_norms(layer: Layer) -> int:

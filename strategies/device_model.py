@@ -16,10 +16,13 @@ grows). Three effects cause it, and this model prices each one from published de
 - Memory-bound ops (pooling, elementwise, BatchNorm, concat, the SGD update) move their tensors
   at the device's memory bandwidth.
 
-The large-work efficiency of the GEMM-like kernels is the cluster's `compute_efficiency`:
-PALEO's "platform percent of peak" (Qi, Sparks, Talwalkar, ICLR 2017, section 3.1.1), one
-fraction per platform. Below a full wave the efficiency falls with the work size through the
-wave count, which is how it depends on size here.
+A large GEMM's share of peak is the cluster's `compute_efficiency`: PALEO's "platform percent
+of peak" (Qi, Sparks, Talwalkar, ICLR 2017, section 3.1.1), one fraction per platform. The
+other GEMM-like kernels run at a fixed share of a large GEMM's rate per op kind (conv forward,
+conv backward data, conv backward weights, by algorithm and stride), measured by Baidu's
+DeepBench on a P100 (CONV_FORWARD_EFFICIENCY and the shares beside it). Below a full wave the
+efficiency falls further with the work size through the wave count, which is how it depends on
+size here.
 
 No constant in this module or in the presets was fitted to a result it is meant to reproduce;
 each has its source beside it. None was checked against CUDA-event profiles of real tiles yet
@@ -62,8 +65,36 @@ KERNELS_PER_FUSED_OP = 2
 # cuDNN runs 3x3 stride-1 convolutions by Winograd's minimal filtering (cuDNN 5 release notes,
 # 2016: Winograd forward and backward data for 3x3 filters): F(2x2, 3x3) computes a 2x2 output
 # tile with 16 multiplies instead of 36, 2.25x fewer (Lavin and Gray, "Fast Algorithms for
-# Convolutional Neural Networks", CVPR 2016, section 4). Backward weights stays a direct GEMM.
+# Convolutional Neural Networks", CVPR 2016, section 4). cuDNN 6 filters backward weights of
+# these layers by Winograd or FFT too (DeepBench, below), so all three passes use the reduction.
 WINOGRAD_MULTIPLY_REDUCTION = 36 / 16
+
+# What each kind of convolution kernel sustains as a share of a large SGEMM's rate on the same
+# GPU. Source: Baidu DeepBench, results/train/DeepBench_NV_P100.xlsx, sheet "Results FP32"
+# (github.com/baidu-research/DeepBench, CUDA 8.0.88, cuDNN 6.0.21, a PCIe P100). The reference
+# is the median of the sheet's 52 GEMMs of >= 5e10 multiply-adds with M, N >= 512 (rows 23-166):
+# 8.93 TFLOP/s. Each share is the median, over the sheet's convolution rows (175-268) that fill
+# at least one wave of this model's 128 x 128 tiles on the P100's 112 slots and read more than 3
+# channels (so neither the wave model's size effect nor the input layer's tiny reduction is
+# counted twice), of that column's TERAFLOPS over 8.93:
+# - forward, implicit GEMM (Forward Algorithm IMPLICIT_(PRECOMP_)GEMM): 23 rows, 0.48-0.90
+CONV_FORWARD_EFFICIENCY = 0.73
+# - forward and backward data of the rows run by WINOGRAD(_NONFUSED) or FFT, per real multiply
+#   (TERAFLOPS / WINOGRAD_MULTIPLY_REDUCTION): 13 rows, 0.43-1.09
+WINOGRAD_EFFICIENCY = 0.63
+# - backward weights of those rows (cuDNN 6 also filters them by a fast algorithm:
+#   "BWD PARMS TERAFLOPS" up to 2.49x a GEMM's rate in direct multiplies), per real multiply:
+#   13 rows, 0.19-1.11
+WINOGRAD_BACKWARD_WEIGHTS_EFFICIENCY = 0.81
+# - backward data ("BWD INPUTS TERAFLOPS") of the implicit-GEMM rows of stride 1: 13 rows,
+#   0.47-0.87; of stride 2: 10 rows, 0.19-0.72 (the sheet has no larger stride; the strided
+#   share prices every stride > 1)
+CONV_BACKWARD_DATA_EFFICIENCY = 0.62
+STRIDED_CONV_BACKWARD_DATA_EFFICIENCY = 0.31
+# - backward weights ("BWD PARMS TERAFLOPS") of the implicit-GEMM rows: 23 rows, 0.27-0.87
+CONV_BACKWARD_WEIGHTS_EFFICIENCY = 0.50
+# A fully connected layer's three passes are plain SGEMMs: the reference itself.
+GEMM_EFFICIENCY = 1.0
 
 # Layer kinds that run as GEMMs (implicit GEMM for convolutions); the rest are memory-bound.
 GEMM_KINDS = frozenset({"conv", "linear"})
@@ -87,6 +118,20 @@ def winograd(layer: Layer) -> bool:
     geometry = layer.geometry
     return (layer.kind == "conv" and geometry is not None and geometry.kernel == (3, 3)
             and geometry.stride == (1, 1) and geometry.dilation == (1, 1) and geometry.groups == 1)
+
+
+def op_kind_efficiencies(layer: Layer) -> tuple[float, float, float]:
+    """Shares of a large GEMM's rate that the layer's forward, backward data and backward
+    weights kernels sustain (DeepBench, P100: see CONV_FORWARD_EFFICIENCY)."""
+    if layer.kind != "conv":
+        return GEMM_EFFICIENCY, GEMM_EFFICIENCY, GEMM_EFFICIENCY
+    if winograd(layer):
+        return WINOGRAD_EFFICIENCY, WINOGRAD_EFFICIENCY, WINOGRAD_BACKWARD_WEIGHTS_EFFICIENCY
+    assert layer.geometry is not None  # a conv layer has its geometry
+    strided = layer.geometry.stride != (1, 1)
+    return (CONV_FORWARD_EFFICIENCY,
+            STRIDED_CONV_BACKWARD_DATA_EFFICIENCY if strided else CONV_BACKWARD_DATA_EFFICIENCY,
+            CONV_BACKWARD_WEIGHTS_EFFICIENCY)
 
 
 class DeviceModel:
@@ -138,10 +183,11 @@ class DeviceModel:
             kernel = layer.geometry.kernel if layer.geometry else (1, 1)
             reduction = in_channels // groups * kernel[0] * kernel[1]
             filtered = forward_flops / (WINOGRAD_MULTIPLY_REDUCTION if winograd(layer) else 1)
-            compute = (self.gemm_seconds(filtered, tiles(rows, out_channels))
-                       + self.gemm_seconds(filtered, tiles(in_rows, in_channels))
-                       + self.weight_gradient_seconds(forward_flops, out_channels, reduction,
-                                                      rows))
+            forward, backward_data, backward_weights = op_kind_efficiencies(layer)
+            compute = (self.gemm_seconds(filtered, tiles(rows, out_channels)) / forward
+                       + self.gemm_seconds(filtered, tiles(in_rows, in_channels)) / backward_data
+                       + self.weight_gradient_seconds(filtered, out_channels, reduction,
+                                                      rows) / backward_weights)
             passes = 3
             kernels = FORWARD_KERNELS + BACKWARD_KERNELS_WITH_WEIGHTS
         else:

@@ -361,3 +361,19 @@ def test_evaluate_names_missing_layers():
 
 def test_as_4d_pads_two_dimensional_shapes():
     assert as_4d((8, 10)) == (8, 10, 1, 1)
+
+
+def test_the_parameter_server_reaches_each_replica_over_its_own_link():
+    """Data parallelism over p100x16's 16 GPUs: the server (the first device) sends and
+    receives the 3 replicas of its node over NVLink and the 12 of the other nodes over
+    InfiniBand, not all 15 over the group's slowest link."""
+    graph = build_graph("alexnet", batch=32)
+    cost = model_for(graph, 16)
+    fc = graph.by_name["classifier_1"]
+    seconds, moved = cost.sync(fc, [P("n16c1h1w1@0-15")])
+    shard = fc.param_count * 4
+    nvlink, infiniband = CLUSTER.links.intra_node, CLUSTER.links.inter_node
+    assert seconds[0] == pytest.approx(
+        2 * 3 * (nvlink.latency + shard / nvlink.bandwidth)
+        + 2 * 12 * (infiniband.latency + shard / infiniband.bandwidth), rel=1e-12)
+    assert moved[0] == 2 * 15 * shard

@@ -9,7 +9,13 @@ import pytest
 from strategies.cluster import load_cluster
 from strategies.compute import AnalyticCompute
 from strategies.cost import CostModel
-from strategies.device_model import BLOCKS_PER_MULTIPROCESSOR, TILE_EDGE, DeviceModel
+from strategies.device_model import (
+    BLOCKS_PER_MULTIPROCESSOR,
+    TILE_EDGE,
+    DeviceModel,
+    op_kind_efficiencies,
+    tiles,
+)
 from strategies.graph import BYTES_PER_ELEMENT, build_graph
 from strategies.space import ParallelConfig
 from strategies.tiles import largest_tile
@@ -91,3 +97,41 @@ def test_a_conv_tile_under_one_wave_costs_a_wave():
     whole = compute.tile_seconds(conv, largest_tile(conv, P("n1c1h1w1@0")))
     half = compute.tile_seconds(conv, largest_tile(conv, P("n2c1h1w1@0-1")))
     assert half > 0.9 * whole  # half the work, (almost) the same waves and launches
+
+
+@pytest.mark.parametrize(("model", "layer", "shares"), [
+    # AlexNet's conv1: 11x11, stride 4: implicit GEMM, its input gradient strided
+    ("alexnet", "features_0", (0.73, 0.31, 0.50)),
+    # AlexNet's conv2: 5x5, stride 1
+    ("alexnet", "features_3", (0.73, 0.62, 0.50)),
+    # VGG-16's 3x3 stride-1 convolutions: Winograd in all three passes
+    ("vgg16", "features_2", (0.63, 0.63, 0.81)),
+    # a fully connected layer: the large SGEMM itself
+    ("vgg16", "classifier_0", (1.0, 1.0, 1.0)),
+])
+def test_each_op_kind_runs_at_its_deepbench_share_of_a_large_gemm(model, layer, shares):
+    graph = build_graph(model, batch=8)
+    assert op_kind_efficiencies(graph.by_name[layer]) == shares
+
+
+def test_a_convolutions_passes_are_priced_at_their_op_kinds_shares():
+    """AlexNet's conv2 at batch 64 on a device without latency or memory limit: forward,
+    backward data and backward weights, each its GEMM time over its DeepBench share."""
+    graph = build_graph("alexnet", batch=64)
+    conv = graph.by_name["features_3"]
+    model = DeviceModel(multiprocessors=56, flops_per_second=1e13, bytes_per_second=1e30,
+                        kernel_latency=0.0)
+    out_channels = conv.output_shape[1]
+    rows = np.prod(conv.output_shape) // out_channels
+    in_channels = conv.input_shapes[0][1]
+    in_rows = np.prod(conv.input_shapes[0]) // in_channels
+    flops = np.array([conv.flops])
+    expected = (model.gemm_seconds(flops, tiles(np.array([rows]), out_channels)) / 0.73
+                + model.gemm_seconds(flops, tiles(np.array([in_rows]), in_channels)) / 0.62
+                + model.weight_gradient_seconds(flops, np.array([out_channels]),
+                                                in_channels * 25, np.array([rows])) / 0.50)
+    seconds = model.pass_seconds(conv, np.array([np.prod(conv.output_shape)]),
+                                 np.array([out_channels]),
+                                 np.array([np.prod(conv.input_shapes[0])]),
+                                 np.array([conv.param_count]))
+    assert seconds == pytest.approx(expected, rel=1e-12)
