@@ -83,11 +83,7 @@ def log_sources(client: MlflowClient, run_id: str) -> None:
 
 def dvc_data_hash() -> str | None:
     """The md5 DVC recorded for the prepared data in dvc.lock (None without a lock file)."""
-    if not DVC_LOCK.is_file():
-        return None
-    lock = yaml.safe_load(DVC_LOCK.read_text(encoding="utf-8")) or {}
-    outs = lock.get("stages", {}).get("prepare", {}).get("outs", [])
-    return next((str(out["md5"]) for out in outs if "md5" in out), None)
+    return _prepared_output().get("md5")
 
 
 def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
@@ -98,7 +94,8 @@ def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
         return MetaDataset(CodeDatasetSource({"generator": "strategies.runtime.datasets"}),
                            name=dataset)
     folder = DEFAULT_ROOT / dataset
-    digest = dvc_data_hash() if _locked_output() == folder.as_posix() else None
+    locked = _prepared_output()
+    digest = locked.get("md5") if locked.get("path") == folder.as_posix() else None
     schema = Schema([TensorSpec(np.dtype(np.float32),
                                 (-1, image.channels, image.image_size, image.image_size), "x"),
                      TensorSpec(np.dtype(np.int64), (-1,), "y")])
@@ -109,13 +106,15 @@ def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
                        digest=digest.removesuffix(".dir") if digest else None, schema=schema)
 
 
-def _locked_output() -> str | None:
-    """The path of the prepare stage's output in dvc.lock (None without one)."""
+def _prepared_output() -> dict[str, str]:
+    """The prepare stage's output as dvc.lock records it: its path and md5 (empty without a
+    lock file)."""
     if not DVC_LOCK.is_file():
-        return None
+        return {}
     lock = yaml.safe_load(DVC_LOCK.read_text(encoding="utf-8")) or {}
     outs = lock.get("stages", {}).get("prepare", {}).get("outs", [])
-    return next((str(out["path"]) for out in outs if "path" in out), None)
+    return {key: str(value) for key, value in (outs[0] if outs else {}).items()
+            if key in ("path", "md5")}
 
 
 def log_run_inputs(client: MlflowClient, run_id: str, dataset: str, image: ImageSpec | None,

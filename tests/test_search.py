@@ -117,14 +117,19 @@ def test_random_series_parallel_graphs_reduce_and_match_brute_force(data):
     assert total_cost(nodes, matrices, solution.choice) == pytest.approx(solution.cost)
 
 
+def draw_dag(data, counts, min_edges) -> tuple[list[str], list[tuple[str, str]]]:
+    """Nodes v0..v(count-1) and distinct forward edges between them, up to 3 per node."""
+    count = data.draw(counts)
+    names = [f"v{i}" for i in range(count)]
+    pairs = [(names[i], names[j]) for i in range(count) for j in range(i + 1, count)]
+    return names, data.draw(st.lists(st.sampled_from(pairs), min_size=min_edges(count),
+                                     max_size=3 * count, unique=True))
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_dags_that_do_not_reduce_are_still_exact(data):
-    count = data.draw(st.integers(4, 7))
-    names = [f"v{i}" for i in range(count)]
-    pairs = [(names[i], names[j]) for i in range(count) for j in range(i + 1, count)]
-    edges = data.draw(st.lists(st.sampled_from(pairs), min_size=count, max_size=3 * count,
-                               unique=True))
+    names, edges = draw_dag(data, st.integers(4, 7), min_edges=lambda count: count)
     nodes, matrices = random_costs(data.draw, edges)
     for name in names:  # isolated nodes too
         nodes.setdefault(name, np.array([float(data.draw(st.integers(0, 9)))]))
@@ -259,11 +264,7 @@ def test_the_integer_program_finds_the_exact_optimum_where_elimination_can():
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_the_integer_program_matches_brute_force_on_random_dags(data):
-    count = data.draw(st.integers(3, 6))
-    names = [f"v{i}" for i in range(count)]
-    pairs = [(names[i], names[j]) for i in range(count) for j in range(i + 1, count)]
-    edges = data.draw(st.lists(st.sampled_from(pairs), min_size=2, max_size=3 * count,
-                               unique=True))
+    names, edges = draw_dag(data, st.integers(3, 6), min_edges=lambda count: 2)
     nodes, matrices = random_costs(data.draw, edges, max_configs=4)
     for name in names:  # isolated nodes too
         nodes.setdefault(name, np.array([float(data.draw(st.integers(0, 9))), 5.0]))
