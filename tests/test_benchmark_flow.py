@@ -169,7 +169,7 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_strategy_runs_model_is_registered_and_rebuilds_its_predictions(benchmarked,
                                                                          strategy):
-    """`register: true`: each run's weights are a registry version of the model's name,
+    """`register_model: true`: each run's weights are a registry version of the model's name,
     aliased `<version label>-<strategy>`, that loads with MLflow alone and predicts."""
     import mlflow
     import numpy as np
