@@ -25,6 +25,8 @@ run's Prefect artifact.
 """
 
 import contextlib
+import csv
+import io
 import json
 import os
 import time
@@ -171,8 +173,9 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
                 task_run_name=f"calibrate[{config.nproc} processes]")(config.nproc))
     folder = make_stamped_folder(RUNS_DIR, "benchmark")
     with clock.stage("track"):
-        tags = provenance.environment_tags(flow_run.get_id(), device_name(resolve_device(None)),
-                                      torch.__version__, _prefect_ui_url()) | owner_tags()
+        tags = provenance.environment_tags(
+            flow_run.get_id(), device_name(resolve_device(None)), torch.__version__,
+            _prefect_ui_url()) | owner_tags()
     # an error: FAILED; Ctrl-C, SIGTERM: KILLED
     with track.benchmark_run(client, experiment_id, folder.name,
                              config.model_dump(mode="json"), tags) as parent_id:
@@ -292,8 +295,8 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
             _run_params(context, model, graph, strategy), context.tags) as run_id:
         try:
             with clock.stage("track"):
-                provenance.log_run_inputs(context.client, run_id, config.dataset, context.image,
-                                     context.cluster, profile)
+                provenance.log_run_inputs(context.client, run_id, config.dataset,
+                                          context.image, context.cluster, profile)
             options = _train_options(context, nproc=config.nproc,
                                      batch_per_device=config.batch_per_device, profile=profile)
             live = track.LiveSteps(context.client, run_id)
@@ -418,8 +421,10 @@ def write_reports(outcomes: list[Outcome], parent_id: str) -> None:
     (`dvc metrics show`), and one CSV row each (`dvc plots show`). Git-ignored: a run must
     leave a clone clean; its MLflow run holds every run's copy."""
     summary: dict[str, Any] = {"mlflow_run_id": parent_id}
-    rows = ["run,model,strategy,predicted_ms,measured_ms,transfer_bytes,sync_bytes,"
-            "val_accuracy"]
+    columns = ("predicted_ms", "measured_ms", "transfer_bytes", "sync_bytes", "val_accuracy")
+    table = io.StringIO()
+    writer = csv.writer(table, lineterminator="\n")
+    writer.writerow(["run", "model", "strategy", *columns])
     for outcome in outcomes:
         if outcome.result is None:
             continue
@@ -432,13 +437,11 @@ def write_reports(outcomes: list[Outcome], parent_id: str) -> None:
                   "passed": outcome.error is None}
         label = f"{outcome.model.name} {outcome.model.version}"
         summary.setdefault(label, {})[outcome.strategy] = values
-        rows.append(",".join([outcome.label, label, outcome.strategy, *(
-            _csv_number(values[key]) for key in ("predicted_ms", "measured_ms",
-                                                  "transfer_bytes", "sync_bytes",
-                                                  "val_accuracy"))]))
+        writer.writerow([outcome.label, label, outcome.strategy,
+                         *(_csv_number(values[key]) for key in columns)])
     REPORTS.mkdir(exist_ok=True)
     write_atomic(SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
-    write_atomic(TABLE_FILE, "\n".join(rows) + "\n")
+    write_atomic(TABLE_FILE, table.getvalue())
 
 
 def _csv_number(value: float | None) -> str:

@@ -241,6 +241,17 @@ def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
     return (int(value[0]), int(value[1]))
 
 
+def _per_sample_norm(common: dict[str, Any], op: str, target: str,
+                     params: dict[str, tuple[int, ...]], reason: str) -> _Raw:
+    """A normalisation with statistics per sample over several dims (GroupNorm, LayerNorm):
+    an elementwise layer of ~5 flops per value, held to a sample split."""
+    raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+               flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
+               **common)
+    raw.hold(("n",), reason)
+    return raw
+
+
 def _conv_padding(node: fx.Node, module: nn.Conv2d) -> tuple[int, int]:
     """A Conv2d's padding per axis: numbers as given, "valid" none, "same" half the dilated
     kernel on each side (torch pads the odd extra row of an even kernel on one side only, which
@@ -501,12 +512,9 @@ class _Builder:
                     params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
         """GroupNorm: per-sample statistics over each group's channels and the whole h/w
         plane, so only a sample split leaves every statistic on one device."""
-        raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
-                   flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
-                   **common)
-        raw.hold(("n",), f"GroupNorm({groups}) takes its statistics over each group's channels "
-                 "and the whole h/w plane, so c, h and w stay whole")
-        return raw
+        return _per_sample_norm(common, op, target, params, f"GroupNorm({groups}) takes its "
+                                "statistics over each group's channels and the whole h/w "
+                                "plane, so c, h and w stay whole")
 
     def _layer_norm(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], normalized: tuple[int, ...]) -> _Raw:
@@ -516,12 +524,8 @@ class _Builder:
             raise self._unsupported(node, f"LayerNorm over {list(normalized)} of "
                                     f"{common['output_shape']} (only over every dim after "
                                     "the batch)")
-        raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
-                   flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
-                   **common)
-        raw.hold(("n",), "LayerNorm takes its statistics over every value of a sample, so only "
-                 "n splits")
-        return raw
+        return _per_sample_norm(common, op, target, params, "LayerNorm takes its statistics "
+                                "over every value of a sample, so only n splits")
 
     def _binary_or_scalar(self, node: fx.Node, common: dict[str, Any], op: str,
                           target: str) -> _Raw:

@@ -19,10 +19,7 @@ SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
 def degrees_figure(result: RunResult) -> Figure:
     """Where the strategy splits what, per layer: a heat map of log2 of each dim's degree
     (n, c, h, w; the degree written in each cell, blank where it is 1), and below it the block
-    of devices each layer runs on (of the run's processes).
-
-    A bare Figure (no pyplot): no global figure state, no GUI backend on a headless machine.
-    """
+    of devices each layer runs on (of the run's processes)."""
     names = [choice.name for choice in result.strategy.layers]
     configs = [ParallelConfig.parse(choice.config) for choice in result.strategy.layers]
     devices = max([result.nproc, *(max(config.devices) + 1 for config in configs)])
@@ -54,7 +51,6 @@ def degrees_figure(result: RunResult) -> Figure:
     device_axes.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
     device_axes.set_xlim(-0.5, len(names) - 0.5)
     return figure
-
 
 
 def _shade(share: float) -> tuple[float, float, float]:
