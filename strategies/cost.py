@@ -94,6 +94,10 @@ class CostModel:
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
+        self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._link_ids: dict[GroupLinks, int] = {}
+        self._link_groups: list[GroupLinks] = []  # by id
+        self._group_seconds: dict[tuple[int, ...], float] = {}
         self._memory_checked = _UNCHECKED
 
     # ---- the search space --------------------------------------------------------------
@@ -169,22 +173,39 @@ class CostModel:
             reduced = param_count + statistics * out_channels
             total_bytes[row] = 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
             worst = 0.0
-            done: set[tuple[int, GroupLinks]] = set()  # equal groups take equal time
             for (c_start, c_stop), links in zip(output_ranges(layer, 1, config.c),
-                                                self._group_links(config), strict=True):
-                key = (c_stop - c_start, links)
-                if key in done:
-                    continue
-                done.add(key)
-                shard = param_count * (c_stop - c_start) // out_channels
-                group_seconds = 2 * norms * self._sync_seconds(2 * (c_stop - c_start),
-                                                               replicas, links)
-                if shard:
-                    group_seconds += self._sync_seconds(shard, replicas, links,
-                                                        gradients=True)
-                worst = max(worst, group_seconds)
+                                                self._group_link_ids(config), strict=True):
+                # equal groups take equal time, in this layer and in every other
+                key = (c_stop - c_start, links, replicas, param_count, out_channels, norms)
+                if key not in self._group_seconds:
+                    self._group_seconds[key] = self._group_sync_seconds(
+                        param_count * (c_stop - c_start) // out_channels, c_stop - c_start,
+                        replicas, self._link_groups[links], norms)
+                worst = max(worst, self._group_seconds[key])
             seconds[row] = worst
         return seconds, total_bytes
+
+    def _group_sync_seconds(self, shard: int, channels: int, replicas: int,
+                            links: GroupLinks, norms: int) -> float:
+        """One replica group's sync: its BatchNorms' statistics (two all-reduces of 2
+        `channels` values each) and its `shard` of gradients."""
+        seconds = 2 * norms * self._sync_seconds(2 * channels, replicas, links)
+        if shard:
+            seconds += self._sync_seconds(shard, replicas, links, gradients=True)
+        return seconds
+
+    def _group_link_ids(self, config: ParallelConfig) -> tuple[int, ...]:
+        """`_group_links` as small integers (equal links, equal ids), cheap to hash."""
+        key = (config.degrees, config.devices)
+        if key not in self._replica_link_ids:
+            ids = []
+            for links in self._group_links(config):
+                if links not in self._link_ids:
+                    self._link_ids[links] = len(self._link_groups)
+                    self._link_groups.append(links)
+                ids.append(self._link_ids[links])
+            self._replica_link_ids[key] = tuple(ids)
+        return self._replica_link_ids[key]
 
     def _group_links(self, config: ParallelConfig) -> list[GroupLinks]:
         """The links of each replica group (the devices of one channel index): its slowest

@@ -68,6 +68,8 @@ class LayerTiles:
         self.layer = layer
         self._dims: dict[tuple[int, int], TileDim] = {}
         self._largest: dict[tuple[int, ...], TileWork] = {}
+        self._volumes_of: Sequence[ParallelConfig] | None = None
+        self._volumes = TileVolumes(np.empty(0), np.empty(0), np.empty(0))
 
     def along(self, dim: int, degree: int) -> TileDim:
         """The largest tile's part along `dim` when the layer is split `degree` ways."""
@@ -103,9 +105,11 @@ class LayerTiles:
 
     def volumes(self, configs: Sequence[ParallelConfig]) -> TileVolumes:
         """Element counts of each config's largest tile, as products of per-dim lengths."""
+        if configs is self._volumes_of:  # t_c and the update read the same list in turn
+            return self._volumes
         layer = self.layer
-        exponents = np.array([[degree.bit_length() - 1 for degree in config.degrees]
-                              for config in configs], dtype=np.int64).reshape(-1, 4)
+        degrees = np.array([config.degrees for config in configs], dtype=np.int64)
+        exponents = np.frexp(degrees.reshape(-1, 4))[1].astype(np.int64) - 1  # 2^e = 0.5 * 2^(e+1)
         out = np.ones(len(configs), dtype=np.int64)
         inputs = np.ones((len(layer.input_shapes), len(configs)), dtype=np.int64)
         out_lengths = []
@@ -119,7 +123,9 @@ class LayerTiles:
                 len(parts), -1).T[:, exponents[:, dim]]
         # a channel split shards the weights
         params = layer.param_count * out_lengths[1] // as_4d(layer.output_shape)[1]
-        return TileVolumes(output=out, inputs=inputs.sum(axis=0), params=params)
+        self._volumes_of = configs
+        self._volumes = TileVolumes(output=out, inputs=inputs.sum(axis=0), params=params)
+        return self._volumes
 
 
 # ---- t_x: per-config tables ------------------------------------------------------------------
