@@ -167,9 +167,9 @@ class Idioms(nn.Module):
 
     def __init__(self, num_classes: int = 4) -> None:
         super().__init__()
-        self.same = nn.Conv2d(3, 8, 3, padding="same")
-        self.norm = nn.GroupNorm(2, 8)
-        self.dilated = nn.Conv2d(8, 8, 3, padding="same", dilation=2)
+        self.same = nn.Conv2d(3, 12, 3, padding="same")
+        self.norm = nn.GroupNorm(6, 12)
+        self.dilated = nn.Conv2d(12, 8, 3, padding="same", dilation=2)
         self.reflect = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
         self.wide = nn.Conv2d(8, 8, 3, padding=2, padding_mode="reflect")
         self.replicate = nn.Conv2d(8, 8, 3, padding=1, padding_mode="replicate")
@@ -183,9 +183,10 @@ class Idioms(nn.Module):
         self.fc = nn.Linear(8, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # GroupNorms split along n and c (2 and 4 groups), then reflect and replicate padding
-        # split along h and w (the wide one into at most 2 tiles), LayerNorm over the channels
-        # split along n, h and w, circular padding held to n, c
+        # GroupNorms split along n and c into whole groups (6 groups of 2 channels: at most
+        # 2 tiles; 4 of 2: at most 4), reflect and replicate padding along any dim (the wide
+        # one into at most 2 tiles per axis), LayerNorm over the channels along n, h and w,
+        # circular padding held to n, c
         x = F.group_norm(self.dilated(F.relu(self.norm(self.same(x)))), 4)
         x = self.replicate(self.wide(self.reflect(x)))
         x = self.channel_norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

@@ -275,7 +275,7 @@ class LocalEngine:
             return
         output, weights = self._stash
         self._stash = None
-        incoming = torch.empty_like(output)
+        incoming = torch.empty_like(output, memory_format=torch.contiguous_format)
         dist.recv(incoming, self.rank + 1, tag=GRADIENT_TAG)
         self._pending = list(torch.autograd.grad(output, weights, incoming, allow_unused=True,
                                                  materialize_grads=True)) if weights else []
