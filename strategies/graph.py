@@ -303,6 +303,7 @@ def _mirrored_degree(geometry: Geometry, axis: int, in_size: int, out_size: int,
     """
     kernel, stride = geometry.kernel[axis], geometry.stride[axis]
     padding, dilation = geometry.padding[axis], geometry.dilation[axis]
+
     def pads_itself(degree: int) -> bool:
         for index in range(degree):
             start, stop = index * out_size // degree, (index + 1) * out_size // degree
@@ -655,7 +656,8 @@ class _Builder:
     def _group_norm(self, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
         """GroupNorm: per-sample statistics over each group's channels and the whole h/w
-        plane, so only a sample split leaves every statistic on one device."""
+        plane, so a split along n, or along c into tiles of whole groups, leaves every
+        statistic on one device."""
         # degrees are powers of two: those dividing `groups` are those up to its largest
         # power-of-two factor, and with C = groups * per_group they cut C on group boundaries
         whole_groups = groups & -groups
