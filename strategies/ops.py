@@ -8,7 +8,8 @@ needed input boxes (`strategies.tiles.needed_range`) as tensors.
 
 Window ops (conv, pooling) receive only the input box the tile's receptive field covers,
 clipped at the tensor borders. Each re-creates the global padding where that box touches a
-border (zeros for conv and average pooling, -inf for max pooling) and then runs the torch op
+border (zeros for conv and average pooling, or the conv's reflection or replication of the
+box, which starts at that border; -inf for max pooling) and then runs the torch op
 unpadded, so the tile equals the matching slice of the full-tensor op and autograd gives the
 matching slices of its gradients. Nothing is padded between tiles: there the box already holds
 the neighbours' rows (the halo). BatchNorm over a tile that holds part of its channels' batch
