@@ -53,6 +53,7 @@ LayerKind = Literal[
 ]
 
 BYTES_PER_ELEMENT = 4  # fp32 training, the setting of every paper layerwise implements
+OVER_CHANNELS = "(channels)"  # the op name's suffix of a LayerNorm over the channels alone
 
 _ELEMENTWISE_MODULES: dict[type[nn.Module], float] = {
     # module type -> forward FLOPs per output element (BatchNorm: normalise + affine)
@@ -684,7 +685,7 @@ class _Builder:
                 raise self._unsupported(into, _PERMUTE_REFUSAL)
             raw = _norm({**common, "inputs": [into.args[0].name],
                          "input_shapes": [_shape(into.args[0])], "output_shape": _shape(back)},
-                        f"{op}(channels)", target, params, {"c": 1},
+                        f"{op}{OVER_CHANNELS}", target, params, {"c": 1},
                         "LayerNorm over the channels takes one statistic per position over "
                         "every channel, so c stays whole")
             raw.layout = layout

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from strategies.errors import ConfigError
-from strategies.graph import Geometry, Layer
+from strategies.graph import OVER_CHANNELS, Geometry, Layer
 from strategies.tiles import Box, Range, as_4d, needed_range
 
 PoolMode = Literal["max", "avg"]
@@ -370,7 +370,7 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
 
 def normalizes_channels(op: str) -> bool:
     """Whether a LayerNorm layer's op (graph.py's name for it) is over the channels alone."""
-    return op.endswith("(channels)")
+    return op.endswith(OVER_CHANNELS)
 
 
 def dropout_mask(shape: tuple[int, ...], p: float, per_channel: bool, device: torch.device,
