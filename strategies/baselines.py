@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from strategies.errors import ConfigError
 from strategies.graph import Layer, LayerGraph
-from strategies.space import DIMS, ParallelConfig, dim_sizes, parallel_dims
+from strategies.space import DIMS, ParallelConfig, max_degree, parallel_dims
 
 BASELINES: tuple[str, ...] = ("data", "model", "owt", "spatial_h", "spatial_w")
 
@@ -40,7 +40,7 @@ def baseline(strategy: str, graph: LayerGraph, devices: int) -> dict[str, Parall
     assignment = {}
     for layer in graph.layers:
         dim = _preferred_dim(strategy, layer)
-        limit = min(devices, dim_sizes(layer)[dim])
+        limit = min(devices, max_degree(layer, dim))
         degree = 1 << (limit.bit_length() - 1)
         degrees = {name: degree if name == dim else 1 for name in DIMS}
         assignment[layer.name] = ParallelConfig(**degrees, devices=tuple(range(degree)))

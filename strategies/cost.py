@@ -365,5 +365,7 @@ def _layer_key(layer: Layer) -> tuple[object, ...]:
 
 
 def _space_key(layer: Layer) -> tuple[object, ...]:
-    """What a layer's search space depends on: its dimension sizes and which it may split."""
-    return (tuple(dim_sizes(layer).values()), parallel_dims(layer))
+    """What a layer's search space depends on: its dimension sizes and which it may split,
+    and how far."""
+    return (tuple(dim_sizes(layer).values()), parallel_dims(layer),
+            tuple(sorted(layer.max_degrees.items())))

@@ -13,10 +13,18 @@ producer's output shape does not change. Everything else (conv, linear, pool, th
 and w, add, concat, flatten) is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`)
 is none, but runs with the layer that reads it (`Layer.reads`).
 
-Some ops hold their layer to fewer dims than its shape allows (`Layer.split_dims`, with the reason):
-GroupNorm's and LayerNorm's statistics span channels and the plane, a reflect/replicate/circular
-padding copies the plane's own rows. A module with weights called twice (shared weights) is refused
-here, so that every command refuses it before anything is priced or launched.
+LayerNorm over the channels alone, written as ConvNeXt does (`x.permute(0, 2, 3, 1)`, then
+`nn.LayerNorm(C)` or `F.layer_norm(..., (C,))`, then `.permute(0, 3, 1, 2)`), is one layer on the
+(N, C, H, W) tensor: the two permutes are layout (`Layer.layout`, `FusedOp.layout`), run with it,
+never layers of their own; any other permute is refused.
+
+Some ops limit the degree of their layer along some dims (`Layer.max_degrees`, 1: held whole,
+with the reason): GroupNorm's statistics span a group's channels and the whole plane (a channel
+split keeps whole groups), LayerNorm's span every value of a sample or, over the channels alone,
+every channel of a position; a reflect or replicate padding is applied by the tiles on the border,
+which must hold the rows it mirrors, and a circular one reads the opposite border (h, w whole).
+A module with weights called twice (shared weights) is refused here, so that every command
+refuses it before anything is priced or launched.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ LayerKind = Literal[
 ]
 
 BYTES_PER_ELEMENT = 4  # fp32 training, the setting of every paper layerwise implements
+OVER_CHANNELS = "(channels)"  # the op name's suffix of a LayerNorm over the channels alone
 
 _ELEMENTWISE_MODULES: dict[type[nn.Module], float] = {
     # module type -> forward FLOPs per output element (BatchNorm: normalise + affine)
@@ -116,6 +125,16 @@ class FusedOp(BaseModel):
     op: str
     target: str
     flops_per_element: float
+    layout: tuple[str, ...] = ()  # the permutes into channels-last and back, run around it
+
+    @property
+    def fx_nodes(self) -> tuple[str, ...]:
+        return _around(self.name, self.layout)
+
+
+def _around(name: str, layout: tuple[str, ...]) -> tuple[str, ...]:
+    """An op's fx node with the permutes of its layout before and after it."""
+    return (layout[0], name, layout[1]) if layout else (name,)
 
 
 class Layer(BaseModel):
@@ -135,9 +154,12 @@ class Layer(BaseModel):
     geometry: Geometry | None = None
     concat_dim: int | None = None
     fused: tuple[FusedOp, ...] = ()
-    split_dims: tuple[str, ...] | None = None  # None: every dim its shape has (space.py)
-    held_reason: str = ""  # why its ops keep it to split_dims
+    # dim -> the largest degree its ops allow along it (1: held whole); a dim not named is
+    # bounded by its size alone (space.py)
+    max_degrees: dict[str, int] = {}
+    held_reason: str = ""  # why its ops limit max_degrees
     reads: tuple[str, ...] = ()  # fx nodes of the size queries its op reads
+    layout: tuple[str, ...] = ()  # the permutes into channels-last and back around its op
 
     @property
     def param_count(self) -> int:
@@ -146,8 +168,15 @@ class Layer(BaseModel):
     @property
     def fx_nodes(self) -> tuple[str, ...]:
         """Every fx node this layer runs, in order: the size queries its op reads (`x.size(0)`
-        of `x.view(x.size(0), -1)`), its own node, then its fused ops'."""
-        return (*self.reads, self.name, *(fused.name for fused in self.fused))
+        of `x.view(x.size(0), -1)`), its own node, then its fused ops', each op's layout
+        permutes around it."""
+        return (*self.reads, *_around(self.name, self.layout),
+                *(node for fused in self.fused for node in fused.fx_nodes))
+
+    @property
+    def value_node(self) -> str:
+        """The fx node whose value is the layer's output (what its consumers read)."""
+        return self.fx_nodes[-1]
 
     @property
     def label(self) -> str:
@@ -188,9 +217,8 @@ class LayerGraph(BaseModel):
 
     @property
     def held_notes(self) -> list[str]:
-        """One line per layer whose op keeps some dims whole, saying which and why."""
-        return [f"layer '{layer.name}' ({layer.label}) splits only along "
-                f"{', '.join(layer.split_dims or ())}: {layer.held_reason}"
+        """One line per layer whose ops limit its split, saying how and why."""
+        return [f"layer '{layer.name}' ({layer.label}) {_limits(layer)}: {layer.held_reason}"
                 for layer in self.layers if layer.held_reason]
 
     @property
@@ -226,6 +254,17 @@ class LayerGraph(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _limits(layer: Layer) -> str:
+    """'splits only along n, c (c at most 2 ways)': the dims its ops let it split and the
+    largest degree of those they limit."""
+    dims = ("n", "c", "h", "w")[:len(layer.output_shape)]
+    free = [dim for dim in dims if layer.max_degrees.get(dim, 2) > 1]
+    capped = [f"{dim} at most {layer.max_degrees[dim]} ways" for dim in free
+              if dim in layer.max_degrees]
+    text = f"splits {'only ' if len(free) < len(dims) else ''}along {', '.join(free)}"
+    return text + (f" ({', '.join(capped)})" if capped else "")
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     count = 1
     for size in shape:
@@ -241,15 +280,63 @@ def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
     return (int(value[0]), int(value[1]))
 
 
-def _per_sample_norm(common: dict[str, Any], op: str, target: str,
-                     params: dict[str, tuple[int, ...]], reason: str) -> _Raw:
-    """A normalisation with statistics per sample over several dims (GroupNorm, LayerNorm):
-    an elementwise layer of ~5 flops per value, held to a sample split."""
+def _norm(common: dict[str, Any], op: str, target: str, params: dict[str, tuple[int, ...]],
+          max_degrees: dict[str, int], reason: str) -> _Raw:
+    """A normalisation with statistics per sample over several values (GroupNorm, LayerNorm):
+    an elementwise layer of ~5 flops per value, limited to the splits that keep each statistic
+    on one device."""
     raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
                flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
                **common)
-    raw.hold(("n",), reason)
+    raw.limit(max_degrees, reason)
     return raw
+
+
+def _mirrored_degree(geometry: Geometry, axis: int, in_size: int, out_size: int,
+                     mode: str) -> int:
+    """The largest power-of-two degree along h (axis 0) or w (axis 1) at which every tile of
+    a reflect- or replicate-padded conv can pad its own border.
+
+    A tile whose receptive field reaches past the border pads its needed input box as the whole
+    tensor is padded: reflect padding of t rows mirrors rows 1..t, which the box (it starts at
+    the border) holds when it has more than t rows; replicate repeats the border row, which any
+    box holds. Tile i covers output rows [i*O//d, (i+1)*O//d) (space.tile_range).
+    """
+    kernel, stride = geometry.kernel[axis], geometry.stride[axis]
+    padding, dilation = geometry.padding[axis], geometry.dilation[axis]
+
+    def pads_itself(degree: int) -> bool:
+        for index in range(degree):
+            start, stop = index * out_size // degree, (index + 1) * out_size // degree
+            first = start * stride - padding
+            last = (stop - 1) * stride - padding + dilation * (kernel - 1)
+            rows = min(last + 1, in_size) - max(first, 0)
+            for pad in (-first, last + 1 - in_size):
+                if pad > 0 and rows < (pad + 1 if mode == "reflect" else 1):
+                    return False
+        return True
+
+    degree = 1
+    while degree * 2 <= out_size:
+        if not pads_itself(degree * 2):
+            return degree
+        degree *= 2
+    return out_size  # every degree the size allows
+
+
+def _padding_limits(geometry: Geometry, mode: str, in_shape: tuple[int, ...],
+                    out_shape: tuple[int, ...]) -> tuple[dict[str, int], str]:
+    """The h and w degrees a conv padded by `mode` allows, and why: circular padding reads the
+    opposite border (h, w whole); reflect and replicate are padded by the border tiles."""
+    if mode == "circular":
+        return {"h": 1, "w": 1}, ("circular padding wraps around to the opposite border, so "
+                                  "h and w stay whole")
+    limits = {dim: _mirrored_degree(geometry, axis, in_shape[2 + axis], out_shape[2 + axis],
+                                    mode)
+              for axis, dim in enumerate(("h", "w"))}
+    copies = "mirrors" if mode == "reflect" else "repeats"
+    return limits, (f"{mode} padding {geometry.padding} is applied by the border tiles, which "
+                    f"must hold the rows and columns it {copies}")
 
 
 def _conv_padding(node: fx.Node, module: nn.Conv2d) -> tuple[int, int]:
@@ -326,15 +413,60 @@ class _Raw(BaseModel):
     concat_dim: int | None = None
     fused: list[FusedOp] = []
     elementwise_flops_per_element: float = 0.0
-    split_dims: tuple[str, ...] | None = None
+    max_degrees: dict[str, int] = {}
     held_reason: str = ""
     reads: list[str] = []
+    layout: tuple[str, ...] = ()
 
-    def hold(self, dims: tuple[str, ...], reason: str) -> None:
-        """Keep the layer to `dims` (fewer when a fused op already keeps it to fewer)."""
-        self.split_dims = dims if self.split_dims is None else tuple(
-            dim for dim in self.split_dims if dim in dims)
+    def limit(self, max_degrees: dict[str, int], reason: str) -> None:
+        """Limit the degree along each dim of `max_degrees` (to less where a fused op already
+        limits it to less); a limit the dim's size already sets is no limit and no note."""
+        sizes = dict(zip(("n", "c", "h", "w"), self.output_shape, strict=False))
+        tighter = {dim: degree for dim, degree in max_degrees.items()
+                   if dim in sizes
+                   and degree < min(sizes[dim], self.max_degrees.get(dim, sizes[dim]))}
+        if not tighter:
+            return
+        self.max_degrees = {**self.max_degrees, **tighter}
         self.held_reason = "; ".join(filter(None, (self.held_reason, reason)))
+
+
+_PERMUTE_REFUSAL = ("a permute other than the one around a LayerNorm over the channels "
+                    "(x.permute(0, 2, 3, 1), then nn.LayerNorm(C) or F.layer_norm(x, (C,)), "
+                    "then .permute(0, 3, 1, 2), each read by the next alone)")
+
+
+def _permutation(node: fx.Node) -> tuple[int, ...] | None:
+    """The dims of a `x.permute(...)` or `torch.permute(x, dims)` node; None for other nodes."""
+    if node.op == "call_method" and node.target == "permute":
+        dims: Any = node.args[1:] or node.kwargs.get("dims", ())
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = dims[0]
+    elif node.op == "call_function" and node.target is torch.permute:
+        dims = _call_arg(node, 1, "dims", ())
+    else:
+        return None
+    if not all(isinstance(dim, int) for dim in dims):
+        return None
+    return tuple(dim % len(dims) for dim in dims) if dims else ()
+
+
+def _channels_last(gm: fx.GraphModule) -> dict[str, tuple[str, str]]:
+    """LayerNorm node -> (permute into channels-last, permute back) of each LayerNorm over
+    the channels written as ConvNeXt writes it: (N, C, H, W) -> permute(0, 2, 3, 1) ->
+    LayerNorm -> permute(0, 3, 1, 2), each node read by the next alone."""
+    found: dict[str, tuple[str, str]] = {}
+    for node in gm.graph.nodes:
+        is_module = node.op == "call_module" and isinstance(
+            gm.get_submodule(str(node.target)), nn.LayerNorm)
+        if not (is_module or (node.op == "call_function" and node.target is F.layer_norm)):
+            continue
+        into, users = node.args[0], list(node.users)
+        if (isinstance(into, fx.Node) and _permutation(into) == (0, 2, 3, 1)
+                and len(into.users) == 1 and len(users) == 1
+                and _permutation(users[0]) == (0, 3, 1, 2)):
+            found[node.name] = (into.name, users[0].name)
+    return found
 
 
 class _Builder:
@@ -343,6 +475,8 @@ class _Builder:
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
         self.modules = dict(gm.named_modules())
+        self.nodes = {node.name: node for node in gm.graph.nodes}
+        self.layouts = _channels_last(gm)
 
     def layer_for(self, node: fx.Node) -> _Raw:
         shape = _shape(node)
@@ -387,8 +521,8 @@ class _Builder:
             raw = _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
                        geometry=geometry, **common)
             if module.padding_mode != "zeros" and geometry.padding != (0, 0):
-                raw.hold(("n", "c"), f"{module.padding_mode} padding copies rows and columns "
-                         "of the whole plane, so h and w stay whole")
+                raw.limit(*_padding_limits(geometry, module.padding_mode,
+                                           common["input_shapes"][0], common["output_shape"]))
             return raw
         if isinstance(module, nn.GroupNorm):
             return self._group_norm(common, op, target, params, module.num_groups)
@@ -448,8 +582,18 @@ class _Builder:
         if fn is torch.mean:
             return self._mean(node, common, name)
         if fn is F.group_norm:
+            if len(common["inputs"]) != 1:
+                raise self._unsupported(node, "group_norm with weight or bias tensors (use "
+                                        "nn.GroupNorm)")
             return self._group_norm(common, "group_norm", name, {},
                                     int(_call_arg(node, 1, "num_groups", 1)))
+        if fn is F.layer_norm:
+            normalized = _call_arg(node, 1, "normalized_shape", ())
+            return self._layer_norm(node, common, "layer_norm", name, {},
+                                    (normalized,) if isinstance(normalized, int)
+                                    else tuple(normalized))
+        if fn is torch.permute:
+            raise self._unsupported(node, _PERMUTE_REFUSAL)
         if fn is torch.flatten:
             start = _call_arg(node, 1, "start_dim", 0)
             end = _call_arg(node, 2, "end_dim", -1)
@@ -486,6 +630,8 @@ class _Builder:
         if method in _ELEMENTWISE_METHODS:
             return _Raw(kind="elementwise", op=method.rstrip("_"), target=method,
                         param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
+        if method == "permute":
+            raise self._unsupported(node, _PERMUTE_REFUSAL)
         raise self._unsupported(node, f"method .{method}()")
 
     def _flatten(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
@@ -511,21 +657,46 @@ class _Builder:
     def _group_norm(self, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
         """GroupNorm: per-sample statistics over each group's channels and the whole h/w
-        plane, so only a sample split leaves every statistic on one device."""
-        return _per_sample_norm(common, op, target, params, f"GroupNorm({groups}) takes its "
-                                "statistics over each group's channels and the whole h/w "
-                                "plane, so c, h and w stay whole")
+        plane, so a split along n, or along c into tiles of whole groups, leaves every
+        statistic on one device."""
+        # degrees are powers of two: those dividing `groups` are those up to its largest
+        # power-of-two factor, and with C = groups * per_group they cut C on group boundaries
+        whole_groups = groups & -groups
+        channels = (f" and a channel split keeps whole groups (a degree dividing {groups})"
+                    if whole_groups > 1 else ", and so does c" + (
+                        f" (no power-of-two degree divides {groups})" if groups > 1 else ""))
+        return _norm(common, op, target, params, {"c": whole_groups, "h": 1, "w": 1},
+                     f"GroupNorm({groups}) takes its statistics over each group's channels and "
+                     f"the whole h/w plane, so h and w stay whole{channels}")
 
     def _layer_norm(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], normalized: tuple[int, ...]) -> _Raw:
         """LayerNorm over every value of a sample (after a conv, normalized_shape = (C, H, W);
-        after a linear layer, (F,)): like GroupNorm(1, C), only a sample split."""
+        after a linear layer, (F,)): like GroupNorm(1, C), only a sample split. Over the
+        channels alone (between the permutes of `_channels_last`): one statistic per
+        position, so any split but along c."""
+        if len(common["inputs"]) != 1:
+            raise self._unsupported(node, f"{op} with weight or bias tensors (use nn.LayerNorm)")
+        layout = self.layouts.get(node.name)
+        if layout is not None:
+            into, back = (self.nodes[name] for name in layout)
+            channels = common["output_shape"][-1]
+            if normalized != (channels,):
+                raise self._unsupported(into, _PERMUTE_REFUSAL)
+            raw = _norm({**common, "inputs": [into.args[0].name],
+                         "input_shapes": [_shape(into.args[0])], "output_shape": _shape(back)},
+                        f"{op}{OVER_CHANNELS}", target, params, {"c": 1},
+                        "LayerNorm over the channels takes one statistic per position over "
+                        "every channel, so c stays whole")
+            raw.layout = layout
+            return raw
         if normalized != tuple(common["output_shape"][1:]):
             raise self._unsupported(node, f"LayerNorm over {list(normalized)} of "
                                     f"{common['output_shape']} (only over every dim after "
-                                    "the batch)")
-        return _per_sample_norm(common, op, target, params, "LayerNorm takes its statistics "
-                                "over every value of a sample, so only n splits")
+                                    "the batch, or over the channels between permutes)")
+        return _norm(common, op, target, params, {"c": 1, "h": 1, "w": 1},
+                     "LayerNorm takes its statistics over every value of a sample, so only n "
+                     "splits")
 
     def _binary_or_scalar(self, node: fx.Node, common: dict[str, Any], op: str,
                           target: str) -> _Raw:
@@ -567,12 +738,12 @@ def _fuse(raw_layers: list[_Raw], users: dict[str, int]) -> tuple[list[_Raw], di
             if producer.kind != "input" and users[producer.name] == 1:
                 producer.fused.append(
                     FusedOp(name=layer.name, op=layer.op, target=layer.target,
-                            flops_per_element=layer.elementwise_flops_per_element)
+                            flops_per_element=layer.elementwise_flops_per_element,
+                            layout=layer.layout)
                 )
                 producer.flops += layer.flops
                 producer.reads.extend(layer.reads)
-                if layer.split_dims is not None:
-                    producer.hold(layer.split_dims, layer.held_reason)
+                producer.limit(layer.max_degrees, layer.held_reason)
                 producer.param_shapes.update(
                     {f"{layer.target}.{key}": shape for key, shape in layer.param_shapes.items()}
                 )
@@ -686,9 +857,14 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
     raw_layers: list[_Raw] = []
     output_nodes: list[str] = []
     shape_queries: set[str] = set()
+    # the permutes around a LayerNorm over the channels run with it; its consumers read it
+    layout_nodes = {name for pair in builder.layouts.values() for name in pair}
+    read_as = {back: norm for norm, (_, back) in builder.layouts.items()}
     for node in gm.graph.nodes:
         if node.op == "output":
-            output_nodes = [s.name for s in _tensor_inputs(node)]
+            output_nodes = [read_as.get(s.name, s.name) for s in _tensor_inputs(node)]
+            continue
+        if node.name in layout_nodes:
             continue
         if node.op == "get_attr":
             raise builder._unsupported(node, f"direct use of parameter or buffer {node.target}")
@@ -698,6 +874,7 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
                 continue
             raise builder._unsupported(node)
         raw = builder.layer_for(node)
+        raw.inputs = [read_as.get(name, name) for name in raw.inputs]
         raw.reads = _shape_reads(node, shape_queries)
         raw_layers.append(raw)
     users = {layer.name: 0 for layer in raw_layers}
@@ -713,7 +890,8 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             inputs=tuple(raw.inputs), input_shapes=tuple(raw.input_shapes),
             output_shape=raw.output_shape, param_shapes=raw.param_shapes, flops=raw.flops,
             geometry=raw.geometry, concat_dim=raw.concat_dim, fused=tuple(raw.fused),
-            split_dims=raw.split_dims, held_reason=raw.held_reason, reads=tuple(raw.reads),
+            max_degrees=raw.max_degrees, held_reason=raw.held_reason, reads=tuple(raw.reads),
+            layout=raw.layout,
         )
         for raw in kept
     )

@@ -8,7 +8,8 @@ needed input boxes (`strategies.tiles.needed_range`) as tensors.
 
 Window ops (conv, pooling) receive only the input box the tile's receptive field covers,
 clipped at the tensor borders. Each re-creates the global padding where that box touches a
-border (zeros for conv and average pooling, -inf for max pooling) and then runs the torch op
+border (zeros for conv and average pooling, or the conv's reflection or replication of the
+box, which starts at that border; -inf for max pooling) and then runs the torch op
 unpadded, so the tile equals the matching slice of the full-tensor op and autograd gives the
 matching slices of its gradients. Nothing is padded between tiles: there the box already holds
 the neighbours' rows (the halo). BatchNorm over a tile that holds part of its channels' batch
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from strategies.errors import ConfigError
-from strategies.graph import Geometry, Layer
+from strategies.graph import OVER_CHANNELS, Geometry, Layer
 from strategies.tiles import Box, Range, as_4d, needed_range
 
 PoolMode = Literal["max", "avg"]
@@ -56,8 +57,15 @@ def global_padding(start: int, stop: int, kernel: int, stride: int, padding: int
 
 
 def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry,
-                 value: float) -> Tensor:
-    """The box's h/w extended with `value` to the tile's whole receptive field."""
+                 value: float = 0.0, mode: str = "zeros") -> Tensor:
+    """The box's h/w extended to the tile's whole receptive field: with `value`, or by a
+    reflect, replicate or circular `mode`.
+
+    Only sides on the tensor's border are padded, and the box starts (ends) there, so a
+    reflection or replication of the box is that of the whole tensor wherever the box holds
+    the rows it mirrors (graph.py limits the degrees to those); circular padding pads a box
+    of the whole plane (its h and w stay whole).
+    """
     top, bottom, left, right = (
         side
         for axis in (0, 1)
@@ -65,6 +73,8 @@ def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry:
                                    geometry.stride[axis], geometry.padding[axis],
                                    geometry.dilation[axis], in_size_hw[axis])
     )
+    if mode != "zeros":
+        return F.pad(x, (left, right, top, bottom), mode=mode)
     return F.pad(x, (left, right, top, bottom), value=value)
 
 
@@ -92,9 +102,10 @@ def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
     (0 for groups == 1, where it holds every input channel). weight and bias are the shard of
     output channels [c0, c1). A shard whose ends fall on group boundaries is one grouped conv;
     one that cuts a group is convolved group by group, each part with its group's input
-    channels, because conv2d's `groups` assumes every group is whole. A reflect, replicate or
-    circular padding copies the plane's own rows, so such a layer keeps h and w whole
-    (graph.py) and its tile pads the whole plane as nn.Conv2d does.
+    channels, because conv2d's `groups` assumes every group is whole. A reflect or
+    replicate padding is applied by the tiles on the tensor's border to their own box
+    (`_pad_borders`); a circular one keeps h and w whole (graph.py), so its tile pads the
+    whole plane as nn.Conv2d does.
     """
     per_group_out = out_channels_total // geometry.groups
     per_group_in = weight.shape[1]
@@ -105,8 +116,8 @@ def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
     if offset or width != x.shape[1]:  # a slice is an autograd node: only when it cuts
         x = x[:, offset:offset + width]
     if padding_mode != "zeros":
-        rows, cols = geometry.padding
-        padded, padding = F.pad(x, (cols, cols, rows, rows), mode=padding_mode), (0, 0)
+        padded = _pad_borders(x, out_box, in_size_hw, geometry, mode=padding_mode)
+        padding = (0, 0)
     elif _whole_rows_and_cols(out_box, in_size_hw, geometry):
         padded, padding = x, geometry.padding  # conv2d pads the global border itself
     else:
@@ -336,17 +347,30 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
                            reduce)
 
 
-def group_norm(x: Tensor, groups: int, weight: Tensor | None, bias: Tensor | None,
-               eps: float) -> Tensor:
-    """GroupNorm of a tile of whole samples (graph.py keeps its layer's c, h and w whole, so
-    each sample's statistics are the tile's own)."""
-    return F.group_norm(x, groups, weight, bias, eps)
+def group_norm(x: Tensor, groups: int, channels: int, weight: Tensor | None,
+               bias: Tensor | None, eps: float) -> Tensor:
+    """GroupNorm(`groups`) of a layer of `channels` channels on a tile of whole planes and
+    whole groups: graph.py keeps h and w whole and limits a channel split to degrees dividing
+    `groups`, so the tile's groups * x.shape[1] / channels groups take their statistics from
+    the tile alone; `weight` and `bias` are the tile's channels' shards."""
+    return F.group_norm(x, groups * x.shape[1] // channels, weight, bias, eps)
 
 
-def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-    """LayerNorm over every value of each sample of a tile of whole samples (graph.py keeps
-    its layer to a sample split)."""
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+               over_channels: bool = False) -> Tensor:
+    """LayerNorm over every value of each sample of a tile of whole samples, or, for a
+    LayerNorm over the channels alone, over every channel of each position of a tile of
+    whole channels (graph.py limits the splits to those): the permute into channels-last and
+    back that the model writes around it."""
+    if over_channels:
+        moved = F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], weight, bias, eps)
+        return moved.permute(0, 3, 1, 2)
     return F.layer_norm(x, x.shape[1:], weight, bias, eps)
+
+
+def normalizes_channels(op: str) -> bool:
+    """Whether a LayerNorm layer's op (graph.py's name for it) is over the channels alone."""
+    return op.endswith(OVER_CHANNELS)
 
 
 def dropout_mask(shape: tuple[int, ...], p: float, per_channel: bool, device: torch.device,

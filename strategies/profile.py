@@ -420,8 +420,8 @@ def _group_norm(prefix: str) -> Elementwise:
     pass over each sample's tile however its channels are grouped (the layer graph keeps no
     group count, and any count divides the channels only if one does)."""
     def apply(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return ops.group_norm(x, 1, params.get(f"{prefix}weight"), params.get(f"{prefix}bias"),
-                              BATCH_NORM_EPS)
+        return ops.group_norm(x, 1, x.shape[1], params.get(f"{prefix}weight"),
+                              params.get(f"{prefix}bias"), BATCH_NORM_EPS)
 
     return apply
 
@@ -474,9 +474,10 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
         return _batch_norm(layer, tile, prefix, device)
     if op in ("GroupNorm", "group_norm"):
         return _group_norm(prefix)
-    if op == "LayerNorm":
+    if op.partition("(")[0] in ("LayerNorm", "layer_norm"):
         return lambda x, params: ops.layer_norm(x, params.get(f"{prefix}weight"),
-                                                params.get(f"{prefix}bias"), BATCH_NORM_EPS)
+                                                params.get(f"{prefix}bias"), BATCH_NORM_EPS,
+                                                ops.normalizes_channels(op))
     name = _MODULE_OPS.get(op, op)
     if name in _DROPOUTS:
         return _dropout(tile, _DROPOUTS[name])

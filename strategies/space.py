@@ -9,6 +9,9 @@ Enumeration rules (issue: configuration space):
 - a degree is a power of two and never larger than its dimension;
 - a dimension the layer cannot split keeps degree 1 (Table 1: fully connected {n, c}; 2-D conv
   and pool {n, c, h, w}; elementwise, add and concat like their output; flatten {n});
+- a degree never exceeds what the layer's ops allow along its dimension (`Layer.max_degrees`:
+  GroupNorm's channel degree divides its group count, a reflect padding's border tiles hold
+  the rows it mirrors, a circular padding keeps h and w whole);
 - the devices are a contiguous block of `product` devices starting at an offset aligned to the
   block size, so a layer on 4 of 16 devices can sit on 0-3, 4-7, 8-11 or 12-15.
 Tiles need not be equal when a degree does not divide its dimension: tile i of a dimension of
@@ -138,10 +141,17 @@ def tile_range(size: int, degree: int, index: int) -> tuple[int, int]:
 
 def parallel_dims(layer: Layer) -> tuple[str, ...]:
     """The dimensions a layer's output may be split along (Jia et al. 2018, Table 1), less
-    those its op holds whole (`Layer.split_dims`: GroupNorm, reflect padding)."""
-    if layer.split_dims is not None:
-        return tuple(dim for dim in _shape_dims(layer) if dim in layer.split_dims)
-    return _shape_dims(layer)
+    those its ops hold whole (`Layer.max_degrees` of 1: GroupNorm's h and w, circular
+    padding)."""
+    return tuple(dim for dim in _shape_dims(layer) if layer.max_degrees.get(dim, 2) > 1)
+
+
+def max_degree(layer: Layer, dim: str) -> int:
+    """The largest degree along `dim`: its size, less where the layer's ops allow less, 1
+    where the layer cannot split it."""
+    if dim not in parallel_dims(layer):
+        return 1
+    return min(dim_sizes(layer)[dim], layer.max_degrees.get(dim, dim_sizes(layer)[dim]))
 
 
 def _shape_dims(layer: Layer) -> tuple[str, ...]:
@@ -172,11 +182,7 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def degree_choices(layer: Layer, devices: int) -> list[tuple[int, int, int, int]]:
     """Every legal (n, c, h, w) degree tuple of `layer` on at most `devices` devices."""
-    sizes = dim_sizes(layer)
-    splittable = parallel_dims(layer)
-    options = [
-        _powers_of_two(min(sizes[dim], devices)) if dim in splittable else [1] for dim in DIMS
-    ]
+    options = [_powers_of_two(min(max_degree(layer, dim), devices)) for dim in DIMS]
     return [
         degrees
         for degrees in itertools.product(*options)
@@ -229,6 +235,12 @@ def check_config(layer: Layer, config: ParallelConfig, devices: int) -> None:
             raise ConfigError(
                 f"layer '{layer.name}': degree {degree} along {dim} exceeds its size "
                 f"{sizes[dim]} (config {config.text})"
+            )
+        if degree > max_degree(layer, dim):
+            raise ConfigError(
+                f"layer '{layer.name}' ({layer.label}) splits along {dim} at most "
+                f"{max_degree(layer, dim)} ways, not {degree}: {layer.held_reason} "
+                f"(config {config.text})"
             )
     highest = max(config.devices)
     if highest >= devices:

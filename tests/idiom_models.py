@@ -95,17 +95,55 @@ class LayerNormNet(nn.Module):
 
 
 class PaddingModes(nn.Module):
-    """Convolutions padded by reflection, replication and wrapping around."""
+    """Convolutions padded by reflection, replication and wrapping around; a reflection by 2
+    around a 3x3 kernel grows the plane to 10 rows, which at most 2 tiles split (a border
+    tile of 10 // 4 rows reads 2 rows, not more than the 2 its padding mirrors)."""
 
     def __init__(self, num_classes: int = 4) -> None:
         super().__init__()
         self.reflect = nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+        self.wide = nn.Conv2d(4, 4, 3, padding=2, padding_mode="reflect")
         self.replicate = nn.Conv2d(4, 4, 3, padding=1, padding_mode="replicate")
         self.circular = nn.Conv2d(4, 4, 3, padding=1, padding_mode="circular")
         self.fc = nn.Linear(4, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.circular(self.replicate(F.relu(self.reflect(x))))
+        x = self.circular(self.replicate(self.wide(F.relu(self.reflect(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+class ChannelsLastNorm(nn.Module):
+    """LayerNorm over the channels as ConvNeXt writes it (permute to channels-last, normalise,
+    permute back): a module fused into its conv, and a function on a layer of its own (its
+    input also feeds a residual add)."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.mix = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        x = self.mix(F.relu(x))
+        x = x + F.layer_norm(x.permute(0, 2, 3, 1), (8,)).permute(0, 3, 1, 2)
+        return self.fc(x.mean((2, 3)))
+
+
+class ChannelsLastLinear(nn.Module):
+    """ConvNeXt's block proper: a Linear over the channels between the permutes, which is
+    not a LayerNorm alone between them."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.pointwise = nn.Linear(8, 8)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pointwise(self.norm(self.conv(x).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
         return self.fc(x.mean((2, 3)))
 
 
@@ -129,23 +167,32 @@ class Idioms(nn.Module):
 
     def __init__(self, num_classes: int = 4) -> None:
         super().__init__()
-        self.same = nn.Conv2d(3, 8, 3, padding="same")
-        self.norm = nn.GroupNorm(2, 8)
-        self.dilated = nn.Conv2d(8, 8, 3, padding="same", dilation=2)
+        self.same = nn.Conv2d(3, 12, 3, padding="same")
+        self.norm = nn.GroupNorm(6, 12)
+        self.dilated = nn.Conv2d(12, 8, 3, padding="same", dilation=2)
         self.reflect = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
+        self.wide = nn.Conv2d(8, 8, 3, padding=2, padding_mode="reflect")
         self.replicate = nn.Conv2d(8, 8, 3, padding=1, padding_mode="replicate")
+        self.channel_norm = nn.LayerNorm(8)
         self.circular = nn.Conv2d(8, 8, 3, padding=1, padding_mode="circular")
         self.plain = nn.Conv2d(8, 8, 3, padding=1)
-        self.sample_norm = nn.LayerNorm([8, 8, 8])
+        self.sample_norm = nn.LayerNorm([8, 10, 10])
         self.valid = nn.Conv2d(8, 8, 3, padding="valid")
         self.layer_norm = nn.GroupNorm(1, 8)
         self.head_norm = nn.LayerNorm(8)
         self.fc = nn.Linear(8, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.dilated(F.relu(self.norm(self.same(x))))  # held n, then any split
-        x = self.circular(self.replicate(self.reflect(x)))  # held n, c
+        # GroupNorms split along n and c into whole groups (6 groups of 2 channels: at most
+        # 2 tiles; 4 of 2: at most 4), reflect and replicate padding along any dim (the wide
+        # one into at most 2 tiles per axis), LayerNorm over the channels along n, h and w,
+        # circular padding held to n, c
+        x = F.group_norm(self.dilated(F.relu(self.norm(self.same(x)))), 4)
+        x = self.replicate(self.wide(self.reflect(x)))
+        x = self.channel_norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        x = self.circular(x)
         x = F.relu(self.layer_norm(self.valid(self.sample_norm(self.plain(x)))))
+        x = x + F.layer_norm(x.permute(0, 2, 3, 1), (8,)).permute(0, 3, 1, 2)
         pooled = x.mean((2, 3)) + x.mean(dim=[2, 3], keepdim=True).view(x.size(0), -1)
         pooled = pooled + F.adaptive_avg_pool2d(x, 1).reshape(x.shape[0], -1)
         return self.fc(self.head_norm(pooled))

@@ -244,6 +244,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("train", "tests.idiom_models:SharedConv", "--strategy", "data", "--nproc", "1"),
      "give each call its own module"),
     (("graph", "tests.idiom_models:EvenSame"), "padding='same' with kernel (2, 2)"),
+    (("search", "tests.idiom_models:ChannelsLastLinear", "--devices", "2", "--cluster", "local",
+      "--analytic"),
+     "fx node 'permute': a permute other than the one around a LayerNorm over the channels"),
     # strategy files checked against the run and priced before any process starts
     ((*TRAIN_8, "--strategy", "owt_a-2.json", "--nproc", "4"),
      "strategy 'owt_a' (OWT scheme a (all-gather), fixed batch) was planned for 2 processes, "

@@ -1,10 +1,14 @@
 """Models written the way users write them (tests/idiom_models.py): padding="same" and
 "valid", reflect/replicate/circular padding, x.view(x.size(0), -1), the mean over h and w,
-GroupNorm, LayerNorm. Each traces with its own parameter count and the dims its ops allow; all of
-them in one network train equal to one process in float64 on 2 and 4 processes under every strategy
-that applies (one torchrun launch per process count). A strategy file is priced afresh before
-launch. The refusals (shared weights, an even kernel with padding="same", strategy files that do not
-fit the run) are rows of tests/test_bad_input.py.
+GroupNorm, LayerNorm over a sample and over the channels (between ConvNeXt's permutes). Each
+traces with its own parameter count, the dims its ops allow and how far (GroupNorm's channel
+degree divides its groups, a reflect padding's tiles hold the rows it mirrors); the space offers
+and accepts only those degrees; all of them in one network train equal to one process in float64
+on 2 and 4 processes under every strategy that applies (one torchrun launch per process count),
+the baselines among them splitting GroupNorm along c and the paddings and LayerNorm over the
+channels along h and w. A strategy file is priced afresh before launch. The refusals (shared
+weights, an even kernel with padding="same", other permutes, strategy files that do not fit the
+run) are rows of tests/test_bad_input.py.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from strategies.baselines import baseline
+from strategies.errors import ConfigError
 from strategies.graph import build_graph
 from strategies.jobs.costing import cost_model
 from strategies.jobs.job import new_job
@@ -24,6 +30,8 @@ from strategies.jobs.options import TrainOptions
 from strategies.models import build_model
 from strategies.schedules import INEXACT
 from strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
+from strategies.space import DIMS as SPLIT_DIMS
+from strategies.space import ParallelConfig, check_config, degree_choices
 from strategies.strategy import Strategy
 from strategies.verify import EXACT_TOLERANCE
 
@@ -36,9 +44,17 @@ DIMS = {
     "ViewFlatten": ["nchw", "nchw", "n", "nc"],
     "ReshapeFlatten": ["nchw", "nchw", "n", "nc"],
     "MeanPool": ["nchw", "nchw", "nchw", "nc", "n", "nc", "nc"],
-    "GroupNormNet": ["nchw", "n", "n", "nchw", "n", "nc"],
+    "GroupNormNet": ["nchw", "nc", "n", "nchw", "n", "nc"],
     "LayerNormNet": ["nchw", "n", "n", "n", "nc"],
-    "PaddingModes": ["nchw", "nc", "nc", "nc", "nc", "nc"],
+    "PaddingModes": ["nchw", "nchw", "nchw", "nchw", "nc", "nc", "nc"],
+    "ChannelsLastNorm": ["nchw", "nhw", "nchw", "nhw", "nchw", "nc", "nc"],
+}
+# model -> layer -> the largest degree its ops allow along a dim (graph --json's max_degrees)
+LIMITS = {
+    "GroupNormNet": {"conv1": {"c": 2, "h": 1, "w": 1}, "conv2": {"c": 1, "h": 1, "w": 1}},
+    "LayerNormNet": {"conv": {"c": 1, "h": 1, "w": 1}, "hidden": {"c": 1}},
+    "PaddingModes": {"wide": {"h": 2, "w": 2}, "circular": {"h": 1, "w": 1}},
+    "ChannelsLastNorm": {"conv": {"c": 1}, "layer_norm": {"c": 1}},
 }
 
 
@@ -51,15 +67,62 @@ def test_each_idiom_traces_with_its_own_parameters(name: str) -> None:
     plain = build_model(model, image_size=8)
     assert document["param_count"] == sum(p.numel() for p in plain.parameters())
     assert [layer["parallel_dims"] for layer in document["layers"]] == DIMS[name]
+    assert {layer["name"]: layer["max_degrees"] for layer in document["layers"]
+            if layer["max_degrees"]} == LIMITS.get(name, {})
+
+
+def test_layer_norm_over_the_channels_is_one_layer_with_its_permutes() -> None:
+    graph = build_graph("tests.idiom_models:ChannelsLastNorm", batch=2, image_size=8)
+    fused, alone = graph.by_name["conv"], graph.by_name["layer_norm"]
+    assert fused.label == "Conv2d+LayerNorm(channels)+relu"
+    assert fused.fused[0].fx_nodes == ("permute", "norm", "permute_1")
+    assert fused.value_node == "relu" and fused.output_shape == (2, 8, 8, 8)
+    assert alone.fx_nodes == ("permute_2", "layer_norm", "permute_3")
+    assert alone.value_node == "permute_3" and alone.inputs == ("mix",)
+    assert graph.by_name["add"].inputs == ("mix", "layer_norm")
+
+
+def _offered(layer, devices: int) -> dict[str, list[int]]:
+    choices = degree_choices(layer, devices)
+    return {dim: sorted({degrees[index] for degrees in choices})
+            for index, dim in enumerate(SPLIT_DIMS)}
+
+
+def test_the_space_offers_and_accepts_only_the_degrees_the_ops_allow() -> None:
+    graph = build_graph("tests.idiom_models:Idioms", batch=16, image_size=8)
+    offered = {name: _offered(graph.by_name[name], 16)
+               for name in ("same", "dilated", "wide", "replicate", "circular")}
+    assert offered["same"] == {"n": [1, 2, 4, 8, 16], "c": [1, 2], "h": [1], "w": [1]}
+    assert offered["dilated"]["c"] == [1, 2, 4]
+    assert offered["wide"]["h"] == offered["wide"]["w"] == [1, 2]
+    assert offered["replicate"] == {"n": [1, 2, 4, 8, 16], "c": [1], "h": [1, 2, 4, 8],
+                                    "w": [1, 2, 4, 8]}
+    assert offered["circular"]["h"] == offered["circular"]["w"] == [1]
+    refused = [("same", "n1c4h1w1@0-3", "'same' (Conv2d+GroupNorm+relu) splits along c at most 2 "
+                "ways, not 4: GroupNorm(6) takes its statistics over each group's channels"),
+               ("wide", "n1c1h4w1@0-3", "splits along h at most 2 ways, not 4: reflect padding "
+                "(2, 2) is applied by the border tiles"),
+               ("replicate", "n1c2h1w1@0-1", "cannot be split along c: it splits along n, h, w")]
+    for name, text, reason in refused:
+        with pytest.raises(ConfigError) as error:
+            check_config(graph.by_name[name], ParallelConfig.parse(text), 4)
+        assert reason in str(error.value) and "\n" not in str(error.value)
 
 
 def test_graph_says_which_layers_are_held_whole_and_why() -> None:
     result = runner.invoke(app, ["graph", "tests.idiom_models:Idioms", "--image-size", "8"])
     assert result.exit_code == 0, result.output
-    held = [line for line in result.stdout.replace("\n", " ").split("held: ")[1:]]
-    assert len(held) == 7
-    assert "layer 'same' (Conv2d+GroupNorm+relu) splits only along n: GroupNorm(2)" in held[0]
-    assert "splits only along n, c: circular padding" in " ".join(held)
+    held = " ".join(result.stdout.split()).split("held: ")[1:]
+    assert len(held) == 9
+    assert held[0].startswith("layer 'same' (Conv2d+GroupNorm+relu) splits only along n, c (c "
+                              "at most 2 ways): GroupNorm(6) takes its statistics over each "
+                              "group's channels and the whole h/w plane, so h and w stay whole "
+                              "and a channel split keeps whole groups (a degree dividing 6)")
+    assert held[2].startswith("layer 'wide' (Conv2d(padding_mode=reflect)) splits along n, c, "
+                              "h, w (h at most 2 ways, w at most 2 ways): reflect padding")
+    assert held[3].startswith("layer 'replicate' (Conv2d(padding_mode=replicate)+LayerNorm("
+                              "channels)) splits only along n, h, w: LayerNorm over the channels")
+    assert "splits only along n, c: circular padding wraps around" in held[4]
 
 
 def test_train_says_which_layers_are_held_before_it_starts(tmp_path) -> None:
@@ -88,6 +151,16 @@ def test_every_idiom_trains_equal_to_one_process(tmp_path, workers_import_tests,
     report = json.loads(result.stdout)
     checked = {d["strategy"]: d for d in report["divergences"]}
     assert {"data", "model", "spatial_h", "spatial_w", "layerwise", "pipeline"} <= set(checked)
+    graph = build_graph("tests.idiom_models:Idioms", batch=4 * nproc, image_size=8)
+    split = {name: {layer: baseline(name, graph, nproc)[layer].degrees for layer in
+                    ("same", "dilated", "reflect", "wide", "replicate", "layer_norm_1")}
+             for name in ("model", "spatial_h", "spatial_w")}
+    assert split["model"]["same"] == (1, 2, 1, 1) and split["model"]["dilated"][1] == nproc
+    assert split["spatial_h"]["wide"] == (1, 1, 2, 1) and split["spatial_w"]["wide"] == (
+        1, 1, 1, 2)
+    for layer in ("reflect", "replicate", "layer_norm_1"):
+        assert split["spatial_h"][layer] == (1, 1, nproc, 1), layer
+        assert split["spatial_w"][layer] == (1, 1, 1, nproc), layer
     for name, divergence in checked.items():
         largest = max(divergence["max_loss_difference"], divergence["max_parameter_difference"])
         if name in INEXACT:

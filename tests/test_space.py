@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from strategies.errors import ConfigError
@@ -158,3 +158,17 @@ def test_tiles_cover_a_dimension_exactly_once(size, degree):
     assert all(ranges[i][1] == ranges[i + 1][0] for i in range(degree - 1))
     lengths = [stop - start for start, stop in ranges]
     assert max(lengths) - min(lengths) <= 1
+
+
+@given(groups=st.integers(1, 64), per_group=st.integers(1, 16), power=st.integers(0, 6))
+def test_a_channel_split_whose_degree_divides_the_groups_keeps_them_whole(groups, per_group,
+                                                                          power):
+    """GroupNorm's channel degree divides its group count (graph.py): then every tile of
+    C = groups * per_group channels starts and ends on a group boundary."""
+    degree = 2 ** power
+    assume(groups % degree == 0)
+    channels = groups * per_group
+    for index in range(degree):
+        start, stop = tile_range(channels, degree, index)
+        assert start % per_group == 0 and stop % per_group == 0
+        assert (stop - start) // per_group == groups // degree

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import fx, nn
 
 from strategies import ops
 from strategies.errors import ConfigError
-from strategies.fx_nodes import active_dropout, count_include_pad
+from strategies.fx_nodes import active_dropout, argument, count_include_pad
 from strategies.graph import Layer
 from strategies.runtime.buckets import GradientBuckets
 from strategies.runtime.comm import Communicator
@@ -172,7 +173,7 @@ class LayerwiseModel(ShardedModel):
         """The layer's op and the elementwise ops fused into it, on its input boxes."""
         out = self._compute(layer, state, inputs)
         for fused in layer.fused:
-            out = self._elementwise(self.nodes[fused.name], out, layer, state)
+            out = self._elementwise(self.nodes[fused.name], fused.op, out, layer, state)
         return out
 
     def _redistribute(self, index: int, input_plan: InputPlan) -> torch.Tensor | None:
@@ -192,16 +193,17 @@ class LayerwiseModel(ShardedModel):
         if layer.kind == "elementwise":
             first = leaves[0]
             assert first is not None
-            return self._elementwise(node, first, layer, state)
+            return self._elementwise(node, layer.op, first, layer, state)
         shards = state.modules.get(layer.target, {})
         weight, bias = shards.get("weight"), shards.get("bias")
         return ops.layer_op(layer, leaves, weight.tensor if weight is not None else None,
                             bias.tensor if bias is not None else None, state.box,
                             count_include_pad(layer.op, node))
 
-    def _elementwise(self, node: fx.Node, tile: torch.Tensor, layer: Layer,
+    def _elementwise(self, node: fx.Node, op: str, tile: torch.Tensor, layer: Layer,
                      state: _LayerState) -> torch.Tensor:
-        """A one-input elementwise op on a tile (BatchNorm and dropout made split-exact)."""
+        """A one-input elementwise op (graph.py's `op` name) on a tile (BatchNorm, GroupNorm,
+        LayerNorm and dropout made split-exact)."""
         if node.name in self._active_dropouts:
             return ops.dropout(tile, self._masks[node.name], state.box,
                                self._active_dropouts[node.name])
@@ -213,8 +215,16 @@ class LayerwiseModel(ShardedModel):
             weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None
                             for key in ("weight", "bias"))
             if isinstance(module, nn.GroupNorm):
-                return ops.group_norm(tile, module.num_groups, weight, bias, module.eps)
-            return ops.layer_norm(tile, weight, bias, module.eps)
+                return ops.group_norm(tile, module.num_groups, module.num_channels, weight,
+                                      bias, module.eps)
+            return ops.layer_norm(tile, weight, bias, module.eps, ops.normalizes_channels(op))
+        if node.target is F.group_norm:  # no weights: graph.py refuses them as tensors
+            return ops.group_norm(tile, int(argument(node, 1, "num_groups", 1)),
+                                  as_4d(layer.output_shape)[1], None, None,
+                                  float(argument(node, 4, "eps", 1e-5)))
+        if node.target is F.layer_norm and ops.normalizes_channels(op):
+            return ops.layer_norm(tile, None, None, float(argument(node, 4, "eps", 1e-5)),
+                                  over_channels=True)
         return ops.activation(tile, lambda x: self._call(node, module, x),
                               node.name in self._in_place)
 

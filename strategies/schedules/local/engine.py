@@ -59,7 +59,7 @@ from torch.func import functional_call
 
 from strategies.errors import ConfigError
 from strategies.fx_nodes import active_dropout
-from strategies.graph import Layer, LayerGraph
+from strategies.graph import LayerGraph
 from strategies.ops import dropout_mask
 from strategies.runtime.comm import ByteCounter, gather_tensor_trees
 from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
@@ -100,11 +100,6 @@ def auxiliary_heads(graph: LayerGraph, cuts: list[Cut], seed: int) -> list[Auxil
     classes = output_classes(graph)
     return [AuxiliaryHead(graph.by_name[cut.crossing].output_shape[1], classes, generator)
             for cut in cuts]
-
-
-def _value_node(layer: Layer) -> str:
-    """The fx node whose value is the layer's output (its last fused op, if any)."""
-    return layer.fused[-1].name if layer.fused else layer.name
 
 
 def model_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
@@ -170,8 +165,8 @@ class LocalEngine:
         result = graph.by_name[graph.outputs[0] if self.is_last
                                else self.cuts[self.rank].crossing]
         self.block, self.mask_names = block_module(
-            traced, graph, execution.blocks[self.rank].layers, _value_node(source),
-            _value_node(result), {name for name, *_ in self.dropouts})
+            traced, graph, execution.blocks[self.rank].layers, source.value_node,
+            result.value_node, {name for name, *_ in self.dropouts})
         heads = auxiliary_heads(graph, self.cuts, context.settings.seed)
         self.head = None if self.is_last else heads[self.rank].to(context.device)
         self.weights = dict(self.block.named_parameters())  # plain state-dict keys
@@ -280,7 +275,7 @@ class LocalEngine:
             return
         output, weights = self._stash
         self._stash = None
-        incoming = torch.empty_like(output)
+        incoming = torch.empty_like(output, memory_format=torch.contiguous_format)
         dist.recv(incoming, self.rank + 1, tag=GRADIENT_TAG)
         self._pending = list(torch.autograd.grad(output, weights, incoming, allow_unused=True,
                                                  materialize_grads=True)) if weights else []
