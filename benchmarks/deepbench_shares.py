@@ -14,10 +14,11 @@ convolution share: the median, over the rows that fill at least one wave of the 
 the reference; rows run by Winograd or FFT per real multiply (over WINOGRAD_MULTIPLY_REDUCTION).
 
 Then the model's relative error, (modelled - measured) / measured time, per op kind over every
-GEMM and convolution row of the sheet, for the model with one 128 x 128 tile per block (split-K
-in backward weights only: the model before it chose kernels) and for the model that picks each
-GEMM's tile shape and split-K factor. The device is the workbook's: a large GEMM runs at the
-reference rate, with `--multiprocessors` SMs, `--bandwidth` GB/s and `--latency` us per launch.
+GEMM and convolution row of the sheet, for the model restricted to one 128 x 128 tile per block
+and split-K in backward weights only (the fixed tile it priced before choosing kernels) and for
+the model that picks each GEMM's tile shape and split-K factor. The device is the workbook's: a
+large GEMM runs at the reference rate, with `--multiprocessors` SMs, `--bandwidth` GB/s and
+`--latency` us per launch.
 """
 
 from __future__ import annotations

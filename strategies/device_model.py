@@ -202,15 +202,15 @@ class DeviceModel:
     def gemm_kernel_seconds(self, flops: np.ndarray, gemm: Gemm, share: float) -> np.ndarray:
         """Each candidate kernel's time for the GEMM, shape (tiles, len(tile_shapes),
         len(split_factors)). A kernel of tile tm x tn split s ways runs
-        ceil(rows / tm) x ceil(columns / tn) x s blocks, each a whole tile over a slice of
-        ceil(depth / s) (at least TILE_DEPTH), in waves of the blocks the SMs hold at once (a
-        kernel of 1.1 waves costs 2: Habitat's wave scaling, Yu et al., USENIX ATC 2021,
-        section 3.2) at `share` of a large GEMM's rate. A block loads (tm + tn) elements per
-        step of depth for tm x tn multiply-adds (arithmetic intensity tm tn / (tm + tn)), so
-        the kernel is never faster than those loads at memory bandwidth: the cost of a small
-        tile's lower reuse (a bound: it counts no reuse between blocks through L2). A split
-        kernel writes s partial outputs of rows x columns and a second kernel reads them back
-        and sums them, at memory bandwidth, plus that kernel's launch."""
+        ceil(rows / tm) x ceil(columns / tn) x s blocks, each over a slice of ceil(depth / s)
+        (at least TILE_DEPTH), in waves of the blocks the SMs hold at once (a kernel of 1.1
+        waves costs 2: Habitat's wave scaling, Yu et al., USENIX ATC 2021, section 3.2), each
+        wave as long as one block's work at `share` of a large GEMM's rate. A block loads
+        tm + tn elements per step of depth for tm x tn multiply-adds (arithmetic intensity
+        tm tn / (tm + tn)) and never runs faster than those loads at memory bandwidth: the
+        cost of a small tile's lower reuse (a bound: it counts no reuse between blocks through
+        L2). A split kernel writes s partial outputs of rows x columns and a second kernel
+        reads them back and sums them, at memory bandwidth, plus that kernel's launch."""
         rows, columns, depth = (np.maximum(np.asarray(size, dtype=np.float64), 1)[..., None, None]
                                 for size in gemm)
         flops = np.asarray(flops, dtype=np.float64)[..., None, None]
