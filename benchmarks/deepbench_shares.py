@@ -179,15 +179,14 @@ def one(value: int) -> np.ndarray:
 def gemm_row_seconds(model: DeviceModel, row: GemmRow) -> float:
     """The model's time for one measured GEMM: its kernel and one launch."""
     gemm = Gemm(one(row.m), one(row.n), one(row.k))
-    return float(model.gemm_seconds(one(2 * row.m * row.n * row.k), gemm, GEMM_EFFICIENCY)[0]
-                 + model.kernel_latency)
+    return float(model.gemm_seconds(one(2 * row.m * row.n * row.k), gemm, GEMM_EFFICIENCY,
+                                    model.output_split_factors)[0] + model.kernel_latency)
 
 
-def convolution_row_seconds(models: tuple[DeviceModel, DeviceModel, DeviceModel],
-                            row: ConvolutionRow) -> list[float]:
+def convolution_row_seconds(model: DeviceModel, row: ConvolutionRow) -> list[float]:
     """The model's forward, backward data and backward weights times of one measured
-    convolution, each pass on its model: its GEMM (Winograd for 3x3 stride 1, as the model
-    picks it), never faster than the pass's tensors at memory bandwidth, and one launch."""
+    convolution: each pass's GEMM (Winograd for 3x3 stride 1, as the model picks it), never
+    faster than the pass's tensors at memory bandwidth, and one launch."""
     rows = row.batch * row.output_height * row.output_width
     kernel_area = row.filter_height * row.filter_width
     by_winograd = (row.filter_height, row.filter_width, row.stride) == (3, 3, 1)
@@ -197,20 +196,20 @@ def convolution_row_seconds(models: tuple[DeviceModel, DeviceModel, DeviceModel]
                         row.channels, kernel_area, 1, row.stride ** 2)
     traffic = ((rows * row.filters + row.batch * row.height * row.width * row.channels
                 + row.filters * row.channels * kernel_area) * BYTES_PER_ELEMENT)
-    return [float(max(model.gemm_seconds(one(flops), gemm, share)[0],
-                      traffic / model.bytes_per_second) + model.kernel_latency)
-            for model, gemm, share in zip(
-                models, gemms, convolution_efficiencies(by_winograd, row.stride > 1), strict=True)]
+    passes = model.layer_gemm_seconds(one(flops), gemms,
+                                      convolution_efficiencies(by_winograd, row.stride > 1))
+    return [float(max(seconds[0], traffic / model.bytes_per_second) + model.kernel_latency)
+            for seconds in passes]
 
 
-def relative_errors(models: tuple[DeviceModel, DeviceModel, DeviceModel], gemms: list[GemmRow],
+def relative_errors(model: DeviceModel, gemms: list[GemmRow],
                     convolutions: list[ConvolutionRow]) -> dict[str, list[float]]:
     """(modelled - measured) / measured per op kind, one entry per measured row."""
     errors: dict[str, list[float]] = {kind: [] for kind in OP_KINDS}
     for row in gemms:
-        errors["GEMM"].append(gemm_row_seconds(models[0], row) / row.seconds - 1)
+        errors["GEMM"].append(gemm_row_seconds(model, row) / row.seconds - 1)
     for row in convolutions:
-        for kind, modelled, measured in zip(OP_KINDS[1:], convolution_row_seconds(models, row),
+        for kind, modelled, measured in zip(OP_KINDS[1:], convolution_row_seconds(model, row),
                                             row.seconds, strict=True):
             errors[kind].append(modelled / measured - 1)
     return errors
@@ -232,12 +231,10 @@ def main() -> None:
         print(f"{name}: {median:.2f}{unit} ({rows} rows)")
     device = (args.multiprocessors, found["reference"][0] * 1e12, args.bandwidth * 1e9,
               args.latency * 1e-6)
-    fixed = DeviceModel(*device, tile_shapes=TILE_SHAPES[:1], split_factors=(1,))
-    fixed_split = DeviceModel(*device, tile_shapes=TILE_SHAPES[:1])
-    chosen = DeviceModel(*device)
     gemms, convolutions = measured_rows(args.workbook)
-    before = relative_errors((fixed, fixed, fixed_split), gemms, convolutions)
-    after = relative_errors((chosen, chosen, chosen), gemms, convolutions)
+    before = relative_errors(DeviceModel(*device, tile_shapes=TILE_SHAPES[:1], split_k=False),
+                             gemms, convolutions)
+    after = relative_errors(DeviceModel(*device), gemms, convolutions)
     print("\nrelative error of the modelled time, (model - measured) / measured:")
     print(f"{'op kind':<22} {'rows':>4}   {'one 128x128 tile: median |e|, worst':>36}"
           f"   {'chosen tile and split-K: median |e|, worst':>43}")

@@ -10,8 +10,9 @@ grows). Three effects cause it, and this model prices each one from published de
   at once as the SMs hold; the kernel takes whole waves, so a kernel of 1.1 waves costs 2, and a
   kernel with fewer blocks than slots leaves SMs idle. Like a library's heuristic, the model
   prices each GEMM at the fastest of a small set of kernels (TILE_SHAPES x SPLIT_FACTORS): a
-  smaller tile fills more SMs but reuses each loaded element less, a split of the reduction
-  (split-K) multiplies the blocks but pays a pass over the partial outputs.
+  smaller tile wastes less on partial tiles but reuses each loaded element less, a split of the
+  reduction (split-K) multiplies the blocks to fill the SMs but pays a pass over the partial
+  outputs.
 - A latency floor: every kernel launch costs at least `kernel_latency`, and one training op is
   several kernels (forward, backward data, backward weights, each fused elementwise op's two
   passes, one update per weight tensor).
@@ -58,9 +59,10 @@ REGISTERS_PER_THREAD = 128
 # 65,536 32-bit registers per SM on every GPU here: Kepler GK110 whitepaper (2012), Tesla P100
 # whitepaper (2016), Tesla V100 whitepaper (2017), H100 Tensor Core GPU architecture (2022).
 REGISTERS_PER_MULTIPROCESSOR = 65_536
-# So an SM holds 2 blocks of 128 x 128 at once, 4 of 128 x 64, 8 of 64 x 64: a smaller tile
-# fills more SMs with the same output, at most 8 blocks per SM, within every GPU's resident-block
-# limit (16 on Kepler, 32 from Maxwell on: CUDA C Programming Guide, "Compute Capabilities").
+# So an SM holds 2 blocks of 128 x 128 at once, 4 of 128 x 64, 8 of 64 x 64 (the same outputs in
+# flight whatever the tile: a smaller one only wastes less on partial tiles and waves), at most 8
+# blocks per SM, within every GPU's resident-block limit (16 on Kepler, 32 from Maxwell on: CUDA
+# C Programming Guide, "Compute Capabilities").
 # The reduction depth of one main-loop step of those kernels (the 8 of 128x128x8): a split-K
 # slice spans at least one step.
 TILE_DEPTH = 8
@@ -186,31 +188,36 @@ class DeviceModel:
     (already times the platform's percent of peak), `bytes_per_second` of memory bandwidth
     and `kernel_latency` seconds per launch. Every method takes numpy arrays with one entry
     per tile, so the search prices every config of a layer in one call. `tile_shapes` and
-    `split_factors` are the GEMM kernels it may pick from (TILE_SHAPES, SPLIT_FACTORS)."""
+    `split_factors` are the GEMM kernels it may pick from (TILE_SHAPES, SPLIT_FACTORS);
+    without `split_k` the forward and backward-data GEMMs run unsplit (the device's library
+    splits only backward weights)."""
 
     def __init__(self, multiprocessors: int, flops_per_second: float, bytes_per_second: float,
                  kernel_latency: float,
                  tile_shapes: tuple[tuple[int, int], ...] = TILE_SHAPES,
-                 split_factors: tuple[int, ...] = SPLIT_FACTORS) -> None:
+                 split_factors: tuple[int, ...] = SPLIT_FACTORS, split_k: bool = True) -> None:
         self.multiprocessors = multiprocessors
         self.flops_per_second = flops_per_second
         self.bytes_per_second = bytes_per_second
         self.kernel_latency = kernel_latency
         self.tile_shapes = tile_shapes
         self.split_factors = split_factors
+        self.output_split_factors = split_factors if split_k else (1,)
 
-    def gemm_kernel_seconds(self, flops: np.ndarray, gemm: Gemm, share: float) -> np.ndarray:
+    def gemm_kernel_seconds(self, flops: np.ndarray, gemm: Gemm, share: float,
+                            split_factors: tuple[int, ...] | None = None) -> np.ndarray:
         """Each candidate kernel's time for the GEMM, shape (tiles, len(tile_shapes),
-        len(split_factors)). A kernel of tile tm x tn split s ways runs
-        ceil(rows / tm) x ceil(columns / tn) x s blocks, each over a slice of ceil(depth / s)
-        (at least TILE_DEPTH), in waves of the blocks the SMs hold at once (a kernel of 1.1
-        waves costs 2: Habitat's wave scaling, Yu et al., USENIX ATC 2021, section 3.2), each
-        wave as long as one block's work at `share` of a large GEMM's rate. A block loads
-        tm + tn elements per step of depth for tm x tn multiply-adds (arithmetic intensity
-        tm tn / (tm + tn)) and never runs faster than those loads at memory bandwidth: the
-        cost of a small tile's lower reuse (a bound: it counts no reuse between blocks through
-        L2). A split kernel writes s partial outputs of rows x columns and a second kernel
-        reads them back and sums them, at memory bandwidth, plus that kernel's launch."""
+        len(split_factors)), split_factors by default the model's. A kernel of tile tm x tn
+        split s ways runs ceil(rows / tm) x ceil(columns / tn) x s blocks, each over a slice of
+        ceil(depth / s) (at least TILE_DEPTH), in waves of the blocks the SMs hold at once (a
+        kernel of 1.1 waves costs 2: Habitat's wave scaling, Yu et al., USENIX ATC 2021,
+        section 3.2), each wave as long as one block's work at `share` of a large GEMM's rate.
+        A block loads tm + tn elements per step of depth for tm x tn multiply-adds (arithmetic
+        intensity tm tn / (tm + tn)) and never runs faster than those loads at memory
+        bandwidth: the cost of a small tile's lower reuse (a bound: it counts no reuse between
+        blocks through L2). A split kernel writes s partial outputs of rows x columns and a
+        second kernel reads them back and sums them, at memory bandwidth, plus that kernel's
+        launch."""
         rows, columns, depth = (np.maximum(np.asarray(size, dtype=np.float64), 1)[..., None, None]
                                 for size in gemm)
         flops = np.asarray(flops, dtype=np.float64)[..., None, None]
@@ -218,7 +225,7 @@ class DeviceModel:
         tile_columns = np.array([tile[1] for tile in self.tile_shapes], dtype=np.float64)[:, None]
         slots = np.array([self.multiprocessors * blocks_per_multiprocessor(tile)
                           for tile in self.tile_shapes], dtype=np.float64)[:, None]
-        splits = np.array(self.split_factors, dtype=np.float64)[None, :]
+        splits = np.array(split_factors or self.split_factors, dtype=np.float64)[None, :]
         # flops per multiply-add: 2 for a direct GEMM, fewer where Winograd filters the input
         per_multiply_add = flops / (rows * columns * depth)
         slice_depth = np.maximum(np.ceil(depth / splits), TILE_DEPTH)
@@ -239,9 +246,21 @@ class DeviceModel:
         return compute + reduction
 
     def gemm_seconds(self, flops: np.ndarray, gemm: Gemm, share: float = GEMM_EFFICIENCY,
-                     ) -> np.ndarray:
+                     split_factors: tuple[int, ...] | None = None) -> np.ndarray:
         """The GEMM at its fastest candidate kernel: what a library's heuristic picks."""
-        return self.gemm_kernel_seconds(flops, gemm, share).min(axis=(-2, -1))
+        return self.gemm_kernel_seconds(flops, gemm, share, split_factors).min(axis=(-2, -1))
+
+    def layer_gemm_seconds(self, flops: np.ndarray, gemms: tuple[Gemm, Gemm, Gemm],
+                           shares: tuple[float, float, float],
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A layer's forward, backward data and backward weights GEMMs (layer_gemms), each
+        at its op kind's share. Backward weights always may split its long sum over the rows
+        (cuDNN's backward-filter algorithms reduce it in pieces); the other two only where the
+        device's library splits GEMMs (`split_k`)."""
+        forward, backward_data, backward_weights = gemms
+        return (self.gemm_seconds(flops, forward, shares[0], self.output_split_factors),
+                self.gemm_seconds(flops, backward_data, shares[1], self.output_split_factors),
+                self.gemm_seconds(flops, backward_weights, shares[2]))
 
     def chosen_kernel(self, flops: float, gemm: Gemm, share: float = GEMM_EFFICIENCY,
                       ) -> tuple[tuple[int, int], int]:
@@ -274,8 +293,7 @@ class DeviceModel:
                 geometry.groups if geometry else 1,
                 geometry.stride[0] * geometry.stride[1] if geometry else 1)
             filtered = forward_flops / (WINOGRAD_MULTIPLY_REDUCTION if winograd(layer) else 1)
-            compute = sum(self.gemm_seconds(filtered, gemm, share)
-                          for gemm, share in zip(gemms, op_kind_efficiencies(layer), strict=True))
+            compute = sum(self.layer_gemm_seconds(filtered, gemms, op_kind_efficiencies(layer)))
             passes = 3
             kernels = FORWARD_KERNELS + BACKWARD_KERNELS_WITH_WEIGHTS
         else:

@@ -85,6 +85,21 @@ def test_a_split_pays_the_pass_over_its_partial_outputs():
         assert np.all(kernels[:, index] >= reduction)
 
 
+def test_without_split_k_a_small_gemm_leaves_sms_idle_but_backward_weights_still_splits():
+    """One worker's slice of AlexNet's FC6 in OWT on 8 K20s (13 SMs): 128 rows x 512 of the
+    4,096 neurons over 9,216 inputs. Unsplit, the forward's few blocks leave most SMs idle; a
+    library with split-K fills them; backward weights splits its sum over the rows either way."""
+    device = dict(multiprocessors=13, flops_per_second=2e12, bytes_per_second=208e9,
+                  kernel_latency=5e-6)
+    problems = layer_gemms(np.array([128]), np.array([512]), np.array([128]), 9216, 1)
+    flops = np.array([2.0 * 128 * 512 * 9216])
+    split = DeviceModel(**device).layer_gemm_seconds(flops, problems, (1.0, 1.0, 1.0))
+    unsplit = DeviceModel(**device, split_k=False).layer_gemm_seconds(flops, problems,
+                                                                       (1.0, 1.0, 1.0))
+    assert unsplit[0] > 2 * split[0]
+    assert unsplit[2] == split[2]
+
+
 @pytest.mark.parametrize("grow", ["rows", "columns", "depth"])
 @pytest.mark.parametrize(("rows", "columns", "depth"), [
     (1, 4096, 9216), (128, 512, 9216), (1760, 128, 1760), (64, 363, 1), (6272, 512, 4608)])
