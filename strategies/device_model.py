@@ -179,10 +179,6 @@ def blocks_per_multiprocessor(tile: tuple[int, int]) -> int:
     return REGISTERS_PER_MULTIPROCESSOR // (threads * REGISTERS_PER_THREAD)
 
 
-def ceil_div(numerator: np.ndarray, denominator: np.ndarray | int) -> np.ndarray:
-    return -(-np.asarray(numerator) // denominator)
-
-
 class DeviceModel:
     """t_c of one tile on a GPU with `multiprocessors` SMs, a peak of `flops_per_second`
     (already times the platform's percent of peak), `bytes_per_second` of memory bandwidth
