@@ -294,7 +294,9 @@ class DeviceType(_Spec):
     `multiprocessors` (a GPU's SM count) and `kernel_latency` (the fixed cost of one kernel
     launch) feed the analytic device model (strategies/device_model.py): work is spread over
     the SMs in waves of tiles, and every kernel costs at least its launch. Without them (a CPU,
-    a calibrated cluster) t_c is the plain roofline.
+    a calibrated cluster) t_c is the plain roofline. `gemm_split_k` says whether the device's
+    GEMM library splits the reduction of a forward or backward-data GEMM across thread blocks
+    to fill the SMs (split-K); backward weights is split either way.
     """
 
     name: str = Field(min_length=1)
@@ -304,6 +306,7 @@ class DeviceType(_Spec):
     memory_bandwidth: Bandwidth
     multiprocessors: int | None = Field(default=None, gt=0)
     kernel_latency: Latency | None = None
+    gemm_split_k: bool = True
 
     _units: ClassVar[dict[str, str]] = {
         "peak_flops_fp32": "flops",

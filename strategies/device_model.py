@@ -6,10 +6,13 @@ once the work is small (Jia et al. 2018, Fig. 3: a layer's time stops falling as
 grows). Three effects cause it, and this model prices each one from published device figures:
 
 - Wave quantization (Habitat, Yu et al., USENIX ATC 2021, section 3.2, "wave scaling"): a GEMM
-  or an implicit-GEMM convolution runs as thread blocks, one output tile of TILE_EDGE x
-  TILE_EDGE each, at most `slots` of them at once (SMs x blocks per SM); the kernel takes
-  ceil(blocks / slots) waves, so a kernel of 1.1 waves costs 2, and a kernel with fewer blocks
-  than slots leaves SMs idle.
+  or an implicit-GEMM convolution runs as thread blocks, one output tile each, at most as many
+  at once as the SMs hold; the kernel takes whole waves, so a kernel of 1.1 waves costs 2, and a
+  kernel with fewer blocks than slots leaves SMs idle. Like a library's heuristic, the model
+  prices each GEMM at the fastest of a small set of kernels (TILE_SHAPES x SPLIT_FACTORS): a
+  smaller tile wastes less on partial tiles but reuses each loaded element less, a split of the
+  reduction (split-K) multiplies the blocks to fill the SMs but pays a pass over the partial
+  outputs.
 - A latency floor: every kernel launch costs at least `kernel_latency`, and one training op is
   several kernels (forward, backward data, backward weights, each fused elementwise op's two
   passes, one update per weight tensor).
@@ -21,8 +24,9 @@ of peak" (Qi, Sparks, Talwalkar, ICLR 2017, section 3.1.1), one fraction per pla
 other GEMM-like kernels run at a fixed share of a large GEMM's rate per op kind (conv forward,
 conv backward data, conv backward weights, by algorithm and stride), measured by Baidu's
 DeepBench on a P100 (CONV_FORWARD_EFFICIENCY and the shares beside it). Below a full wave the
-efficiency falls further with the work size through the wave count, which is how it depends on
-size here.
+efficiency falls further with the work size through the waves, the tile's loads and the split's
+reduction, which is how it depends on size here. benchmarks/deepbench_shares.py prints the
+model's error against every GEMM and convolution DeepBench measured on a P100 and a V100.
 
 No constant in this module or in the presets was fitted to a result it is meant to reproduce;
 each has its source beside it. None was checked against CUDA-event profiles of real tiles yet
@@ -32,26 +36,41 @@ ones, and a profile replaces this model wherever one is given.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from strategies.graph import BYTES_PER_ELEMENT, Layer
 from strategies.tiles import as_4d
 
-# The output tile of one thread block of an fp32 GEMM: 128 x 128, computed by 256 threads of
-# 8 x 8 outputs each (CUTLASS's default SGEMM threadblock shape, NVIDIA CUTLASS documentation,
-# "Efficient GEMM in CUDA"; cuDNN's implicit-GEMM convolutions use the same tiling).
-TILE_EDGE = 128
-THREADS_PER_TILE = 256
-# 64 accumulators per thread plus double-buffered A and B fragments and addresses: the 128
-# registers per thread of Scott Gray's maxas SGEMM (github.com/NervanaSystems/maxas, wiki
-# "SGEMM"), the register budget of the fastest published fp32 SGEMM of the period.
+# The thread-block output tiles (rows x columns) of the fp32 GEMM kernels a library picks from:
+# CUTLASS's SGEMM set, the SIMT kernels its library instantiates for every GPU from Maxwell on
+# (NVIDIA CUTLASS, tools/library/scripts/generator.py, GenerateSM50_Simt: 128x128x8, 128x64x8,
+# 64x128x8, 64x64x8, 128x32x8, 32x128x8). cuBLAS and cuDNN choose among such shapes per problem
+# too; the first is the large-GEMM tile the op-kind shares below were measured with.
+TILE_SHAPES: tuple[tuple[int, int], ...] = ((128, 128), (128, 64), (64, 128), (64, 64),
+                                            (128, 32), (32, 128))
+# Every one of those kernels gives each thread 8 x 8 outputs (its warps: 128x128 by 256 threads,
+# 128x64 by 128, 64x64 and 128x32 by 64; same generator.py), held in 128 registers per thread:
+# 64 accumulators plus double-buffered A and B fragments and addresses, the register budget of
+# Scott Gray's maxas SGEMM (github.com/NervanaSystems/maxas, wiki "SGEMM").
+OUTPUTS_PER_THREAD = 64
 REGISTERS_PER_THREAD = 128
 # 65,536 32-bit registers per SM on every GPU here: Kepler GK110 whitepaper (2012), Tesla P100
 # whitepaper (2016), Tesla V100 whitepaper (2017), H100 Tensor Core GPU architecture (2022).
 REGISTERS_PER_MULTIPROCESSOR = 65_536
-# Two 128 x 128 tiles resident per SM at once.
-BLOCKS_PER_MULTIPROCESSOR = REGISTERS_PER_MULTIPROCESSOR // (THREADS_PER_TILE
-                                                             * REGISTERS_PER_THREAD)
+# So an SM holds 2 blocks of 128 x 128 at once, 4 of 128 x 64, 8 of 64 x 64 (the same outputs in
+# flight whatever the tile: a smaller one only wastes less on partial tiles and waves), at most 8
+# blocks per SM, within every GPU's resident-block limit (16 on Kepler, 32 from Maxwell on: CUDA
+# C Programming Guide, "Compute Capabilities").
+# The reduction depth of one main-loop step of those kernels (the 8 of 128x128x8): a split-K
+# slice spans at least one step.
+TILE_DEPTH = 8
+# Split-K (CUTLASS's GemmSplitKParallel, cuBLAS's and cuDNN's split-reduction kernels): the
+# reduction dimension cut into this many slices, each slice a thread block of its own, the
+# partial outputs summed by a second kernel. Powers of two up to 4,096, which at the smallest
+# tile is more than three waves of the largest GPU here (an H100's 132 SMs x 8 blocks).
+SPLIT_FACTORS: tuple[int, ...] = tuple(2 ** power for power in range(13))
 
 # Kernels of one op: the forward, and backward data + backward weights for layers with weights
 # (one for those without); a fused elementwise op (BatchNorm, ReLU) runs as its own kernel
@@ -102,14 +121,30 @@ GEMM_KINDS = frozenset({"conv", "linear"})
 FREE_KINDS = frozenset({"input", "flatten"})
 
 
-def waves(blocks: np.ndarray, slots: int) -> np.ndarray:
-    """ceil(blocks / slots): the waves a kernel of `blocks` thread blocks takes."""
-    return -(-blocks // slots)
+class Gemm(NamedTuple):
+    """One GEMM kernel's problem: an output of rows x columns, each a sum over depth products
+    (arrays: one entry per tile)."""
+
+    rows: np.ndarray
+    columns: np.ndarray
+    depth: np.ndarray
 
 
-def tiles(rows: np.ndarray, columns: np.ndarray | int) -> np.ndarray:
-    """Thread blocks of a GEMM whose output is rows x columns."""
-    return -(-np.asarray(rows) // TILE_EDGE) * -(-np.asarray(columns) // TILE_EDGE)
+def layer_gemms(rows: np.ndarray, out_channels: np.ndarray, in_rows: np.ndarray,
+                in_channels: int, kernel_area: int, groups: int = 1, stride_area: int = 1,
+                ) -> tuple[Gemm, Gemm, Gemm]:
+    """The forward, backward data and backward weights GEMMs of a convolution (implicit GEMM)
+    or a fully connected layer (kernel_area 1) whose tile has `rows` output positions over
+    `out_channels` channels and reads `in_rows` input positions of `in_channels` channels.
+    Backward data sums, per input position, over the output positions whose windows cover it:
+    out channels x kernel_area / stride_area of them (a stride of s skips all but 1/s of a
+    window's taps along each dimension)."""
+    per_group_out = np.maximum(np.asarray(out_channels) // groups, 1)
+    reduction = max(in_channels // groups, 1) * kernel_area
+    return (Gemm(rows, out_channels, np.full(np.shape(rows), reduction)),
+            Gemm(in_rows, np.full(np.shape(in_rows), in_channels),
+                 np.maximum(per_group_out * kernel_area // stride_area, 1)),
+            Gemm(out_channels, np.full(np.shape(out_channels), reduction), rows))
 
 
 def winograd(layer: Layer) -> bool:
@@ -120,48 +155,116 @@ def winograd(layer: Layer) -> bool:
             and geometry.stride == (1, 1) and geometry.dilation == (1, 1) and geometry.groups == 1)
 
 
-def op_kind_efficiencies(layer: Layer) -> tuple[float, float, float]:
-    """Shares of a large GEMM's rate that the layer's forward, backward data and backward
+def convolution_efficiencies(by_winograd: bool, strided: bool) -> tuple[float, float, float]:
+    """Shares of a large GEMM's rate that a convolution's forward, backward data and backward
     weights kernels sustain (DeepBench, P100: see CONV_FORWARD_EFFICIENCY)."""
-    if layer.kind != "conv":
-        return GEMM_EFFICIENCY, GEMM_EFFICIENCY, GEMM_EFFICIENCY
-    if winograd(layer):
+    if by_winograd:
         return WINOGRAD_EFFICIENCY, WINOGRAD_EFFICIENCY, WINOGRAD_BACKWARD_WEIGHTS_EFFICIENCY
-    assert layer.geometry is not None  # a conv layer has its geometry
-    strided = layer.geometry.stride != (1, 1)
     return (CONV_FORWARD_EFFICIENCY,
             STRIDED_CONV_BACKWARD_DATA_EFFICIENCY if strided else CONV_BACKWARD_DATA_EFFICIENCY,
             CONV_BACKWARD_WEIGHTS_EFFICIENCY)
+
+
+def op_kind_efficiencies(layer: Layer) -> tuple[float, float, float]:
+    """The layer's forward, backward data and backward weights shares of a large GEMM's rate."""
+    if layer.kind != "conv":
+        return GEMM_EFFICIENCY, GEMM_EFFICIENCY, GEMM_EFFICIENCY
+    assert layer.geometry is not None  # a conv layer has its geometry
+    return convolution_efficiencies(winograd(layer), layer.geometry.stride != (1, 1))
+
+
+def blocks_per_multiprocessor(tile: tuple[int, int]) -> int:
+    """Blocks of this tile one SM holds at once: its register file over each block's share."""
+    threads = tile[0] * tile[1] // OUTPUTS_PER_THREAD
+    return REGISTERS_PER_MULTIPROCESSOR // (threads * REGISTERS_PER_THREAD)
 
 
 class DeviceModel:
     """t_c of one tile on a GPU with `multiprocessors` SMs, a peak of `flops_per_second`
     (already times the platform's percent of peak), `bytes_per_second` of memory bandwidth
     and `kernel_latency` seconds per launch. Every method takes numpy arrays with one entry
-    per tile, so the search prices every config of a layer in one call."""
+    per tile, so the search prices every config of a layer in one call. `tile_shapes` and
+    `split_factors` are the GEMM kernels it may pick from (TILE_SHAPES, SPLIT_FACTORS);
+    without `split_k` the forward and backward-data GEMMs run unsplit (the device's library
+    splits only backward weights)."""
 
     def __init__(self, multiprocessors: int, flops_per_second: float, bytes_per_second: float,
-                 kernel_latency: float) -> None:
-        self.slots = multiprocessors * BLOCKS_PER_MULTIPROCESSOR
+                 kernel_latency: float,
+                 tile_shapes: tuple[tuple[int, int], ...] = TILE_SHAPES,
+                 split_factors: tuple[int, ...] = SPLIT_FACTORS, split_k: bool = True) -> None:
+        self.multiprocessors = multiprocessors
         self.flops_per_second = flops_per_second
         self.bytes_per_second = bytes_per_second
         self.kernel_latency = kernel_latency
+        self.tile_shapes = tile_shapes
+        self.split_factors = split_factors
+        self.output_split_factors = split_factors if split_k else (1,)
 
-    def gemm_seconds(self, flops: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """A kernel of `flops` spread evenly over `blocks` thread blocks: whole waves of
-        `slots` blocks, each wave as long as one block's share of the work at full rate."""
-        blocks = np.maximum(blocks, 1)
-        return flops * (waves(blocks, self.slots) * self.slots / blocks) / self.flops_per_second
+    def gemm_kernel_seconds(self, flops: np.ndarray, gemm: Gemm, share: float,
+                            split_factors: tuple[int, ...] | None = None) -> np.ndarray:
+        """Each candidate kernel's time for the GEMM, shape (tiles, len(tile_shapes),
+        len(split_factors)), split_factors by default the model's. A kernel of tile tm x tn
+        split s ways runs ceil(rows / tm) x ceil(columns / tn) x s blocks, each over a slice of
+        ceil(depth / s) (at least TILE_DEPTH), in waves of the blocks the SMs hold at once (a
+        kernel of 1.1 waves costs 2: Habitat's wave scaling, Yu et al., USENIX ATC 2021,
+        section 3.2), each wave as long as one block's work at `share` of a large GEMM's rate.
+        A block loads tm + tn elements per step of depth for tm x tn multiply-adds (arithmetic
+        intensity tm tn / (tm + tn)) and never runs faster than those loads at memory
+        bandwidth: the cost of a small tile's lower reuse (a bound: it counts no reuse between
+        blocks through L2). A split kernel writes s partial outputs of rows x columns and a
+        second kernel reads them back and sums them, at memory bandwidth, plus that kernel's
+        launch."""
+        rows, columns, depth = (np.maximum(np.asarray(size, dtype=np.float64), 1)[..., None, None]
+                                for size in gemm)
+        flops = np.asarray(flops, dtype=np.float64)[..., None, None]
+        tile_rows = np.array([tile[0] for tile in self.tile_shapes], dtype=np.float64)[:, None]
+        tile_columns = np.array([tile[1] for tile in self.tile_shapes], dtype=np.float64)[:, None]
+        slots = np.array([self.multiprocessors * blocks_per_multiprocessor(tile)
+                          for tile in self.tile_shapes], dtype=np.float64)[:, None]
+        splits = np.array(split_factors or self.split_factors, dtype=np.float64)[None, :]
+        # flops per multiply-add: 2 for a direct GEMM, fewer where Winograd filters the input
+        per_multiply_add = flops / (rows * columns * depth)
+        slice_depth = np.maximum(np.ceil(depth / splits), TILE_DEPTH)
+        output_blocks = np.ceil(rows / tile_rows) * np.ceil(columns / tile_columns)
+        blocks = output_blocks * splits
+        # a partial tile costs a whole one, but a dimension narrower than the tile runs at its
+        # own width (as the narrow kernels libraries keep for it do)
+        block_flops = (per_multiply_add * np.minimum(tile_rows, rows)
+                       * np.minimum(tile_columns, columns) * slice_depth)
+        # a block loads tm + tn elements per 2 tm tn flops: never faster than that at bandwidth
+        seconds_per_flop = np.maximum(
+            1 / (self.flops_per_second * share),
+            (tile_rows + tile_columns) * BYTES_PER_ELEMENT
+            / (2 * tile_rows * tile_columns * self.bytes_per_second))
+        compute = np.ceil(blocks / slots) * slots * block_flops * seconds_per_flop
+        reduction = np.where(splits > 1, 2 * splits * rows * columns * BYTES_PER_ELEMENT
+                             / self.bytes_per_second + self.kernel_latency, 0.0)
+        return compute + reduction
 
-    def weight_gradient_seconds(self, flops: np.ndarray, out_channels: np.ndarray,
-                                reduction: int, rows: np.ndarray) -> np.ndarray:
-        """Backward weights is a GEMM with a small output (out channels x reduction) and a long
-        sum over the tile's rows. Its kernels split the sum (split-K: CUTLASS's
-        "GemmSplitKParallel", cuDNN's backward-filter algorithms) into as many pieces as fill
-        whole waves, so it loses nothing to quantization unless even one split per TILE_EDGE
-        rows leaves a wave part-empty."""
-        blocks = tiles(out_channels, reduction) * -(-np.asarray(rows) // TILE_EDGE)
-        return flops * np.maximum(1.0, self.slots / np.maximum(blocks, 1)) / self.flops_per_second
+    def gemm_seconds(self, flops: np.ndarray, gemm: Gemm, share: float = GEMM_EFFICIENCY,
+                     split_factors: tuple[int, ...] | None = None) -> np.ndarray:
+        """The GEMM at its fastest candidate kernel: what a library's heuristic picks."""
+        return self.gemm_kernel_seconds(flops, gemm, share, split_factors).min(axis=(-2, -1))
+
+    def layer_gemm_seconds(self, flops: np.ndarray, gemms: tuple[Gemm, Gemm, Gemm],
+                           shares: tuple[float, float, float],
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A layer's forward, backward data and backward weights GEMMs (layer_gemms), each
+        at its op kind's share. Backward weights always may split its long sum over the rows
+        (cuDNN's backward-filter algorithms reduce it in pieces); the other two only where the
+        device's library splits GEMMs (`split_k`)."""
+        forward, backward_data, backward_weights = gemms
+        return (self.gemm_seconds(flops, forward, shares[0], self.output_split_factors),
+                self.gemm_seconds(flops, backward_data, shares[1], self.output_split_factors),
+                self.gemm_seconds(flops, backward_weights, shares[2]))
+
+    def chosen_kernel(self, flops: float, gemm: Gemm, share: float = GEMM_EFFICIENCY,
+                      ) -> tuple[tuple[int, int], int]:
+        """The tile shape and split factor the model picks for one GEMM."""
+        seconds = self.gemm_kernel_seconds(np.float64(flops), gemm, share).reshape(
+            len(self.tile_shapes), len(self.split_factors))
+        tile, split = np.unravel_index(np.argmin(seconds), seconds.shape)
+        return self.tile_shapes[tile], self.split_factors[split]
 
     def pass_seconds(self, layer: Layer, out_elements: np.ndarray, out_channels: np.ndarray,
                      input_elements: np.ndarray, param_elements: np.ndarray) -> np.ndarray:
@@ -176,18 +279,17 @@ class DeviceModel:
         # each fused op reads and writes the output once per pass
         fused_bytes = fused * 2 * 2 * out_elements * BYTES_PER_ELEMENT
         if layer.kind in GEMM_KINDS:
-            rows = out_elements // np.maximum(out_channels, 1)
+            out_channels = np.asarray(out_channels)
             in_channels = as_4d(layer.input_shapes[0])[1]
-            in_rows = np.asarray(input_elements) // in_channels
-            groups = layer.geometry.groups if layer.geometry else 1
-            kernel = layer.geometry.kernel if layer.geometry else (1, 1)
-            reduction = in_channels // groups * kernel[0] * kernel[1]
+            geometry = layer.geometry
+            gemms = layer_gemms(
+                out_elements // np.maximum(out_channels, 1), out_channels,
+                np.asarray(input_elements) // in_channels, in_channels,
+                geometry.kernel[0] * geometry.kernel[1] if geometry else 1,
+                geometry.groups if geometry else 1,
+                geometry.stride[0] * geometry.stride[1] if geometry else 1)
             filtered = forward_flops / (WINOGRAD_MULTIPLY_REDUCTION if winograd(layer) else 1)
-            forward, backward_data, backward_weights = op_kind_efficiencies(layer)
-            compute = (self.gemm_seconds(filtered, tiles(rows, out_channels)) / forward
-                       + self.gemm_seconds(filtered, tiles(in_rows, in_channels)) / backward_data
-                       + self.weight_gradient_seconds(filtered, out_channels, reduction,
-                                                      rows) / backward_weights)
+            compute = sum(self.layer_gemm_seconds(filtered, gemms, op_kind_efficiencies(layer)))
             passes = 3
             kernels = FORWARD_KERNELS + BACKWARD_KERNELS_WITH_WEIGHTS
         else:
