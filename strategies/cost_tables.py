@@ -145,16 +145,88 @@ class GroupStates:
 
 
 @dataclass(frozen=True)
-class BlockLinks:
-    """Seconds per byte and latency of the slowest link between each device and the other
-    devices of each config's block (zero where there is no other device), (C, D) each."""
+class TierViews:
+    """What each device's unit of one tier of the cluster (the devices that share a link,
+    `Cluster.link_tiers`) holds of each config of a list: the config's tiles on the unit's
+    devices, as runs of tiles whose positions in `ParallelConfig.tiles` order are aligned
+    blocks of 2^m. Such a run is a box of the tile grid: along each dim the tiles
+    [i * 2^(a-k), (i + 1) * 2^(a-k)) of 2^a, the range of tile i of 2^k (the coarse tile). Per
+    group of two dims, the distinct (exponent, coarse exponent, coarse index) states; a slot
+    without a run reads the zero slot (coarse exponent a, index width - 1)."""
 
-    seconds_per_byte: np.ndarray
-    latency: np.ndarray
+    state: list[np.ndarray]  # per group: (C, M, D) state of each config's M slots per device
+    exponents: list[np.ndarray]  # per group: (2, S) exponent along each dim of each state
+    coarse: list[np.ndarray]  # per group: (2, S) coarse exponent along each dim
+    tiles: list[np.ndarray]  # per group: (2, S) coarse tile index along each dim
+
+
+def _aligned_runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Increasing tile positions as the fewest aligned blocks (start, log2 length)."""
+    runs = []
+    at = 0
+    while at < len(positions):
+        start = positions[at]
+        length = 1
+        while at + length < len(positions) and positions[at + length] == start + length:
+            length += 1
+        at += length
+        stop = start + length
+        while start < stop:
+            step = (start & -start or 1 << 62).bit_length() - 1
+            while start + (1 << step) > stop:
+                step -= 1
+            runs.append((start, step))
+            start += 1 << step
+    return runs
+
+
+def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, devices: int,
+                unit: int) -> TierViews:
+    """`TierViews` of `configs` for units of `unit` consecutive devices."""
+    levels = devices.bit_length()
+    width = (1 << (levels - 1)) + 1
+    per_config = []
+    for config in configs:
+        held: dict[int, list[int]] = {}
+        for position, device in enumerate(config.devices):
+            held.setdefault(device // unit, []).append(position)
+        per_config.append({index: _aligned_runs(positions) for index, positions in held.items()})
+    slots = max((len(runs) for units in per_config for runs in units.values()), default=1)
+    coarse = np.broadcast_to(exponents[:, None, None, :],
+                             (len(configs), slots, devices, 4)).copy()
+    tiles = np.full((len(configs), slots, devices, 4), width - 1, dtype=np.int64)
+    for row, (config, units) in enumerate(zip(configs, per_config, strict=True)):
+        for index, runs in units.items():
+            first, last = index * unit, min((index + 1) * unit, devices)
+            for slot, (start, step) in enumerate(runs):
+                tile = np.unravel_index(start, config.degrees)
+                for dim in (3, 2, 1, 0):  # the low bits of a position are the last dims'
+                    spread = min(step, int(exponents[row, dim]))
+                    coarse[row, slot, first:last, dim] = exponents[row, dim] - spread
+                    tiles[row, slot, first:last, dim] = tile[dim] >> spread
+                    step -= spread
+    states, fine, rough, indices = [], [], [], []
+    for d0, d1 in _GROUPS:
+        e0 = np.broadcast_to(exponents[:, None, None, d0], coarse.shape[:3])
+        e1 = np.broadcast_to(exponents[:, None, None, d1], coarse.shape[:3])
+        key = ((((e0 * levels + coarse[..., d0]) * width + tiles[..., d0]) * levels + e1)
+               * levels + coarse[..., d1]) * width + tiles[..., d1]
+        unique, state = np.unique(key, return_inverse=True)
+        t1, rest = unique % width, unique // width
+        k1, rest = rest % levels, rest // levels
+        a1, rest = rest % levels, rest // levels
+        t0, rest = rest % width, rest // width
+        k0, a0 = rest % levels, rest // levels
+        states.append(state.reshape(coarse.shape[:3]))
+        fine.append(np.stack([a0, a1]))
+        rough.append(np.stack([k0, k1]))
+        indices.append(np.stack([t0, t1]))
+    return TierViews(state=states, exponents=fine, coarse=rough, tiles=indices)
 
 
 class ConfigTable:
-    """Per-config arrays of a list of configs: degree exponents, tile index per device, links.
+    """Per-config arrays of a list of configs: degree exponents, tile index per device, and
+    what each tier's unit of each device holds (`TierViews`, one per unit size in `units`).
 
     For each group of two dims it also numbers the distinct states and exponent pairs
     (`GroupStates`), so that an edge's per-dim tables can be multiplied into one small table
@@ -162,9 +234,8 @@ class ConfigTable:
     """
 
     def __init__(self, configs: Sequence[ParallelConfig], devices: int,
-                 links: BlockLinks) -> None:
+                 units: Sequence[int]) -> None:
         count = len(configs)
-        self.links = links
         self.exponents = np.zeros((count, 4), dtype=np.int64)
         # tile index along each dim of the tile held by each device; -1 where none
         self.tile_of = np.full((count, devices, 4), -1, dtype=np.int64)
@@ -190,6 +261,8 @@ class ConfigTable:
                 state_tiles=np.stack([i0, i1]), pair=pair.reshape(count),
                 pair_exponents=np.stack([pairs // levels, pairs % levels])))
         self.groups: tuple[GroupStates, ...] = tuple(groups)
+        self.tiers = tuple(_tier_views(configs, self.exponents, devices, unit)
+                           for unit in units)
 
 
 # ---- t_x: per-edge tables --------------------------------------------------------------------
@@ -207,6 +280,9 @@ class DimTable:
     - consumers_touching[(a, i), b] and row_sum[(a, i), b]: consumer tiles of 2^b that need
       producer tile i, and the elements of i they need in total;
     - need_len[b, j]: the length of the range consumer tile j needs.
+    The same counts over the first k tiles only (k = 0 .. width), for a run of tiles that one
+    unit of the cluster holds (`TierViews`): producers_below[a, k, (b, j)],
+    consumers_below[(a, i), b, k] and row_below[(a, i), b, k].
     """
 
     def __init__(self, producer_size: int, starts: np.ndarray, stops: np.ndarray,
@@ -225,18 +301,28 @@ class DimTable:
                 index[None, :]] = np.maximum(shared, 0)
         touching = overlap > 0
         self.pairs = overlap.reshape(levels * width, levels * width)
-        self.producers_touching = touching.sum(axis=1, dtype=np.int32).reshape(levels, -1)
-        self.consumers_touching = touching.sum(axis=3, dtype=np.int32).reshape(-1, levels)
-        self.row_sum = overlap.sum(axis=3, dtype=np.int64).reshape(-1, levels)
+        below = np.zeros((levels, width + 1, levels, width), dtype=np.int32)
+        np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
+        self.producers_below = below.reshape(levels, width + 1, levels * width)
+        self.producers_touching = self.producers_below[:, width]
+        below = np.zeros((levels, width, levels, width + 1), dtype=np.int32)
+        np.cumsum(touching, axis=3, dtype=np.int32, out=below[..., 1:])
+        self.consumers_below = below.reshape(levels * width, levels, width + 1)
+        self.consumers_touching = self.consumers_below[..., width]
+        # int32: the elements of one dimension
+        below = np.zeros((levels, width, levels, width + 1), dtype=np.int32)
+        np.cumsum(overlap, axis=3, dtype=np.int32, out=below[..., 1:])
+        self.row_below = below.reshape(levels * width, levels, width + 1)
+        self.row_sum = self.row_below[..., width].astype(np.int64)
 
 
 def dim_table_bytes(levels: int) -> int:
     """Memory one `DimTable` on 2^(levels-1) devices takes while it is built: the int32
-    overlaps it keeps and their mask, over every (exponent, tile) pair, and the int64 shares
-    of every pair of tiles."""
+    overlaps, their mask and three int32 running counts it keeps, over every (exponent, tile)
+    pair, and the int64 shares of every pair of tiles."""
     width = (1 << (levels - 1)) + 1
     tiles = (1 << levels) - 1
-    return levels * levels * width * width * (4 + 1) + tiles * tiles * 8
+    return levels * levels * width * (width + 1) * (4 * 4 + 1) + tiles * tiles * 8
 
 
 @dataclass(frozen=True)
@@ -306,8 +392,83 @@ class EdgeDims:
                 row=row * row_1, sent=sent * sent_1))
         return tuple(groups)
 
+    def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[TierTerms, ...]:
+        """Per tier of the cluster, the per-dim tables over the runs of tiles its units hold
+        (`TierViews`), multiplied into one table per group of two dims."""
+        width = self.dims[0].need_len.shape[1]
+        tiers = []
+        for p_view, q_view in zip(ptab.tiers, qtab.tiers, strict=True):
+            same, touch, row, sent = [], [], [], []
+            for group, dims in enumerate(_GROUPS):
+                p, q = ptab.groups[group], qtab.groups[group]
+                parts = []
+                for k, dim in enumerate(dims):
+                    table = self.dims[dim]
+                    # forward: a producer unit's run against each consumer state
+                    q_at = q.state_exponents[k] * width + q.state_tiles[k]
+                    fine, coarse = p_view.exponents[group][k], p_view.coarse[group][k]
+                    low = p_view.tiles[group][k] << (fine - coarse)
+                    high = low + (1 << (fine - coarse))
+                    below = table.producers_below
+                    touched = below[fine, high][:, q_at] - below[fine, low][:, q_at]
+                    # a run of producer tiles covers the coarse tile's range: one overlap
+                    shared = np.take(table.pairs[coarse * width + p_view.tiles[group][k]],
+                                     q_at, axis=1)
+                    # backward: each producer state against a consumer unit's run
+                    p_at = p.state_exponents[k] * width + p.state_tiles[k]
+                    fine, coarse = q_view.exponents[group][k], q_view.coarse[group][k]
+                    low = q_view.tiles[group][k] << (fine - coarse)
+                    high = low + (1 << (fine - coarse))
+                    rows = table.row_below[p_at[:, None], fine, high] - table.row_below[
+                        p_at[:, None], fine, low]
+                    feeds = table.consumers_below[p_at[:, None], fine, high] - \
+                        table.consumers_below[p_at[:, None], fine, low]
+                    parts.append((shared, touched, rows, feeds))
+                (shared, touched, rows, feeds), (shared_1, touched_1, rows_1, feeds_1) = parts
+                if int(shared.max(initial=0)) * int(shared_1.max(initial=0)) >= _INT32_LIMIT:
+                    shared = shared.astype(np.int64)
+                same.append(shared * shared_1)
+                touch.append(touched * touched_1)
+                row.append(rows.astype(np.int64) * rows_1)
+                sent.append(feeds * feeds_1)
+            tiers.append(TierTerms(same=same, touch=touch, row=row, sent=sent))
+        return tuple(tiers)
+
+
+@dataclass(frozen=True)
+class TierTerms:
+    """An edge's tables over one tier's `TierViews`, per group of two dims: forward, what a
+    consumer state gets from a producer unit's run (elements, and producer tiles that send:
+    (S, T) from the producer's run states S); backward, what consumer tiles of a consumer
+    unit's run need of a producer state (elements, and consumer tiles: (S, T) to the
+    consumer's run states T)."""
+
+    same: list[np.ndarray]
+    touch: list[np.ndarray]
+    row: list[np.ndarray]
+    sent: list[np.ndarray]
+
 
 # ---- t_x: pairs of configs, device by device -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkClass:
+    """Seconds per element and latency of one tier's link: what a device pays per element
+    and per message it gets from a device in its unit of this tier but not of the one
+    before (`Cluster.link_tiers`)."""
+
+    seconds_per_element: float
+    latency: float
+
+
+@dataclass(frozen=True)
+class TierSide:
+    """One side's per-device terms over one tier's unit runs (`TierViews`), per group."""
+
+    state: list[np.ndarray]  # per group: (M, D, configs) run state of each slot and device
+    elements: list[np.ndarray]  # per group: `TierTerms.same` (forward) or `.row` (backward)
+    messages: list[np.ndarray]  # per group: `TierTerms.touch` or `.sent`
 
 
 @dataclass(frozen=True)
@@ -318,8 +479,7 @@ class ProducerSide:
     state: list[np.ndarray]  # per group: (D, P) state of each device
     same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
     recv: list[np.ndarray]  # per group: (T, P) producer tiles a consumer state needs
-    seconds_per_element: np.ndarray  # (D, P) over the producer block's slowest link
-    latency: np.ndarray  # (D, P)
+    tiers: list[TierSide]  # the runs of producer tiles each device's units hold
 
 
 @dataclass(frozen=True)
@@ -330,41 +490,90 @@ class ConsumerSide:
     row: list[np.ndarray]  # per group: (S, Q) elements of a producer state needed in all
     sent: list[np.ndarray]  # per group: (S, Q) consumer tiles a producer state feeds
     need: np.ndarray  # (D, Q) elements each device's consumer tile needs
-    seconds_per_element: np.ndarray  # (D, Q) over the consumer block's slowest link
-    latency: np.ndarray  # (D, Q)
+    tiers: list[TierSide]  # the runs of consumer tiles each device's units hold
 
 
-def _forward_block(producer: ProducerSide, consumer: ConsumerSide, columns: np.ndarray,
-                   devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _priced(own: np.ndarray, total: np.ndarray, own_messages: np.ndarray,
+            all_messages: np.ndarray, tiers: Sequence[tuple[np.ndarray, np.ndarray]],
+            links: Sequence[LinkClass]) -> np.ndarray:
+    """Seconds of one device's traffic, link class by link class: `own` of `total` elements
+    are on the device itself, `tiers[k]` the elements and messages within its unit of tier k
+    (its own included, nested, innermost first), the rest crosses the outermost link; each
+    class's elements at its seconds per element plus its messages at its latency."""
+    held, messages = own, own_messages
+    seconds = None
+    for (inside, sending), link in zip([*tiers, (total, all_messages)], links, strict=True):
+        term = np.subtract(inside, held) * link.seconds_per_element
+        term += np.subtract(sending, messages) * link.latency
+        seconds = term if seconds is None else np.add(seconds, term, out=seconds)
+        held, messages = inside, sending
+    assert seconds is not None  # one link class at least
+    return seconds
+
+
+def _tier_sums(tier: TierSide, other_state: Sequence[np.ndarray], devices: np.ndarray,
+               own_index: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Elements and messages within each device's unit of one tier, summed over its run
+    slots. `other_state`: per group, the other side's state per device, broadcastable to the
+    tier side's (configs, K, other configs); `own_index`: whether the tier's states index the
+    tables' rows (forward, producer runs) or columns (backward, consumer runs)."""
+    inside = sending = None
+    for slot in range(tier.state[0].shape[0]):
+        elements = messages = None
+        for group, (table, counts) in enumerate(zip(tier.elements, tier.messages,
+                                                    strict=True)):
+            state = tier.state[group][slot][devices]
+            if own_index:
+                at = state * table.shape[1] + other_state[group]
+            else:
+                at = other_state[group] * table.shape[1] + state
+            part = table.ravel().take(at)
+            elements = part if elements is None else np.multiply(elements, part, out=elements)
+            part = counts.ravel().take(at)
+            messages = part if messages is None else np.multiply(messages, part, out=messages)
+        assert elements is not None and messages is not None  # two groups
+        inside = elements if inside is None else np.add(inside, elements, out=inside)
+        sending = messages if sending is None else np.add(sending, messages, out=sending)
+    assert inside is not None and sending is not None  # one slot at least
+    return inside, sending
+
+
+def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
+                   columns: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Forward t_x seconds and elements of consumer configs `columns`, all of one size, x every
     producer config, as (columns, P), over the devices holding the consumer tiles (`devices`:
     (len(columns), tiles)): a device without a consumer tile needs nothing, so its terms are
     zero and leave the max and the sum unchanged."""
     same = recv = None
+    q_states = []
     for group in range(len(_GROUPS)):
         table = producer.same[group]
         q_state = consumer.state[group][devices, columns[:, None]]  # (C, K)
+        q_states.append(q_state[..., None])
         part = table.ravel().take(producer.state[group][devices] * table.shape[1]
                                   + q_state[..., None])  # (C, K, P)
         same = part if same is None else np.multiply(same, part, out=same)
         part = producer.recv[group][q_state]
         recv = part if recv is None else np.multiply(recv, part, out=recv)
-    np.subtract(recv, same > 0, out=recv)
-    remote = np.subtract(consumer.need[devices, columns[:, None]][..., None], same)
-    forward = remote * producer.seconds_per_element[devices]
-    forward += recv * producer.latency[devices]
+    assert same is not None and recv is not None  # two groups
+    need = consumer.need[devices, columns[:, None]][..., None]
+    tiers = [_tier_sums(tier, q_states, devices, own_index=True) for tier in producer.tiers]
+    forward = _priced(same, need, same > 0, recv, tiers, links)
+    remote = np.subtract(need, same)
     return forward.max(axis=1), remote.sum(axis=1, dtype=np.int64)
 
 
-def _backward_block(producer: ProducerSide, consumer: ConsumerSide, rows: np.ndarray,
-                    devices: np.ndarray) -> np.ndarray:
+def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
+                    rows: np.ndarray, devices: np.ndarray) -> np.ndarray:
     """Backward t_x seconds of producer configs `rows`, all of one size, x every consumer
     config, over the devices holding their producer tiles (`devices`: (len(rows), tiles)):
     elsewhere there is no gradient to send. Per device as `_pairs` describes."""
     same = row_sum = sent = None
+    p_states = []
     for group in range(len(_GROUPS)):
         table = producer.same[group]
         p_state = producer.state[group][devices, rows[:, None]]  # (R, K)
+        p_states.append(p_state[..., None])
         q_state = consumer.state[group][devices]  # (R, K, Q)
         part = table.ravel().take(p_state[..., None] * table.shape[1] + q_state)
         same = part if same is None else np.multiply(same, part, out=same)
@@ -372,11 +581,9 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, rows: np.nda
         row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
         part = np.take(consumer.sent[group], p_state, axis=0)
         sent = part if sent is None else np.multiply(sent, part, out=sent)
-    np.subtract(sent, same > 0, out=sent)
-    np.subtract(row_sum, same, out=row_sum)
-    back = row_sum * consumer.seconds_per_element[devices]
-    back += sent * consumer.latency[devices]
-    return back.max(axis=1)
+    assert same is not None and row_sum is not None and sent is not None  # two groups
+    tiers = [_tier_sums(tier, p_states, devices, own_index=False) for tier in consumer.tiers]
+    return _priced(same, row_sum, same > 0, sent, tiers, links).max(axis=1)
 
 
 def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -397,7 +604,20 @@ class TransferTables:
         self.cluster = cluster
         self.devices = devices
         self._levels = devices.bit_length()  # power-of-two degrees 2^0 .. 2^(levels-1)
-        self._block_links: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        # the tiers whose units split these devices, and a link class per tier up to the
+        # first whose unit holds them all; bytes per element folded into the seconds per
+        # byte (a power of two: exact)
+        self._units: list[int] = []
+        self._links: list[LinkClass] = []
+        for size, link in cluster.link_tiers():
+            self._links.append(LinkClass(
+                seconds_per_element=1.0 / link.bandwidth * BYTES_PER_ELEMENT,
+                latency=link.latency))
+            if size >= devices:
+                break
+            self._units.append(size)
+        if not self._links:  # a cluster of one device: nothing ever moves
+            self._links.append(LinkClass(seconds_per_element=0.0, latency=0.0))
         self._config_tables: dict[tuple[object, ...], ConfigTable] = {}
         self._needed: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
@@ -486,36 +706,11 @@ class TransferTables:
             self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
         return self._needed[key]
 
-    def _links_of_block(self, block: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds per byte and latency of the slowest link between each device and the other
-        devices of `block` (zero where there is no other device)."""
-        if block not in self._block_links:
-            per_byte = np.zeros(self.devices)
-            latency = np.zeros(self.devices)
-            members = set(block)
-            inside = self.cluster.slowest_link(members) if len(members) > 1 else None
-            for device in range(self.devices):
-                if device in members:
-                    link = inside
-                else:
-                    link = self.cluster.slowest_link(members | {device})
-                if link is not None:
-                    per_byte[device] = 1.0 / link.bandwidth
-                    latency[device] = link.latency
-            self._block_links[block] = (per_byte, latency)
-        return self._block_links[block]
-
     def _config_table(self, configs: Sequence[ParallelConfig]) -> ConfigTable:
         """The config table of `configs` (cached: layers share search spaces)."""
         key = tuple((config.degrees, config.devices) for config in configs)
         if key not in self._config_tables:
-            rows = [self._links_of_block(config.devices) for config in configs]
-            links = BlockLinks(
-                seconds_per_byte=np.array([per_byte for per_byte, _ in rows]).reshape(
-                    len(configs), self.devices),
-                latency=np.array([latency for _, latency in rows]).reshape(
-                    len(configs), self.devices))
-            self._config_tables[key] = ConfigTable(configs, self.devices, links)
+            self._config_tables[key] = ConfigTable(configs, self.devices, self._units)
         return self._config_tables[key]
 
     def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
@@ -525,38 +720,43 @@ class TransferTables:
 
         Per device: `same` elements it holds of what its consumer tile needs, the producer
         tiles it receives from, and (backward) its producer tile's elements needed elsewhere
-        and the consumer tiles it sends to. Forward time is the slowest device's remote
-        elements over its producer block's link plus latency per message; backward likewise
-        over the consumer's. A device without a consumer tile receives nothing and one
-        without a producer tile sends nothing, all terms being >= 0: the forward pass runs
-        over each consumer config's devices (`_forward_block`, configs grouped by size), the
-        backward over each producer config's (`_backward_block`). The expression and its
-        order of operations are the reference's, so results are equal bit for bit.
+        and the consumer tiles it sends to; and the same counts within each of its units of
+        the cluster's tiers. A device takes its data in one link class after another: forward
+        time is the slowest device's sum over link classes of the elements it receives over
+        that class's link at its seconds per element plus its latency per message; backward
+        likewise for the gradients each producer tile's device receives. A device without a
+        consumer tile receives nothing and one without a producer tile sends nothing, all
+        terms being >= 0: the forward pass runs over each consumer config's devices
+        (`_forward_block`, configs grouped by size), the backward over each producer
+        config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
         """
         ptab, qtab = self._config_table(pconfs), self._config_table(qconfs)
         groups = dims.terms(ptab, qtab)
+        tiers = dims.tier_terms(ptab, qtab)
         need = dims.need(qtab)  # (Q, D) needed elements of each consumer tile
-        # element counts in int32 where no product can reach 2^31 (counts of tiles always)
+        # element counts in int32 where no product can reach 2^31 (counts of tiles always;
+        # a unit's elements are at most all of them)
         bound = max(_bound(groups), int(need.max(initial=0)))
         dtype = np.int32 if bound < _INT32_LIMIT else np.int64
-        # producer side as (P, D), consumer side as (D, Q); bytes per
-        # element are folded into the seconds per byte (a power of two: exact)
+        # producer side as (P, D), consumer side as (D, Q)
         producer = ProducerSide(
             state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
             same=[terms.same.astype(dtype, copy=False) for terms in groups],
             recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T) for terms in groups],
-            seconds_per_element=np.ascontiguousarray(
-                ptab.links.seconds_per_byte.T * BYTES_PER_ELEMENT),
-            latency=np.ascontiguousarray(ptab.links.latency.T),
+            tiers=[TierSide(
+                state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
+                elements=[same.astype(dtype, copy=False) for same in terms.same],
+                messages=terms.touch) for view, terms in zip(ptab.tiers, tiers, strict=True)],
         )
         consumer = ConsumerSide(
             state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
             row=[terms.row[:, terms.q_pair].astype(dtype) for terms in groups],
             sent=[terms.sent[:, terms.q_pair] for terms in groups],
             need=np.ascontiguousarray(need.T.astype(dtype)),
-            seconds_per_element=np.ascontiguousarray(
-                qtab.links.seconds_per_byte.T * BYTES_PER_ELEMENT),
-            latency=np.ascontiguousarray(qtab.links.latency.T),
+            tiers=[TierSide(
+                state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
+                elements=[row.astype(dtype) for row in terms.row],
+                messages=terms.sent) for view, terms in zip(qtab.tiers, tiers, strict=True)],
         )
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
@@ -564,7 +764,7 @@ class TransferTables:
             step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
             for start in range(0, len(columns_of_size), step):
                 columns = columns_of_size[start:start + step]
-                forward, moved = _forward_block(producer, consumer, columns,
+                forward, moved = _forward_block(producer, consumer, self._links, columns,
                                                 devices[start:start + step])
                 seconds[:, columns], elements[:, columns] = forward.T, moved.T
         if backward:
@@ -573,6 +773,6 @@ class TransferTables:
                 for start in range(0, len(rows_of_size), step):
                     rows = rows_of_size[start:start + step]
                     seconds[rows] = seconds[rows] + _backward_block(
-                        producer, consumer, rows, devices[start:start + step])
+                        producer, consumer, self._links, rows, devices[start:start + step])
         passes = 2 if backward else 1  # forward, and backward unless input
         return seconds, passes * elements * BYTES_PER_ELEMENT

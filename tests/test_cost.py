@@ -209,29 +209,27 @@ def naive_edge(cost, producer, consumer, pconf, qconf) -> tuple[float, int]:
             volume *= max(0, min(h1, n1) - max(h0, n0))
         return volume
 
-    def link(block, device):
-        members = set(block) | {device}
-        found = cost.cluster.slowest_link(members) if len(members) > 1 else None
-        return (0.0, 0.0) if found is None else (1.0 / found.bandwidth, found.latency)
+    def priced(shares) -> float:
+        """A device's ingress: each (sender, receiver, elements) over the link between them."""
+        seconds = 0.0
+        for sender, receiver, elements in shares:
+            link = cost.cluster.link(sender, receiver)
+            seconds += elements * 4 / link.bandwidth + link.latency
+        return seconds
 
     have = {device: box(producer, pconf, index, False) for index, device in pconf.tiles()}
     need = {device: box(consumer, qconf, index, True) for index, device in qconf.tiles()}
     forward = backward = 0.0
     remote_total = 0
     for device, needed in need.items():  # forward: what each consumer tile receives
-        volume = 1
-        for start, stop in needed:
-            volume *= max(stop - start, 0)
-        same = shared(have[device], needed) if device in have else 0
-        senders = sum(shared(h, needed) > 0 for d, h in have.items() if d != device)
-        per_byte, latency = link(pconf.devices, device)
-        forward = max(forward, (volume - same) * 4 * per_byte + senders * latency)
-        remote_total += volume - same
+        shares = [(d, device, shared(h, needed)) for d, h in have.items() if d != device]
+        shares = [share for share in shares if share[2] > 0]
+        forward = max(forward, priced(shares))
+        remote_total += sum(elements for _, _, elements in shares)
     for device, held in have.items():  # backward: the gradients of what each tile sent
-        used = sum(shared(held, needed) for d, needed in need.items() if d != device)
-        receivers = sum(shared(held, needed) > 0 for d, needed in need.items() if d != device)
-        per_byte, latency = link(qconf.devices, device)
-        backward = max(backward, used * 4 * per_byte + receivers * latency)
+        shares = [(d, device, shared(held, needed)) for d, needed in need.items()
+                  if d != device]
+        backward = max(backward, priced([share for share in shares if share[2] > 0]))
     passes = 1 if producer.kind == "input" else 2
     if producer.kind == "input":
         backward = 0.0
