@@ -142,6 +142,10 @@ class GroupStates:
     state_tiles: np.ndarray  # (2, S) tile index along each of the two dims of each state
     pair: np.ndarray  # (C,) exponent pair of each config
     pair_exponents: np.ndarray  # (2, A) the exponents of each pair
+    # along each of the two dims: the distinct tiles (exponent * width + index) and the
+    # tile of each state
+    dim_tiles: tuple[np.ndarray, ...]
+    dim_tile_of: tuple[np.ndarray, ...]
 
 
 @dataclass(frozen=True)
@@ -155,9 +159,11 @@ class TierViews:
     without a run reads the zero slot (coarse exponent a, index width - 1)."""
 
     state: list[np.ndarray]  # per group: (C, M, D) state of each config's M slots per device
-    exponents: list[np.ndarray]  # per group: (2, S) exponent along each dim of each state
-    coarse: list[np.ndarray]  # per group: (2, S) coarse exponent along each dim
-    tiles: list[np.ndarray]  # per group: (2, S) coarse tile index along each dim
+    # per group, along each of its two dims: the distinct runs as (fine exponent, coarse
+    # exponent, coarse index, first tile, one past the last tile) arrays, and the run of
+    # each state
+    runs: list[tuple[tuple[np.ndarray, ...], ...]]
+    run_of: list[tuple[np.ndarray, ...]]
 
 
 def _aligned_runs(positions: list[int]) -> list[tuple[int, int]]:
@@ -205,37 +211,54 @@ def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, device
                     coarse[row, slot, first:last, dim] = exponents[row, dim] - spread
                     tiles[row, slot, first:last, dim] = tile[dim] >> spread
                     step -= spread
-    states, fine, rough, indices = [], [], [], []
+    states, runs, run_of = [], [], []
     for d0, d1 in _GROUPS:
         e0 = np.broadcast_to(exponents[:, None, None, d0], coarse.shape[:3])
         e1 = np.broadcast_to(exponents[:, None, None, d1], coarse.shape[:3])
-        key = ((((e0 * levels + coarse[..., d0]) * width + tiles[..., d0]) * levels + e1)
-               * levels + coarse[..., d1]) * width + tiles[..., d1]
-        unique, state = np.unique(key, return_inverse=True)
-        t1, rest = unique % width, unique // width
-        k1, rest = rest % levels, rest // levels
-        a1, rest = rest % levels, rest // levels
-        t0, rest = rest % width, rest // width
-        k0, a0 = rest % levels, rest // levels
+        along0 = (e0 * levels + coarse[..., d0]) * width + tiles[..., d0]
+        along1 = (e1 * levels + coarse[..., d1]) * width + tiles[..., d1]
+        span = levels * levels * width
+        unique, state = np.unique(along0 * span + along1, return_inverse=True)
         states.append(state.reshape(coarse.shape[:3]))
-        fine.append(np.stack([a0, a1]))
-        rough.append(np.stack([k0, k1]))
-        indices.append(np.stack([t0, t1]))
-    return TierViews(state=states, exponents=fine, coarse=rough, tiles=indices)
+        group_runs, group_run_of = [], []
+        for along in (unique // span, unique % span):
+            distinct, of = np.unique(along, return_inverse=True)
+            index, rest = distinct % width, distinct // width
+            rough, fine = rest % levels, rest // levels
+            low = index << (fine - rough)
+            group_runs.append((fine, rough, index, low, low + (1 << (fine - rough))))
+            group_run_of.append(of)
+        runs.append(tuple(group_runs))
+        run_of.append(tuple(group_run_of))
+    return TierViews(state=states, runs=runs, run_of=run_of)
+
+
+def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The configs grouped by their number of devices: each group's indices and its devices,
+    (configs, tiles)."""
+    sizes: dict[int, list[int]] = {}
+    for index, config in enumerate(configs):
+        sizes.setdefault(config.size, []).append(index)
+    return [(np.array(indices), np.array([configs[i].devices for i in indices]))
+            for _, indices in sorted(sizes.items())]
 
 
 class ConfigTable:
     """Per-config arrays of a list of configs: degree exponents, tile index per device, and
-    what each tier's unit of each device holds (`TierViews`, one per unit size in `units`).
+    how each device is linked to the config's devices.
 
+    The list starts with the configs whose other devices all sit in one link class of each
+    device (`single`: their classes per device, (single, D)); what each tier's unit of each
+    device holds of the rest is in `tiers` (`TierViews`, one per unit size in `units`).
     For each group of two dims it also numbers the distinct states and exponent pairs
     (`GroupStates`), so that an edge's per-dim tables can be multiplied into one small table
     per group.
     """
 
-    def __init__(self, configs: Sequence[ParallelConfig], devices: int,
-                 units: Sequence[int]) -> None:
+    def __init__(self, configs: Sequence[ParallelConfig], devices: int, units: Sequence[int],
+                 single: np.ndarray) -> None:
         count = len(configs)
+        self.single = single
         self.exponents = np.zeros((count, 4), dtype=np.int64)
         # tile index along each dim of the tile held by each device; -1 where none
         self.tile_of = np.full((count, devices, 4), -1, dtype=np.int64)
@@ -256,12 +279,18 @@ class ConfigTable:
             i0, s0 = rest % width, rest // width
             pair_key = self.exponents[:, d0] * levels + self.exponents[:, d1]
             pairs, pair = np.unique(pair_key, return_inverse=True)
+            along = [np.unique(exponent * width + index, return_inverse=True)
+                     for exponent, index in ((s0, i0), (s1, i1))]
             groups.append(GroupStates(
                 state=state.reshape(count, devices), state_exponents=np.stack([s0, s1]),
                 state_tiles=np.stack([i0, i1]), pair=pair.reshape(count),
-                pair_exponents=np.stack([pairs // levels, pairs % levels])))
+                pair_exponents=np.stack([pairs // levels, pairs % levels]),
+                dim_tiles=tuple(tiles for tiles, _ in along),
+                dim_tile_of=tuple(tile_of for _, tile_of in along)))
         self.groups: tuple[GroupStates, ...] = tuple(groups)
-        self.tiers = tuple(_tier_views(configs, self.exponents, devices, unit)
+        self.by_size = _by_size(configs)
+        first = len(single)
+        self.tiers = tuple(_tier_views(configs[first:], self.exponents[first:], devices, unit)
                            for unit in units)
 
 
@@ -394,7 +423,9 @@ class EdgeDims:
 
     def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[TierTerms, ...]:
         """Per tier of the cluster, the per-dim tables over the runs of tiles its units hold
-        (`TierViews`), multiplied into one table per group of two dims."""
+        (`TierViews`), multiplied into one table per group of two dims. Along one dim a run
+        is tiles [low, high) of 2^fine, the range of tile `tile` of 2^coarse; each table is
+        computed over the distinct runs and tiles of the dim, then spread over the states."""
         width = self.dims[0].need_len.shape[1]
         tiers = []
         for p_view, q_view in zip(ptab.tiers, qtab.tiers, strict=True):
@@ -404,26 +435,26 @@ class EdgeDims:
                 parts = []
                 for k, dim in enumerate(dims):
                     table = self.dims[dim]
-                    # forward: a producer unit's run against each consumer state
-                    q_at = q.state_exponents[k] * width + q.state_tiles[k]
-                    fine, coarse = p_view.exponents[group][k], p_view.coarse[group][k]
-                    low = p_view.tiles[group][k] << (fine - coarse)
-                    high = low + (1 << (fine - coarse))
+                    # forward: a producer unit's run against each consumer tile
+                    columns, column_of = q.dim_tiles[k], q.dim_tile_of[k]
+                    at = p_view.run_of[group][k][:, None] * len(columns) + column_of[None, :]
+                    fine, coarse, tile, low, high = (part[:, None]
+                                                     for part in p_view.runs[group][k])
                     below = table.producers_below
-                    touched = below[fine, high][:, q_at] - below[fine, low][:, q_at]
+                    touched = (below[fine, high, columns] - below[fine, low, columns]).ravel()
                     # a run of producer tiles covers the coarse tile's range: one overlap
-                    shared = np.take(table.pairs[coarse * width + p_view.tiles[group][k]],
-                                     q_at, axis=1)
-                    # backward: each producer state against a consumer unit's run
-                    p_at = p.state_exponents[k] * width + p.state_tiles[k]
-                    fine, coarse = q_view.exponents[group][k], q_view.coarse[group][k]
-                    low = q_view.tiles[group][k] << (fine - coarse)
-                    high = low + (1 << (fine - coarse))
-                    rows = table.row_below[p_at[:, None], fine, high] - table.row_below[
-                        p_at[:, None], fine, low]
-                    feeds = table.consumers_below[p_at[:, None], fine, high] - \
-                        table.consumers_below[p_at[:, None], fine, low]
-                    parts.append((shared, touched, rows, feeds))
+                    shared = table.pairs[coarse * width + tile, columns].ravel()
+                    # backward: each producer tile against a consumer unit's run
+                    tiles = p.dim_tiles[k][:, None]
+                    fine, _, _, low, high = q_view.runs[group][k]
+                    back = (p.dim_tile_of[k][:, None] * len(fine)
+                            + q_view.run_of[group][k][None, :])
+                    rows = (table.row_below[tiles, fine, high]
+                            - table.row_below[tiles, fine, low]).ravel()
+                    feeds = (table.consumers_below[tiles, fine, high]
+                             - table.consumers_below[tiles, fine, low]).ravel()
+                    parts.append((shared.take(at), touched.take(at), rows.take(back),
+                                  feeds.take(back)))
                 (shared, touched, rows, feeds), (shared_1, touched_1, rows_1, feeds_1) = parts
                 if int(shared.max(initial=0)) * int(shared_1.max(initial=0)) >= _INT32_LIMIT:
                     shared = shared.astype(np.int64)
@@ -466,7 +497,9 @@ class LinkClass:
 class TierSide:
     """One side's per-device terms over one tier's unit runs (`TierViews`), per group."""
 
-    state: list[np.ndarray]  # per group: (M, D, configs) run state of each slot and device
+    # per group: (M, D, configs) run state of each slot and device, as a row offset into the
+    # tables (state x columns: producer runs) or a column (consumer runs)
+    state: list[np.ndarray]
     elements: list[np.ndarray]  # per group: `TierTerms.same` (forward) or `.row` (backward)
     messages: list[np.ndarray]  # per group: `TierTerms.touch` or `.sent`
 
@@ -477,9 +510,14 @@ class ProducerSide:
     producer config are one contiguous row."""
 
     state: list[np.ndarray]  # per group: (D, P) state of each device
+    same_at: list[np.ndarray]  # per group: (D, P) its row offset into `same` (state x T)
     same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
     recv: list[np.ndarray]  # per group: (T, P) producer tiles a consumer state needs
-    tiers: list[TierSide]  # the runs of producer tiles each device's units hold
+    # the first configs' senders are all in one link class of each device: its figures,
+    # (D, single); the other configs' by the runs of producer tiles each device's units hold
+    seconds_per_element: np.ndarray
+    latency: np.ndarray
+    tiers: list[TierSide]
 
 
 @dataclass(frozen=True)
@@ -490,7 +528,9 @@ class ConsumerSide:
     row: list[np.ndarray]  # per group: (S, Q) elements of a producer state needed in all
     sent: list[np.ndarray]  # per group: (S, Q) consumer tiles a producer state feeds
     need: np.ndarray  # (D, Q) elements each device's consumer tile needs
-    tiers: list[TierSide]  # the runs of consumer tiles each device's units hold
+    seconds_per_element: np.ndarray  # (D, single) as `ProducerSide`'s
+    latency: np.ndarray
+    tiers: list[TierSide]
 
 
 def _priced(own: np.ndarray, total: np.ndarray, own_messages: np.ndarray,
@@ -501,32 +541,32 @@ def _priced(own: np.ndarray, total: np.ndarray, own_messages: np.ndarray,
     (its own included, nested, innermost first), the rest crosses the outermost link; each
     class's elements at its seconds per element plus its messages at its latency."""
     held, messages = own, own_messages
-    seconds = None
+    seconds = scratch = None
     for (inside, sending), link in zip([*tiers, (total, all_messages)], links, strict=True):
-        term = np.subtract(inside, held) * link.seconds_per_element
-        term += np.subtract(sending, messages) * link.latency
-        seconds = term if seconds is None else np.add(seconds, term, out=seconds)
+        if seconds is None:
+            seconds = np.multiply(np.subtract(inside, held), link.seconds_per_element)
+            scratch = np.empty_like(seconds)
+        else:
+            seconds += np.multiply(np.subtract(inside, held), link.seconds_per_element,
+                                   out=scratch)
+        seconds += np.multiply(np.subtract(sending, messages), link.latency, out=scratch)
         held, messages = inside, sending
     assert seconds is not None  # one link class at least
     return seconds
 
 
-def _tier_sums(tier: TierSide, other_state: Sequence[np.ndarray], devices: np.ndarray,
-               own_index: bool) -> tuple[np.ndarray, np.ndarray]:
+def _tier_sums(tier: TierSide, other: Sequence[np.ndarray],
+               devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Elements and messages within each device's unit of one tier, summed over its run
-    slots. `other_state`: per group, the other side's state per device, broadcastable to the
-    tier side's (configs, K, other configs); `own_index`: whether the tier's states index the
-    tables' rows (forward, producer runs) or columns (backward, consumer runs)."""
+    slots. `other`: per group, what the other side's state per device adds to the tier's
+    state to index the tables (a column, or a row offset), broadcastable to (configs, K,
+    other configs)."""
     inside = sending = None
     for slot in range(tier.state[0].shape[0]):
         elements = messages = None
         for group, (table, counts) in enumerate(zip(tier.elements, tier.messages,
                                                     strict=True)):
-            state = tier.state[group][slot][devices]
-            if own_index:
-                at = state * table.shape[1] + other_state[group]
-            else:
-                at = other_state[group] * table.shape[1] + state
+            at = np.add(tier.state[group][slot][devices], other[group])
             part = table.ravel().take(at)
             elements = part if elements is None else np.multiply(elements, part, out=elements)
             part = counts.ravel().take(at)
@@ -550,17 +590,26 @@ def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequen
         table = producer.same[group]
         q_state = consumer.state[group][devices, columns[:, None]]  # (C, K)
         q_states.append(q_state[..., None])
-        part = table.ravel().take(producer.state[group][devices] * table.shape[1]
+        part = table.ravel().take(producer.same_at[group][devices]
                                   + q_state[..., None])  # (C, K, P)
         same = part if same is None else np.multiply(same, part, out=same)
         part = producer.recv[group][q_state]
         recv = part if recv is None else np.multiply(recv, part, out=recv)
     assert same is not None and recv is not None  # two groups
     need = consumer.need[devices, columns[:, None]][..., None]
-    tiers = [_tier_sums(tier, q_states, devices, own_index=True) for tier in producer.tiers]
-    forward = _priced(same, need, same > 0, recv, tiers, links)
     remote = np.subtract(need, same)
-    return forward.max(axis=1), remote.sum(axis=1, dtype=np.int64)
+    forward = np.empty((len(columns), same.shape[2]))
+    first = producer.seconds_per_element.shape[1]
+    if first:
+        one = remote[..., :first] * producer.seconds_per_element[devices]
+        messages = np.subtract(recv[..., :first], same[..., :first] > 0)
+        one += messages * producer.latency[devices]
+        forward[:, :first] = one.max(axis=1)
+    if first < same.shape[2]:
+        same, recv = same[..., first:], recv[..., first:]
+        tiers = [_tier_sums(tier, q_states, devices) for tier in producer.tiers]
+        forward[:, first:] = _priced(same, need, same > 0, recv, tiers, links).max(axis=1)
+    return forward, remote.sum(axis=1, dtype=np.int64)
 
 
 def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
@@ -582,18 +631,20 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Seque
         part = np.take(consumer.sent[group], p_state, axis=0)
         sent = part if sent is None else np.multiply(sent, part, out=sent)
     assert same is not None and row_sum is not None and sent is not None  # two groups
-    tiers = [_tier_sums(tier, p_states, devices, own_index=False) for tier in consumer.tiers]
-    return _priced(same, row_sum, same > 0, sent, tiers, links).max(axis=1)
-
-
-def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The configs grouped by their number of devices: each group's indices and its devices,
-    (configs, tiles)."""
-    sizes: dict[int, list[int]] = {}
-    for index, config in enumerate(configs):
-        sizes.setdefault(config.size, []).append(index)
-    return [(np.array(indices), np.array([configs[i].devices for i in indices]))
-            for _, indices in sorted(sizes.items())]
+    back = np.empty((len(rows), same.shape[2]))
+    first = consumer.seconds_per_element.shape[1]
+    if first:
+        one = np.subtract(row_sum[..., :first], same[..., :first])
+        one = one * consumer.seconds_per_element[devices]
+        messages = np.subtract(sent[..., :first], same[..., :first] > 0)
+        one += messages * consumer.latency[devices]
+        back[:, :first] = one.max(axis=1)
+    if first < same.shape[2]:
+        same, row_sum, sent = same[..., first:], row_sum[..., first:], sent[..., first:]
+        tiers = [_tier_sums(tier, [state * table.shape[1] for state, table in zip(
+            p_states, tier.elements, strict=True)], devices) for tier in consumer.tiers]
+        back[:, first:] = _priced(same, row_sum, same > 0, sent, tiers, links).max(axis=1)
+    return back
 
 
 class TransferTables:
@@ -618,7 +669,8 @@ class TransferTables:
             self._units.append(size)
         if not self._links:  # a cluster of one device: nothing ever moves
             self._links.append(LinkClass(seconds_per_element=0.0, latency=0.0))
-        self._config_tables: dict[tuple[object, ...], ConfigTable] = {}
+        self._config_tables: dict[tuple[object, ...], tuple[np.ndarray, ConfigTable]] = {}
+        self._classes: dict[tuple[int, ...], np.ndarray] = {}
         self._needed: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
         self._space_ids: dict[Hashable, int] = {}
@@ -706,11 +758,33 @@ class TransferTables:
             self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
         return self._needed[key]
 
-    def _config_table(self, configs: Sequence[ParallelConfig]) -> ConfigTable:
-        """The config table of `configs` (cached: layers share search spaces)."""
+    def _link_classes(self, block: tuple[int, ...]) -> np.ndarray:
+        """(D,) the link class (index into the tiers' links) over which each device talks to
+        every other device of `block`, or -1 where they span two classes."""
+        if block not in self._classes:
+            devices = np.arange(self.devices)[:, None]
+            held = np.array(block)[None, :]
+            classes = np.zeros((self.devices, len(block)), dtype=np.int64)
+            for unit in self._units:  # nested units: the class is how many differ
+                classes += devices // unit != held // unit
+            other = devices != held
+            low = np.where(other, classes, len(self._units)).min(axis=1)
+            high = np.where(other, classes, 0).max(axis=1)
+            self._classes[block] = np.where(high <= low, low, -1)
+        return self._classes[block]
+
+    def _config_table(self, configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, ConfigTable]:
+        """The config table of `configs` in its order (those in one link class of each device
+        first), and that order (cached: layers share search spaces)."""
         key = tuple((config.degrees, config.devices) for config in configs)
         if key not in self._config_tables:
-            self._config_tables[key] = ConfigTable(configs, self.devices, self._units)
+            classes = np.array([self._link_classes(config.devices)
+                                for config in configs]).reshape(len(configs), self.devices)
+            mixed = (classes < 0).any(axis=1)
+            order = np.argsort(mixed, kind="stable")
+            table = ConfigTable([configs[index] for index in order], self.devices,
+                                self._units, classes[order[:len(configs) - mixed.sum()]])
+            self._config_tables[key] = (order, table)
         return self._config_tables[key]
 
     def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
@@ -730,7 +804,9 @@ class TransferTables:
         (`_forward_block`, configs grouped by size), the backward over each producer
         config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
         """
-        ptab, qtab = self._config_table(pconfs), self._config_table(qconfs)
+        (porder, ptab), (qorder, qtab) = self._config_table(pconfs), self._config_table(qconfs)
+        per_element = np.array([link.seconds_per_element for link in self._links])
+        latency = np.array([link.latency for link in self._links])
         groups = dims.terms(ptab, qtab)
         tiers = dims.tier_terms(ptab, qtab)
         need = dims.need(qtab)  # (Q, D) needed elements of each consumer tile
@@ -741,10 +817,15 @@ class TransferTables:
         # producer side as (P, D), consumer side as (D, Q)
         producer = ProducerSide(
             state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
+            same_at=[np.ascontiguousarray(terms.p_state.T * terms.same.shape[1])
+                     for terms in groups],
             same=[terms.same.astype(dtype, copy=False) for terms in groups],
             recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T) for terms in groups],
+            seconds_per_element=np.ascontiguousarray(per_element[ptab.single].T),
+            latency=np.ascontiguousarray(latency[ptab.single].T),
             tiers=[TierSide(
-                state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
+                state=[np.ascontiguousarray(state.transpose(1, 2, 0) * same.shape[1])
+                       for state, same in zip(view.state, terms.same, strict=True)],
                 elements=[same.astype(dtype, copy=False) for same in terms.same],
                 messages=terms.touch) for view, terms in zip(ptab.tiers, tiers, strict=True)],
         )
@@ -753,6 +834,8 @@ class TransferTables:
             row=[terms.row[:, terms.q_pair].astype(dtype) for terms in groups],
             sent=[terms.sent[:, terms.q_pair] for terms in groups],
             need=np.ascontiguousarray(need.T.astype(dtype)),
+            seconds_per_element=np.ascontiguousarray(per_element[qtab.single].T),
+            latency=np.ascontiguousarray(latency[qtab.single].T),
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
                 elements=[row.astype(dtype) for row in terms.row],
@@ -760,7 +843,7 @@ class TransferTables:
         )
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
-        for columns_of_size, devices in _by_size(qconfs):
+        for columns_of_size, devices in qtab.by_size:
             step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
             for start in range(0, len(columns_of_size), step):
                 columns = columns_of_size[start:start + step]
@@ -768,11 +851,14 @@ class TransferTables:
                                                 devices[start:start + step])
                 seconds[:, columns], elements[:, columns] = forward.T, moved.T
         if backward:
-            for rows_of_size, devices in _by_size(pconfs):
+            for rows_of_size, devices in ptab.by_size:
                 step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(qconfs)))
                 for start in range(0, len(rows_of_size), step):
                     rows = rows_of_size[start:start + step]
                     seconds[rows] = seconds[rows] + _backward_block(
                         producer, consumer, self._links, rows, devices[start:start + step])
         passes = 2 if backward else 1  # forward, and backward unless input
-        return seconds, passes * elements * BYTES_PER_ELEMENT
+        ordered = np.ix_(porder, qorder)
+        in_order = np.empty_like(seconds), np.empty_like(elements)
+        in_order[0][ordered], in_order[1][ordered] = seconds, passes * elements * BYTES_PER_ELEMENT
+        return in_order
