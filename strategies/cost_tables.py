@@ -814,32 +814,37 @@ class TransferTables:
         # a unit's elements are at most all of them)
         bound = max(_bound(groups), int(need.max(initial=0)))
         dtype = np.int32 if bound < _INT32_LIMIT else np.int64
+        # counts of tiles: at most the devices per group of dims, and in all
+        counts = np.int16 if self.devices <= np.iinfo(np.int16).max else np.int32
         # producer side as (P, D), consumer side as (D, Q)
         producer = ProducerSide(
             state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
             same_at=[np.ascontiguousarray(terms.p_state.T * terms.same.shape[1])
                      for terms in groups],
             same=[terms.same.astype(dtype, copy=False) for terms in groups],
-            recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T) for terms in groups],
+            recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T.astype(counts))
+                  for terms in groups],
             seconds_per_element=np.ascontiguousarray(per_element[ptab.single].T),
             latency=np.ascontiguousarray(latency[ptab.single].T),
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0) * same.shape[1])
                        for state, same in zip(view.state, terms.same, strict=True)],
                 elements=[same.astype(dtype, copy=False) for same in terms.same],
-                messages=terms.touch) for view, terms in zip(ptab.tiers, tiers, strict=True)],
+                messages=[touch.astype(counts) for touch in terms.touch])
+                for view, terms in zip(ptab.tiers, tiers, strict=True)],
         )
         consumer = ConsumerSide(
             state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
             row=[terms.row[:, terms.q_pair].astype(dtype) for terms in groups],
-            sent=[terms.sent[:, terms.q_pair] for terms in groups],
+            sent=[terms.sent[:, terms.q_pair].astype(counts) for terms in groups],
             need=np.ascontiguousarray(need.T.astype(dtype)),
             seconds_per_element=np.ascontiguousarray(per_element[qtab.single].T),
             latency=np.ascontiguousarray(latency[qtab.single].T),
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
                 elements=[row.astype(dtype) for row in terms.row],
-                messages=terms.sent) for view, terms in zip(qtab.tiers, tiers, strict=True)],
+                messages=[sent.astype(counts) for sent in terms.sent])
+                for view, terms in zip(qtab.tiers, tiers, strict=True)],
         )
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
