@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from strategies import cost_tables
-from strategies.cluster import load_cluster
+from strategies.cluster import DeviceGroups, Link, Racks, load_cluster
 from strategies.compute import AnalyticCompute
 from strategies.cost import CostModel, configs_for
 from strategies.errors import ConfigError
@@ -274,19 +275,32 @@ def test_search_space_matrices_equal_the_definition_pair_by_pair(model, devices,
             assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), devices=st.sampled_from([4, 8, 16]))
-def test_configs_on_scattered_devices_equal_the_definition(seed, devices):
+# Nodes of 6 in PCIe groups of 2, racks of 2 nodes: units that aligned blocks straddle
+ODD_CLUSTER = CLUSTER.model_copy(update={
+    "nodes": 3, "devices_per_node": 6,
+    "groups": DeviceGroups(size=2, link=Link(bandwidth=40e9, latency=2e-6)),
+    "racks": Racks(nodes_per_rack=2, link=Link(bandwidth=5e9, latency=30e-6))})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), devices=st.sampled_from([4, 8, 16]),
+       cluster=st.sampled_from([CLUSTER, load_cluster("k20x8"), ODD_CLUSTER]),
+       aligned=st.booleans())
+def test_configs_on_scattered_devices_equal_the_definition(seed, devices, cluster, aligned):
     """The matrices look at each pair's own devices only (forward the consumer's, backward the
-    producer's): right for any device order, not only for aligned blocks."""
+    producer's): right for any device order, not only for aligned blocks, and for units of
+    the cluster that blocks straddle."""
+    devices = min(devices, cluster.num_devices)
     rng = random.Random(seed)
-    cost = model_for(ZOO_GRAPH, devices)
+    cost = model_for(ZOO_GRAPH, devices, cluster)
     producer, consumer = rng.choice([
         (ZOO_GRAPH.by_name[u], ZOO_GRAPH.by_name[v]) for u, v in ZOO_GRAPH.edges
     ])
 
     def scattered(layer):
         configs = rng.sample(enumerate_configs(layer, devices), 4)
+        if aligned:
+            return configs
         return [config.model_copy(update={"devices": tuple(rng.sample(range(devices),
                                                                       config.size))})
                 for config in configs]
@@ -298,6 +312,29 @@ def test_configs_on_scattered_devices_equal_the_definition(seed, devices):
             expected_seconds, expected_bytes = naive_edge(cost, producer, consumer, pconf, qconf)
             assert moved[row, column] == expected_bytes, (pconf, qconf)
             assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
+
+
+def test_each_element_crosses_its_own_link():
+    """p100x16 (NVLink inside a node of 4, InfiniBand across): a tensor split over devices 3
+    and 4, one per node, read by devices 2 and 5, each beside its sender. No byte crosses
+    InfiniBand though the producer's devices span two nodes; a reader of all four quarters
+    on devices 2-5 takes two over NVLink and two over InfiniBand, one after the other."""
+    graph = build_graph("tiny_cnn", batch=8, image_size=8)
+    producer, consumer = graph.layers[1], graph.layers[2]  # two convs: a sample needs its own
+    half = math.prod(as_4d(producer.output_shape)) // 2
+    nvlink, infiniband = CLUSTER.links.intra_node, CLUSTER.links.inter_node
+    cost = model_for(graph, 8)
+    seconds, moved = cost.edge(producer, consumer, [P("n2c1h1w1@3-4")], [P("n2c1h1w1@2,5")])
+    assert moved[0, 0] == 2 * 2 * half * 4
+    # forward: each reader takes its half; backward: each sender takes the gradient back
+    assert seconds[0, 0] == pytest.approx(2 * (half * 4 / nvlink.bandwidth + nvlink.latency),
+                                          rel=1e-12)
+    seconds, moved = cost.edge(producer, consumer, [P("n4c1h1w1@2-5")], [P("n1c1h1w1@0")])
+    quarter = half // 2
+    assert seconds[0, 0] == pytest.approx(
+        2 * (quarter * 4 / nvlink.bandwidth + nvlink.latency)
+        + 2 * (quarter * 4 / infiniband.bandwidth + infiniband.latency)
+        + quarter * 4 / infiniband.bandwidth + infiniband.latency, rel=1e-12)
 
 
 @pytest.mark.parametrize(("model", "devices"), [("inception_v3", 8), ("resnet18", 16)])
