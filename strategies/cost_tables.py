@@ -166,24 +166,41 @@ class TierViews:
     run_of: list[tuple[np.ndarray, ...]]
 
 
-def _aligned_runs(positions: list[int]) -> list[tuple[int, int]]:
-    """Increasing tile positions as the fewest aligned blocks (start, log2 length)."""
+def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:
+    """Tile positions [first, stop) as the fewest aligned blocks (start, log2 length)."""
     runs = []
-    at = 0
-    while at < len(positions):
-        start = positions[at]
-        length = 1
-        while at + length < len(positions) and positions[at + length] == start + length:
-            length += 1
-        at += length
-        stop = start + length
-        while start < stop:
-            step = (start & -start or 1 << 62).bit_length() - 1
-            while start + (1 << step) > stop:
-                step -= 1
-            runs.append((start, step))
-            start += 1 << step
+    while first < stop:
+        step = (first & -first or 1 << 62).bit_length() - 1
+        while first + (1 << step) > stop:
+            step -= 1
+        runs.append((first, step))
+        first += 1 << step
     return runs
+
+
+def _unit_runs(config: ParallelConfig, unit: int) -> dict[int, list[tuple[int, int]]]:
+    """The aligned runs of tile positions (start, log2 length) that each unit holds."""
+    block = config.devices
+    start = block[0]
+    if block == tuple(range(start, start + len(block))):
+        # a contiguous block: each unit holds one range of positions
+        return {index: _aligned_runs(max(index * unit, start) - start,
+                                     min((index + 1) * unit, start + len(block)) - start)
+                for index in range(start // unit, (start + len(block) - 1) // unit + 1)}
+    held: dict[int, list[int]] = {}
+    for position, device in enumerate(block):
+        held.setdefault(device // unit, []).append(position)
+    units = {}
+    for index, positions in held.items():
+        runs = units.setdefault(index, [])
+        at = 0
+        while at < len(positions):  # each stretch of consecutive positions
+            length = 1
+            while at + length < len(positions) and positions[at + length] == positions[at] + length:
+                length += 1
+            runs.extend(_aligned_runs(positions[at], positions[at] + length))
+            at += length
+    return units
 
 
 def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, devices: int,
@@ -191,26 +208,28 @@ def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, device
     """`TierViews` of `configs` for units of `unit` consecutive devices."""
     levels = devices.bit_length()
     width = (1 << (levels - 1)) + 1
-    per_config = []
-    for config in configs:
-        held: dict[int, list[int]] = {}
-        for position, device in enumerate(config.devices):
-            held.setdefault(device // unit, []).append(position)
-        per_config.append({index: _aligned_runs(positions) for index, positions in held.items()})
-    slots = max((len(runs) for units in per_config for runs in units.values()), default=1)
+    # one record per run: config, slot, the unit's devices, start position, log2 length
+    records = [(row, slot, index * unit, min((index + 1) * unit, devices), start, step)
+               for row, config in enumerate(configs)
+               for index, runs in _unit_runs(config, unit).items()
+               for slot, (start, step) in enumerate(runs)]
+    slots = 1 + max((record[1] for record in records), default=0)
     coarse = np.broadcast_to(exponents[:, None, None, :],
                              (len(configs), slots, devices, 4)).copy()
     tiles = np.full((len(configs), slots, devices, 4), width - 1, dtype=np.int64)
-    for row, (config, units) in enumerate(zip(configs, per_config, strict=True)):
-        for index, runs in units.items():
-            first, last = index * unit, min((index + 1) * unit, devices)
-            for slot, (start, step) in enumerate(runs):
-                tile = np.unravel_index(start, config.degrees)
-                for dim in (3, 2, 1, 0):  # the low bits of a position are the last dims'
-                    spread = min(step, int(exponents[row, dim]))
-                    coarse[row, slot, first:last, dim] = exponents[row, dim] - spread
-                    tiles[row, slot, first:last, dim] = tile[dim] >> spread
-                    step -= spread
+    if records:
+        row, slot, first, last, start, step = np.array(records, dtype=np.int64).T
+        fine = exponents[row]  # (R, 4)
+        # the low bits of a position are the last dims': a run of 2^step spreads over them
+        below = np.cumsum(fine[:, ::-1], axis=1)[:, ::-1] - fine  # exponents after each dim
+        spread = np.clip(step[:, None] - below, 0, fine)
+        index = (start[:, None] >> below) & ((1 << fine) - 1)
+        # every device of each run's unit
+        count = last - first
+        run = np.repeat(np.arange(len(records)), count)
+        device = first[run] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        coarse[row[run], slot[run], device] = (fine - spread)[run]
+        tiles[row[run], slot[run], device] = (index >> spread)[run]
     states, runs, run_of = [], [], []
     for d0, d1 in _GROUPS:
         e0 = np.broadcast_to(exponents[:, None, None, d0], coarse.shape[:3])
@@ -376,6 +395,13 @@ def _bound(groups: Sequence[GroupTerms]) -> int:
                int(first.row.max(initial=0)) * int(second.row.max(initial=0)))
 
 
+def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """first * second of int32 element counts, in int64 where a product could reach 2^31."""
+    if int(first.max(initial=0)) * int(second.max(initial=0)) >= _INT32_LIMIT:
+        first = first.astype(np.int64)
+    return first * second
+
+
 @dataclass(frozen=True)
 class EdgeDims:
     """The four per-dimension tables of one edge (n, c, h, w) and their ids: edges with equal
@@ -412,11 +438,9 @@ class EdgeDims:
                             axis=1),  # (S, B)
                 ))
             (same, recv, row, sent), (same_1, recv_1, row_1, sent_1) = parts
-            if int(same.max(initial=0)) * int(same_1.max(initial=0)) >= _INT32_LIMIT:
-                same = same.astype(np.int64)
             groups.append(GroupTerms(
                 p_state=p.state, q_state=q.state, p_pair=p.pair, q_pair=q.pair,
-                same=same * same_1,
+                same=_product(same, same_1),
                 recv=recv * recv_1,  # at most the number of devices squared
                 row=row * row_1, sent=sent * sent_1))
         return tuple(groups)
@@ -436,31 +460,31 @@ class EdgeDims:
                 for k, dim in enumerate(dims):
                     table = self.dims[dim]
                     # forward: a producer unit's run against each consumer tile
-                    columns, column_of = q.dim_tiles[k], q.dim_tile_of[k]
-                    at = p_view.run_of[group][k][:, None] * len(columns) + column_of[None, :]
+                    columns = q.dim_tiles[k]
                     fine, coarse, tile, low, high = (part[:, None]
                                                      for part in p_view.runs[group][k])
                     below = table.producers_below
-                    touched = (below[fine, high, columns] - below[fine, low, columns]).ravel()
+                    touched = below[fine, high, columns] - below[fine, low, columns]
                     # a run of producer tiles covers the coarse tile's range: one overlap
-                    shared = table.pairs[coarse * width + tile, columns].ravel()
+                    shared = table.pairs[coarse * width + tile, columns]
                     # backward: each producer tile against a consumer unit's run
                     tiles = p.dim_tiles[k][:, None]
                     fine, _, _, low, high = q_view.runs[group][k]
-                    back = (p.dim_tile_of[k][:, None] * len(fine)
-                            + q_view.run_of[group][k][None, :])
-                    rows = (table.row_below[tiles, fine, high]
-                            - table.row_below[tiles, fine, low]).ravel()
+                    rows = table.row_below[tiles, fine, high] - table.row_below[tiles, fine, low]
                     feeds = (table.consumers_below[tiles, fine, high]
-                             - table.consumers_below[tiles, fine, low]).ravel()
-                    parts.append((shared.take(at), touched.take(at), rows.take(back),
-                                  feeds.take(back)))
+                             - table.consumers_below[tiles, fine, low])
+                    # spread over the states: rows first (few columns), then columns
+                    forward = (p_view.run_of[group][k], q.dim_tile_of[k])
+                    backward = (p.dim_tile_of[k], q_view.run_of[group][k])
+                    parts.append(tuple(
+                        np.take(small.take(at_rows, axis=0), at_columns, axis=1)
+                        for small, (at_rows, at_columns) in (
+                            (shared, forward), (touched, forward), (rows, backward),
+                            (feeds, backward))))
                 (shared, touched, rows, feeds), (shared_1, touched_1, rows_1, feeds_1) = parts
-                if int(shared.max(initial=0)) * int(shared_1.max(initial=0)) >= _INT32_LIMIT:
-                    shared = shared.astype(np.int64)
-                same.append(shared * shared_1)
+                same.append(_product(shared, shared_1))
                 touch.append(touched * touched_1)
-                row.append(rows.astype(np.int64) * rows_1)
+                row.append(_product(rows, rows_1))
                 sent.append(feeds * feeds_1)
             tiers.append(TierTerms(same=same, touch=touch, row=row, sent=sent))
         return tuple(tiers)
@@ -842,7 +866,7 @@ class TransferTables:
             latency=np.ascontiguousarray(latency[qtab.single].T),
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
-                elements=[row.astype(dtype) for row in terms.row],
+                elements=[row.astype(dtype, copy=False) for row in terms.row],
                 messages=[sent.astype(counts) for sent in terms.sent])
                 for view, terms in zip(qtab.tiers, tiers, strict=True)],
         )
