@@ -3,12 +3,18 @@ every config of a layer's search space at once, which the search needs whole.
 
 - `LayerTiles`: the largest tile of a layer under any config (as `tiles.largest_tile`), and
   the element counts of many at once, from per-dimension parts computed once (t_c).
-- `TransferTables`: t_x of every pair of producer and consumer configs of an edge.
+- `TransferTables`: t_x of every pair of producer and consumer configs of an edge, each
+  element priced over the link it crosses: a receiving device's time is the sum over the
+  cluster's link classes of its elements from that class at the class's seconds per element
+  plus the class's latency per sending tile.
 
 Why our own code: the box overlaps factor per dimension (along each dim the needed range of a
 tile depends only on its index along that dim), so the whole C_i x C_j matrix of an edge is a
-few numpy gathers and products; no library computes this. The definition they equal bit for
-bit, pair by pair and tile by tile, is in tests/test_cost.py.
+few numpy gathers and products; no library computes this. The tiles a unit of the cluster
+(PCIe group, node, rack) holds form a few aligned runs of tile positions, each a box of the
+tile grid (`TierViews`), so what a device gets from within its unit factors the same way. The
+definition they equal, pair by pair and tile by tile (bytes bit for bit, seconds to rounding),
+is in tests/test_cost.py.
 """
 
 from __future__ import annotations
