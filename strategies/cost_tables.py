@@ -334,9 +334,6 @@ class DimTable:
     - consumers_touching[(a, i), b] and row_sum[(a, i), b]: consumer tiles of 2^b that need
       producer tile i, and the elements of i they need in total;
     - need_len[b, j]: the length of the range consumer tile j needs.
-    The same counts over the first k tiles only (k = 0 .. width), for a run of tiles that one
-    unit of the cluster holds (`TierViews`): producers_below[a, k, (b, j)],
-    consumers_below[(a, i), b, k] and row_below[(a, i), b, k].
     """
 
     def __init__(self, producer_size: int, starts: np.ndarray, stops: np.ndarray,
@@ -355,28 +352,18 @@ class DimTable:
                 index[None, :]] = np.maximum(shared, 0)
         touching = overlap > 0
         self.pairs = overlap.reshape(levels * width, levels * width)
-        below = np.zeros((levels, width + 1, levels, width), dtype=np.int32)
-        np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
-        self.producers_below = below.reshape(levels, width + 1, levels * width)
-        self.producers_touching = self.producers_below[:, width]
-        below = np.zeros((levels, width, levels, width + 1), dtype=np.int32)
-        np.cumsum(touching, axis=3, dtype=np.int32, out=below[..., 1:])
-        self.consumers_below = below.reshape(levels * width, levels, width + 1)
-        self.consumers_touching = self.consumers_below[..., width]
-        # int32: the elements of one dimension
-        below = np.zeros((levels, width, levels, width + 1), dtype=np.int32)
-        np.cumsum(overlap, axis=3, dtype=np.int32, out=below[..., 1:])
-        self.row_below = below.reshape(levels * width, levels, width + 1)
-        self.row_sum = self.row_below[..., width].astype(np.int64)
+        self.producers_touching = touching.sum(axis=1, dtype=np.int32).reshape(levels, -1)
+        self.consumers_touching = touching.sum(axis=3, dtype=np.int32).reshape(-1, levels)
+        self.row_sum = overlap.sum(axis=3, dtype=np.int64).reshape(-1, levels)
 
 
 def dim_table_bytes(levels: int) -> int:
     """Memory one `DimTable` on 2^(levels-1) devices takes while it is built: the int32
-    overlaps, their mask and three int32 running counts it keeps, over every (exponent, tile)
-    pair, and the int64 shares of every pair of tiles."""
+    overlaps it keeps and their mask, over every (exponent, tile) pair, and the int64 shares
+    of every pair of tiles."""
     width = (1 << (levels - 1)) + 1
     tiles = (1 << levels) - 1
-    return levels * levels * width * (width + 1) * (4 * 4 + 1) + tiles * tiles * 8
+    return levels * levels * width * width * (4 + 1) + tiles * tiles * 8
 
 
 @dataclass(frozen=True)
@@ -456,7 +443,7 @@ class EdgeDims:
         (`TierViews`), multiplied into one table per group of two dims. Along one dim a run
         is tiles [low, high) of 2^fine, the range of tile `tile` of 2^coarse; each table is
         computed over the distinct runs and tiles of the dim, then spread over the states."""
-        width = self.dims[0].need_len.shape[1]
+        levels, width = self.dims[0].need_len.shape
         tiers = []
         for p_view, q_view in zip(ptab.tiers, qtab.tiers, strict=True):
             same, touch, row, sent = [], [], [], []
@@ -465,20 +452,25 @@ class EdgeDims:
                 parts = []
                 for k, dim in enumerate(dims):
                     table = self.dims[dim]
-                    # forward: a producer unit's run against each consumer tile
+                    # forward: a producer unit's run against each consumer tile; a run
+                    # covers the coarse tile's range, so its elements are one overlap
                     columns = q.dim_tiles[k]
-                    fine, coarse, tile, low, high = (part[:, None]
-                                                     for part in p_view.runs[group][k])
-                    below = table.producers_below
-                    touched = below[fine, high, columns] - below[fine, low, columns]
-                    # a run of producer tiles covers the coarse tile's range: one overlap
-                    shared = table.pairs[coarse * width + tile, columns]
+                    fine, coarse, tile, low, high = p_view.runs[group][k]
+                    shared = table.pairs[coarse * width + tile][:, columns]
+                    touching = table.pairs[:, columns].reshape(levels, width, -1) > 0
+                    below = np.zeros((levels, width + 1, len(columns)), dtype=np.int32)
+                    np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
+                    touched = below[fine, high] - below[fine, low]
                     # backward: each producer tile against a consumer unit's run
-                    tiles = p.dim_tiles[k][:, None]
+                    overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)
                     fine, _, _, low, high = q_view.runs[group][k]
-                    rows = table.row_below[tiles, fine, high] - table.row_below[tiles, fine, low]
-                    feeds = (table.consumers_below[tiles, fine, high]
-                             - table.consumers_below[tiles, fine, low])
+                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int64)
+                    np.cumsum(overlap, axis=2, dtype=np.int64, out=below[..., 1:])
+                    # int32: at most a run of tiles times the dimension
+                    rows = (below[:, fine, high] - below[:, fine, low]).astype(np.int32)
+                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int32)
+                    np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
+                    feeds = below[:, fine, high] - below[:, fine, low]
                     # spread over the states: rows first (few columns), then columns
                     forward = (p_view.run_of[group][k], q.dim_tile_of[k])
                     backward = (p.dim_tile_of[k], q_view.run_of[group][k])
