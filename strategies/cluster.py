@@ -420,6 +420,26 @@ class Cluster(_Spec):
             return self.links.inter_node
         return self.racks.link
 
+    def link_tiers(self) -> list[tuple[int, Link]]:
+        """The hierarchy as nested units of consecutive devices, innermost first: (size, link)
+        where two devices in one unit of `size` but in different units of the tier before
+        (single devices before the first) talk over `link`, as `link` says. Units of a size
+        are the device ranges [k * size, (k + 1) * size); the last tier spans the cluster."""
+        sizes = [self.groups.size] if self.groups is not None else []
+        sizes.append(self.devices_per_node)
+        if self.racks is not None:
+            sizes.append(self.devices_per_node * self.racks.nodes_per_rack)
+        sizes.append(self.num_devices)
+        tiers: list[tuple[int, Link]] = []
+        inner = 1
+        for size in sizes:
+            if inner < size <= self.num_devices:
+                link = self.link(0, inner)
+                assert link is not None  # devices 0 and inner > 0 differ
+                tiers.append((size, link))
+                inner = size
+        return tiers
+
     def slowest_link(self, devices: Iterable[int]) -> Link | None:
         """The bottleneck among all pairs of `devices`: min bandwidth and max latency.
 

@@ -9,9 +9,11 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   box held by producer tiles on OTHER devices move. Bytes are counted exactly, forward
   (activations) and backward (their gradients, the same regions the other way; the network
   input has no gradient, so its edges move forward only). Devices
-  receive at once, each over the slowest link between it and the devices of the producer's
-  (backward: the consumer's) block, paying the link latency per message; t_x is the slowest
-  device, forward plus backward.
+  receive at once, each element over the link it crosses (`Cluster.link`): a device's time is
+  the sum over link classes (PCIe group, node, rack, beyond) of the elements it receives over
+  that class at the link's bandwidth plus the link's latency per sending device (backward: the
+  gradients each producer tile's device receives); t_x is the slowest device, forward plus
+  backward.
 - t_s(l, c): gradients of weights replicated by n/h/w splits are reduced within each replica
   group (the tiles that share a channel index): ring all-reduce (alpha-beta; 2(r-1) chunks of
   1/r of the shard per device) or the paper's parameter-server round trip (the group's first

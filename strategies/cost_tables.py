@@ -3,12 +3,18 @@ every config of a layer's search space at once, which the search needs whole.
 
 - `LayerTiles`: the largest tile of a layer under any config (as `tiles.largest_tile`), and
   the element counts of many at once, from per-dimension parts computed once (t_c).
-- `TransferTables`: t_x of every pair of producer and consumer configs of an edge.
+- `TransferTables`: t_x of every pair of producer and consumer configs of an edge, each
+  element priced over the link it crosses: a receiving device's time is the sum over the
+  cluster's link classes of its elements from that class at the class's seconds per element
+  plus the class's latency per sending tile.
 
 Why our own code: the box overlaps factor per dimension (along each dim the needed range of a
 tile depends only on its index along that dim), so the whole C_i x C_j matrix of an edge is a
-few numpy gathers and products; no library computes this. The definition they equal bit for
-bit, pair by pair and tile by tile, is in tests/test_cost.py.
+few numpy gathers and products; no library computes this. The tiles a unit of the cluster
+(PCIe group, node, rack) holds form a few aligned runs of tile positions, each a box of the
+tile grid (`TierViews`), so what a device gets from within its unit factors the same way. The
+definition they equal, pair by pair and tile by tile (bytes bit for bit, seconds to rounding),
+is in tests/test_cost.py.
 """
 
 from __future__ import annotations
@@ -148,29 +154,142 @@ class GroupStates:
     state_tiles: np.ndarray  # (2, S) tile index along each of the two dims of each state
     pair: np.ndarray  # (C,) exponent pair of each config
     pair_exponents: np.ndarray  # (2, A) the exponents of each pair
+    # along each of the two dims: the distinct tiles (exponent * width + index) and the
+    # tile of each state
+    dim_tiles: tuple[np.ndarray, ...]
+    dim_tile_of: tuple[np.ndarray, ...]
 
 
 @dataclass(frozen=True)
-class BlockLinks:
-    """Seconds per byte and latency of the slowest link between each device and the other
-    devices of each config's block (zero where there is no other device), (C, D) each."""
+class TierViews:
+    """What each device's unit of one tier of the cluster (the devices that share a link,
+    `Cluster.link_tiers`) holds of each config of a list: the config's tiles on the unit's
+    devices, as runs of tiles whose positions in `ParallelConfig.tiles` order are aligned
+    blocks of 2^m. Such a run is a box of the tile grid: along each dim the tiles
+    [i * 2^(a-k), (i + 1) * 2^(a-k)) of 2^a, the range of tile i of 2^k (the coarse tile). Per
+    group of two dims, the distinct (exponent, coarse exponent, coarse index) states; a slot
+    without a run reads the zero slot (coarse exponent a, index width - 1)."""
 
-    seconds_per_byte: np.ndarray
-    latency: np.ndarray
+    state: list[np.ndarray]  # per group: (C, M, D) state of each config's M slots per device
+    # per group, along each of its two dims: the distinct runs as (fine exponent, coarse
+    # exponent, coarse index, first tile, one past the last tile) arrays, and the run of
+    # each state
+    runs: list[tuple[tuple[np.ndarray, ...], ...]]
+    run_of: list[tuple[np.ndarray, ...]]
+
+
+def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:
+    """Tile positions [first, stop) as the fewest aligned blocks (start, log2 length)."""
+    runs = []
+    while first < stop:
+        step = (first & -first or 1 << 62).bit_length() - 1
+        while first + (1 << step) > stop:
+            step -= 1
+        runs.append((first, step))
+        first += 1 << step
+    return runs
+
+
+def _unit_runs(config: ParallelConfig, unit: int) -> dict[int, list[tuple[int, int]]]:
+    """The aligned runs of tile positions (start, log2 length) that each unit holds."""
+    block = config.devices
+    start = block[0]
+    if block == tuple(range(start, start + len(block))):
+        # a contiguous block: each unit holds one range of positions
+        return {index: _aligned_runs(max(index * unit, start) - start,
+                                     min((index + 1) * unit, start + len(block)) - start)
+                for index in range(start // unit, (start + len(block) - 1) // unit + 1)}
+    held: dict[int, list[int]] = {}
+    for position, device in enumerate(block):
+        held.setdefault(device // unit, []).append(position)
+    units = {}
+    for index, positions in held.items():
+        runs = units.setdefault(index, [])
+        at = 0
+        while at < len(positions):  # each stretch of consecutive positions
+            length = 1
+            while at + length < len(positions) and positions[at + length] == positions[at] + length:
+                length += 1
+            runs.extend(_aligned_runs(positions[at], positions[at] + length))
+            at += length
+    return units
+
+
+def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, devices: int,
+                unit: int) -> TierViews:
+    """`TierViews` of `configs` for units of `unit` consecutive devices."""
+    levels = devices.bit_length()
+    width = (1 << (levels - 1)) + 1
+    # one record per run: config, slot, the unit's devices, start position, log2 length
+    records = [(row, slot, index * unit, min((index + 1) * unit, devices), start, step)
+               for row, config in enumerate(configs)
+               for index, runs in _unit_runs(config, unit).items()
+               for slot, (start, step) in enumerate(runs)]
+    slots = 1 + max((record[1] for record in records), default=0)
+    coarse = np.broadcast_to(exponents[:, None, None, :],
+                             (len(configs), slots, devices, 4)).copy()
+    tiles = np.full((len(configs), slots, devices, 4), width - 1, dtype=np.int64)
+    if records:
+        row, slot, first, last, start, step = np.array(records, dtype=np.int64).T
+        fine = exponents[row]  # (R, 4)
+        # the low bits of a position are the last dims': a run of 2^step spreads over them
+        below = np.cumsum(fine[:, ::-1], axis=1)[:, ::-1] - fine  # exponents after each dim
+        spread = np.clip(step[:, None] - below, 0, fine)
+        index = (start[:, None] >> below) & ((1 << fine) - 1)
+        # every device of each run's unit
+        count = last - first
+        run = np.repeat(np.arange(len(records)), count)
+        device = first[run] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        coarse[row[run], slot[run], device] = (fine - spread)[run]
+        tiles[row[run], slot[run], device] = (index >> spread)[run]
+    states, runs, run_of = [], [], []
+    for d0, d1 in _GROUPS:
+        e0 = np.broadcast_to(exponents[:, None, None, d0], coarse.shape[:3])
+        e1 = np.broadcast_to(exponents[:, None, None, d1], coarse.shape[:3])
+        along0 = (e0 * levels + coarse[..., d0]) * width + tiles[..., d0]
+        along1 = (e1 * levels + coarse[..., d1]) * width + tiles[..., d1]
+        span = levels * levels * width
+        unique, state = np.unique(along0 * span + along1, return_inverse=True)
+        states.append(state.reshape(coarse.shape[:3]))
+        group_runs, group_run_of = [], []
+        for along in (unique // span, unique % span):
+            distinct, of = np.unique(along, return_inverse=True)
+            index, rest = distinct % width, distinct // width
+            rough, fine = rest % levels, rest // levels
+            low = index << (fine - rough)
+            group_runs.append((fine, rough, index, low, low + (1 << (fine - rough))))
+            group_run_of.append(of)
+        runs.append(tuple(group_runs))
+        run_of.append(tuple(group_run_of))
+    return TierViews(state=states, runs=runs, run_of=run_of)
+
+
+def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The configs grouped by their number of devices: each group's indices and its devices,
+    (configs, tiles)."""
+    sizes: dict[int, list[int]] = {}
+    for index, config in enumerate(configs):
+        sizes.setdefault(config.size, []).append(index)
+    return [(np.array(indices), np.array([configs[i].devices for i in indices]))
+            for _, indices in sorted(sizes.items())]
 
 
 class ConfigTable:
-    """Per-config arrays of a list of configs: degree exponents, tile index per device, links.
+    """Per-config arrays of a list of configs: degree exponents, tile index per device, and
+    how each device is linked to the config's devices.
 
+    The list starts with the configs whose other devices all sit in one link class of each
+    device (`single`: their classes per device, (single, D)); what each tier's unit of each
+    device holds of the rest is in `tiers` (`TierViews`, one per unit size in `units`).
     For each group of two dims it also numbers the distinct states and exponent pairs
     (`GroupStates`), so that an edge's per-dim tables can be multiplied into one small table
     per group.
     """
 
-    def __init__(self, configs: Sequence[ParallelConfig], devices: int,
-                 links: BlockLinks) -> None:
+    def __init__(self, configs: Sequence[ParallelConfig], devices: int, units: Sequence[int],
+                 single: np.ndarray) -> None:
         count = len(configs)
-        self.links = links
+        self.single = single
         self.exponents = np.zeros((count, 4), dtype=np.int64)
         # tile index along each dim of the tile held by each device; -1 where none
         self.tile_of = np.full((count, devices, 4), -1, dtype=np.int64)
@@ -191,11 +310,19 @@ class ConfigTable:
             i0, s0 = rest % width, rest // width
             pair_key = self.exponents[:, d0] * levels + self.exponents[:, d1]
             pairs, pair = np.unique(pair_key, return_inverse=True)
+            along = [np.unique(exponent * width + index, return_inverse=True)
+                     for exponent, index in ((s0, i0), (s1, i1))]
             groups.append(GroupStates(
                 state=state.reshape(count, devices), state_exponents=np.stack([s0, s1]),
                 state_tiles=np.stack([i0, i1]), pair=pair.reshape(count),
-                pair_exponents=np.stack([pairs // levels, pairs % levels])))
+                pair_exponents=np.stack([pairs // levels, pairs % levels]),
+                dim_tiles=tuple(tiles for tiles, _ in along),
+                dim_tile_of=tuple(tile_of for _, tile_of in along)))
         self.groups: tuple[GroupStates, ...] = tuple(groups)
+        self.by_size = _by_size(configs)
+        first = len(single)
+        self.tiers = tuple(_tier_views(configs[first:], self.exponents[first:], devices, unit)
+                           for unit in units)
 
 
 # ---- t_x: per-edge tables --------------------------------------------------------------------
@@ -267,6 +394,13 @@ def _bound(groups: Sequence[GroupTerms]) -> int:
                int(first.row.max(initial=0)) * int(second.row.max(initial=0)))
 
 
+def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """first * second of int32 element counts, in int64 where a product could reach 2^31."""
+    if int(first.max(initial=0)) * int(second.max(initial=0)) >= _INT32_LIMIT:
+        first = first.astype(np.int64)
+    return first * second
+
+
 @dataclass(frozen=True)
 class EdgeDims:
     """The four per-dimension tables of one edge (n, c, h, w) and their ids: edges with equal
@@ -303,17 +437,99 @@ class EdgeDims:
                             axis=1),  # (S, B)
                 ))
             (same, recv, row, sent), (same_1, recv_1, row_1, sent_1) = parts
-            if int(same.max(initial=0)) * int(same_1.max(initial=0)) >= _INT32_LIMIT:
-                same = same.astype(np.int64)
             groups.append(GroupTerms(
                 p_state=p.state, q_state=q.state, p_pair=p.pair, q_pair=q.pair,
-                same=same * same_1,
+                same=_product(same, same_1),
                 recv=recv * recv_1,  # at most the number of devices squared
                 row=row * row_1, sent=sent * sent_1))
         return tuple(groups)
 
+    def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[TierTerms, ...]:
+        """Per tier of the cluster, the per-dim tables over the runs of tiles its units hold
+        (`TierViews`), multiplied into one table per group of two dims. Along one dim a run
+        is tiles [low, high) of 2^fine, the range of tile `tile` of 2^coarse; each table is
+        computed over the distinct runs and tiles of the dim, then spread over the states."""
+        levels, width = self.dims[0].need_len.shape
+        tiers = []
+        for p_view, q_view in zip(ptab.tiers, qtab.tiers, strict=True):
+            same, touch, row, sent = [], [], [], []
+            for group, dims in enumerate(_GROUPS):
+                p, q = ptab.groups[group], qtab.groups[group]
+                parts = []
+                for k, dim in enumerate(dims):
+                    table = self.dims[dim]
+                    # forward: a producer unit's run against each consumer tile; a run
+                    # covers the coarse tile's range, so its elements are one overlap
+                    columns = q.dim_tiles[k]
+                    fine, coarse, tile, low, high = p_view.runs[group][k]
+                    shared = table.pairs[coarse * width + tile][:, columns]
+                    touching = table.pairs[:, columns].reshape(levels, width, -1) > 0
+                    below = np.zeros((levels, width + 1, len(columns)), dtype=np.int32)
+                    np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
+                    touched = below[fine, high] - below[fine, low]
+                    # backward: each producer tile against a consumer unit's run
+                    overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)
+                    fine, _, _, low, high = q_view.runs[group][k]
+                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int64)
+                    np.cumsum(overlap, axis=2, dtype=np.int64, out=below[..., 1:])
+                    # int32: at most a run of tiles times the dimension
+                    rows = (below[:, fine, high] - below[:, fine, low]).astype(np.int32)
+                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int32)
+                    np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
+                    feeds = below[:, fine, high] - below[:, fine, low]
+                    # spread over the states: rows first (few columns), then columns
+                    forward = (p_view.run_of[group][k], q.dim_tile_of[k])
+                    backward = (p.dim_tile_of[k], q_view.run_of[group][k])
+                    parts.append(tuple(
+                        np.take(small.take(at_rows, axis=0), at_columns, axis=1)
+                        for small, (at_rows, at_columns) in (
+                            (shared, forward), (touched, forward), (rows, backward),
+                            (feeds, backward))))
+                (shared, touched, rows, feeds), (shared_1, touched_1, rows_1, feeds_1) = parts
+                same.append(_product(shared, shared_1))
+                touch.append(touched * touched_1)
+                row.append(_product(rows, rows_1))
+                sent.append(feeds * feeds_1)
+            tiers.append(TierTerms(same=same, touch=touch, row=row, sent=sent))
+        return tuple(tiers)
+
+
+@dataclass(frozen=True)
+class TierTerms:
+    """An edge's tables over one tier's `TierViews`, per group of two dims: forward, what a
+    consumer state gets from a producer unit's run (elements, and producer tiles that send:
+    (S, T) from the producer's run states S); backward, what consumer tiles of a consumer
+    unit's run need of a producer state (elements, and consumer tiles: (S, T) to the
+    consumer's run states T)."""
+
+    same: list[np.ndarray]
+    touch: list[np.ndarray]
+    row: list[np.ndarray]
+    sent: list[np.ndarray]
+
 
 # ---- t_x: pairs of configs, device by device -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkClass:
+    """Seconds per element and latency of one tier's link: what a device pays per element
+    and per message it gets from a device in its unit of this tier but not of the one
+    before (`Cluster.link_tiers`)."""
+
+    seconds_per_element: float
+    latency: float
+
+
+@dataclass(frozen=True)
+class TierSide:
+    """One side's per-device terms over one tier's unit runs (`TierViews`), per group."""
+
+    # per group: (M, D, configs) run state of each slot and device, as a row offset into the
+    # tables (state x columns: producer runs) or a column (consumer runs)
+    state: list[np.ndarray]
+    elements: list[np.ndarray]  # per group: `TierTerms.same` (forward) or `.row` (backward)
+    messages: list[np.ndarray]  # per group: `TierTerms.touch` or `.sent`
 
 
 @dataclass(frozen=True)
@@ -322,10 +538,14 @@ class ProducerSide:
     producer config are one contiguous row."""
 
     state: list[np.ndarray]  # per group: (D, P) state of each device
+    same_at: list[np.ndarray]  # per group: (D, P) its row offset into `same` (state x T)
     same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
     recv: list[np.ndarray]  # per group: (T, P) producer tiles a consumer state needs
-    seconds_per_element: np.ndarray  # (D, P) over the producer block's slowest link
-    latency: np.ndarray  # (D, P)
+    # the first configs' senders are all in one link class of each device: its figures,
+    # (D, single); the other configs' by the runs of producer tiles each device's units hold
+    seconds_per_element: np.ndarray
+    latency: np.ndarray
+    tiers: list[TierSide]
 
 
 @dataclass(frozen=True)
@@ -336,41 +556,101 @@ class ConsumerSide:
     row: list[np.ndarray]  # per group: (S, Q) elements of a producer state needed in all
     sent: list[np.ndarray]  # per group: (S, Q) consumer tiles a producer state feeds
     need: np.ndarray  # (D, Q) elements each device's consumer tile needs
-    seconds_per_element: np.ndarray  # (D, Q) over the consumer block's slowest link
-    latency: np.ndarray  # (D, Q)
+    seconds_per_element: np.ndarray  # (D, single) as `ProducerSide`'s
+    latency: np.ndarray
+    tiers: list[TierSide]
 
 
-def _forward_block(producer: ProducerSide, consumer: ConsumerSide, columns: np.ndarray,
-                   devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _priced(own: np.ndarray, total: np.ndarray, own_messages: np.ndarray,
+            all_messages: np.ndarray, tiers: Sequence[tuple[np.ndarray, np.ndarray]],
+            links: Sequence[LinkClass]) -> np.ndarray:
+    """Seconds of one device's traffic, link class by link class: `own` of `total` elements
+    are on the device itself, `tiers[k]` the elements and messages within its unit of tier k
+    (its own included, nested, innermost first), the rest crosses the outermost link; each
+    class's elements at its seconds per element plus its messages at its latency."""
+    held, messages = own, own_messages
+    seconds = scratch = None
+    for (inside, sending), link in zip([*tiers, (total, all_messages)], links, strict=True):
+        if seconds is None:
+            seconds = np.multiply(np.subtract(inside, held), link.seconds_per_element)
+            scratch = np.empty_like(seconds)
+        else:
+            seconds += np.multiply(np.subtract(inside, held), link.seconds_per_element,
+                                   out=scratch)
+        seconds += np.multiply(np.subtract(sending, messages), link.latency, out=scratch)
+        held, messages = inside, sending
+    assert seconds is not None  # one link class at least
+    return seconds
+
+
+def _tier_sums(tier: TierSide, other: Sequence[np.ndarray],
+               devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Elements and messages within each device's unit of one tier, summed over its run
+    slots. `other`: per group, what the other side's state per device adds to the tier's
+    state to index the tables (a column, or a row offset), broadcastable to (configs, K,
+    other configs)."""
+    inside = sending = None
+    for slot in range(tier.state[0].shape[0]):
+        elements = messages = None
+        for group, (table, counts) in enumerate(zip(tier.elements, tier.messages,
+                                                    strict=True)):
+            at = np.add(tier.state[group][slot][devices], other[group])
+            part = table.ravel().take(at)
+            elements = part if elements is None else np.multiply(elements, part, out=elements)
+            part = counts.ravel().take(at)
+            messages = part if messages is None else np.multiply(messages, part, out=messages)
+        assert elements is not None and messages is not None  # two groups
+        inside = elements if inside is None else np.add(inside, elements, out=inside)
+        sending = messages if sending is None else np.add(sending, messages, out=sending)
+    assert inside is not None and sending is not None  # one slot at least
+    return inside, sending
+
+
+def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
+                   columns: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Forward t_x seconds and elements of consumer configs `columns`, all of one size, x every
     producer config, as (columns, P), over the devices holding the consumer tiles (`devices`:
     (len(columns), tiles)): a device without a consumer tile needs nothing, so its terms are
     zero and leave the max and the sum unchanged."""
     same = recv = None
+    q_states = []
     for group in range(len(_GROUPS)):
         table = producer.same[group]
         q_state = consumer.state[group][devices, columns[:, None]]  # (C, K)
-        part = table.ravel().take(producer.state[group][devices] * table.shape[1]
+        q_states.append(q_state[..., None])
+        part = table.ravel().take(producer.same_at[group][devices]
                                   + q_state[..., None])  # (C, K, P)
         same = part if same is None else np.multiply(same, part, out=same)
         part = producer.recv[group][q_state]
         recv = part if recv is None else np.multiply(recv, part, out=recv)
-    np.subtract(recv, same > 0, out=recv)
-    remote = np.subtract(consumer.need[devices, columns[:, None]][..., None], same)
-    forward = remote * producer.seconds_per_element[devices]
-    forward += recv * producer.latency[devices]
-    return forward.max(axis=1), remote.sum(axis=1, dtype=np.int64)
+    assert same is not None and recv is not None  # two groups
+    need = consumer.need[devices, columns[:, None]][..., None]
+    remote = np.subtract(need, same)
+    forward = np.empty((len(columns), same.shape[2]))
+    first = producer.seconds_per_element.shape[1]
+    if first:
+        one = remote[..., :first] * producer.seconds_per_element[devices]
+        messages = np.subtract(recv[..., :first], same[..., :first] > 0)
+        one += messages * producer.latency[devices]
+        forward[:, :first] = one.max(axis=1)
+    if first < same.shape[2]:
+        same, recv = same[..., first:], recv[..., first:]
+        tiers = [_tier_sums(tier, q_states, devices) for tier in producer.tiers]
+        forward[:, first:] = _priced(same, need, same > 0, recv, tiers, links).max(axis=1)
+    return forward, remote.sum(axis=1, dtype=np.int64)
 
 
-def _backward_block(producer: ProducerSide, consumer: ConsumerSide, rows: np.ndarray,
-                    devices: np.ndarray) -> np.ndarray:
+def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
+                    rows: np.ndarray, devices: np.ndarray) -> np.ndarray:
     """Backward t_x seconds of producer configs `rows`, all of one size, x every consumer
     config, over the devices holding their producer tiles (`devices`: (len(rows), tiles)):
     elsewhere there is no gradient to send. Per device as `_pairs` describes."""
     same = row_sum = sent = None
+    p_states = []
     for group in range(len(_GROUPS)):
         table = producer.same[group]
         p_state = producer.state[group][devices, rows[:, None]]  # (R, K)
+        p_states.append(p_state[..., None])
         q_state = consumer.state[group][devices]  # (R, K, Q)
         part = table.ravel().take(p_state[..., None] * table.shape[1] + q_state)
         same = part if same is None else np.multiply(same, part, out=same)
@@ -378,21 +658,21 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, rows: np.nda
         row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
         part = np.take(consumer.sent[group], p_state, axis=0)
         sent = part if sent is None else np.multiply(sent, part, out=sent)
-    np.subtract(sent, same > 0, out=sent)
-    np.subtract(row_sum, same, out=row_sum)
-    back = row_sum * consumer.seconds_per_element[devices]
-    back += sent * consumer.latency[devices]
-    return back.max(axis=1)
-
-
-def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The configs grouped by their number of devices: each group's indices and its devices,
-    (configs, tiles)."""
-    sizes: dict[int, list[int]] = {}
-    for index, config in enumerate(configs):
-        sizes.setdefault(config.size, []).append(index)
-    return [(np.array(indices), np.array([configs[i].devices for i in indices]))
-            for _, indices in sorted(sizes.items())]
+    assert same is not None and row_sum is not None and sent is not None  # two groups
+    back = np.empty((len(rows), same.shape[2]))
+    first = consumer.seconds_per_element.shape[1]
+    if first:
+        one = np.subtract(row_sum[..., :first], same[..., :first])
+        one = one * consumer.seconds_per_element[devices]
+        messages = np.subtract(sent[..., :first], same[..., :first] > 0)
+        one += messages * consumer.latency[devices]
+        back[:, :first] = one.max(axis=1)
+    if first < same.shape[2]:
+        same, row_sum, sent = same[..., first:], row_sum[..., first:], sent[..., first:]
+        tiers = [_tier_sums(tier, [state * table.shape[1] for state, table in zip(
+            p_states, tier.elements, strict=True)], devices) for tier in consumer.tiers]
+        back[:, first:] = _priced(same, row_sum, same > 0, sent, tiers, links).max(axis=1)
+    return back
 
 
 class TransferTables:
@@ -403,8 +683,22 @@ class TransferTables:
         self.cluster = cluster
         self.devices = devices
         self._levels = devices.bit_length()  # power-of-two degrees 2^0 .. 2^(levels-1)
-        self._block_links: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
-        self._config_tables: dict[tuple[object, ...], ConfigTable] = {}
+        # the tiers whose units split these devices, and a link class per tier up to the
+        # first whose unit holds them all; bytes per element folded into the seconds per
+        # byte (a power of two: exact)
+        self._units: list[int] = []
+        self._links: list[LinkClass] = []
+        for size, link in cluster.link_tiers():
+            self._links.append(LinkClass(
+                seconds_per_element=1.0 / link.bandwidth * BYTES_PER_ELEMENT,
+                latency=link.latency))
+            if size >= devices:
+                break
+            self._units.append(size)
+        if not self._links:  # a cluster of one device: nothing ever moves
+            self._links.append(LinkClass(seconds_per_element=0.0, latency=0.0))
+        self._config_tables: dict[tuple[object, ...], tuple[np.ndarray, ConfigTable]] = {}
+        self._classes: dict[tuple[int, ...], np.ndarray] = {}
         self._needed: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
         self._space_ids: dict[Hashable, int] = {}
@@ -492,36 +786,33 @@ class TransferTables:
             self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
         return self._needed[key]
 
-    def _links_of_block(self, block: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds per byte and latency of the slowest link between each device and the other
-        devices of `block` (zero where there is no other device)."""
-        if block not in self._block_links:
-            per_byte = np.zeros(self.devices)
-            latency = np.zeros(self.devices)
-            members = set(block)
-            inside = self.cluster.slowest_link(members) if len(members) > 1 else None
-            for device in range(self.devices):
-                if device in members:
-                    link = inside
-                else:
-                    link = self.cluster.slowest_link(members | {device})
-                if link is not None:
-                    per_byte[device] = 1.0 / link.bandwidth
-                    latency[device] = link.latency
-            self._block_links[block] = (per_byte, latency)
-        return self._block_links[block]
+    def _link_classes(self, block: tuple[int, ...]) -> np.ndarray:
+        """(D,) the link class (index into the tiers' links) over which each device talks to
+        every other device of `block`, or -1 where they span two classes."""
+        if block not in self._classes:
+            devices = np.arange(self.devices)[:, None]
+            held = np.array(block)[None, :]
+            classes = np.zeros((self.devices, len(block)), dtype=np.int64)
+            for unit in self._units:  # nested units: the class is how many differ
+                classes += devices // unit != held // unit
+            other = devices != held
+            low = np.where(other, classes, len(self._units)).min(axis=1)
+            high = np.where(other, classes, 0).max(axis=1)
+            self._classes[block] = np.where(high <= low, low, -1)
+        return self._classes[block]
 
-    def _config_table(self, configs: Sequence[ParallelConfig]) -> ConfigTable:
-        """The config table of `configs` (cached: layers share search spaces)."""
+    def _config_table(self, configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, ConfigTable]:
+        """The config table of `configs` in its order (those in one link class of each device
+        first), and that order (cached: layers share search spaces)."""
         key = tuple((config.degrees, config.devices) for config in configs)
         if key not in self._config_tables:
-            rows = [self._links_of_block(config.devices) for config in configs]
-            links = BlockLinks(
-                seconds_per_byte=np.array([per_byte for per_byte, _ in rows]).reshape(
-                    len(configs), self.devices),
-                latency=np.array([latency for _, latency in rows]).reshape(
-                    len(configs), self.devices))
-            self._config_tables[key] = ConfigTable(configs, self.devices, links)
+            classes = np.array([self._link_classes(config.devices)
+                                for config in configs]).reshape(len(configs), self.devices)
+            mixed = (classes < 0).any(axis=1)
+            order = np.argsort(mixed, kind="stable")
+            table = ConfigTable([configs[index] for index in order], self.devices,
+                                self._units, classes[order[:len(configs) - mixed.sum()]])
+            self._config_tables[key] = (order, table)
         return self._config_tables[key]
 
     def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
@@ -531,54 +822,76 @@ class TransferTables:
 
         Per device: `same` elements it holds of what its consumer tile needs, the producer
         tiles it receives from, and (backward) its producer tile's elements needed elsewhere
-        and the consumer tiles it sends to. Forward time is the slowest device's remote
-        elements over its producer block's link plus latency per message; backward likewise
-        over the consumer's. A device without a consumer tile receives nothing and one
-        without a producer tile sends nothing, all terms being >= 0: the forward pass runs
-        over each consumer config's devices (`_forward_block`, configs grouped by size), the
-        backward over each producer config's (`_backward_block`). The expression and its
-        order of operations are the reference's, so results are equal bit for bit.
+        and the consumer tiles it sends to; and the same counts within each of its units of
+        the cluster's tiers. A device takes its data in one link class after another: forward
+        time is the slowest device's sum over link classes of the elements it receives over
+        that class's link at its seconds per element plus its latency per message; backward
+        likewise for the gradients each producer tile's device receives. A device without a
+        consumer tile receives nothing and one without a producer tile sends nothing, all
+        terms being >= 0: the forward pass runs over each consumer config's devices
+        (`_forward_block`, configs grouped by size), the backward over each producer
+        config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
         """
-        ptab, qtab = self._config_table(pconfs), self._config_table(qconfs)
+        (porder, ptab), (qorder, qtab) = self._config_table(pconfs), self._config_table(qconfs)
+        per_element = np.array([link.seconds_per_element for link in self._links])
+        latency = np.array([link.latency for link in self._links])
         groups = dims.terms(ptab, qtab)
+        tiers = dims.tier_terms(ptab, qtab)
         need = dims.need(qtab)  # (Q, D) needed elements of each consumer tile
-        # element counts in int32 where no product can reach 2^31 (counts of tiles always)
+        # element counts in int32 where no product can reach 2^31 (counts of tiles always;
+        # a unit's elements are at most all of them)
         bound = max(_bound(groups), int(need.max(initial=0)))
         dtype = np.int32 if bound < _INT32_LIMIT else np.int64
-        # producer side as (P, D), consumer side as (D, Q); bytes per
-        # element are folded into the seconds per byte (a power of two: exact)
+        # counts of tiles: at most the devices per group of dims, and in all
+        counts = np.int16 if self.devices <= np.iinfo(np.int16).max else np.int32
+        # producer side as (P, D), consumer side as (D, Q)
         producer = ProducerSide(
             state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
+            same_at=[np.ascontiguousarray(terms.p_state.T * terms.same.shape[1])
+                     for terms in groups],
             same=[terms.same.astype(dtype, copy=False) for terms in groups],
-            recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T) for terms in groups],
-            seconds_per_element=np.ascontiguousarray(
-                ptab.links.seconds_per_byte.T * BYTES_PER_ELEMENT),
-            latency=np.ascontiguousarray(ptab.links.latency.T),
+            recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T.astype(counts))
+                  for terms in groups],
+            seconds_per_element=np.ascontiguousarray(per_element[ptab.single].T),
+            latency=np.ascontiguousarray(latency[ptab.single].T),
+            tiers=[TierSide(
+                state=[np.ascontiguousarray(state.transpose(1, 2, 0) * same.shape[1])
+                       for state, same in zip(view.state, terms.same, strict=True)],
+                elements=[same.astype(dtype, copy=False) for same in terms.same],
+                messages=[touch.astype(counts) for touch in terms.touch])
+                for view, terms in zip(ptab.tiers, tiers, strict=True)],
         )
         consumer = ConsumerSide(
             state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
             row=[terms.row[:, terms.q_pair].astype(dtype) for terms in groups],
-            sent=[terms.sent[:, terms.q_pair] for terms in groups],
+            sent=[terms.sent[:, terms.q_pair].astype(counts) for terms in groups],
             need=np.ascontiguousarray(need.T.astype(dtype)),
-            seconds_per_element=np.ascontiguousarray(
-                qtab.links.seconds_per_byte.T * BYTES_PER_ELEMENT),
-            latency=np.ascontiguousarray(qtab.links.latency.T),
+            seconds_per_element=np.ascontiguousarray(per_element[qtab.single].T),
+            latency=np.ascontiguousarray(latency[qtab.single].T),
+            tiers=[TierSide(
+                state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
+                elements=[row.astype(dtype, copy=False) for row in terms.row],
+                messages=[sent.astype(counts) for sent in terms.sent])
+                for view, terms in zip(qtab.tiers, tiers, strict=True)],
         )
         seconds = np.zeros((len(pconfs), len(qconfs)))
         elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
-        for columns_of_size, devices in _by_size(qconfs):
+        for columns_of_size, devices in qtab.by_size:
             step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
             for start in range(0, len(columns_of_size), step):
                 columns = columns_of_size[start:start + step]
-                forward, moved = _forward_block(producer, consumer, columns,
+                forward, moved = _forward_block(producer, consumer, self._links, columns,
                                                 devices[start:start + step])
                 seconds[:, columns], elements[:, columns] = forward.T, moved.T
         if backward:
-            for rows_of_size, devices in _by_size(pconfs):
+            for rows_of_size, devices in ptab.by_size:
                 step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(qconfs)))
                 for start in range(0, len(rows_of_size), step):
                     rows = rows_of_size[start:start + step]
                     seconds[rows] = seconds[rows] + _backward_block(
-                        producer, consumer, rows, devices[start:start + step])
+                        producer, consumer, self._links, rows, devices[start:start + step])
         passes = 2 if backward else 1  # forward, and backward unless input
-        return seconds, passes * elements * BYTES_PER_ELEMENT
+        ordered = np.ix_(porder, qorder)
+        in_order = np.empty_like(seconds), np.empty_like(elements)
+        in_order[0][ordered], in_order[1][ordered] = seconds, passes * elements * BYTES_PER_ELEMENT
+        return in_order

@@ -188,6 +188,25 @@ def test_slowest_link_levels():
     assert k20.slowest_link(range(8)) == k20.links.intra_node
 
 
+def test_link_tiers_nest_groups_nodes_and_racks():
+    p100 = load_cluster("p100x16")
+    assert p100.link_tiers() == [(4, p100.links.intra_node), (16, p100.links.inter_node)]
+    k20 = load_cluster("k20x8")
+    assert k20.link_tiers() == [(4, k20.groups.link), (8, k20.links.intra_node)]
+    abci = load_cluster("abci")
+    assert abci.link_tiers() == [(4, abci.links.intra_node), (68, abci.links.inter_node),
+                                 (abci.num_devices, abci.racks.link)]
+    # each tier's link is `link` between a device of one unit and one of the tier before
+    for cluster in (p100, k20, abci):
+        inner = 1
+        for size, link in cluster.link_tiers():
+            assert all(cluster.link(a, b) == link for a in range(0, size, inner)
+                       for b in range(a + inner, size, inner))
+            inner = size
+    lone = Cluster.model_validate({**minimal(), "nodes": 1, "devices_per_node": 1})
+    assert lone.link_tiers() == []
+
+
 def test_slowest_link_mixes_levels():
     """Lowest bandwidth and highest latency may come from different levels."""
     data = minimal()

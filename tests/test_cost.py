@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from strategies import cost_tables
-from strategies.cluster import load_cluster
+from strategies.cluster import DeviceGroups, Link, Racks, load_cluster
 from strategies.compute import AnalyticCompute
 from strategies.cost import CostModel, configs_for
 from strategies.errors import ConfigError
@@ -209,29 +210,27 @@ def naive_edge(cost, producer, consumer, pconf, qconf) -> tuple[float, int]:
             volume *= max(0, min(h1, n1) - max(h0, n0))
         return volume
 
-    def link(block, device):
-        members = set(block) | {device}
-        found = cost.cluster.slowest_link(members) if len(members) > 1 else None
-        return (0.0, 0.0) if found is None else (1.0 / found.bandwidth, found.latency)
+    def priced(shares) -> float:
+        """A device's ingress: each (sender, receiver, elements) over the link between them."""
+        seconds = 0.0
+        for sender, receiver, elements in shares:
+            link = cost.cluster.link(sender, receiver)
+            seconds += elements * 4 / link.bandwidth + link.latency
+        return seconds
 
     have = {device: box(producer, pconf, index, False) for index, device in pconf.tiles()}
     need = {device: box(consumer, qconf, index, True) for index, device in qconf.tiles()}
     forward = backward = 0.0
     remote_total = 0
     for device, needed in need.items():  # forward: what each consumer tile receives
-        volume = 1
-        for start, stop in needed:
-            volume *= max(stop - start, 0)
-        same = shared(have[device], needed) if device in have else 0
-        senders = sum(shared(h, needed) > 0 for d, h in have.items() if d != device)
-        per_byte, latency = link(pconf.devices, device)
-        forward = max(forward, (volume - same) * 4 * per_byte + senders * latency)
-        remote_total += volume - same
+        shares = [(d, device, shared(h, needed)) for d, h in have.items() if d != device]
+        shares = [share for share in shares if share[2] > 0]
+        forward = max(forward, priced(shares))
+        remote_total += sum(elements for _, _, elements in shares)
     for device, held in have.items():  # backward: the gradients of what each tile sent
-        used = sum(shared(held, needed) for d, needed in need.items() if d != device)
-        receivers = sum(shared(held, needed) > 0 for d, needed in need.items() if d != device)
-        per_byte, latency = link(qconf.devices, device)
-        backward = max(backward, used * 4 * per_byte + receivers * latency)
+        shares = [(d, device, shared(held, needed)) for d, needed in need.items()
+                  if d != device]
+        backward = max(backward, priced([share for share in shares if share[2] > 0]))
     passes = 1 if producer.kind == "input" else 2
     if producer.kind == "input":
         backward = 0.0
@@ -276,19 +275,32 @@ def test_search_space_matrices_equal_the_definition_pair_by_pair(model, devices,
             assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), devices=st.sampled_from([4, 8, 16]))
-def test_configs_on_scattered_devices_equal_the_definition(seed, devices):
+# Nodes of 6 in PCIe groups of 2, racks of 2 nodes: units that aligned blocks straddle
+ODD_CLUSTER = CLUSTER.model_copy(update={
+    "nodes": 3, "devices_per_node": 6,
+    "groups": DeviceGroups(size=2, link=Link(bandwidth=40e9, latency=2e-6)),
+    "racks": Racks(nodes_per_rack=2, link=Link(bandwidth=5e9, latency=30e-6))})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), devices=st.sampled_from([4, 8, 16]),
+       cluster=st.sampled_from([CLUSTER, load_cluster("k20x8"), ODD_CLUSTER]),
+       aligned=st.booleans())
+def test_configs_on_scattered_devices_equal_the_definition(seed, devices, cluster, aligned):
     """The matrices look at each pair's own devices only (forward the consumer's, backward the
-    producer's): right for any device order, not only for aligned blocks."""
+    producer's): right for any device order, not only for aligned blocks, and for units of
+    the cluster that blocks straddle."""
+    devices = min(devices, cluster.num_devices)
     rng = random.Random(seed)
-    cost = model_for(ZOO_GRAPH, devices)
+    cost = model_for(ZOO_GRAPH, devices, cluster)
     producer, consumer = rng.choice([
         (ZOO_GRAPH.by_name[u], ZOO_GRAPH.by_name[v]) for u, v in ZOO_GRAPH.edges
     ])
 
     def scattered(layer):
         configs = rng.sample(enumerate_configs(layer, devices), 4)
+        if aligned:
+            return configs
         return [config.model_copy(update={"devices": tuple(rng.sample(range(devices),
                                                                       config.size))})
                 for config in configs]
@@ -300,6 +312,29 @@ def test_configs_on_scattered_devices_equal_the_definition(seed, devices):
             expected_seconds, expected_bytes = naive_edge(cost, producer, consumer, pconf, qconf)
             assert moved[row, column] == expected_bytes, (pconf, qconf)
             assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
+
+
+def test_each_element_crosses_its_own_link():
+    """p100x16 (NVLink inside a node of 4, InfiniBand across): a tensor split over devices 3
+    and 4, one per node, read by devices 2 and 5, each beside its sender. No byte crosses
+    InfiniBand though the producer's devices span two nodes; a reader of all four quarters
+    on devices 2-5 takes two over NVLink and two over InfiniBand, one after the other."""
+    graph = build_graph("tiny_cnn", batch=8, image_size=8)
+    producer, consumer = graph.layers[1], graph.layers[2]  # two convs: a sample needs its own
+    half = math.prod(as_4d(producer.output_shape)) // 2
+    nvlink, infiniband = CLUSTER.links.intra_node, CLUSTER.links.inter_node
+    cost = model_for(graph, 8)
+    seconds, moved = cost.edge(producer, consumer, [P("n2c1h1w1@3-4")], [P("n2c1h1w1@2,5")])
+    assert moved[0, 0] == 2 * 2 * half * 4
+    # forward: each reader takes its half; backward: each sender takes the gradient back
+    assert seconds[0, 0] == pytest.approx(2 * (half * 4 / nvlink.bandwidth + nvlink.latency),
+                                          rel=1e-12)
+    seconds, moved = cost.edge(producer, consumer, [P("n4c1h1w1@2-5")], [P("n1c1h1w1@0")])
+    quarter = half // 2
+    assert seconds[0, 0] == pytest.approx(
+        2 * (quarter * 4 / nvlink.bandwidth + nvlink.latency)
+        + 2 * (quarter * 4 / infiniband.bandwidth + infiniband.latency)
+        + quarter * 4 / infiniband.bandwidth + infiniband.latency, rel=1e-12)
 
 
 @pytest.mark.parametrize(("model", "devices"), [("inception_v3", 8), ("resnet18", 16)])
