@@ -29,7 +29,7 @@ from strategies.compute import AnalyticCompute
 from strategies.cost import CostModel, Placement
 from strategies.graph import LayerGraph, build_graph
 from strategies.models import ZOO
-from strategies.search import Solution, solve
+from strategies.search import Solution, collector_paused, graph_costs, solve
 
 
 def scaled(cluster: Cluster, devices: int) -> Cluster:
@@ -42,12 +42,12 @@ def scaled(cluster: Cluster, devices: int) -> Cluster:
 def search(graph: LayerGraph, devices: int, cluster: Cluster,
            placement: Placement) -> tuple[CostModel, Solution, float, float]:
     """One fresh search: the cost model, the solution, and the seconds costing and solving."""
-    started = time.perf_counter()
-    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement=placement)
-    nodes = {layer.name: cost.node_seconds(layer) for layer in graph.layers}
-    edges = {(u, v): cost.edge(graph.by_name[u], graph.by_name[v])[0] for u, v in graph.edges}
-    costed = time.perf_counter()
-    solution = solve(nodes, edges, order=[layer.name for layer in graph.layers])
+    with collector_paused():  # as optimal_strategy runs them
+        started = time.perf_counter()
+        cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement=placement)
+        nodes, edges = graph_costs(cost)
+        costed = time.perf_counter()
+        solution = solve(nodes, edges, order=[layer.name for layer in graph.layers])
     return cost, solution, costed - started, time.perf_counter() - costed
 
 

@@ -34,6 +34,7 @@ edge; cost_tables.py computes those vectorised over whole search spaces.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -93,6 +94,7 @@ class CostModel:
         self.placement_note = placement_note  # why a default search took a smaller space
         self._transfers = TransferTables(cluster, devices)
         self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
+        self._built: dict[tuple[tuple[int, ...], tuple[int, ...]], ParallelConfig] = {}
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
@@ -112,14 +114,23 @@ class CostModel:
         """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
         key = _space_key(layer)
         if key not in self._spaces:
-            # as `configs_for`, built without re-validating configs legal by construction
+            # as `configs_for`, built without re-validating configs legal by construction,
+            # each config once for every space that holds it
             self._spaces[key] = [
-                ParallelConfig.model_construct(n=n, c=c, h=h, w=w, devices=block)
-                for n, c, h, w in degree_choices(layer, self.devices)
-                for block in placements(n * c * h * w, self.devices)
+                self._config(degrees, block)
+                for degrees in degree_choices(layer, self.devices)
+                for block in placements(math.prod(degrees), self.devices)
                 if self.placement == "aligned" or block[0] == 0
             ]
         return list(self._spaces[key])
+
+    def _config(self, degrees: tuple[int, int, int, int],
+                block: tuple[int, ...]) -> ParallelConfig:
+        if (degrees, block) not in self._built:
+            n, c, h, w = degrees
+            self._built[(degrees, block)] = ParallelConfig.model_construct(
+                n=n, c=c, h=h, w=w, devices=block)
+        return self._built[(degrees, block)]
 
     # ---- node cost: t_c + t_s ----------------------------------------------------------
 
@@ -302,6 +313,9 @@ class CostModel:
         """Refuse (one line) before building any table of the edges that would not fit in
         memory: the per-dimension tables every edge needs, then with `whole_spaces` (the
         search) the tables of the whole search spaces too. Each is checked once."""
+        if self._memory_checked == _SEARCH_SPACES or (
+                not whole_spaces and self._memory_checked == _DIM_TABLES):
+            return
         edges = [(self.graph.by_name[u], self.graph.by_name[v]) for u, v in self.graph.edges]
         if self._memory_checked < _DIM_TABLES:
             self._transfers.check_memory(edges)

@@ -699,7 +699,9 @@ class TransferTables:
             self._links.append(LinkClass(seconds_per_element=0.0, latency=0.0))
         self._config_tables: dict[tuple[object, ...], tuple[np.ndarray, ConfigTable]] = {}
         self._classes: dict[tuple[int, ...], np.ndarray] = {}
-        self._needed: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._needed: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._geometries: dict[tuple[object, ...], int] = {}  # equal layer geometries, one id
+        self._geometry_ids: dict[str, int] = {}  # by layer name
         self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
         self._space_ids: dict[Hashable, int] = {}
         self._space_contents: dict[tuple[object, ...], int] = {}
@@ -776,7 +778,12 @@ class TransferTables:
                        dim: int) -> tuple[np.ndarray, np.ndarray]:
         """(starts, stops) of the input range each consumer tile needs along `dim`, for every
         power-of-two degree in turn (the order of `DimTable`)."""
-        key = (consumer.name, input_index, dim)
+        if consumer.name not in self._geometry_ids:  # what needed_range reads of the layer
+            geometry = (consumer.kind, consumer.output_shape, consumer.input_shapes,
+                        consumer.geometry, consumer.concat_dim)
+            self._geometry_ids[consumer.name] = self._geometries.setdefault(
+                geometry, len(self._geometries))
+        key = (self._geometry_ids[consumer.name], input_index, dim)
         if key not in self._needed:
             ranges = [needed_range(consumer, input_index, dim, out)
                       for level in range(self._levels)
