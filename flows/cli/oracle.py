@@ -9,9 +9,9 @@
 
 Kahira et al., HPDC 2021 (DESIGN 3.3; strategies/oracle.py): per strategy and GPU count, the
 per-epoch compute and communication time, memory per GPU and what limits it. FW/BW per sample
-come from a profile (`--profile`), a model summary file, or the roofline on the platform's
-device. `table8` replays the paper's Table VIII (strategies/paradl_table8.py) and prints our
-ranks beside the paper's.
+come from a profile (`--profile`), a model summary file, or the analytic t_c of the platform's
+device (its device model; a roofline where it has no SM figures). `table8` replays the paper's
+Table VIII (strategies/paradl_table8.py) and prints our ranks beside the paper's.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def oracle(
     dataset_size: Annotated[int | None, typer.Option(
         help="Samples per epoch (default: ImageNet's 1,281,167 training images).")] = None,
     profile: Annotated[Path | None, typer.Option(
-        help="Profile JSON from `layerwise profile` for FW/BW (default: the roofline).")
+        help="Profile JSON from `layerwise profile` for FW/BW (default: the platform device's "
+             "analytic t_c).")
     ] = None,
     image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
     weight_update: Annotated[str, typer.Option(
@@ -143,15 +144,15 @@ def _table8(platform: Platform, update: WeightUpdate, as_json: bool, save: Path 
     if as_json:
         print_json(result.model_dump(mode="json"))
         return
-    _print_table8(result)
+    _print_table8(result, _analytic_source(platform.cluster))
     if save is not None:
         console.print(f"saved the table to {save}")
 
 
-def _print_table8(result: Table8) -> None:
+def _print_table8(result: Table8, timed_by: str) -> None:
     console.print(
         f"Kahira et al. (HPDC 2021), Table VIII on {result.platform}: one epoch of "
-        f"{result.dataset_size:,} ImageNet images, FW/BW from the roofline, weight update "
+        f"{result.dataset_size:,} ImageNet images, FW/BW from the {timed_by}, weight update "
         f"'{result.weight_update}'\nsamples per model replica (the authors' runs): "
         + ", ".join(f"{model} {samples}"
                     for model, samples in result.samples_per_replica.items()),
@@ -229,8 +230,8 @@ def parse_samples_per_gpu(text: str) -> int | None:
 def model_summary(model: str, cluster: Cluster, profile: Path | None, image_size: int | None,
                   samples_per_gpu: int | None) -> tuple[ModelSummary, str]:
     """The oracle's view of MODEL and where its FW/BW come from: a summary file as written; a
-    model's layer graph timed by a profile (at the profile's batch) or by the roofline on the
-    platform's device (at `samples_per_gpu`, 32 when fitting memory)."""
+    model's layer graph timed by a profile (at the profile's batch) or by the analytic t_c of
+    the platform's device (at `samples_per_gpu`, 32 when fitting memory)."""
     from strategies.compute import AnalyticCompute, ProfiledCompute
     from strategies.graph import build_graph
     from strategies.oracle import DEFAULT_SAMPLES_PER_PE, ModelSummary, summary_from_graph
@@ -244,8 +245,7 @@ def model_summary(model: str, cluster: Cluster, profile: Path | None, image_size
     if profile is None:
         graph = build_graph(model, batch=samples_per_gpu or DEFAULT_SAMPLES_PER_PE,
                             image_size=image_size)
-        return (summary_from_graph(graph, AnalyticCompute(cluster)),
-                f"roofline on {cluster.device.name}")
+        return summary_from_graph(graph, AnalyticCompute(cluster)), _analytic_source(cluster)
     measured = Profile.load(profile)
     graph = build_graph(model, batch=measured.batch,
                         image_size=(image_size if image_size is not None
@@ -313,3 +313,12 @@ def _print(report: OracleReport, summary: ModelSummary, cluster: Cluster, source
     best = [f"{pes}: {ranked[0]}" if ranked else f"{pes}: none feasible"
             for pes, ranked in report.ranking.items()]
     console.print("fastest per GPU count: " + ", ".join(best), highlight=False)
+
+
+def _analytic_source(cluster: Cluster) -> str:
+    """What times FW/BW without a profile: the device model on a GPU with SM figures, else the
+    roofline (strategies/compute.py's AnalyticCompute)."""
+    from strategies.compute import AnalyticCompute
+
+    kind = "device model" if AnalyticCompute(cluster).device_model is not None else "roofline"
+    return f"{kind} on {cluster.device.name}"
