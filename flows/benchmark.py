@@ -6,7 +6,7 @@
 
 With `cluster: calibrated` it first measures this machine's links between the `nproc` ranks
 (tasks/calibrate.py, once per project). For each model version: build its layer graph at the
-global batch, profile t_c on this machine (or take the roofline), search the layer-wise
+global batch, profile t_c on this machine (or take the analytic t_c), search the layer-wise
 strategy and cost the baselines, prove every strategy file exact in float64 against one process
 (a few steps, tasks/verify.py), train the one-process reference (strategy data on 1 process,
 the same global batch and seed), then train each strategy on `nproc` torchrun processes, judge

@@ -150,7 +150,8 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="Profile JSON from `layerwise profile` (t_c).")
         ] = None,
         analytic: Annotated[
-            bool, typer.Option(help="t_c from a roofline on the cluster's device instead.")
+            bool, typer.Option(help="t_c from the cluster device's analytic model instead "
+                               "(the device model on a GPU preset, a roofline otherwise).")
         ] = False,
         batch_per_device: Annotated[int, typer.Option(help="Images per device.")] = (
             DEFAULT_BATCH_PER_DEVICE),

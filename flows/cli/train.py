@@ -71,9 +71,9 @@ def train(
     cluster: Annotated[str | None, typer.Option(
         help="Cluster preset or YAML for the prediction (default local).")] = None,
     profile: Annotated[Path | None, typer.Option(
-        help="Profile JSON for the predicted t_c (default: the analytic roofline).")] = None,
+        help="Profile JSON for the predicted t_c (default: the analytic t_c).")] = None,
     analytic: Annotated[bool, typer.Option(
-        help="Predict t_c with the roofline on the cluster's device (the default).")] = False,
+        help="Predict t_c with the cluster device's analytic model (the default).")] = False,
     dataset: Annotated[str | None, typer.Option(
         help="synthetic (any size, the default), digits (run `dvc repro prepare` first), "
              "cifar10, imagefolder or any folder prepared under data/prepared/.")

@@ -1,5 +1,5 @@
 """The cost model a plan or a run is priced with: Jia et al. 2018's Eq. 1 on a cluster's
-devices, t_c from a measured profile or from the roofline on the cluster's device."""
+devices, t_c from a measured profile or from the cluster device's analytic model."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ AUTO_ALIGNED_PAIRS = 10_000_000
 
 def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, analytic: bool,
                    device_count: int) -> AnalyticCompute | ProfiledCompute:
-    """Where t_c comes from: the profile file, checked against `graph`, or the roofline."""
+    """Where t_c comes from: the profile file, checked against `graph`, or the analytic model."""
     if analytic and profile:
         raise LayerwiseError("give either --profile FILE or --analytic, not both")
     if analytic:
@@ -32,7 +32,8 @@ def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, an
     if profile is None:
         raise LayerwiseError(
             f"no cost source: run `layerwise profile {graph.model} --devices {device_count}` "
-            "and pass --profile FILE, or plan with --analytic (roofline on the cluster's device)"
+            "and pass --profile FILE, or plan with --analytic (t_c from the cluster device's "
+            "analytic model)"
         )
     loaded = Profile.load(profile)
     loaded.check_matches(graph, graph.batch)
@@ -59,8 +60,8 @@ def resolved_placement(graph: LayerGraph, devices: int, placement: str,
 
 def cost_model(graph: LayerGraph, cluster_name: str, devices: int, profile: Path | None,
                analytic: bool, placement: str = AUTO) -> CostModel:
-    """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the roofline;
-    its `placement_note` says when `auto` searched less than the whole space."""
+    """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the analytic
+    model; its `placement_note` says when `auto` searched less than the whole space."""
     chosen, note = resolved_placement(graph, devices, placement)
     cluster = load_cluster(cluster_name)
     compute = compute_source(graph, cluster, profile, analytic, devices)

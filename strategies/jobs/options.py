@@ -34,7 +34,7 @@ class TrainOptions(BaseModel):
     nproc: int | None = Field(default=None, gt=0)  # processes per node
     nnodes: int = Field(default=1, gt=0)
     cluster: str = "local"  # preset or YAML for the prediction
-    profile: str | None = None  # profile JSON for the predicted t_c; None: the roofline
+    profile: str | None = None  # profile JSON for the predicted t_c; None: analytic
     dataset: str = "synthetic"
     batch_per_device: int = Field(default=DEFAULT_BATCH_PER_DEVICE, gt=0)
     image_size: int | None = None

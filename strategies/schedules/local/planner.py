@@ -16,12 +16,12 @@ slowest block's own work: the t_c of its layers at its config, its auxiliary hea
 time of what it sends (its output to k+1; overlapping: its input gradient to k-1). With the
 overlapping variant every block but the last also runs the next block's gradient back through
 its stashed forward, one more backward pass: priced as the backward's share of its layers'
-forward + backward (`BACKWARD_SHARE`, the roofline's 2 of 3 passes; t_c also holds the weight
+forward + backward (`BACKWARD_SHARE`, 2 of the 3 passes; t_c also holds the weight
 update, run once). `compute` and `transfer` are the slowest block's; nothing is all-reduced, so
 sync is 0. Transfer bytes are every activation crossing a cut (twice for overlapping: its
 gradient comes back), exactly what the engine counts. The profile measures the model's layers
-only, so the heads (global average pooling and one Linear) are priced with the cluster's
-roofline.
+only, so the heads (global average pooling and one Linear) are priced by the cluster
+device's analytic t_c.
 """
 
 from __future__ import annotations
@@ -162,13 +162,13 @@ def head_layers(crossing: Layer, classes: int) -> list[Layer]:
 
 
 def head_seconds(cost: CostModel, crossing: Layer) -> float:
-    """Forward + backward and weight update of a block's auxiliary head on the cluster's
-    roofline."""
-    roofline = AnalyticCompute(cost.cluster)
+    """Forward + backward and weight update of a block's auxiliary head by the cluster
+    device's analytic t_c."""
+    analytic = AnalyticCompute(cost.cluster)
     tiles = [(layer, TileWork(output_shape=layer.output_shape, input_shapes=layer.input_shapes,
                               param_elements=layer.param_count))
              for layer in head_layers(crossing, output_classes(cost.graph))]
-    return sum(roofline.tile_seconds(layer, tile) + roofline.update_seconds(layer, tile)
+    return sum(analytic.tile_seconds(layer, tile) + analytic.update_seconds(layer, tile)
                for layer, tile in tiles)
 
 

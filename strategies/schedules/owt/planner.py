@@ -264,8 +264,8 @@ class EpochEstimate(BaseModel):
 
 def epoch_estimates(gpus: tuple[int, ...] = REPRODUCE_GPUS) -> list[EpochEstimate]:
     """Krizhevsky 2014's experiment in simulation: AlexNet (224 px, 1000 classes), 128 images
-    per GPU, on the k20x8 preset with the roofline t_c; one ImageNet epoch per scheme, batch
-    mode and GPU count."""
+    per GPU, on the k20x8 preset with the K20's device-model t_c; one ImageNet epoch per scheme,
+    batch mode and GPU count."""
     cluster = load_cluster(REPRODUCE_CLUSTER)
     compute = AnalyticCompute(cluster)
     estimates: list[EpochEstimate] = []

@@ -18,7 +18,7 @@ The step time the search minimises (1F1B with a flush, as GPipe and PipeDream-fl
     u_s = the SGD update of stage s's weights on each of its devices, once per step
 
 t_c is the cost model's forward + backward time of each layer's largest tile under n{d_s} at
-the global batch (`CostModel.pass_seconds`, profiled or roofline; u_s sums its
+the global batch (`CostModel.pass_seconds`, profiled or analytic; u_s sums its
 `update_seconds`); a micro-batch takes 1/M of it (linear in the samples: the efficiency real
 devices lose on small micro-batches is not modelled, which is why M is searched only up to 4S,
 GPipe's point of a negligible bubble). t_x follows cost.py: every device receives its rows of
