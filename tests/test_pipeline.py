@@ -37,6 +37,7 @@ from strategies.schedules.pipeline.planner import (
     MICRO_BATCHES_PER_STAGE,
     PipelineCosts,
     check_execution,
+    crossing,
     evaluate,
     legal_cuts,
     optimal_pipeline,
@@ -179,6 +180,25 @@ def test_impossible_pipelines_are_one_clear_error():
     ), micro_batches=4)
     with pytest.raises(ConfigError, match="'layer4_0_conv1' runs BatchNorm on one value"):
         check_execution(resnet, one_sample, 2)
+
+
+def test_each_row_crosses_its_own_link_between_stages():
+    """On p100x16 (4 GPUs per node) a stage on devices 2-5 hands 8 rows to one device, 6: the
+    rows of devices 4 and 5 come over NVLink, those of 2 and 3 over InfiniBand, one message
+    after another; backward each sender takes its 2 rows back over its own link."""
+    graph = _graph("tiny_cnn", batch=8, image_size=8)
+    costs = PipelineCosts(_cost(graph, 16, "p100x16"))
+    cut = costs.cuts[0]
+    (name,) = crossing(graph, cut)
+    piece = 2 * math.prod(graph.by_name[name].output_shape[1:]) * BYTES_PER_ELEMENT
+    cluster = load_cluster("p100x16")
+    nvlink, infiniband = cluster.link(4, 6), cluster.link(2, 6)
+    assert nvlink is not None and infiniband is not None
+    assert nvlink.bandwidth > infiniband.bandwidth
+    forward = sum(2 * (piece / link.bandwidth + link.latency) for link in (nvlink, infiniband))
+    backward = piece / infiniband.bandwidth + infiniband.latency
+    transfer = costs.stage(0, cut, first=2, width=4, next_width=1, micro_batches=1).transfer
+    assert transfer == pytest.approx(forward + backward, rel=1e-12)
 
 
 def test_rows_move_between_stages_of_different_widths():

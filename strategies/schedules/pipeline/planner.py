@@ -22,10 +22,10 @@ the global batch (`CostModel.pass_seconds`, profiled or analytic; u_s sums its
 `update_seconds`); a micro-batch takes 1/M of it (linear in the samples: the efficiency real
 devices lose on small micro-batches is not modelled, which is why M is searched only up to 4S,
 GPipe's point of a negligible bubble). t_x follows cost.py: every device receives its rows of
-the crossing tensor at once over the slowest link to its senders, paying the latency per
-message; forward the activation, backward its gradient. The network input is not sent (every
-rank holds the global batch). Stages take consecutive device blocks in stage order (stage 0
-from device 0).
+the crossing tensor from each sender over the link between them, one message after another,
+paying that link's latency per message; forward the activation, backward its gradient. The
+network input is not sent (every rank holds the global batch). Stages take consecutive device
+blocks in stage order (stage 0 from device 0).
 
 Merging: the search is an exact DP over the legal cuts, every S from 1 to min(devices, legal
 cuts + 1) and every power-of-two d_s (summing to the devices, dividing the micro-batch), for
@@ -330,16 +330,14 @@ class PipelineCosts:
         return self._cut_cache[key]
 
     def _receive_seconds(self, messages: list[tuple[int, int, int]], row_bytes: int) -> float:
-        """The slowest receiver: its bytes over its slowest link plus a latency per message."""
-        by_receiver: dict[int, list[tuple[int, int]]] = {}
+        """The slowest receiver: each of its messages over the link it crosses, one after
+        another, plus that link's latency (as t_x prices a device's ingress, cost_tables.py)."""
+        received = dict.fromkeys((receiver for receiver, _, _ in messages), 0.0)
         for receiver, sender, rows in messages:
-            by_receiver.setdefault(receiver, []).append((sender, rows))
-        slowest = 0.0
-        for receiver, incoming in by_receiver.items():
-            link = self._slowest_link((receiver, *(sender for sender, _ in incoming)))
-            received = sum(rows for _, rows in incoming) * row_bytes
-            slowest = max(slowest, received / link.bandwidth + len(incoming) * link.latency)
-        return slowest
+            link = self.cost.cluster.link(sender, receiver)
+            assert link is not None  # consecutive stages hold disjoint devices
+            received[receiver] += rows * row_bytes / link.bandwidth + link.latency
+        return max(received.values(), default=0.0)
 
 
 # ---- a plan: evaluation and search ---------------------------------------------------------
