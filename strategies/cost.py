@@ -26,7 +26,10 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   A channel split shards the weights, which then need no sync. A BatchNorm under an n/h/w
   split also reduces its batch statistics in the group (SyncBatchNorm semantics, so the result
   does not depend on the split): an all-reduce of twice the group's channels each way per
-  step, which the paper's model leaves out and the runtime's byte count includes.
+  step, which the paper's model leaves out and the runtime's byte count includes. The paper's
+  systems normalised each tile by its own statistics (FlexFlow's BatchNorm runs cuDNN's batch
+  norm on each partition's tile, src/ops/batch_norm.cu): `batch_norm_statistics="local"`
+  prices that, for replaying their experiments; the runtime always runs SyncBatchNorm.
 
 The search needs t_c + t_s of every config of a layer and t_x of every pair of configs of an
 edge; cost_tables.py computes those vectorised over whole search spaces.
@@ -60,6 +63,7 @@ from strategies.space import (
 from strategies.tiles import as_4d, output_ranges
 
 Placement = Literal["origin", "aligned"]
+BatchNormStatistics = Literal["synced", "local"]
 # How much of the edge tables' memory a CostModel has checked: nothing yet, the per-dimension
 # tables (any t_x), or the whole search spaces' tables too (the search)
 _UNCHECKED, _DIM_TABLES, _SEARCH_SPACES = 0, 1, 2
@@ -78,7 +82,8 @@ class CostModel:
 
     def __init__(self, graph: LayerGraph, cluster: Cluster, devices: int,
                  compute: ComputeSource, placement: Placement = "aligned",
-                 placement_note: str | None = None) -> None:
+                 placement_note: str | None = None,
+                 batch_norm_statistics: BatchNormStatistics = "synced") -> None:
         if devices < 1:
             raise ConfigError(f"the number of devices must be >= 1 (got {devices})")
         if devices > cluster.num_devices:
@@ -92,6 +97,7 @@ class CostModel:
         self.compute = compute
         self.placement = placement
         self.placement_note = placement_note  # why a default search took a smaller space
+        self.batch_norm_statistics = batch_norm_statistics
         self._transfers = TransferTables(cluster, devices)
         self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
         self._built: dict[tuple[tuple[int, ...], tuple[int, ...]], ParallelConfig] = {}
@@ -169,7 +175,7 @@ class CostModel:
         """(seconds, bytes) of gradient and batch-statistics synchronisation for each config."""
         seconds = np.zeros(len(configs))
         total_bytes = np.zeros(len(configs), dtype=np.int64)
-        norms = _batch_norms(layer)
+        norms = _batch_norms(layer) if self.batch_norm_statistics == "synced" else 0
         if not layer.param_count and not norms:
             return seconds, total_bytes
         out_channels = as_4d(layer.output_shape)[1]

@@ -137,12 +137,44 @@ def test_reproduce_optcnn_on_a_users_cluster_and_batch(tmp_path):
     assert printed.exit_code == 0, printed.output
     assert "throughput over data parallelism" in printed.stdout
     assert "2 images per device" in printed.stdout
+    assert "BatchNorm statistics: local" in printed.stdout
+
+
+def test_reproduce_optcnn_prices_synced_batch_norm_statistics_when_asked(tmp_path):
+    """The paper's systems normalised each GPU's tile by its own statistics (the default);
+    `--batch-norm synced` adds SyncBatchNorm's all-reduce of 4 values per channel of every
+    BatchNorm, to data parallelism's bytes exactly, and nothing where there is no BatchNorm."""
+    two = tmp_path / "two.yaml"
+    two.write_text(load_cluster("p100x16").model_copy(
+        update={"name": "two_p100", "nodes": 1, "devices_per_node": 2}).to_yaml())
+    documents = {}
+    for statistics in ("local", "synced"):
+        result = runner.invoke(app, ["reproduce", "optcnn", "--cluster", str(two),
+                                     "--batch-per-device", "2", "--batch-norm", statistics,
+                                     "--json"])
+        assert result.exit_code == 0, result.output
+        documents[statistics] = json.loads(result.stdout)
+        assert documents[statistics]["batch_norm_statistics"] == statistics
+    data = {statistics: {(row["model"], row["devices"]): row["gb_per_step"]
+                         for row in document["rows"] if row["strategy"] == "data"}
+            for statistics, document in documents.items()}
+    graph = build_graph("inception_v3", batch=4)
+    channels = sum(layer.output_shape[1] for layer in graph.layers
+                   for op in (layer.op, *(fused.op for fused in layer.fused))
+                   if op.startswith("BatchNorm"))
+    added = (data["synced"][("inception_v3", 2)] - data["local"][("inception_v3", 2)]) * 1e9
+    assert added == pytest.approx(2 * (2 - 1) * 4 * channels * 4, rel=1e-9)
+    for model in ("alexnet", "vgg16"):  # no BatchNorm
+        assert data["synced"][(model, 2)] == data["local"][(model, 2)]
+    one_line_error(runner.invoke(app, ["reproduce", "optcnn", "--batch-norm", "global"]),
+                   "--batch-norm must be local or synced")
 
 
 @pytest.mark.parametrize(("arguments", "fragment"), [
     (["optcnn", "--batch-per-device", "0"], "--batch-per-device must be >= 1"),
     (["optcnn", "--cluster", "nowhere"], "unknown cluster 'nowhere'"),
     (["owt", "--cluster", "p100x16"], "apply to optcnn"),
+    (["owt", "--batch-norm", "synced"], "apply to optcnn"),
 ])
 def test_reproduce_refuses_bad_options_in_one_line(arguments, fragment):
     one_line_error(runner.invoke(app, ["reproduce", *arguments]), fragment)

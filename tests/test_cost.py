@@ -71,6 +71,23 @@ def test_data_parallel_ring_sync_is_2_p_minus_1_over_p_of_the_weights_per_device
             1][0] == 0  # channel-split weights are sharded: nothing to reduce
 
 
+@pytest.mark.parametrize(("statistics", "extra"), [("synced", 4), ("local", 0)])
+def test_batch_norm_statistics_are_reduced_only_when_synced(statistics, extra):
+    """SyncBatchNorm (the runtime) all-reduces 2 C values forward and 2 C backward per
+    BatchNorm; the paper's systems (`local`) normalised each tile by its own statistics."""
+    channels, replicas = 6, 4
+    graph = trace(nn.Sequential(nn.Conv2d(3, channels, 3), nn.BatchNorm2d(channels)),
+                  (8, 3, 8, 8))
+    (layer,) = [layer for layer in graph.layers if layer.param_count]
+    cost = CostModel(graph, CLUSTER, replicas, AnalyticCompute(CLUSTER),
+                     batch_norm_statistics=statistics)
+    samples = ParallelConfig(n=replicas, devices=tuple(range(replicas)))
+    _, moved = cost.sync(layer, [samples])
+    assert moved[0] == 2 * (replicas - 1) * (layer.param_count + extra * channels) * 4
+    sharded = ParallelConfig(c=2, devices=(0, 1))  # each device its own channels and stats
+    assert cost.sync(layer, [sharded])[1][0] == 0
+
+
 def test_vgg16_first_fc_layer_syncs_far_more_than_a_channel_split_transfers():
     """Jia et al. 2018, Fig. 2: 2 devices, 32 images per device."""
     graph = build_graph("vgg16", batch=64)

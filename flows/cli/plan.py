@@ -208,6 +208,11 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="optcnn: images per device (default "
                                           f"{DEFAULT_BATCH_PER_DEVICE}, the paper's).")
         ] = None,
+        batch_norm: Annotated[
+            str | None, typer.Option(help="optcnn: BatchNorm statistics, local (each tile its "
+                                          "own, as the paper's systems ran them; the default) "
+                                          "or synced (layerwise's SyncBatchNorm).")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Replay a paper's experiment in simulation (optcnn: Jia et al., ICML 2018, Fig. 7;
@@ -215,9 +220,10 @@ def register(app: typer.Typer) -> None:
         from strategies.errors import LayerwiseError
 
         if experiment == "owt":
-            if cluster is not None or profile is not None or batch_per_device is not None:
-                raise LayerwiseError("--cluster, --profile and --batch-per-device apply to "
-                                     "optcnn; owt replays Krizhevsky's own k20x8 setup")
+            if any(option is not None
+                   for option in (cluster, profile, batch_per_device, batch_norm)):
+                raise LayerwiseError("--cluster, --profile, --batch-per-device and --batch-norm "
+                                     "apply to optcnn; owt replays Krizhevsky's own k20x8 setup")
             from flows.cli.reproduce_owt import reproduce_owt
 
             reproduce_owt(as_json)
@@ -226,7 +232,8 @@ def register(app: typer.Typer) -> None:
             raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn, owt")
         from flows.cli.reproduce_optcnn import reproduce_optcnn
 
-        reproduce_optcnn(cluster or "p100x16", profile, batch_per_device, as_json)
+        reproduce_optcnn(cluster or "p100x16", profile, batch_per_device, batch_norm or "local",
+                         as_json)
 
 
 def _status(message: str, quiet: bool) -> contextlib.AbstractContextManager[Any]:

@@ -3,11 +3,14 @@
     layerwise reproduce optcnn
     layerwise reproduce optcnn --cluster h200x8 --batch-per-device 64
     layerwise reproduce optcnn --profile profiles/alexnet.json --json
+    layerwise reproduce optcnn --batch-norm synced
 
 AlexNet, VGG-16 and Inception-v3 on 1, 2, 4, 8 and 16 devices (as many as the cluster has) of
 the p100x16 preset by default, 32 images per device, t_c from the preset's device model. Every
 strategy is priced on the cluster as given, so its `sync` (the preset's: how the paper's
-systems synchronised) prices the baselines and the searched strategy alike. A measured profile
+systems synchronised) prices the baselines and the searched strategy alike, and each tile
+normalises by its own BatchNorm statistics, as those systems did (`--batch-norm synced` prices
+layerwise's SyncBatchNorm instead). A measured profile
 holds one model at one global batch: with `--profile` that model is replayed at the device
 count and batch it was measured for.
 """
@@ -24,12 +27,13 @@ from flows.cli.console import console, print_json
 from strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:
-    from strategies.cost import CostModel
+    from strategies.cost import BatchNormStatistics, CostModel
 
 PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
 PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
 BASELINES = ("model", "data", "owt")
 PAPER_DEVICES = (1, 2, 4, 8, 16)
+BATCH_NORM_STATISTICS = ("local", "synced")
 # What the paper's text states at 16 GPUs (Jia et al. 2018, abstract and section 7.2), as
 # ranges over the three models: layer-wise's throughput over the best other strategy, and the
 # bytes OWT moves per step over what layer-wise moves.
@@ -57,7 +61,7 @@ VGG16_GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int | None,
-                     as_json: bool) -> None:
+                     batch_norm: str, as_json: bool) -> None:
     """Plan every model and device count, then print the tables (or the JSON document)."""
     from strategies.cluster import load_cluster
     from strategies.graph import build_graph
@@ -67,6 +71,9 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
     from strategies.profile import Profile
 
     spec = load_cluster(cluster)
+    if batch_norm not in BATCH_NORM_STATISTICS:
+        raise LayerwiseError(f"--batch-norm must be local or synced (got {batch_norm})")
+    statistics: BatchNormStatistics = "local" if batch_norm == "local" else "synced"
     if batch_per_device is not None and batch_per_device < 1:
         raise LayerwiseError(f"--batch-per-device must be >= 1 (got {batch_per_device})")
     if profile is not None:
@@ -95,7 +102,8 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
                 spinner.update(f"replaying {model} on {devices} devices")
             cost = cost_model(build_graph(model, batch=batch * devices, image_size=image_size,
                                           in_channels=in_channels),
-                              cluster, devices, profile, profile is None)
+                              cluster, devices, profile, profile is None,
+                              batch_norm_statistics=statistics)
             searched, _ = searched_strategy(cost)
             strategies = {LAYERWISE: searched,
                           **{name: strategy_by_name(name, cost) for name in BASELINES}}
@@ -115,7 +123,8 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
     summary = _summary(rows)
     if as_json:
         print_json({"schema_version": 1, "experiment": "optcnn", "cluster": spec.name,
-                    "sync": spec.sync, "batch_per_device": batch,
+                    "sync": spec.sync, "batch_norm_statistics": batch_norm,
+                    "batch_per_device": batch,
                     "cost_source": "profile" if profile else "analytic", "rows": rows,
                     "summary": summary,
                     "paper": {"devices": PAPER_RATIO_DEVICES,
@@ -125,8 +134,9 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
                     "vgg16_4_gpus_layerwise": vgg_strategy,
                     "vgg16_4_gpus_paper_choices": table5})
         return
-    console.print(f"Jia et al. 2018 in simulation: {spec.name} (sync: {spec.sync}), {batch} "
-                  f"images per device, t_c from {'the profile' if profile else 'the device model'}")
+    console.print(f"Jia et al. 2018 in simulation: {spec.name} (sync: {spec.sync}, BatchNorm "
+                  f"statistics: {batch_norm}), {batch} images per device, t_c from "
+                  f"{'the profile' if profile else 'the device model'}")
     _print_tables(rows, summary, vgg_strategy or [], table5)
 
 

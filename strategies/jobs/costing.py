@@ -7,7 +7,7 @@ from pathlib import Path
 
 from strategies.cluster import Cluster, load_cluster
 from strategies.compute import AnalyticCompute, ProfiledCompute
-from strategies.cost import CostModel, Placement, configs_for
+from strategies.cost import BatchNormStatistics, CostModel, Placement, configs_for
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.profile import Profile
@@ -59,10 +59,12 @@ def resolved_placement(graph: LayerGraph, devices: int, placement: str,
 
 
 def cost_model(graph: LayerGraph, cluster_name: str, devices: int, profile: Path | None,
-               analytic: bool, placement: str = AUTO) -> CostModel:
+               analytic: bool, placement: str = AUTO,
+               batch_norm_statistics: BatchNormStatistics = "synced") -> CostModel:
     """Eq. 1 for `graph` on `devices` devices of a cluster, t_c from a profile or the analytic
     model; its `placement_note` says when `auto` searched less than the whole space."""
     chosen, note = resolved_placement(graph, devices, placement)
     cluster = load_cluster(cluster_name)
     compute = compute_source(graph, cluster, profile, analytic, devices)
-    return CostModel(graph, cluster, devices, compute, placement=chosen, placement_note=note)
+    return CostModel(graph, cluster, devices, compute, placement=chosen, placement_note=note,
+                     batch_norm_statistics=batch_norm_statistics)
