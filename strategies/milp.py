@@ -23,6 +23,7 @@ from scipy.optimize import LinearConstraint, milp
 from scipy.sparse import coo_array
 
 from strategies.memory import check_memory
+from strategies.pruning import share_bounds, total
 
 DEFAULT_TIME_LIMIT_SECONDS = 60.0
 # HiGHS' memory per pair-of-configs column (its two nonzeros, bounds, cost, presolve copies)
@@ -42,112 +43,21 @@ class MilpSolution:
 def solve_milp(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
                time_limit: float = DEFAULT_TIME_LIMIT_SECONDS) -> MilpSolution:
     """Minimise sum(node[v][c_v]) + sum(edge[u, v][c_u, c_v]) with HiGHS, over the configs
-    that `prune` cannot rule out (none of which the optimum uses)."""
-    pruned = prune(nodes, edges)
-    keep = pruned.keep
-    pairs = sum(int(keep[u].sum()) * int(keep[v].sum()) for u, v in edges)
+    that the share bounds cannot rule out (none of which the optimum uses)."""
+    bounds = share_bounds(nodes, edges)
+    pairs = sum(len(bounds.kept[u]) * len(bounds.kept[v]) for u, v in edges)
     check_memory(pairs * _BYTES_PER_PAIR, f"the integer program over {pairs:,} pairs of configs",
                  "plan for fewer devices or use --placement origin")
-    found, lower = _solve_kept({name: cost[keep[name]] for name, cost in nodes.items()},
-                               {(u, v): matrix[np.ix_(keep[u], keep[v])]
-                                for (u, v), matrix in edges.items()}, time_limit)
-    choice = pruned.incumbent  # HiGHS' answer where it has one at least as good
+    found, lower = _solve_kept(*bounds.restrict(nodes, edges), time_limit)
+    choice = bounds.incumbent  # HiGHS' answer where it has one at least as good
     if found is not None:
-        solved = {name: int(np.flatnonzero(keep[name])[index])
-                  for name, index in found.items()}
-        if _total(nodes, edges, solved) <= _total(nodes, edges, choice):
+        solved = bounds.original(found)
+        if total(nodes, edges, solved) <= total(nodes, edges, choice):
             choice = solved
-    cost = _total(nodes, edges, choice)
-    lower = max(lower, pruned.lower)
+    cost = total(nodes, edges, choice)
+    lower = max(lower, bounds.lower)
     return MilpSolution(choice=choice, cost=cost,
                         gap=max(0.0, (cost - lower) / cost) if cost > 0 else 0.0)
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """What `prune` proved: the configs the optimum may use (a mask per node), a feasible
-    strategy (config index per node), and a lower bound on the optimum."""
-
-    keep: dict[str, np.ndarray]
-    incumbent: dict[str, int]
-    lower: float
-
-
-def _edge_shares(nodes: dict[str, np.ndarray],
-                 edges: dict[tuple[str, str], np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
-    """Each edge's matrix plus an equal share of its endpoints' costs: the shares and the
-    costs of nodes without edges add up to the objective."""
-    degree = dict.fromkeys(nodes, 0)
-    for u, v in edges:
-        degree[u] += 1
-        degree[v] += 1
-    return {(u, v): matrix + nodes[u][:, None] / degree[u] + nodes[v][None, :] / degree[v]
-            for (u, v), matrix in edges.items()}
-
-
-def _total(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
-           choice: dict[str, int]) -> float:
-    return (sum(float(cost[choice[name]]) for name, cost in nodes.items())
-            + sum(float(matrix[choice[u], choice[v]]) for (u, v), matrix in edges.items()))
-
-
-def _local_search(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
-                  choice: dict[str, int]) -> dict[str, int]:
-    """Improve `choice` one node at a time (each to its best config given its neighbours)
-    until no single change helps: a feasible strategy, so an upper bound on the optimum."""
-    improved = True
-    while improved:
-        improved = False
-        for name, cost in nodes.items():
-            local = cost.copy()
-            for (u, v), matrix in edges.items():
-                if u == name:
-                    local += matrix[:, choice[v]]
-                elif v == name:
-                    local += matrix[choice[u], :]
-            best = int(np.argmin(local))
-            if local[best] < local[choice[name]]:
-                choice[name] = best
-                improved = True
-    return choice
-
-
-def prune(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]) -> Pruned:
-    """Which configs of each node the optimum may use.
-
-    With the objective written as a sum over edges of shares (`_edge_shares`), fixing node v
-    to config c costs at least the minimum of each share given c on v's edges plus the
-    minimum of every other share: a lower bound. A config whose bound exceeds a feasible
-    strategy's cost (`_local_search`) cannot be optimal. Minima over the configs still kept
-    only grow, so this repeats until nothing more goes.
-    """
-    shares = _edge_shares(nodes, edges)
-    alone = [name for name in nodes if not any(name in key for key in edges)]
-    keep = {name: np.ones(len(cost), dtype=bool) for name, cost in nodes.items()}
-    incumbent: dict[str, int] = {}
-    upper = base = 0.0
-    for _ in range(8):
-        masked = {key: np.where(keep[key[0]][:, None] & keep[key[1]][None, :], share, np.inf)
-                  for key, share in shares.items()}
-        base = (sum(float(share.min()) for share in masked.values())
-                + sum(float(nodes[name][keep[name]].min()) for name in alone))
-        bound = {name: np.full(len(cost), base) for name, cost in nodes.items()}
-        for (u, v), share in masked.items():
-            lowest = float(share.min())
-            bound[u] += share.min(axis=1) - lowest
-            bound[v] += share.min(axis=0) - lowest
-        for name in alone:  # no edges: its own cost in place of its minimum
-            bound[name] += nodes[name] - nodes[name][keep[name]].min()
-        if not incumbent:
-            start = {name: int(np.argmin(values)) for name, values in bound.items()}
-            incumbent = _local_search(nodes, edges, start)
-            upper = _total(nodes, edges, incumbent)
-        slack = upper * (1 + 1e-9) + 1e-15  # never drop a config on rounding
-        narrowed = {name: keep[name] & (bound[name] <= slack) for name in nodes}
-        if all(np.array_equal(narrowed[name], keep[name]) for name in nodes):
-            break
-        keep = narrowed
-    return Pruned(keep=keep, incumbent=incumbent, lower=base)
 
 
 def _solve_kept(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],

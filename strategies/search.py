@@ -1,7 +1,9 @@
 """Exact search for the optimal layer-wise strategy (Jia et al. 2018, Algorithm 1).
 
 The graph's nodes carry a cost vector (t_c + t_s per config) and its edges a cost matrix (t_x
-per pair of configs). Eliminations shrink it while keeping the optimum:
+per pair of configs). First, bounds from a spanning forest drop every config that no optimal
+strategy uses (pruning.py: on 64 devices ResNet-50 keeps 5% of its configs); then
+eliminations shrink the graph while keeping the optimum:
 - node elimination (Eq. 2): a node j with one in-edge (i, j) and one out-edge (j, k) becomes
   an edge (i, k) with cost(c_i, c_k) = min over c_j of t(e1) + node(j) + t(e2); keep the argmin;
 - edge elimination (Eq. 3): two edges with the same endpoints become one, costs added;
@@ -10,8 +12,8 @@ per pair of configs). Eliminations shrink it while keeping the optimum:
 They alternate until nothing applies; the K nodes left (K <= 1 for every network in the zoo)
 are solved exactly by variable elimination (dynamic programming over the tree decomposition
 that a min-size elimination order defines; exhaustive for K <= 2). Dense connectivity (every
-block reading all earlier outputs) leaves a K whose tables no memory holds: those go to an
-integer program (milp.py), whose answer comes with a proven gap to the optimum. Undoing the
+block reading all earlier outputs) can leave a K whose tables no memory holds: those go to
+an integer program (milp.py), whose answer comes with a proven gap to the optimum. Undoing the
 eliminations in reverse recovers every layer's config. Our own code: no library implements
 this min-plus elimination over tensors of configurations.
 """
@@ -31,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from strategies.breakdown import Breakdown
 from strategies.cost import CostModel
+from strategies.pruning import forest_bounds
 from strategies.space import ParallelConfig
 
 _CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
@@ -51,6 +54,8 @@ class SearchResult(BaseModel):
     final_graph_nodes: int
     nodes_eliminated: int
     edges_eliminated: int
+    configs: int  # in all layers' search spaces
+    configs_kept: int  # those the bounds could not rule out, which the elimination searched
 
 
 @dataclass
@@ -64,6 +69,8 @@ class Solution:
     edges_eliminated: int
     method: str
     gap: float = 0.0  # proven relative distance to the optimum (0: exact)
+    configs: int = 0  # in all search spaces
+    configs_kept: int = 0  # after the bounds
 
 
 @dataclass
@@ -163,14 +170,27 @@ def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
           order: list[str] | None = None) -> Solution:
     """Minimise sum(node[v][c_v]) + sum(edge[u, v][c_u, c_v]) exactly.
 
-    `order` (default: insertion order of `nodes`) fixes which eliminable node goes first, so
-    results are deterministic.
+    Configs that bounds prove in no optimal strategy go first (`forest_bounds`); the
+    elimination runs over the rest and returns the strategy it would over all. `order`
+    (default: insertion order of `nodes`) fixes which eliminable node goes first, so results
+    are deterministic.
     """
+    bounds = forest_bounds(nodes, edges)
+    solution = _eliminate(*bounds.restrict(nodes, edges), order or list(nodes))
+    solution.choice = bounds.original(solution.choice)
+    solution.configs = sum(len(cost) for cost in nodes.values())
+    solution.configs_kept = sum(len(kept) for kept in bounds.kept.values())
+    return solution
+
+
+def _eliminate(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
+               sequence: list[str]) -> Solution:
+    """Jia's node and edge eliminations to a fixed point, the rest solved exactly, and every
+    eliminated node's config recovered."""
     keys = _Keys()
     graph = _Graph(dict(nodes), dict(edges), keys)
     undo: list[tuple[str, str, tuple[str, ...], np.ndarray]] = []
     nodes_eliminated = edges_eliminated = 0
-    sequence = order or list(nodes)
     changed = True
     while changed:
         changed = False
@@ -359,5 +379,6 @@ def optimal_strategy(cost_model: CostModel,
         assignment=assignment, predicted=cost_model.evaluate(assignment),
         search_seconds=elapsed, search_method=solution.method, optimality_gap=solution.gap,
         final_graph_nodes=solution.final_nodes, nodes_eliminated=solution.nodes_eliminated,
-        edges_eliminated=solution.edges_eliminated,
+        edges_eliminated=solution.edges_eliminated, configs=solution.configs,
+        configs_kept=solution.configs_kept,
     )

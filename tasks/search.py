@@ -27,8 +27,9 @@ def search_strategies(graph: LayerGraph, cluster: str, devices: int, profile: Pa
     cost = cost_model(graph, cluster, devices, profile, analytic=profile is None)
 
     def log_search(result: SearchResult) -> None:
-        logger.info("layer-wise search: %.3f s (%s, final graph %d node(s))",
-                    result.search_seconds, result.search_method, result.final_graph_nodes)
+        logger.info("layer-wise search: %.3f s (%s, %d of %d configs kept by the bounds, "
+                    "final graph %d node(s))", result.search_seconds, result.search_method,
+                    result.configs_kept, result.configs, result.final_graph_nodes)
 
     files = {}
     for name in strategies:

@@ -68,6 +68,8 @@ class Plan:
             "final_graph_nodes": self.search.final_graph_nodes,
             "nodes_eliminated": self.search.nodes_eliminated,
             "edges_eliminated": self.search.edges_eliminated,
+            "configs": self.search.configs,
+            "configs_kept": self.search.configs_kept,
             "strategies": {
                 name: {
                     **strategy.predicted.model_dump(),
@@ -278,6 +280,7 @@ def _print_plan(result: Plan) -> None:
     console.print(layers)
     console.print(
         f"search took {document['search_seconds']:.3f} s ({document['search_method']}, "
+        f"{document['configs_kept']:,} of {document['configs']:,} configs kept by the bounds, "
         f"{document['nodes_eliminated']} nodes and {document['edges_eliminated']} edges "
         f"eliminated, final graph {document['final_graph_nodes']} node(s), placement "
         f"{document['placement']})"

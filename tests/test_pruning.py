@@ -1,0 +1,76 @@
+"""The bounds that drop configs before the exact search: valid on any graph, and the search
+over what they keep returns the very strategy the search over everything returns."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from strategies import search
+from strategies.cluster import load_cluster
+from strategies.compute import AnalyticCompute
+from strategies.cost import CostModel
+from strategies.graph import build_graph
+from strategies.pruning import forest_bounds, share_bounds, total
+from strategies.search import collector_paused, graph_costs
+
+CLUSTER = load_cluster("p100x16")
+
+
+def random_problem(data) -> tuple[dict[str, np.ndarray], dict[tuple[str, str], np.ndarray]]:
+    """A random DAG of 2-6 nodes with 1-3 configs each; small integer costs, so ties abound;
+    edge costs may be negative (the bounds must not assume t_x >= 0)."""
+    count = data.draw(st.integers(2, 6))
+    names = [f"v{index}" for index in range(count)]
+    pairs = [(names[i], names[j]) for i in range(count) for j in range(i + 1, count)]
+    edges = data.draw(st.lists(st.sampled_from(pairs), max_size=2 * count, unique=True))
+    sizes = {name: data.draw(st.integers(1, 3)) for name in names}
+    nodes = {name: np.array(data.draw(st.lists(st.integers(0, 9), min_size=sizes[name],
+                                               max_size=sizes[name])), float)
+             for name in names}
+    matrices = {(u, v): np.array(data.draw(st.lists(
+        st.integers(-3, 9), min_size=sizes[u] * sizes[v], max_size=sizes[u] * sizes[v])),
+        float).reshape(sizes[u], sizes[v]) for u, v in edges}
+    return nodes, matrices
+
+
+@pytest.mark.parametrize("bounds", [forest_bounds, share_bounds])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_bounds_keep_every_optimal_config_and_bound_each_config(bounds, data):
+    nodes, edges = random_problem(data)
+    names = list(nodes)
+    totals = {choice: total(nodes, edges, dict(zip(names, choice, strict=True)))
+              for choice in itertools.product(*(range(len(nodes[name])) for name in names))}
+    optimum = min(totals.values())
+    found = bounds(nodes, edges)
+    assert total(nodes, edges, found.incumbent) == pytest.approx(found.upper)
+    assert found.lower <= optimum + 1e-9 and optimum <= found.upper + 1e-9
+    for choice, cost in totals.items():
+        if cost == optimum:  # every optimal strategy survives, config by config
+            for name, index in zip(names, choice, strict=True):
+                assert index in found.kept[name], (name, index)
+
+
+def searched_both_ways(model: str, devices: int) -> tuple[search.Solution, search.Solution]:
+    graph = build_graph(model, batch=32 * devices)
+    cost = CostModel(graph, CLUSTER, devices, AnalyticCompute(CLUSTER), placement="aligned")
+    order = [layer.name for layer in graph.layers]
+    with collector_paused():
+        nodes, edges = graph_costs(cost)
+        return search.solve(nodes, edges, order=order), search._eliminate(nodes, edges, order)
+
+
+@pytest.mark.parametrize(("model", "devices"), [("resnet18", 8), ("inception_v3", 4),
+                                                ("vgg16", 16)])
+def test_the_search_over_the_kept_configs_returns_the_search_over_all(model, devices):
+    """Residual blocks, concatenated branches and a chain: the bounds drop most configs, and
+    the strategy and its cost are those of the elimination over every config, bit for bit."""
+    pruned, everything = searched_both_ways(model, devices)
+    assert pruned.configs_kept < pruned.configs / 2
+    assert pruned.cost == everything.cost
+    assert pruned.choice == everything.choice
