@@ -8,8 +8,10 @@ is searched over origin placement (every layer's devices start at 0) and over th
 aligned placement (also every offset aligned to a config's size; the default while its size
 is within strategies/jobs/costing.py's AUTO_ALIGNED_PAIRS), side by side.
 The presets have 16 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with
-more nodes. Each search is fresh in this process: building the cost vectors and matrices
-(`cost s`), eliminating and undoing (`elim s`). One search of the tiny CNN runs first so that
+more nodes. Each search is fresh in this process, as `optimal_strategy` runs it: the node
+vectors, the bounds and exact t_x between the configs they keep (`cost s`; `kept`: the share of
+all configs the elimination searched), eliminating and undoing (`elim s`). `configs` is the
+largest search space of a layer. One search of the tiny CNN runs first so that
 the first row does not carry the process's one-time warm-up. `peak MB` is the most memory
 the aligned search held (tracemalloc, in a second run, so that tracing does not slow the
 timed one); `optimum` says whether aligned found a cheaper step than origin (=: equal).
@@ -29,7 +31,7 @@ from strategies.compute import AnalyticCompute
 from strategies.cost import CostModel, Placement
 from strategies.graph import LayerGraph, build_graph
 from strategies.models import ZOO
-from strategies.search import Solution, collector_paused, graph_costs, solve
+from strategies.search import KeptCosts, Solution, collector_paused, kept_costs, solve
 
 
 def scaled(cluster: Cluster, devices: int) -> Cluster:
@@ -40,27 +42,29 @@ def scaled(cluster: Cluster, devices: int) -> Cluster:
 
 
 def search(graph: LayerGraph, devices: int, cluster: Cluster,
-           placement: Placement) -> tuple[CostModel, Solution, float, float]:
-    """One fresh search: the cost model, the solution, and the seconds costing and solving."""
+           placement: Placement) -> tuple[CostModel, KeptCosts, Solution, float, float]:
+    """One fresh search: the cost model, the costs of the configs the bounds kept, the
+    solution, and the seconds bounding and costing, and solving."""
     with collector_paused():  # as optimal_strategy runs them
         started = time.perf_counter()
         cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement=placement)
-        nodes, edges = graph_costs(cost)
+        costs = kept_costs(cost)
         costed = time.perf_counter()
-        solution = solve(nodes, edges, order=[layer.name for layer in graph.layers])
-    return cost, solution, costed - started, time.perf_counter() - costed
+        solution = solve(costs.nodes, costs.edges, order=[layer.name for layer in graph.layers])
+    return cost, costs, solution, costed - started, time.perf_counter() - costed
 
 
 def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int | str]:
     graph = build_graph(model, batch=32 * devices)
     row: dict[str, float | int | str] = {"layers": len(graph.layers)}
     for placement in ("origin", "aligned"):
-        cost, solution, costing, solving = search(graph, devices, cluster, placement)
+        cost, costs, solution, costing, solving = search(graph, devices, cluster, placement)
         row[f"{placement} configs"] = max(len(c) for c in cost.configs.values())
         row[f"{placement} s"] = costing + solving
         row[f"{placement} optimum"] = solution.cost
         if placement == "aligned":
             row["cost s"], row["elim s"], row["method"] = costing, solving, solution.method
+            row["kept"] = f"{solution.configs_kept / costs.configs:.1%}"
     row["ratio"] = f"{float(row['aligned s']) / float(row['origin s']):.2f}x"
     row["optimum"] = "=" if row["aligned optimum"] == row["origin optimum"] else (
         f"{float(row['aligned optimum']) / float(row['origin optimum']) - 1:+.1%}")
@@ -72,7 +76,8 @@ def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int
 
 
 COLUMNS = ("model", "cluster", "devices", "layers", "origin configs", "aligned configs",
-           "origin s", "aligned s", "ratio", "cost s", "elim s", "optimum", "peak MB", "method")
+           "kept", "origin s", "aligned s", "ratio", "cost s", "elim s", "optimum", "peak MB",
+           "method")
 
 
 def main() -> None:

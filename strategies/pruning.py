@@ -45,6 +45,12 @@ class Bounds:
     upper: float
     lower: float
 
+    @staticmethod
+    def everything(nodes: dict[str, np.ndarray]) -> Bounds:
+        """Every config kept: nothing proven."""
+        return Bounds(kept={name: np.arange(len(cost)) for name, cost in nodes.items()},
+                      incumbent={}, upper=np.inf, lower=-np.inf)
+
     def restrict(self, nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
                  ) -> tuple[dict[str, np.ndarray], dict[tuple[str, str], np.ndarray]]:
         """The problem over the kept configs; equal arrays restricted alike stay one array,
@@ -73,21 +79,35 @@ def total(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray]
             + sum(float(matrix[choice[u], choice[v]]) for (u, v), matrix in edges.items()))
 
 
-def _limit(upper: float) -> float:
-    """The largest lower bound a config may have and stay: `upper` and its rounding."""
-    return upper + _TOLERANCE * abs(upper) + 1e-15
-
-
 def forest_bounds(nodes: dict[str, np.ndarray],
                   edges: dict[tuple[str, str], np.ndarray]) -> Bounds:
-    """Bounds from a spanning forest solved exactly (see the module's docstring)."""
-    forest = _Forest(nodes, edges)
-    lower, choice = forest.bounds()
-    upper = total(nodes, edges, choice)
-    kept = {name: np.flatnonzero(bound <= _limit(upper)) for name, bound in lower.items()}
+    """Bounds from a spanning forest solved exactly (see the module's docstring); each node's
+    forest edge is its in-edge of the largest mean cost."""
+    parent = {}
+    for u, v in edges:
+        if v not in parent or edges[(u, v)].mean() > edges[(parent[v], v)].mean():
+            parent[v] = u
+    forest = {(u, v): cost for (u, v), cost in edges.items() if parent[v] == u}
+    dropped = sum(float(cost.min()) for (u, v), cost in edges.items() if parent[v] != u)
+    lower, choice = forest_lower_bounds(nodes, forest, dropped)
+    return within(lower, choice, total(nodes, edges, choice))
+
+
+def forest_lower_bounds(nodes: dict[str, np.ndarray], forest: dict[tuple[str, str], np.ndarray],
+                        dropped: float = 0.0) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Per node, a lower bound on every strategy using each config; and the forest's optimal
+    strategy. `forest` holds one in-edge per node at most (a matrix at most the true cost);
+    `dropped` is at most what the graph's other edges cost together (0 when they are t_x)."""
+    return _Forest(nodes, forest).bounds(dropped)
+
+
+def within(lower: dict[str, np.ndarray], incumbent: dict[str, int], upper: float) -> Bounds:
+    """The configs whose lower bound does not exceed `upper`, the cost of `incumbent`."""
+    limit = upper + _TOLERANCE * abs(upper) + 1e-15
+    kept = {name: np.flatnonzero(bound <= limit) for name, bound in lower.items()}
     if not np.isfinite(upper) or any(len(indices) == 0 for indices in kept.values()):
-        kept = {name: np.arange(len(cost)) for name, cost in nodes.items()}  # nothing proven
-    return Bounds(kept=kept, incumbent=choice, upper=upper,
+        return Bounds.everything(lower)
+    return Bounds(kept=kept, incumbent=incumbent, upper=upper,
                   lower=min(float(bound.min()) for bound in lower.values()))
 
 
@@ -98,12 +118,9 @@ class _Forest:
                  edges: dict[tuple[str, str], np.ndarray]) -> None:
         self.nodes = nodes
         self.edges = edges
-        incoming: dict[str, list[str]] = {name: [] for name in nodes}
-        for u, v in edges:
-            incoming[v].append(u)
-        # one in-edge per node: in a DAG the kept edges form a forest
-        self.parent = {v: max(sources, key=lambda u, v=v: float(edges[(u, v)].mean()))
-                       for v, sources in incoming.items() if sources}
+        self.parent = {v: u for u, v in edges}
+        if len(self.parent) < len(edges):
+            raise ValueError("a forest has one in-edge per node at most")
         self.children: dict[str, list[str]] = {name: [] for name in nodes}
         for child, parent in self.parent.items():
             self.children[parent].append(child)
@@ -118,7 +135,7 @@ class _Forest:
                 self.tree_of[name] = root
                 stack.extend(self.children[name])
 
-    def bounds(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    def bounds(self, dropped: float) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """Per node, the lower bound of each config; and the forest's optimal strategy."""
         belief: dict[str, np.ndarray] = {}  # node cost plus its subtree's messages
         upward: dict[str, np.ndarray] = {}  # to the parent, over the parent's configs
@@ -146,9 +163,8 @@ class _Forest:
                 after = after + upward[child]
             marginals[name] = outside + before[-1]
         optimum = {root: float(marginals[root].min()) for root in self.roots}
-        # a dropped edge costs at least its least entry; the other trees at least their optima
-        offset = sum(optimum.values()) + sum(
-            float(cost.min()) for (u, v), cost in self.edges.items() if self.parent.get(v) != u)
+        # the other trees cost at least their optima, the dropped edges at least `dropped`
+        offset = sum(optimum.values()) + dropped
         lower = {name: marginal - optimum[self.tree_of[name]] + offset
                  for name, marginal in marginals.items()}
         choice: dict[str, int] = {}
@@ -186,7 +202,8 @@ def share_bounds(nodes: dict[str, np.ndarray],
             start = {name: int(np.argmin(values)) for name, values in bound.items()}
             incumbent = _local_search(nodes, edges, start)
             upper = total(nodes, edges, incumbent)
-        narrowed = {name: keep[name] & (bound[name] <= _limit(upper)) for name in nodes}
+        limit = upper + _TOLERANCE * abs(upper) + 1e-15
+        narrowed = {name: keep[name] & (bound[name] <= limit) for name in nodes}
         if all(np.array_equal(narrowed[name], keep[name]) for name in nodes):
             break
         keep = narrowed

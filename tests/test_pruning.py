@@ -74,3 +74,36 @@ def test_the_search_over_the_kept_configs_returns_the_search_over_all(model, dev
     assert pruned.configs_kept < pruned.configs / 2
     assert pruned.cost == everything.cost
     assert pruned.choice == everything.choice
+
+
+@pytest.mark.parametrize(("model", "devices", "image_size"), [("resnet18", 32, 32),
+                                                              ("inception_v3", 32, 299)])
+def test_bounds_from_cheap_transfer_bounds_find_the_strategy_of_the_search_over_all(
+        model, devices, image_size):
+    """On many devices the search costs t_x exactly only between the configs that bounds from
+    each config's end devices keep: the same strategy, the same cost, bit for bit."""
+    graph = build_graph(model, batch=32 * devices, image_size=image_size)
+    cluster = CLUSTER.model_copy(update={"nodes": devices // CLUSTER.devices_per_node})
+    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
+    assert devices >= search._BOUNDED_FROM_DEVICES
+    result = search.optimal_strategy(cost)
+    with collector_paused():
+        nodes, edges = graph_costs(cost)
+        everything = search._eliminate(nodes, edges, [layer.name for layer in graph.layers])
+    assert result.configs_kept < result.configs / 4
+    assert result.assignment == {layer.name: cost.configs[layer.name][everything.choice[
+        layer.name]] for layer in graph.layers}
+    assert result.predicted.step_seconds == pytest.approx(everything.cost, rel=1e-12)
+
+
+def test_the_end_devices_bound_transfers_from_below_and_are_exact_on_two_devices():
+    graph = build_graph("resnet18", batch=4 * 32, image_size=16)
+    cluster = CLUSTER.model_copy(update={"nodes": 8})
+    cost = CostModel(graph, cluster, 32, AnalyticCompute(cluster), placement="aligned")
+    for u, v in graph.edges[:6]:
+        producer, consumer = graph.by_name[u], graph.by_name[v]
+        exact, lower = cost.edge(producer, consumer)[0], cost.edge_lower_bound(producer, consumer)
+        assert (lower <= exact).all() and (lower < exact).any()
+        small = (np.array([c.size for c in cost.configs[u]])[:, None] <= 2) & (
+            np.array([c.size for c in cost.configs[v]])[None, :] <= 2)
+        assert (lower[small] == exact[small]).all()
