@@ -5,8 +5,8 @@
 
 Full input size, 32 images per device, analytic t_c; one core with `taskset -c 0`. Each model
 is searched over origin placement (every layer's devices start at 0) and over the whole space,
-aligned placement (also every offset aligned to a config's size; the default while its size
-is within strategies/jobs/costing.py's AUTO_ALIGNED_PAIRS), side by side.
+aligned placement (also every offset aligned to a config's size; the default up to
+strategies/jobs/costing.py's AUTO_ALIGNED_DEVICES devices), side by side.
 The presets have 16 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with
 more nodes. Each search is fresh in this process, as `optimal_strategy` runs it: the node
 vectors, the bounds and exact t_x between the configs they keep (`cost s`; `kept`: the share of

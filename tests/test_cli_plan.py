@@ -244,10 +244,10 @@ def test_search_with_pipeline_reports_its_stages_next_to_the_layerwise_optimum()
 def test_the_default_placement_takes_the_whole_space_unless_it_would_take_minutes():
     """`auto`: aligned where bench_search measured seconds, origin beyond, with the reason."""
     graph = build_graph("resnet18", batch=64)
-    assert resolved_placement(graph, 16, "auto") == ("aligned", None)
-    placement, note = resolved_placement(graph, 64, "auto")
+    assert resolved_placement(graph, 64, "auto") == ("aligned", None)
+    placement, note = resolved_placement(graph, 128, "auto")
     assert placement == "origin"
-    assert "resnet18 on 64 devices" in note and "--placement aligned" in note
-    assert resolved_placement(graph, 64, "aligned") == ("aligned", None)
+    assert "resnet18 on 128 devices" in note and "--placement aligned" in note
+    assert resolved_placement(graph, 128, "aligned") == ("aligned", None)
     with pytest.raises(LayerwiseError, match="auto, aligned or origin"):
         resolved_placement(graph, 4, "everywhere")

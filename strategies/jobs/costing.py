@@ -14,12 +14,11 @@ from strategies.profile import Profile
 
 AUTO = "auto"
 PLACEMENTS: tuple[str, ...] = (AUTO, "aligned", "origin")
-# The whole space's size the default (`auto`) searches, as the sum over layers of its configs
-# squared (the pairs an edge matrix prices). bench_search on one core here: AlexNet on 64
-# devices (6.4M pairs) 1.9 s, VGG-16 (13.5M) 4.8-5.3 s, ResNet-18 (19.4M) 7.6 s, Inception-v3
-# (84.9M) 97 s; the issue's bound at 64 devices is 5 s. Above it `auto` searches the origin
-# space and says so.
-AUTO_ALIGNED_PAIRS = 10_000_000
+# The most devices whose whole space the default (`auto`) searches. bench_search on one core
+# here, whole space, 64 devices: AlexNet 0.6 s, VGG-16 and ResNet-18 1.2 s, ResNet-152 2.5 s,
+# Inception-v3 6.6 s; 128 devices: AlexNet 6.7 s, ResNet-18 16 s, VGG-16 17 s. Beyond it
+# `auto` searches the origin space and says so.
+AUTO_ALIGNED_DEVICES = 64
 
 
 def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, analytic: bool,
@@ -43,18 +42,18 @@ def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, an
 def resolved_placement(graph: LayerGraph, devices: int, placement: str,
                        ) -> tuple[Placement, str | None]:
     """The placement a search runs with, and the line saying why when `auto` could not take
-    the whole space: aligned (any block of devices aligned to its size) unless its size is
-    above AUTO_ALIGNED_PAIRS, then origin (every layer's devices start at device 0)."""
+    the whole space: aligned (any block of devices aligned to its size) up to
+    AUTO_ALIGNED_DEVICES devices, then origin (every layer's devices start at device 0)."""
     if placement not in PLACEMENTS:
         raise LayerwiseError(f"--placement must be auto, aligned or origin (got {placement})")
     if placement != AUTO:
         return placement, None  # type: ignore[return-value]
-    pairs = sum(len(configs_for(layer, devices, "aligned")) ** 2 for layer in graph.layers)
-    if pairs <= AUTO_ALIGNED_PAIRS:
+    if devices <= AUTO_ALIGNED_DEVICES:
         return "aligned", None
+    pairs = sum(len(configs_for(layer, devices, "aligned")) ** 2 for layer in graph.layers)
     return "origin", (f"placement origin: the whole space of {graph.model} on {devices} devices "
-                      f"prices {pairs:,} config pairs, more than the {AUTO_ALIGNED_PAIRS:,} "
-                      "searched in seconds; every layer's devices start at device 0 "
+                      f"prices {pairs:,} config pairs, searched in seconds up to "
+                      f"{AUTO_ALIGNED_DEVICES} devices; every layer's devices start at device 0 "
                       "(--placement aligned searches it all, in minutes)")
 
 
