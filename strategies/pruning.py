@@ -10,8 +10,10 @@ A config whose lower bound (the least cost of any strategy using it) exceeds an 
   those minima (and the other trees' optima) bounds any strategy using the config from below;
   the forest's optimum, priced on the whole graph, is a strategy. Networks are nearly trees
   (a residual block drops one edge, an Inception block three), so the bounds are tight: on 64
-  devices ResNet-50 keeps 5% of its configs and the elimination, cubic in the configs per
-  layer, runs 60x faster.
+  devices ResNet-50 keeps 7% of its configs and its elimination, cubic in the configs per
+  layer, takes 0.02 s instead of 5.4 s. `forest_lower_bounds` takes the forest's matrices as
+  lower bounds of t_x (search.kept_costs: before any exact t_x is costed) and leaves the
+  upper bound to the caller.
 - `share_bounds`, for the dense graph that elimination leaves (the integer program's input):
   each edge carries its matrix plus a share of its endpoints' costs, and a config's bound is
   the least share on each of its edges plus the least of every other share; repeated over the
@@ -55,7 +57,7 @@ class Bounds:
                  ) -> tuple[dict[str, np.ndarray], dict[tuple[str, str], np.ndarray]]:
         """The problem over the kept configs; equal arrays restricted alike stay one array,
         so an elimination still computes repeated blocks once."""
-        restricted: dict[tuple[int, bytes, bytes], np.ndarray] = {}
+        restricted: dict[tuple[object, ...], np.ndarray] = {}
 
         def restrict(array: np.ndarray, *axes: np.ndarray) -> np.ndarray:
             key = (id(array), *(indices.tobytes() for indices in axes))
