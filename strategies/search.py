@@ -403,7 +403,10 @@ def kept_costs(cost_model: CostModel,
             parent[v] = u
     forest = {(u, v): cost_model.edge_lower_bound(graph.by_name[u], graph.by_name[v])
               for v, u in parent.items()}
-    lower, choice = forest_lower_bounds(nodes, forest)
+    # the other edges are bounded by 0: their t_x bounds would cost more time than they save
+    # (Inception-v3 at 64 devices: 6.4 s against 5.9-6.6 s, though 3,725 configs kept
+    # against 13,450)
+    lower, choice = forest_lower_bounds(nodes, forest, {})
     configs = cost_model.configs
     upper = sum(float(cost[choice[name]]) for name, cost in nodes.items()) + sum(
         float(cost_model.edge(graph.by_name[u], graph.by_name[v], [configs[u][choice[u]]],
