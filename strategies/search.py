@@ -2,7 +2,7 @@
 
 The graph's nodes carry a cost vector (t_c + t_s per config) and its edges a cost matrix (t_x
 per pair of configs). First, bounds from a spanning forest drop every config that no optimal
-strategy uses (pruning.py: on 64 devices ResNet-50 keeps 5% of its configs); then
+strategy uses (pruning.py: on 64 devices ResNet-50 keeps 7% of its configs); then
 eliminations shrink the graph while keeping the optimum:
 - node elimination (Eq. 2): a node j with one in-edge (i, j) and one out-edge (j, k) becomes
   an edge (i, k) with cost(c_i, c_k) = min over c_j of t(e1) + node(j) + t(e2); keep the argmin;
