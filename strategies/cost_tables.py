@@ -714,7 +714,7 @@ class TransferTables:
         self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
         self._space_ids: dict[Hashable, int] = {}
         self._space_contents: dict[tuple[object, ...], int] = {}
-        self._matrices: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._matrices: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray | None]] = {}
 
     def matrices(self, producer: Layer, consumer: Layer,
                  producer_configs: Sequence[ParallelConfig],
@@ -728,8 +728,10 @@ class TransferTables:
         are equal have equal matrices, which are then computed once (repeated blocks, and
         branches that read one tensor through layers of the same geometry).
         """
-        return self._cached(producer, consumer, producer_configs, consumer_configs, spaces,
-                            ends_only=False)
+        seconds, moved = self._cached(producer, consumer, producer_configs, consumer_configs,
+                                      spaces, ends_only=False)
+        assert moved is not None  # counted for every exact matrix
+        return seconds, moved
 
     def lower_bounds(self, producer: Layer, consumer: Layer,
                      producer_configs: Sequence[ParallelConfig],
@@ -745,7 +747,7 @@ class TransferTables:
                 producer_configs: Sequence[ParallelConfig],
                 consumer_configs: Sequence[ParallelConfig],
                 spaces: tuple[Hashable, Hashable] | None,
-                ends_only: bool) -> tuple[np.ndarray, np.ndarray]:
+                ends_only: bool) -> tuple[np.ndarray, np.ndarray | None]:
         dims = self._edge_dims(producer, consumer)
         backward = producer.kind != "input"  # the network input needs no gradient
         if spaces is None:
@@ -851,7 +853,7 @@ class TransferTables:
 
     def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
                qconfs: Sequence[ParallelConfig], backward: bool,
-               ends_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+               ends_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """Every pair's t_x from per-device terms.
 
         Per device: `same` elements it holds of what its consumer tile needs, the producer
@@ -866,7 +868,7 @@ class TransferTables:
         (`_forward_block`, configs grouped by size), the backward over each producer
         config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
         `ends_only` runs each pass over the first and last devices of each config only: the
-        seconds become a lower bound, the elements are not counted.
+        seconds become a lower bound, the elements are not counted (None).
         """
         (porder, ptab), (qorder, qtab) = self._config_table(pconfs), self._config_table(qconfs)
         per_element = np.array([link.seconds_per_element for link in self._links])
@@ -910,24 +912,34 @@ class TransferTables:
                 messages=[sent.astype(counts) for sent in terms.sent])
                 for view, terms in zip(qtab.tiers, tiers, strict=True)],
         )
-        seconds = np.zeros((len(pconfs), len(qconfs)))
-        elements = np.zeros((len(pconfs), len(qconfs)), dtype=np.int64)
+        # forward blocks are consumer configs x producer configs: kept that way (whole rows
+        # written) and transposed once; the elements only where they are counted
+        forward = np.empty((len(qconfs), len(pconfs)))
+        moved = None if ends_only else np.empty((len(qconfs), len(pconfs)), dtype=np.int64)
         for columns_of_size, devices in qtab.ends if ends_only else qtab.by_size:
             step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
             for start in range(0, len(columns_of_size), step):
                 columns = columns_of_size[start:start + step]
-                forward, moved = _forward_block(producer, consumer, self._links, columns,
-                                                devices[start:start + step])
-                seconds[:, columns], elements[:, columns] = forward.T, moved.T
+                forward[columns], block_moved = _forward_block(
+                    producer, consumer, self._links, columns, devices[start:start + step])
+                if moved is not None:
+                    moved[columns] = block_moved
+        seconds = forward.T
         if backward:
+            back = np.empty((len(pconfs), len(qconfs)))
             for rows_of_size, devices in ptab.ends if ends_only else ptab.by_size:
                 step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(qconfs)))
                 for start in range(0, len(rows_of_size), step):
                     rows = rows_of_size[start:start + step]
-                    seconds[rows] = seconds[rows] + _backward_block(
-                        producer, consumer, self._links, rows, devices[start:start + step])
-        passes = 2 if backward else 1  # forward, and backward unless input
+                    back[rows] = _backward_block(producer, consumer, self._links, rows,
+                                                 devices[start:start + step])
+            seconds = seconds + back
         ordered = np.ix_(porder, qorder)
-        in_order = np.empty_like(seconds), np.empty_like(elements)
-        in_order[0][ordered], in_order[1][ordered] = seconds, passes * elements * BYTES_PER_ELEMENT
-        return in_order
+        in_order = np.empty((len(pconfs), len(qconfs)))
+        in_order[ordered] = seconds
+        if moved is None:
+            return in_order, None
+        passes = 2 if backward else 1  # forward, and backward unless input
+        elements = np.empty((len(pconfs), len(qconfs)), dtype=np.int64)
+        elements[ordered] = passes * moved.T * BYTES_PER_ELEMENT
+        return in_order, elements
