@@ -380,12 +380,12 @@ class KeptCosts:
 def kept_costs(cost_model: CostModel,
                progress: Callable[[str], None] | None = None) -> KeptCosts:
     """From _BOUNDED_FROM_DEVICES devices on: node vectors of the whole spaces; a lower bound
-    of t_x (`CostModel.edge_lower_bound`) on a spanning forest, each layer keeping the input
-    edge of the largest tensor; the forest bounds (every other edge is a t_x, >= 0); the
-    forest's strategy priced exactly as the upper bound; then exact t_x only between the
-    configs kept. Exact t_x of whole spaces is most of a search's work on many devices, and
-    the bounds keep 5-15% of the configs. On fewer devices every config is kept and every
-    pair costed exactly (`solve` still bounds them before eliminating)."""
+    of t_x (`CostModel.edge_lower_bound`) on every edge; the bounds of a spanning forest, each
+    layer keeping the input edge of the largest tensor; the forest's strategy priced exactly
+    as the upper bound; then exact t_x only between the configs kept. Exact t_x of whole
+    spaces is most of a search's work on many devices, and the bounds keep 0.1-7% of the
+    configs. On fewer devices every config is kept and every pair costed exactly (`solve`
+    still bounds them before eliminating)."""
     graph = cost_model.graph
     report = progress or (lambda _message: None)
     if cost_model.devices < _BOUNDED_FROM_DEVICES:
@@ -401,12 +401,14 @@ def kept_costs(cost_model: CostModel,
         if v not in parent or (math.prod(graph.by_name[u].output_shape)
                                > math.prod(graph.by_name[parent[v]].output_shape)):
             parent[v] = u
-    forest = {(u, v): cost_model.edge_lower_bound(graph.by_name[u], graph.by_name[v])
-              for v, u in parent.items()}
-    # the other edges are bounded by 0: their t_x bounds would cost more time than they save
-    # (Inception-v3 at 64 devices: 6.4 s against 5.9-6.6 s, though 3,725 configs kept
-    # against 13,450)
-    lower, choice = forest_lower_bounds(nodes, forest, {})
+    # every edge's t_x bound: off the forest it still lifts both ends (Inception-v3 at 64
+    # devices: 3,725 configs kept, against 13,450 with those edges bounded by 0; 5.7-5.8 s
+    # against 6.0-6.2 s in all)
+    bounded = {(u, v): cost_model.edge_lower_bound(graph.by_name[u], graph.by_name[v])
+               for u, v in graph.edges}
+    lower, choice = forest_lower_bounds(
+        nodes, {edge: cost for edge, cost in bounded.items() if parent[edge[1]] == edge[0]},
+        {edge: cost for edge, cost in bounded.items() if parent[edge[1]] != edge[0]})
     configs = cost_model.configs
     upper = sum(float(cost[choice[name]]) for name, cost in nodes.items()) + sum(
         float(cost_model.edge(graph.by_name[u], graph.by_name[v], [configs[u][choice[u]]],

@@ -15,8 +15,8 @@ from strategies.profile import Profile
 AUTO = "auto"
 PLACEMENTS: tuple[str, ...] = (AUTO, "aligned", "origin")
 # The most devices whose whole space the default (`auto`) searches. bench_search on one core
-# here, whole space, 64 devices: AlexNet 0.7 s, VGG-16 and ResNet-18 1.3-1.4 s, ResNets 2.3-2.7 s,
-# Inception-v3 5.9-6.6 s; 128 devices: AlexNet 6.7 s, ResNet-18 16 s, VGG-16 17 s. Beyond it
+# here, whole space, 64 devices: AlexNet 0.6 s, VGG-16 and ResNet-18 1.1-1.2 s, ResNets 2.0-2.3 s,
+# Inception-v3 5.5-6.0 s; 128 devices: AlexNet 6.7 s, ResNet-18 16 s, VGG-16 17 s. Beyond it
 # `auto` searches the origin space and says so.
 AUTO_ALIGNED_DEVICES = 64
 
