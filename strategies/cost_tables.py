@@ -615,6 +615,13 @@ def _tier_sums(tier: TierSide, other: Sequence[np.ndarray],
     return inside, sending
 
 
+def _rows(table: np.ndarray, dtype: type) -> np.ndarray:
+    """`table` as `dtype`, row-major: the blocks gather its rows and its flat elements, which a
+    column-major table turns into strided reads (backward blocks 4x slower) or a copy per
+    call (`ravel`)."""
+    return np.ascontiguousarray(table, dtype=dtype)
+
+
 def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
                    columns: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Forward t_x seconds and elements of consumer configs `columns`, all of one size, x every
@@ -887,7 +894,7 @@ class TransferTables:
             state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
             same_at=[np.ascontiguousarray(terms.p_state.T * terms.same.shape[1])
                      for terms in groups],
-            same=[terms.same.astype(dtype, copy=False) for terms in groups],
+            same=[_rows(terms.same, dtype) for terms in groups],
             recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T.astype(counts))
                   for terms in groups],
             seconds_per_element=np.ascontiguousarray(per_element[ptab.single].T),
@@ -895,21 +902,21 @@ class TransferTables:
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0) * same.shape[1])
                        for state, same in zip(view.state, terms.same, strict=True)],
-                elements=[same.astype(dtype, copy=False) for same in terms.same],
-                messages=[touch.astype(counts) for touch in terms.touch])
+                elements=[_rows(same, dtype) for same in terms.same],
+                messages=[_rows(touch, counts) for touch in terms.touch])
                 for view, terms in zip(ptab.tiers, tiers, strict=True)],
         )
         consumer = ConsumerSide(
             state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
-            row=[terms.row[:, terms.q_pair].astype(dtype) for terms in groups],
-            sent=[terms.sent[:, terms.q_pair].astype(counts) for terms in groups],
+            row=[_rows(terms.row[:, terms.q_pair], dtype) for terms in groups],
+            sent=[_rows(terms.sent[:, terms.q_pair], counts) for terms in groups],
             need=np.ascontiguousarray(need.T.astype(dtype)),
             seconds_per_element=np.ascontiguousarray(per_element[qtab.single].T),
             latency=np.ascontiguousarray(latency[qtab.single].T),
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
-                elements=[row.astype(dtype, copy=False) for row in terms.row],
-                messages=[sent.astype(counts) for sent in terms.sent])
+                elements=[_rows(row, dtype) for row in terms.row],
+                messages=[_rows(sent, counts) for sent in terms.sent])
                 for view, terms in zip(qtab.tiers, tiers, strict=True)],
         )
         # forward blocks are consumer configs x producer configs: kept that way (whole rows
