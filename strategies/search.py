@@ -40,9 +40,9 @@ _CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized 
 _T = TypeVar("_T")
 _MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to the integer program
 # From this many devices the search bounds with cheap t_x lower bounds before costing pairs
-# exactly (`kept_costs`); below, costing every pair is faster. One core, bench_search, whole
-# space: 8 devices, Inception-v3 0.23 s bounded against 0.12 s exact; 16: 0.43 against 0.32 s;
-# 32: 1.5 against 2.0 s (ResNet-50 0.67 against 1.26 s); 64: 6.3 against 38 s.
+# exactly (`kept_costs`); below, costing every pair is as fast or faster. One core, whole
+# space: 8 devices, Inception-v3 0.24 s bounded against 0.12 s exact; 16: 0.41 against 0.39 s;
+# 32: 1.0 against 1.8 s (ResNet-50 0.58 against 1.09 s); 64: 3.8 s bounded.
 _BOUNDED_FROM_DEVICES = 32
 
 
@@ -402,8 +402,7 @@ def kept_costs(cost_model: CostModel,
                                > math.prod(graph.by_name[parent[v]].output_shape)):
             parent[v] = u
     # every edge's t_x bound: off the forest it still lifts both ends (Inception-v3 at 64
-    # devices: 3,725 configs kept, against 13,450 with those edges bounded by 0; 5.7-5.8 s
-    # against 6.0-6.2 s in all)
+    # devices: 3,725 configs kept, against 13,450 with those edges bounded by 0)
     bounded = {(u, v): cost_model.edge_lower_bound(graph.by_name[u], graph.by_name[v])
                for u, v in graph.edges}
     lower, choice = forest_lower_bounds(

@@ -15,9 +15,10 @@ from strategies.profile import Profile
 AUTO = "auto"
 PLACEMENTS: tuple[str, ...] = (AUTO, "aligned", "origin")
 # The most devices whose whole space the default (`auto`) searches. bench_search on one core
-# here, whole space, 64 devices: AlexNet 0.6 s, VGG-16 and ResNet-18 1.1-1.2 s, ResNets 2.0-2.3 s,
-# Inception-v3 5.5-6.0 s; 128 devices: AlexNet 6.7 s, ResNet-18 16 s, VGG-16 17 s. Beyond it
-# `auto` searches the origin space and says so.
+# here, whole space, 64 devices: AlexNet 0.5 s, VGG-16 and ResNet-18 0.8 s, ResNets 1.5-1.7 s,
+# Inception-v3 3.8 s (p100x16; h200x8 3.3 s); 128 devices: AlexNet 2.8 s, VGG-16 3.6 s,
+# ResNet-18 4.4 s, and the 1,816-config spaces' tables grow 4.6x. Beyond it `auto` searches
+# the origin space and says so.
 AUTO_ALIGNED_DEVICES = 64
 
 
