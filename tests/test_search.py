@@ -237,8 +237,8 @@ def dense_cost(devices: int, image_size: int = 8, placement: str = "aligned",
 @pytest.mark.parametrize(("devices", "placement"), [(16, "aligned"), (64, "origin")])
 def test_dense_concatenation_is_solved_exactly_over_the_configs_the_bounds_keep(
         devices, placement):
-    """Four dense blocks leave a clique of 8 layers; over all configs its table holds 1.6e9
-    entries, over those the bounds keep few enough for variable elimination: exact."""
+    """Four dense blocks leave a clique whose table over all configs holds billions of
+    entries; over those the bounds keep it fits, so variable elimination solves it exactly."""
     cost = dense_cost(devices, placement=placement)
     result = optimal_strategy(cost)
     assert result.search_method == "elimination+variable-elimination"
