@@ -41,7 +41,7 @@ def random_problem(data) -> tuple[dict[str, np.ndarray], dict[tuple[str, str], n
 @pytest.mark.parametrize("bounds", [forest_bounds, share_bounds])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_bounds_keep_every_optimal_config_and_bound_each_config(bounds, data):
+def test_bounds_keep_every_optimal_config_and_enclose_the_optimum(bounds, data):
     nodes, edges = random_problem(data)
     names = list(nodes)
     totals = {choice: total(nodes, edges, dict(zip(names, choice, strict=True)))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 from rich.table import Table
 
@@ -27,13 +27,12 @@ from flows.cli.console import console, print_json
 from strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:
-    from strategies.cost import BatchNormStatistics, CostModel
+    from strategies.cost import CostModel
 
 PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
 PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
 BASELINES = ("model", "data", "owt")
 PAPER_DEVICES = (1, 2, 4, 8, 16)
-BATCH_NORM_STATISTICS = ("local", "synced")
 # What the paper's text states at 16 GPUs (Jia et al. 2018, abstract and section 7.2), as
 # ranges over the three models: layer-wise's throughput over the best other strategy, and the
 # bytes OWT moves per step over what layer-wise moves.
@@ -64,6 +63,7 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
                      batch_norm: str, as_json: bool) -> None:
     """Plan every model and device count, then print the tables (or the JSON document)."""
     from strategies.cluster import load_cluster
+    from strategies.cost import BatchNormStatistics
     from strategies.graph import build_graph
     from strategies.jobs.costing import cost_model
     from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
@@ -71,9 +71,9 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
     from strategies.profile import Profile
 
     spec = load_cluster(cluster)
-    if batch_norm not in BATCH_NORM_STATISTICS:
+    if batch_norm not in get_args(BatchNormStatistics):
         raise LayerwiseError(f"--batch-norm must be local or synced (got {batch_norm})")
-    statistics: BatchNormStatistics = "local" if batch_norm == "local" else "synced"
+    statistics = cast("BatchNormStatistics", batch_norm)
     if batch_per_device is not None and batch_per_device < 1:
         raise LayerwiseError(f"--batch-per-device must be >= 1 (got {batch_per_device})")
     if profile is not None:
