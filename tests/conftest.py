@@ -6,6 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from strategies.runtime.huge_pages import use_huge_pages
+
+# As the CLI's main does, before any test imports torch: the tests run what users run.
+use_huge_pages()
+
 # Modules whose module-scoped fixture runs a whole flow or launches processes for many tests:
 # under xdist each goes whole to one worker, so that the fixture runs once (on every worker that
 # got one of its tests, otherwise). xdist_group marks cannot say this: with pytest 9.2,

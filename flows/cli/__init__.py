@@ -43,6 +43,7 @@ from flows.cli import (
     train,
     verify,
 )
+from strategies.runtime.huge_pages import use_huge_pages
 
 app = typer.Typer(
     help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",
@@ -63,4 +64,5 @@ oracle.register(app)
 
 
 def main() -> None:
+    use_huge_pages()  # before anything imports torch (strategies/runtime/huge_pages.py)
     app()

@@ -36,6 +36,7 @@ from strategies.jobs.job import Job
 from strategies.jobs.run_folder import node_file_name
 from strategies.jobs.tether import tethered
 from strategies.rendezvous import loopback_environment
+from strategies.runtime.huge_pages import with_huge_pages
 from strategies.runtime.worker import (
     ERRORS_DIR,
     GRAPH_FILE,
@@ -120,7 +121,8 @@ def run_torchrun(command: list[str], job: Job,
         log.write(f"$ {' '.join([*(f'{k}={v}' for k, v in rendezvous.items()), *command])}\n")
         log.flush()
         process = subprocess.Popen(tethered(command), stdout=subprocess.PIPE, stderr=log,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **rendezvous},
+                                   env={**with_huge_pages(os.environ), "PYTHONUNBUFFERED": "1",
+                                        **rendezvous},
                                    start_new_session=True)
         expired = threading.Event()
         timer = _deadline_timer(process, expired, deadline_s)
