@@ -14,6 +14,9 @@ and NCCL on CUDA when there are enough GPUs:
   BatchNorm (`strategies.ops.sync_batch_norm`) in the same modules;
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
+Huge pages (strategies/runtime/huge_pages.py) are as the environment says, off unless
+THP_MEM_ALLOC_ENABLE=1, for every run alike: in these interleaved steps DDP measured 1.25x slower
+with them on while it gains alone (docs/performance.md), so the comparison keeps them off.
 Each run first trains alone in fresh processes for its warm-up steps: its peak memory. Then come
 `--trials` trials. Each calibrates the links and profiles the tiles the three strategies use (the
 predictions) and then has one set of processes build every multi-process run side by side and give

@@ -130,6 +130,9 @@ class RunResult(BaseModel):
     backend: str
     device: str
     torch_version: str
+    # whether the workers put large CPU tensors on huge pages (strategies/runtime/huge_pages.py),
+    # which moves a large model's CPU step times (AlexNet 1.4x); False in older results
+    huge_pages: bool = False
     host: str
     finished: str  # ISO 8601, UTC
 

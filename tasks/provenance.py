@@ -26,6 +26,7 @@ from mlflow.utils.mlflow_tags import (
 )
 
 from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
+from strategies.runtime.huge_pages import huge_pages_in_use
 
 DVC_LOCK = Path("dvc.lock")
 GIT_DIRTY_TAG = "git_dirty"  # MLflow has no tag of its own for uncommitted changes
@@ -42,6 +43,7 @@ def environment_tags(flow_run_id: str | None, device: str, torch_version: str,
             MLFLOW_GIT_COMMIT: _git("rev-parse", "HEAD") or "unknown",
             GIT_DIRTY_TAG: {None: "unknown", "": "false"}.get(_git_changes(), "true"),
             "torch_version": torch_version, "device_name": device,
+            "huge_pages": str(huge_pages_in_use()).lower(),
             "prefect_flow_run_id": flow_run_id or "none"}
     branch = _git("rev-parse", "--abbrev-ref", "HEAD")
     if branch:

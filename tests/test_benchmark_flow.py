@@ -77,7 +77,8 @@ def test_the_flow_tracks_one_parent_and_a_nested_run_per_strategy(benchmarked):
     assert experiment.tags[track.EXPERIMENT_KIND_TAG] == track.EXPERIMENT_KIND  # UI: runs
     assert [found.dataset.name for found in parents[0].inputs.dataset_inputs] == ["synthetic"]
     for tag in ("mlflow.source.git.commit", "mlflow.source.name", "mlflow.source.type",
-                provenance.GIT_DIRTY_TAG, "torch_version", "device_name", "prefect_flow_run_id"):
+                provenance.GIT_DIRTY_TAG, "torch_version", "device_name", "huge_pages",
+                "prefect_flow_run_id"):
         assert parents[0].data.tags[tag]
     for run in runs:  # what a later flow reads to tell a killed writer's runs (test_faults.py)
         assert run.data.tags[owner.OWNER_PID] == str(os.getpid())

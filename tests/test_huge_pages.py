@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from flows.cli import app
+from strategies.run import RunResult
 from strategies.runtime.huge_pages import (
     HUGE_PAGES_VARIABLE,
     kernel_offers_huge_pages,
@@ -57,3 +60,23 @@ def test_a_started_process_puts_its_large_tensors_on_huge_pages() -> None:
     assert _huge_kb(with_huge_pages(plain)) >= 32 * 1024  # most of the 64 MB
     if "[madvise]" in KERNEL_SETTING.read_text():  # only asked-for memory gets them
         assert _huge_kb({**plain, HUGE_PAGES_VARIABLE: "0"}) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kernel_offers_huge_pages(), reason="the kernel offers no huge pages")
+def test_the_launcher_gives_its_workers_huge_pages_unless_told_not_to(tmp_path,
+                                                                     monkeypatch) -> None:
+    """Called as a library (no CLI main to set it), the launcher still turns them on; a user's
+    0 keeps them off; each run's result says which it ran with."""
+    monkeypatch.delenv(HUGE_PAGES_VARIABLE, raising=False)
+    recorded = []
+    for setting in (None, "0"):
+        if setting is not None:
+            monkeypatch.setenv(HUGE_PAGES_VARIABLE, setting)
+        out = tmp_path / f"run-{setting}"
+        result = CliRunner().invoke(app, [
+            "train", "tiny_cnn", "--strategy", "data", "--nproc", "2", "--image-size", "8",
+            "--batch-per-device", "4", "--steps", "2", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        recorded.append(RunResult.load(out / "result.json").huge_pages)
+    assert recorded == [True, False]

@@ -44,6 +44,12 @@ def with_huge_pages(environment: Mapping[str, str]) -> dict[str, str]:
     return {**environment, HUGE_PAGES_VARIABLE: "1"}
 
 
+def huge_pages_in_use(environment: Mapping[str, str] = os.environ) -> bool:
+    """Whether torch in a process with `environment` puts its large tensors on huge pages
+    (torch 2.13 takes the value 1 only)."""
+    return environment.get(HUGE_PAGES_VARIABLE) == "1" and kernel_offers_huge_pages()
+
+
 def use_huge_pages() -> None:
     """Turn huge pages on for this process (before it imports torch) and its children."""
     os.environ.update(with_huge_pages(os.environ))

@@ -66,6 +66,7 @@ from strategies.runtime.datasets import GlobalBatches, load_dataset
 from strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
 from strategies.runtime.engine import build_engine
 from strategies.runtime.engine_base import Engine, EngineContext
+from strategies.runtime.huge_pages import huge_pages_in_use
 from strategies.runtime.parent_death import die_with_parent, launcher_pid
 from strategies.strategy import Strategy
 
@@ -369,7 +370,7 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         resumed_from_step=resumed_from, diverged_at_step=diverged_at, settings=run.settings,
         backend=run.backend,
         device=device_name(run.device), torch_version=torch.__version__,
-        host=socket.gethostname(),
+        huge_pages=huge_pages_in_use(), host=socket.gethostname(),
         finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
 
