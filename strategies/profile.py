@@ -57,6 +57,7 @@ from strategies.errors import LayerwiseError
 from strategies.files import read_json_model, write_atomic
 from strategies.fx_nodes import count_include_pad
 from strategies.graph import Layer, LayerGraph
+from strategies.runtime.huge_pages import huge_pages_in_use
 from strategies.runtime.parent_death import die_with_multiprocessing_parent
 from strategies.space import ParallelConfig, enumerate_configs
 from strategies.tiles import TileWork, as_4d, largest_tile, tile_box
@@ -144,6 +145,9 @@ class Profile(BaseModel):
     devices: int
     threads: int
     processes: int = 1  # profilers that ran at once on this machine, one per rank of a run
+    # whether the profilers' large CPU tensors were on huge pages (runtime/huge_pages.py): it
+    # moves a large layer's CPU time, so it is part of the key; False in files from before
+    huge_pages: bool = False
     method: str
     warmup: int
     repeats: int
@@ -155,7 +159,7 @@ class Profile(BaseModel):
     def key(self) -> str:
         """The file-name key of this profile (see `profile_key`)."""
         return _key(self.model, self.structure_hash, self.device_name, self.dtype, self.batch,
-                    self.torch_version, self.processes)
+                    self.torch_version, self.processes, self.huge_pages)
 
     @property
     def tile_count(self) -> int:
@@ -201,17 +205,19 @@ class Profile(BaseModel):
             f"batch {batch}); rerun {_profile_command(graph.model, graph.input_shape, batch)}"
         )
 
-    def check_device(self, name: str, torch_version: str, dtype: str = DTYPE,
+    def check_device(self, name: str, torch_version: str, huge_pages: bool, dtype: str = DTYPE,
                      source: str | Path | None = None) -> None:
-        """LayerwiseError unless this profile was measured on `name` with this torch and dtype."""
-        here = (name, torch_version, dtype)
-        there = (self.device_name, self.torch_version, self.dtype)
+        """LayerwiseError unless this profile was measured on `name` with this torch, dtype and
+        huge-page setting."""
+        here = (name, torch_version, dtype, _pages(huge_pages))
+        there = (self.device_name, self.torch_version, self.dtype, _pages(self.huge_pages))
         if here == there:
             return
         where = f"profile {source}" if source is not None else "the profile"
         raise LayerwiseError(
-            f"{where} was measured on {there[0]} with torch {there[1]} ({there[2]}); this "
-            f"machine is {here[0]} with torch {here[1]} ({here[2]}); profile again with --force "
+            f"{where} was measured on {there[0]} with torch {there[1]} ({there[2]}, "
+            f"{there[3]}); this machine is {here[0]} with torch {here[1]} ({here[2]}, "
+            f"{here[3]}); profile again with --force "
             "or write to another --out file"
         )
 
@@ -274,33 +280,40 @@ def safe_name(text: str, limit: int = 48) -> str:
     return cleaned[:limit].rstrip("-.") or "unknown"
 
 
+def _pages(huge_pages: bool) -> str:
+    return f"huge pages {'on' if huge_pages else 'off'}"
+
+
 def _key(model: str, structure_hash: str, device: str, dtype: str, batch: int,
-         torch_version: str, processes: int = 1) -> str:
+         torch_version: str, processes: int = 1, huge_pages: bool = False) -> str:
     concurrent = f"-x{processes}" if processes > 1 else ""
+    pages = "-hugepages" if huge_pages else ""
     return (f"{safe_name(model)}-{structure_hash}-{safe_name(device, 40)}-{dtype}-b{batch}"
-            f"-torch{safe_name(torch_version, 24)}{concurrent}")
+            f"-torch{safe_name(torch_version, 24)}{pages}{concurrent}")
 
 
 def profile_key(graph: LayerGraph, device_name: str, dtype: str = DTYPE,
                 batch: int | None = None, torch_version: str | None = None,
-                processes: int = 1) -> str:
+                processes: int = 1, huge_pages: bool | None = None) -> str:
     """File-name key: model, structure hash, device, dtype, global batch, torch version and,
-    when several profilers ran at once, their number (`-xP`).
+    `-hugepages` when the profilers ran with huge pages (default: as this process's
+    environment says) and, when several ran at once, their number (`-xP`).
 
     Anything that changes a tile's time changes the key, so a new device or torch upgrade
     profiles again instead of reusing stale numbers.
     """
     return _key(graph.model, graph.structure_hash, device_name, dtype,
                 graph.batch if batch is None else batch, torch_version or torch.__version__,
-                processes)
+                processes, huge_pages_in_use() if huge_pages is None else huge_pages)
 
 
 def default_profile_path(graph: LayerGraph, device_name: str, dtype: str = DTYPE,
                          batch: int | None = None, *, torch_version: str | None = None,
-                         processes: int = 1, root: str | Path | None = None) -> Path:
+                         processes: int = 1, huge_pages: bool | None = None,
+                         root: str | Path | None = None) -> Path:
     """data/profiles/<key>.json under `root` (default: the current directory)."""
     base = Path(root) if root is not None else Path()
-    key = profile_key(graph, device_name, dtype, batch, torch_version, processes)
+    key = profile_key(graph, device_name, dtype, batch, torch_version, processes, huge_pages)
     return base / PROFILE_DIR / f"{key}.json"
 
 
@@ -717,7 +730,7 @@ def profile_graph(
     name = device_name(target)
     if existing is not None:
         existing.check_matches(graph)
-        existing.check_device(name, torch.__version__)
+        existing.check_device(name, torch.__version__, huge_pages_in_use())
         existing.check_processes(processes)
     warmup = DEFAULT_WARMUP[kind] if warmup is None else warmup
     repeats = DEFAULT_REPEATS[kind] if repeats is None else repeats
@@ -760,6 +773,7 @@ def profile_graph(
         devices=max(devices, existing.devices if existing else 0),
         threads=thread_count,
         processes=processes,
+        huge_pages=huge_pages_in_use(),
         method="cuda-events" if kind == "cuda" else "monotonic-median",
         warmup=warmup,
         repeats=repeats,

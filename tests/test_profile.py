@@ -34,6 +34,7 @@ from strategies.profile import (
     run_tile,
     tile_plan,
 )
+from strategies.runtime.huge_pages import huge_pages_in_use
 from strategies.space import ParallelConfig, enumerate_configs
 from strategies.tiles import as_4d, largest_tile, needed_range, tile_box
 
@@ -306,11 +307,14 @@ def test_check_matches_rejects_other_structure_and_batch(tiny, tiny_profile):
         profile.check_matches(tiny, batch=16)
 
 
-def test_check_device_rejects_another_torch(tiny_profile):
+def test_check_device_rejects_another_torch_or_huge_page_setting(tiny_profile):
     profile, _ = tiny_profile
-    profile.check_device(profile.device_name, torch.__version__)
+    profile.check_device(profile.device_name, torch.__version__, profile.huge_pages)
     with pytest.raises(LayerwiseError, match="torch 9.9"):
-        profile.check_device(profile.device_name, "9.9")
+        profile.check_device(profile.device_name, "9.9", profile.huge_pages)
+    other = "off" if profile.huge_pages else "on"
+    with pytest.raises(LayerwiseError, match=f"this machine .* huge pages {other}"):
+        profile.check_device(profile.device_name, torch.__version__, not profile.huge_pages)
 
 
 @pytest.mark.parametrize(("content", "fragment"), [
@@ -343,7 +347,7 @@ def test_missing_tile_names_the_layer_and_the_fix(tiny_profile):
         profile.tile_seconds("nope", "1x2x3")
 
 
-def test_profile_paths_separate_model_batch_device_and_torch(tmp_path, tiny):
+def test_profile_paths_separate_model_batch_device_torch_and_huge_pages(tmp_path, tiny):
     path = default_profile_path(tiny, "AMD EPYC 7B13 64-Core", root=tmp_path)
     assert path.parent == tmp_path / "data" / "profiles"
     assert path.name.startswith(f"tiny_cnn-{tiny.structure_hash}-amd-epyc-7b13-64-core-float32-b8")
@@ -351,7 +355,10 @@ def test_profile_paths_separate_model_batch_device_and_torch(tmp_path, tiny):
     assert profile_key(tiny, "x", batch=16) != profile_key(tiny, "x")
     assert profile_key(tiny, "x", torch_version="9.9") != profile_key(tiny, "x")
     assert profile_key(tiny, "y") != profile_key(tiny, "x")
-    assert profile_key(tiny, "x", processes=2) == profile_key(tiny, "x") + "-x2"
+    plain = profile_key(tiny, "x", huge_pages=False)
+    assert profile_key(tiny, "x", processes=2, huge_pages=False) == plain + "-x2"
+    assert profile_key(tiny, "x", huge_pages=True) == plain + "-hugepages"
+    assert profile_key(tiny, "x") == profile_key(tiny, "x", huge_pages=huge_pages_in_use())
     user = build_graph("tiny_cnn", batch=8).model_copy(update={"model": "pkg.mod:make"})
     assert "/" not in profile_key(user, "GPU / x") and ":" not in profile_key(user, "x")
 
@@ -359,6 +366,7 @@ def test_profile_paths_separate_model_batch_device_and_torch(tmp_path, tiny):
 def test_profile_key_of_a_profile_is_its_default_file_name(tiny, tiny_profile):
     profile, _ = tiny_profile
     assert profile.key == profile_key(tiny, profile.device_name)
+    assert profile.huge_pages is huge_pages_in_use()  # what this process's tensors were on
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ import torch
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.profile import Profile
+from strategies.runtime.huge_pages import huge_pages_in_use
 
 
 class ProfileMismatchError(LayerwiseError):
@@ -27,13 +28,13 @@ def reusable_profile(path: Path, graph: LayerGraph, device_name: str,
     """The profile at `path` to extend, or None when there is none (no file, or one measured
     by an older layerwise, to be measured again). LayerwiseError for a broken file;
     ProfileMismatchError when it is for another graph structure or batch, another device,
-    torch or dtype, or another process count."""
+    torch, dtype or huge-page setting, or another process count."""
     existing = Profile.reusable(path)
     if existing is None:
         return None
     try:
         existing.check_matches(graph, source=path)
-        existing.check_device(device_name, torch.__version__, source=path)
+        existing.check_device(device_name, torch.__version__, huge_pages_in_use(), source=path)
         existing.check_processes(processes, source=path)
     except LayerwiseError as error:
         raise ProfileMismatchError(str(error)) from None
