@@ -204,7 +204,10 @@ class _ColumnExchange:
 
     Forward: every worker's columns to every worker (all-to-all with uneven column counts,
     which gloo supports where all_gather does not). Backward: every worker's partial gradient
-    of each worker's columns to that worker, summed there.
+    of each worker's columns to that worker, summed there. Both hand back row-major tensors:
+    an FC layer's backward follows its input's layout, and on a transposed input MKL took 85 ms
+    for AlexNet's [8, 4096] input gradient that a row-major one gets in a few (the copy is of
+    one pass's activations, a few hundred KB).
     """
 
     def __init__(self, splits: list[int], rank: int, counter: ByteCounter, layer: str) -> None:
@@ -221,7 +224,7 @@ class _ColumnExchange:
                                input_split_sizes=[mine.shape[0]] * len(self.splits))
         self.counter.add(self.layer, "transfer",
                          (len(self.splits) - 1) * mine.numel() * mine.element_size())
-        return received.t()
+        return received.t().contiguous()
 
     def reduce(self, gradient: torch.Tensor) -> torch.Tensor:
         pieces = gradient.t().contiguous()
@@ -231,7 +234,7 @@ class _ColumnExchange:
                                input_split_sizes=self.splits)
         self.counter.add(self.layer, "transfer",
                          (pieces.shape[0] - own) * pieces.shape[1] * pieces.element_size())
-        return received.view(len(self.splits), own, -1).sum(0).t()
+        return received.view(len(self.splits), own, -1).sum(0).t().contiguous()
 
 
 class _GatherColumns(torch.autograd.Function):
