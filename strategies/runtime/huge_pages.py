@@ -1,10 +1,10 @@
 """Transparent huge pages for torch's large CPU tensors, in every process layerwise starts.
 
 A CPU training step allocates its large tensors afresh (weight gradients, SGD's weight-decay
-sum, activations) and glibc hands each of 32 MB or more back to the kernel when it is freed
-(its mmap threshold), so the next step faults every 4 KB page in again, zeroed. On AlexNet
-(58M weights) that is most of a step's system time: a 15-strategy float64 `layerwise verify`
-took 30M page faults. torch maps tensors of 2 MB and more on 2 MB pages when the variable
+sum, activations) and glibc hands each one above its mmap threshold (at most 32 MB) back to
+the kernel when it is freed, so the next step faults every 4 KB page in again, zeroed. On
+AlexNet (58M weights) that is most of a step's system time: a 15-strategy float64 `layerwise
+verify` took 30M page faults. torch maps tensors of 2 MB and more on 2 MB pages when the variable
 below is set (torch 2.2's CPU allocator, opt-in), 512 times fewer faults;
 benchmarks/bench_huge_pages.py measures what that does to step times, side by side.
 
