@@ -59,6 +59,7 @@ from strategies.fx_nodes import count_include_pad
 from strategies.graph import Layer, LayerGraph
 from strategies.runtime.huge_pages import huge_pages_in_use
 from strategies.runtime.parent_death import die_with_multiprocessing_parent
+from strategies.schedules import profiled_configs
 from strategies.space import ParallelConfig, enumerate_configs
 from strategies.tiles import TileWork, as_4d, largest_tile, tile_box
 
@@ -665,11 +666,14 @@ def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu
 def tile_plan(graph: LayerGraph, devices: int,
               configs: Mapping[str, Sequence[ParallelConfig]] | None = None,
               ) -> dict[str, dict[str, TileWork]]:
-    """Layer name -> distinct tile key -> tile, over the layer's configs (default: all)."""
+    """Layer name -> distinct tile key -> tile, over the layer's configs (default: all of its
+    search space, and the configs beyond it whose tiles a schedule's pricer reads)."""
+    beyond = profiled_configs(graph, devices)
     plan: dict[str, dict[str, TileWork]] = {}
     for layer in graph.layers:
         chosen = configs.get(layer.name) if configs is not None else None
-        layer_configs = chosen if chosen is not None else enumerate_configs(layer, devices)
+        layer_configs = chosen if chosen is not None else [
+            *enumerate_configs(layer, devices), *beyond.get(layer.name, ())]
         tiles: dict[str, TileWork] = {}
         for config in layer_configs:
             tile = largest_tile(layer, config)

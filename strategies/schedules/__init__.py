@@ -23,7 +23,9 @@ Add a strategy
      and in `planner.py`, `reprice(strategy, cost) -> Strategy`: a strategy read from a file,
      checked as the engine will check it and priced for the run (`repriced`).
      Without them the layer-wise executor runs its configs (`LayerwiseExecution`), priced
-     by Eq. 1.
+     by Eq. 1. If its pricer reads tiles of configs outside the search space (OWT's passes
+     of B/K rows), `profiled_configs(graph, devices)` in `planner.py` names them per layer,
+     so that every profile times them.
 2. One entry in `SCHEDULES`: its names, the names inexact by design, and the paths above.
 """
 
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from strategies.cost import CostModel
     from strategies.graph import LayerGraph
     from strategies.runtime.engine_base import Engine, EngineContext
+    from strategies.space import ParallelConfig
     from strategies.strategy import Strategy
 
 LAYERWISE_ENGINE = "strategies.runtime.engine:LayerwiseEngine"
@@ -68,6 +71,8 @@ class Schedule:
     # (saved strategy, cost) -> the strategy checked and priced on cost's graph and devices
     reprice: str = LAYERWISE_PRICE
     inexact: tuple[str, ...] = ()  # names whose step is not one device's SGD step by design
+    # (graph, devices) -> per layer, configs beyond the search space whose tiles `builder` reads
+    profiled: str | None = None
 
     def __post_init__(self) -> None:
         if self.names and self.builder is None:
@@ -94,6 +99,7 @@ SCHEDULES: tuple[Schedule, ...] = (
         builder="strategies.schedules.owt.planner:build_strategy",
         reprice="strategies.schedules.owt.planner:reprice",
         engine="strategies.schedules.owt.engine:OwtEngine",
+        profiled="strategies.schedules.owt.planner:profiled_configs",
         help="Krizhevsky 2014's one weird trick: sample-parallel convs, channel-parallel FC, "
              "hand-off a all-gather, b broadcast per turn, c 1/K per round; _vb variable batch"),
     Schedule(
@@ -182,6 +188,17 @@ def scheduled_strategy(name: str, cost: CostModel) -> Strategy:
     if name not in SCHEDULED:
         raise ConfigError(f"unknown strategy '{name}'; choose from {', '.join(SCHEDULED)}")
     return SCHEDULED[name].build(name, cost)
+
+
+def profiled_configs(graph: LayerGraph, devices: int) -> dict[str, list[ParallelConfig]]:
+    """Per layer, the configs beyond its search space on `devices` devices whose tiles some
+    schedule's pricer reads: a profile times them too."""
+    configs: dict[str, list[ParallelConfig]] = {}
+    for schedule in SCHEDULES:
+        if schedule.profiled is not None:
+            for name, extra in _load(schedule.profiled)(graph, devices).items():
+                configs.setdefault(name, []).extend(extra)
+    return configs
 
 
 def schedule_help() -> str:

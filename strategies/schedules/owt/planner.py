@@ -49,7 +49,7 @@ from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
 from strategies.schedules.owt.execution import OwtExecution
 from strategies.space import ParallelConfig
 from strategies.strategy import Strategy
-from strategies.tiles import TileWork
+from strategies.tiles import largest_tile
 
 Scheme = Literal["a", "b", "c"]
 
@@ -179,11 +179,14 @@ def _seconds(seconds: Callable[[Layer, list[ParallelConfig]], np.ndarray], graph
 def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
     """Predicted step of an OWT scheme on `cost`'s graph and devices.
 
-    - compute: Eq. 1's t_c of the OWT configs. The K passes of b rows (b, c) each cost the FC
-      tile of b rows on an analytic device (small GEMMs leave the device's SMs idle: the
-      device model's waves); a profile measured the B-row tiles, so there one pass of B rows
-      stands for the K passes. The variable batch adds K-1 FC weight updates per step (the
-      cost model's update of the worker's FC shards, measured or memory-bound).
+    - compute: Eq. 1's t_c of the OWT configs, except that in b and c each FC layer runs K
+      passes of its pass tile (`pass_config`: b rows, 1/K of the neurons), measured by a
+      profile (`profiled_configs` puts it in every profile's plan) or priced by the device
+      model. K passes are not one pass of B rows: each reads the worker's weight shard and
+      accumulates its gradient again (AlexNet on 2 CPU processes: 1.4-1.8x owt_a's step), and small
+      GEMMs leave a GPU's SMs idle (the device model's waves). The variable batch adds K-1 FC
+      weight updates per step (the cost model's update of the worker's FC shards, measured or
+      memory-bound).
     - transfer: h, one pass's hand-off forward and backward over the slowest link among the K
       devices. a: h, exposed. b, c: the next pass's hand-off runs during this pass's FC compute
       f, so only the first is exposed in full: h + (K-1) max(0, h - f), Krizhevsky's (K-1)/K
@@ -205,11 +208,10 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
     features = graph.by_name[split.flatten].output_shape[1]
     fc_seconds = _seconds(cost.pass_seconds, graph, split.channels, assignment)
     fc_passes_seconds = fc_seconds
-    if passes > 1 and not cost.compute.by_layer_name:
+    if passes > 1:
         fc_passes_seconds = passes * sum(
-            cost.compute.tile_seconds(graph.by_name[name],
-                                      _pass_tile(graph.by_name[name], per_worker, workers))
-            for name in split.channels)
+            cost.compute.tile_seconds(layer, largest_tile(layer, pass_config(workers)))
+            for layer in (graph.by_name[name] for name in split.channels))
     handoff = _handoff_seconds(scheme, link, workers, per_worker, features)
     rows = graph.batch // passes
     between_fc = sum(
@@ -228,12 +230,26 @@ def predict(cost: CostModel, scheme: Scheme, variable_batch: bool) -> Breakdown:
                      transfer_bytes=equation_1.transfer_bytes, sync_bytes=equation_1.sync_bytes)
 
 
-def _pass_tile(layer: Layer, rows: int, workers: int) -> TileWork:
-    """One worker's tile of an FC layer in one pass of `rows` rows: its 1/K of the neurons."""
-    features = layer.output_shape[1]
-    shard = -(-features // workers)
-    return TileWork(output_shape=(rows, shard), input_shapes=((rows, layer.input_shapes[0][1]),),
-                    param_elements=layer.param_count * shard // features)
+def pass_config(workers: int) -> ParallelConfig:
+    """The config whose largest tile is one worker's FC tile in one pass of schemes b and c:
+    B/K rows (n=K) of 1/K of the neurons (c=K). It spans K^2 devices, beyond the K a run's
+    search space holds, so profiles add it (`profiled_configs`)."""
+    return ParallelConfig(n=workers, c=workers, devices=tuple(range(workers * workers)))
+
+
+def profiled_configs(graph: LayerGraph, devices: int) -> dict[str, list[ParallelConfig]]:
+    """Per FC layer, the pass configs of every worker count OWT can run on up to `devices`
+    (a power of two from 2 that splits the batch and every FC layer's neurons): what a profile
+    must time beyond the search space for `predict` to price schemes b and c. Empty for a
+    graph OWT cannot run."""
+    try:
+        split = owt_split(graph)
+    except ConfigError:
+        return {}
+    counts = [workers for workers in (2 ** k for k in range(1, devices.bit_length()))
+              if not graph.batch % workers
+              and all(graph.by_name[name].output_shape[1] >= workers for name in split.channels)]
+    return {name: [pass_config(workers) for workers in counts] for name in split.channels}
 
 
 def build_strategy(name: str, cost: CostModel) -> Strategy:
