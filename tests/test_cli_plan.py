@@ -12,7 +12,7 @@ from strategies.cluster import load_cluster
 from strategies.errors import ConfigError, LayerwiseError
 from strategies.graph import build_graph
 from strategies.jobs.costing import resolved_placement
-from strategies.space import ParallelConfig
+from strategies.space import ParallelConfig, enumerate_configs
 from strategies.strategy import Strategy
 
 runner = CliRunner()
@@ -248,6 +248,8 @@ def test_the_default_placement_takes_the_whole_space_unless_it_would_take_minute
     placement, note = resolved_placement(graph, 128, "auto")
     assert placement == "origin"
     assert "resnet18 on 128 devices" in note and "--placement aligned" in note
+    pairs = sum(len(enumerate_configs(layer, 128)) ** 2 for layer in graph.layers)
+    assert f"prices {pairs:,} config pairs" in note
     assert resolved_placement(graph, 128, "aligned") == ("aligned", None)
     with pytest.raises(LayerwiseError, match="auto, aligned or origin"):
         resolved_placement(graph, 4, "everywhere")

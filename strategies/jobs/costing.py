@@ -7,10 +7,11 @@ from pathlib import Path
 
 from strategies.cluster import Cluster, load_cluster
 from strategies.compute import AnalyticCompute, ProfiledCompute
-from strategies.cost import BatchNormStatistics, CostModel, Placement, configs_for
+from strategies.cost import BatchNormStatistics, CostModel, Placement
 from strategies.errors import LayerwiseError
 from strategies.graph import LayerGraph
 from strategies.profile import Profile
+from strategies.space import count_configs
 
 AUTO = "auto"
 PLACEMENTS: tuple[str, ...] = (AUTO, "aligned", "origin")
@@ -51,7 +52,7 @@ def resolved_placement(graph: LayerGraph, devices: int, placement: str,
         return placement, None  # type: ignore[return-value]
     if devices <= AUTO_ALIGNED_DEVICES:
         return "aligned", None
-    pairs = sum(len(configs_for(layer, devices, "aligned")) ** 2 for layer in graph.layers)
+    pairs = sum(count_configs(layer, devices) ** 2 for layer in graph.layers)
     return "origin", (f"placement origin: the whole space of {graph.model} on {devices} devices "
                       f"prices {pairs:,} config pairs, searched in seconds up to "
                       f"{AUTO_ALIGNED_DEVICES} devices; every layer's devices start at device 0 "
