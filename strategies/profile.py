@@ -235,7 +235,7 @@ class Profile(BaseModel):
 
     def _rerun_hint(self) -> str:
         return (f"profile again with {_profile_command(self.model, self.input_shape, self.batch)} "
-                "using the device count of this search")
+                "using the device count of this search (it measures only the tiles the file lacks)")
 
     def save(self, path: str | Path) -> Path:
         """Write this profile as JSON, atomically."""
