@@ -1,7 +1,7 @@
 """The device model (analytic t_c) against tiles measured on this machine: its error per op kind.
 
     .venv/bin/python benchmarks/device_model_check.py --device cpu --cluster local --models tiny_cnn
-    python3 benchmarks/device_model_check.py --cluster h200x8 --models alexnet,vgg16,resnet50 \
+    python3 benchmarks/device_model_check.py --cluster h100x8 --models alexnet,vgg16,resnet50 \
         --devices 4 --out $OUT/device_model_check.json           # on a lent GPU (see below)
 
 For each model it builds the layer graph at a global batch of --batch-per-device x --devices,
@@ -20,9 +20,10 @@ the wheels of pydantic, pydantic-core, annotated-types and typing-inspection for
 the device tool's README says):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    PYTHONPATH=/tmp/site:. python3 benchmarks/device_model_check.py --cluster h200x8 ...
+    PYTHONPATH=/tmp/site:. python3 benchmarks/device_model_check.py --cluster h100x8 ...
 
-Measure on the GPU the preset describes: the device's name is printed beside the preset's.
+Measure on the GPU the preset describes (h100x8 on an H100, h200x8 on an H200): the device's name
+is printed beside the preset's.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from strategies.cluster import (
 from strategies.errors import ClusterError, LayerwiseError
 from strategies.oracle import allreduce_seconds as oracle_allreduce
 
-EXPECTED_DEVICES = {"p100x16": 16, "k20x8": 8, "abci": 4352, "h200x8": 8, "local": 8}
+EXPECTED_DEVICES = {"p100x16": 16, "k20x8": 8, "abci": 4352, "h100x8": 8, "h200x8": 8,
+                    "local": 8}
 
 
 def brute_slowest(cluster: Cluster, devices) -> Link | None:
@@ -111,6 +112,9 @@ def test_preset_figures():
     assert h200.device.peak_flops_bf16 == 989e12
     assert h200.device.memory_bandwidth == 4.8e12
     assert h200.links.inter_node.bandwidth == 50e9
+    h100 = load_cluster("h100x8")
+    assert (h100.device.memory_bandwidth, h100.device.memory_bytes) == (3.35e12, 80e9)
+    assert h100.device.multiprocessors == h200.device.multiprocessors == 132
     assert load_cluster("local").device.name == "cpu"
 
 
