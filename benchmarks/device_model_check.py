@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -51,30 +51,26 @@ def op_kind(layer: Layer) -> str:
     return layer.kind + ("+bn" if fused_norm else "")
 
 
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile of `values` (inclusive method; the value itself for one value)."""
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=10, method="inclusive")[round(q * 10) - 1]
-
-
 def check_model(model: str, args: argparse.Namespace, compute: AnalyticCompute,
                 console: Console) -> list[dict[str, object]]:
     """Every tile of `model`: kind, layer, tile key, measured and modelled seconds."""
     graph = build_graph(model, batch=args.batch_per_device * args.devices,
                         image_size=args.image_size)
+
+    def progress(done: int, total: int, name: str) -> None:
+        if done % 10 == 0 or done == total:
+            console.print(f"  {model}: {done}/{total} layers ({name})", highlight=False)
+
     started = time.perf_counter()
-    profile = profile_graph(graph, args.devices, device=args.device,
-                            progress=lambda done, total, name: console.print(
-                                f"  {model}: {done}/{total} layers ({name})", highlight=False)
-                            if done % 10 == 0 or done == total else None)
+    profile = profile_graph(graph, args.devices, device=args.device, progress=progress)
     console.print(f"{model}: {profile.tile_count} tiles measured in "
                   f"{time.perf_counter() - started:.1f} s", highlight=False)
+    plan = tile_plan(graph, args.devices)  # the tiles profile_graph measured
     rows: list[dict[str, object]] = []
     for layer in graph.layers:
         if layer.kind == "input":
             continue
-        for key, tile in tile_plan(graph, args.devices)[layer.name].items():
+        for key, tile in plan[layer.name].items():
             rows.append({"model": model, "kind": op_kind(layer), "layer": layer.name,
                          "tile": key, "measured": profile.seconds[layer.name][key],
                          "modelled": compute.tile_seconds(layer, tile)})
@@ -94,14 +90,14 @@ def summary(rows: list[dict[str, object]]) -> Table:
     for column in ("op kind", "tiles", "median", "p10", "p90", "sum ratio", "measured ms"):
         table.add_column(column, justify="left" if column == "op kind" else "right")
     for kind, kind_rows in sorted(by_kind.items()):
-        ratios = sorted(float(r["modelled"]) / float(r["measured"]) for r in kind_rows
-                        if float(r["measured"]) > 0)
+        ratios = [float(r["modelled"]) / float(r["measured"]) for r in kind_rows
+                  if float(r["measured"]) > 0]
         if not ratios:
             continue
+        median, low, high = np.percentile(ratios, [50, 10, 90])
         measured = sum(float(r["measured"]) for r in kind_rows)
         modelled = sum(float(r["modelled"]) for r in kind_rows)
-        table.add_row(kind, str(len(ratios)), f"{statistics.median(ratios):.2f}",
-                      f"{quantile(ratios, 0.1):.2f}", f"{quantile(ratios, 0.9):.2f}",
+        table.add_row(kind, str(len(ratios)), f"{median:.2f}", f"{low:.2f}", f"{high:.2f}",
                       f"{modelled / measured:.2f}", f"{measured * 1e3:.1f}")
     return table
 
