@@ -256,12 +256,18 @@ class Link(_Spec):
     2(p-1)(alpha + m*beta/p) (`layerwise calibrate` writes them). A library all-reduce adds
     reduction arithmetic and copies to the messages; on CPUs with gloo it runs at a fraction
     of the point-to-point bandwidth. Without them a ring moves at the point-to-point figures.
+
+    `shared_by`: how many devices share one port of this link (aligned runs of that many
+    consecutive devices): a node with one network card for its four GPUs has `shared_by: 4`
+    on `inter_node`. The port's bandwidth is split among its devices that move data over it
+    at the same time (`cost.py`, `cost_tables.py`); 1 gives every device a port of its own.
     """
 
     bandwidth: Bandwidth
     latency: Latency
     ring_bandwidth: Bandwidth | None = None
     ring_latency: Latency | None = None
+    shared_by: int = Field(default=1, gt=0)
 
     _units: ClassVar[dict[str, str]] = {"bandwidth": "bandwidth", "latency": "latency",
                                         "ring_bandwidth": "bandwidth",
@@ -375,7 +381,27 @@ class Cluster(_Spec):
                 f"groups.size: must divide devices_per_node ({self.devices_per_node}) "
                 f"(got {self.groups.size})"
             )
+        for where, link, unit, devices in self._port_units():
+            if unit % link.shared_by:
+                raise ValueError(
+                    f"{where}.shared_by: the devices sharing a port sit in one {devices} "
+                    f"({unit} devices), so it must divide {unit} (got {link.shared_by})"
+                )
         return self
+
+    def _port_units(self) -> list[tuple[str, Link, int, str]]:
+        """Each link with the unit its ports serve: (where in the spec, link, devices in that
+        unit, what the unit is). Traffic leaves a node through the node's ports, a group
+        through the group's, and a group's own link joins single devices."""
+        group = self.groups.size if self.groups is not None else 1
+        units = [("links.intra_node", self.links.intra_node, group,
+                  "device group" if self.groups is not None else "device"),
+                 ("links.inter_node", self.links.inter_node, self.devices_per_node, "node")]
+        if self.groups is not None:
+            units.append(("groups.link", self.groups.link, 1, "device"))
+        if self.racks is not None:
+            units.append(("racks.link", self.racks.link, self.devices_per_node, "node"))
+        return units
 
     # -- structure ----------------------------------------------------------------------------
 

@@ -18,7 +18,9 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   group (the tiles that share a channel index): ring all-reduce (alpha-beta; 2(r-1) chunks of
   1/r of the shard per device) or the paper's parameter-server round trip (the group's first
   device takes r-1 gradients in and sends r-1 updates out, each over its link to that replica),
-  as the cluster says.
+  as the cluster says. The groups of a config reduce at once: where they cross a port that
+  devices share (`Link.shared_by`), their rings split its bandwidth and their servers' messages
+  queue at it (ports.py).
   With `sync: bucketed` (the runtime's pattern: a group's gradients all-reduced in buckets of
   GRADIENT_BUCKET_BYTES) a layer's t_s carries the ring latencies in proportion to its share of
   a bucket, so that t_s stays a sum over layers for the search; `evaluate` adds what that leaves
@@ -51,6 +53,7 @@ from strategies.compute import ComputeSource
 from strategies.cost_tables import LayerTiles, TransferTables
 from strategies.errors import ConfigError
 from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from strategies.ports import ServerPorts, ring_links, shares_ports
 from strategies.space import (
     ParallelConfig,
     check_config,
@@ -104,6 +107,8 @@ class CostModel:
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
+        self._shared_ports = shares_ports(cluster)
+        self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
         self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._link_ids: dict[GroupLinks, int] = {}
         self._link_groups: list[GroupLinks] = []  # by id
@@ -192,8 +197,13 @@ class CostModel:
             reduced = param_count + statistics * out_channels
             total_bytes[row] = 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
             worst = 0.0
-            for (c_start, c_stop), links in zip(output_ranges(layer, 1, config.c),
-                                                self._group_link_ids(config), strict=True):
+            ranges = output_ranges(layer, 1, config.c)
+            if self._shared_ports and self.cluster.sync == "parameter_server" and param_count:
+                worst = self._servers(config).seconds(
+                    [param_count * (stop - start) // out_channels * BYTES_PER_ELEMENT
+                     for start, stop in ranges])
+            for (c_start, c_stop), links in zip(ranges, self._group_link_ids(config),
+                                                strict=True):
                 # equal groups take equal time, in this layer and in every other
                 key = (c_stop - c_start, links, replicas, param_count, out_channels, norms)
                 if key not in self._group_seconds:
@@ -226,17 +236,30 @@ class CostModel:
             self._replica_link_ids[key] = tuple(ids)
         return self._replica_link_ids[key]
 
+    def _replica_groups(self, config: ParallelConfig) -> list[list[int]]:
+        """The devices of each channel index: the replicas of one weight shard."""
+        n, c, h, w = config.degrees
+        devices = np.array(config.devices).reshape(n, c, h * w)
+        return [devices[:, c_index].ravel().tolist() for c_index in range(c)]
+
+    def _servers(self, config: ParallelConfig) -> ServerPorts:
+        """The parameter servers' messages through shared ports under `config`."""
+        key = (config.degrees, config.devices)
+        if key not in self._server_ports:
+            self._server_ports[key] = ServerPorts.of(self.cluster, self._replica_groups(config))
+        return self._server_ports[key]
+
     def _group_links(self, config: ParallelConfig) -> list[GroupLinks]:
-        """The links of each replica group (the devices of one channel index): its slowest
-        link, and the links from its first device (the parameter server) to each other."""
+        """The links of each replica group (the devices of one channel index): the link its
+        ring runs at (its slowest, a shared port's bandwidth split among the groups crossing
+        it), and the links from its first device (the parameter server) to each other."""
         key = (config.degrees, config.devices)
         if key not in self._replica_links:
-            n, c, h, w = config.degrees
-            devices = np.array(config.devices).reshape(n, c, h * w)
+            groups = self._replica_groups(config)
+            rings = (ring_links(self.cluster, groups) if self._shared_ports
+                     else [self.cluster.slowest_link(group) for group in groups])
             links = []
-            for c_index in range(c):
-                group = devices[:, c_index].ravel().tolist()
-                slowest = self.cluster.slowest_link(group)
+            for group, slowest in zip(groups, rings, strict=True):
                 assert slowest is not None  # a group of r > 1 devices has a slowest link
                 server = [self.cluster.link(group[0], member) for member in group[1:]]
                 links.append(GroupLinks(slowest, tuple(sorted(

@@ -6,7 +6,9 @@ every config of a layer's search space at once, which the search needs whole.
 - `TransferTables`: t_x of every pair of producer and consumer configs of an edge, each
   element priced over the link it crosses: a receiving device's time is the sum over the
   cluster's link classes of its elements from that class at the class's seconds per element
-  plus the class's latency per sending tile.
+  plus the class's latency per sending tile. Where a class's port is shared (`Link.shared_by`),
+  its seconds per element are multiplied by the receiving config's devices behind that port:
+  they take their data through it at once.
 
 Why our own code: the box overlaps factor per dimension (along each dim the needed range of a
 tile depends only on its index along that dim), so the whole C_i x C_j matrix of an edge is a
@@ -291,11 +293,13 @@ class ConfigTable:
     device holds of the rest is in `tiers` (`TierViews`, one per unit size in `units`).
     For each group of two dims it also numbers the distinct states and exponent pairs
     (`GroupStates`), so that an edge's per-dim tables can be multiplied into one small table
-    per group.
+    per group. `sharing` (configs, D, link classes) holds, for each config's devices, how many
+    of its devices sit behind each class's port (`shared_by` devices per port; None where no
+    port is shared).
     """
 
     def __init__(self, configs: Sequence[ParallelConfig], devices: int, units: Sequence[int],
-                 single: np.ndarray) -> None:
+                 single: np.ndarray, shared_by: Sequence[int]) -> None:
         count = len(configs)
         self.single = single
         self.exponents = np.zeros((count, 4), dtype=np.int64)
@@ -332,6 +336,23 @@ class ConfigTable:
         first = len(single)
         self.tiers = tuple(_tier_views(configs[first:], self.exponents[first:], devices, unit)
                            for unit in units)
+        self.sharing = (None if all(size == 1 for size in shared_by)
+                        else _sharing(self.tile_of[..., 0] >= 0, shared_by))
+
+
+def _sharing(member: np.ndarray, shared_by: Sequence[int]) -> np.ndarray:
+    """(configs, D, link classes): for each config's devices, how many of its devices sit in
+    the device's run of `shared_by[k]` devices (class k's port); 1 where the port is its own."""
+    count, devices = member.shape
+    sharing = np.ones((count, devices, len(shared_by)), dtype=np.float64)
+    for k, size in enumerate(shared_by):
+        if size > 1:
+            runs = -(-devices // size)
+            padded = np.zeros((count, runs * size), dtype=np.int64)
+            padded[:, :devices] = member
+            behind = padded.reshape(count, runs, size).sum(axis=2)
+            sharing[..., k] = np.maximum(np.repeat(behind, size, axis=1)[:, :devices], 1)
+    return sharing
 
 
 # ---- t_x: per-edge tables --------------------------------------------------------------------
@@ -524,10 +545,11 @@ class TierTerms:
 class LinkClass:
     """Seconds per element and latency of one tier's link: what a device pays per element
     and per message it gets from a device in its unit of this tier but not of the one
-    before (`Cluster.link_tiers`)."""
+    before (`Cluster.link_tiers`), through a port `shared_by` devices share."""
 
     seconds_per_element: float
     latency: float
+    shared_by: int = 1
 
 
 @dataclass(frozen=True)
@@ -554,7 +576,9 @@ class ProducerSide:
     # (D, single); the other configs' by the runs of producer tiles each device's units hold
     seconds_per_element: np.ndarray
     latency: np.ndarray
+    classes: np.ndarray  # (D, single): the link class of those figures
     tiers: list[TierSide]
+    sharing: np.ndarray | None  # `ConfigTable.sharing`, in the table's order
 
 
 @dataclass(frozen=True)
@@ -567,25 +591,28 @@ class ConsumerSide:
     need: np.ndarray  # (D, Q) elements each device's consumer tile needs
     seconds_per_element: np.ndarray  # (D, single) as `ProducerSide`'s
     latency: np.ndarray
+    classes: np.ndarray
     tiers: list[TierSide]
+    sharing: np.ndarray | None
 
 
 def _priced(own: np.ndarray, total: np.ndarray, own_messages: np.ndarray,
             all_messages: np.ndarray, tiers: Sequence[tuple[np.ndarray, np.ndarray]],
-            links: Sequence[LinkClass]) -> np.ndarray:
+            links: Sequence[LinkClass], per_element: Sequence[float | np.ndarray]) -> np.ndarray:
     """Seconds of one device's traffic, link class by link class: `own` of `total` elements
     are on the device itself, `tiers[k]` the elements and messages within its unit of tier k
     (its own included, nested, innermost first), the rest crosses the outermost link; each
-    class's elements at its seconds per element plus its messages at its latency."""
+    class's elements at its `per_element` seconds (`_rates`) plus its messages at its
+    latency."""
     held, messages = own, own_messages
     seconds = scratch = None
-    for (inside, sending), link in zip([*tiers, (total, all_messages)], links, strict=True):
+    for (inside, sending), link, rate in zip([*tiers, (total, all_messages)], links,
+                                             per_element, strict=True):
         if seconds is None:
-            seconds = np.multiply(np.subtract(inside, held), link.seconds_per_element)
+            seconds = np.multiply(np.subtract(inside, held), rate)
             scratch = np.empty_like(seconds)
         else:
-            seconds += np.multiply(np.subtract(inside, held), link.seconds_per_element,
-                                   out=scratch)
+            seconds += np.multiply(np.subtract(inside, held), rate, out=scratch)
         seconds += np.multiply(np.subtract(sending, messages), link.latency, out=scratch)
         held, messages = inside, sending
     assert seconds is not None  # one link class at least
@@ -613,6 +640,26 @@ def _tier_sums(tier: TierSide, other: Sequence[np.ndarray],
         sending = messages if sending is None else np.add(sending, messages, out=sending)
     assert inside is not None and sending is not None  # one slot at least
     return inside, sending
+
+
+def _rates(links: Sequence[LinkClass],
+           sharing: np.ndarray | None) -> list[float | np.ndarray]:
+    """Each link class's seconds per element for the receiving devices of a block; `sharing`
+    (block configs, devices, classes) multiplies a shared port's by its receivers, as
+    (configs, devices, 1) to broadcast over the other side's configs."""
+    if sharing is None:
+        return [link.seconds_per_element for link in links]
+    return [link.seconds_per_element * sharing[..., k, None] if link.shared_by > 1
+            else link.seconds_per_element for k, link in enumerate(links)]
+
+
+def _single_rates(per_element: np.ndarray, classes: np.ndarray,
+                  sharing: np.ndarray | None) -> np.ndarray:
+    """The single-class configs' seconds per element on a block's receiving devices
+    ((configs, devices, single)), their class's shared port priced as `_rates` does."""
+    if sharing is None:
+        return per_element
+    return per_element * np.take_along_axis(sharing, classes, axis=2)
 
 
 def _rows(table: np.ndarray, dtype: type) -> np.ndarray:
@@ -644,15 +691,19 @@ def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequen
     remote = np.subtract(need, same)
     forward = np.empty((len(columns), same.shape[2]))
     first = producer.seconds_per_element.shape[1]
+    sharing = (None if consumer.sharing is None
+               else consumer.sharing[columns[:, None], devices])  # the receivers' ports
     if first:
-        one = remote[..., :first] * producer.seconds_per_element[devices]
+        one = remote[..., :first] * _single_rates(producer.seconds_per_element[devices],
+                                                  producer.classes[devices], sharing)
         messages = np.subtract(recv[..., :first], same[..., :first] > 0)
         one += messages * producer.latency[devices]
         forward[:, :first] = one.max(axis=1)
     if first < same.shape[2]:
         same, recv = same[..., first:], recv[..., first:]
         tiers = [_tier_sums(tier, q_states, devices) for tier in producer.tiers]
-        forward[:, first:] = _priced(same, need, same > 0, recv, tiers, links).max(axis=1)
+        forward[:, first:] = _priced(same, need, same > 0, recv, tiers, links,
+                                     _rates(links, sharing)).max(axis=1)
     return forward, remote.sum(axis=1, dtype=np.int64)
 
 
@@ -677,9 +728,12 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Seque
     assert same is not None and row_sum is not None and sent is not None  # two groups
     back = np.empty((len(rows), same.shape[2]))
     first = consumer.seconds_per_element.shape[1]
+    sharing = (None if producer.sharing is None
+               else producer.sharing[rows[:, None], devices])  # the receivers' ports
     if first:
         one = np.subtract(row_sum[..., :first], same[..., :first])
-        one = one * consumer.seconds_per_element[devices]
+        one = one * _single_rates(consumer.seconds_per_element[devices],
+                                  consumer.classes[devices], sharing)
         messages = np.subtract(sent[..., :first], same[..., :first] > 0)
         one += messages * consumer.latency[devices]
         back[:, :first] = one.max(axis=1)
@@ -687,7 +741,8 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Seque
         same, row_sum, sent = same[..., first:], row_sum[..., first:], sent[..., first:]
         tiers = [_tier_sums(tier, [state * table.shape[1] for state, table in zip(
             p_states, tier.elements, strict=True)], devices) for tier in consumer.tiers]
-        back[:, first:] = _priced(same, row_sum, same > 0, sent, tiers, links).max(axis=1)
+        back[:, first:] = _priced(same, row_sum, same > 0, sent, tiers, links,
+                                  _rates(links, sharing)).max(axis=1)
     return back
 
 
@@ -707,7 +762,7 @@ class TransferTables:
         for size, link in cluster.link_tiers():
             self._links.append(LinkClass(
                 seconds_per_element=1.0 / link.bandwidth * BYTES_PER_ELEMENT,
-                latency=link.latency))
+                latency=link.latency, shared_by=link.shared_by))
             if size >= devices:
                 break
             self._units.append(size)
@@ -783,8 +838,10 @@ class TransferTables:
         keys = {self._dim_key(producer, consumer, dim)
                 for producer, consumer in edges for dim in range(4)}
         per_table = dim_table_bytes(self._levels)
+        per_config = _CONFIG_TABLE_BYTES + (  # and `ConfigTable.sharing` where a port is shared
+            8 * len(self._links) if any(link.shared_by > 1 for link in self._links) else 0)
         needed = (len(keys) * per_table
-                  + sum(count * self.devices * _CONFIG_TABLE_BYTES for count in config_counts)
+                  + sum(count * self.devices * per_config for count in config_counts)
                   + pairs * _PAIR_BYTES)
         check_memory(needed, f"the cost model on {self.devices} devices ({len(keys)} "
                              f"per-dimension transfer tables of {human_bytes(per_table)} each)",
@@ -854,7 +911,8 @@ class TransferTables:
             mixed = (classes < 0).any(axis=1)
             order = np.argsort(mixed, kind="stable")
             table = ConfigTable([configs[index] for index in order], self.devices,
-                                self._units, classes[order[:len(configs) - mixed.sum()]])
+                                self._units, classes[order[:len(configs) - mixed.sum()]],
+                                [link.shared_by for link in self._links])
             self._config_tables[key] = (order, table)
         return self._config_tables[key]
 
@@ -899,6 +957,8 @@ class TransferTables:
                   for terms in groups],
             seconds_per_element=np.ascontiguousarray(per_element[ptab.single].T),
             latency=np.ascontiguousarray(latency[ptab.single].T),
+            classes=np.ascontiguousarray(ptab.single.T),
+            sharing=ptab.sharing,
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0) * same.shape[1])
                        for state, same in zip(view.state, terms.same, strict=True)],
@@ -913,6 +973,8 @@ class TransferTables:
             need=np.ascontiguousarray(need.T.astype(dtype)),
             seconds_per_element=np.ascontiguousarray(per_element[qtab.single].T),
             latency=np.ascontiguousarray(latency[qtab.single].T),
+            classes=np.ascontiguousarray(qtab.single.T),
+            sharing=qtab.sharing,
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
                 elements=[_rows(row, dtype) for row in terms.row],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -112,12 +113,21 @@ def test_reproduce_optcnn_covers_the_papers_grid():
     one_line_error(runner.invoke(app, ["reproduce", "alexnet2012"]), "available: optcnn")
 
 
+def two_p100s(folder: Path) -> Path:
+    """A user's cluster file: one node of two P100s, its network card shared by both."""
+    preset = load_cluster("p100x16")
+    links = preset.links.model_copy(update={
+        "inter_node": preset.links.inter_node.model_copy(update={"shared_by": 2})})
+    path = folder / "two.yaml"
+    path.write_text(preset.model_copy(update={
+        "name": "two_p100", "nodes": 1, "devices_per_node": 2, "links": links}).to_yaml())
+    return path
+
+
 def test_reproduce_optcnn_on_a_users_cluster_and_batch(tmp_path):
     """--cluster and --batch-per-device: the grid stops at the cluster's device count, every
     row is priced at the batch asked for, the ratios to data parallelism are printed."""
-    two = tmp_path / "two.yaml"
-    two.write_text(load_cluster("p100x16").model_copy(
-        update={"name": "two_p100", "nodes": 1, "devices_per_node": 2}).to_yaml())
+    two = two_p100s(tmp_path)
     result = runner.invoke(app, ["reproduce", "optcnn", "--cluster", str(two),
                                  "--batch-per-device", "2", "--json"])
     assert result.exit_code == 0, result.output
@@ -144,9 +154,7 @@ def test_reproduce_optcnn_prices_synced_batch_norm_statistics_when_asked(tmp_pat
     """The paper's systems normalised each GPU's tile by its own statistics (the default);
     `--batch-norm synced` adds SyncBatchNorm's all-reduce of 4 values per channel of every
     BatchNorm, to data parallelism's bytes exactly, and nothing where there is no BatchNorm."""
-    two = tmp_path / "two.yaml"
-    two.write_text(load_cluster("p100x16").model_copy(
-        update={"name": "two_p100", "nodes": 1, "devices_per_node": 2}).to_yaml())
+    two = two_p100s(tmp_path)
     documents = {}
     for statistics in ("local", "synced"):
         result = runner.invoke(app, ["reproduce", "optcnn", "--cluster", str(two),

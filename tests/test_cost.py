@@ -227,12 +227,14 @@ def naive_edge(cost, producer, consumer, pconf, qconf) -> tuple[float, int]:
             volume *= max(0, min(h1, n1) - max(h0, n0))
         return volume
 
-    def priced(shares) -> float:
-        """A device's ingress: each (sender, receiver, elements) over the link between them."""
+    def priced(shares, receivers) -> float:
+        """A device's ingress: each (sender, receiver, elements) over the link between them,
+        whose port the receiving config's devices behind it share."""
         seconds = 0.0
         for sender, receiver, elements in shares:
             link = cost.cluster.link(sender, receiver)
-            seconds += elements * 4 / link.bandwidth + link.latency
+            behind = sum(d // link.shared_by == receiver // link.shared_by for d in receivers)
+            seconds += elements * 4 / link.bandwidth * behind + link.latency
         return seconds
 
     have = {device: box(producer, pconf, index, False) for index, device in pconf.tiles()}
@@ -242,12 +244,13 @@ def naive_edge(cost, producer, consumer, pconf, qconf) -> tuple[float, int]:
     for device, needed in need.items():  # forward: what each consumer tile receives
         shares = [(d, device, shared(h, needed)) for d, h in have.items() if d != device]
         shares = [share for share in shares if share[2] > 0]
-        forward = max(forward, priced(shares))
+        forward = max(forward, priced(shares, qconf.devices))
         remote_total += sum(elements for _, _, elements in shares)
     for device, held in have.items():  # backward: the gradients of what each tile sent
         shares = [(d, device, shared(held, needed)) for d, needed in need.items()
                   if d != device]
-        backward = max(backward, priced([share for share in shares if share[2] > 0]))
+        backward = max(backward, priced([share for share in shares if share[2] > 0],
+                                        pconf.devices))
     passes = 1 if producer.kind == "input" else 2
     if producer.kind == "input":
         backward = 0.0
@@ -334,8 +337,9 @@ def test_configs_on_scattered_devices_equal_the_definition(seed, devices, cluste
 def test_each_element_crosses_its_own_link():
     """p100x16 (NVLink inside a node of 4, InfiniBand across): a tensor split over devices 3
     and 4, one per node, read by devices 2 and 5, each beside its sender. No byte crosses
-    InfiniBand though the producer's devices span two nodes; a reader of all four quarters
-    on devices 2-5 takes two over NVLink and two over InfiniBand, one after the other."""
+    InfiniBand though the producer's devices span two nodes; device 0, reading all four
+    quarters from devices 2-5, takes two over NVLink and two over InfiniBand, one after the
+    other."""
     graph = build_graph("tiny_cnn", batch=8, image_size=8)
     producer, consumer = graph.layers[1], graph.layers[2]  # two convs: a sample needs its own
     half = math.prod(as_4d(producer.output_shape)) // 2
@@ -348,10 +352,13 @@ def test_each_element_crosses_its_own_link():
                                           rel=1e-12)
     seconds, moved = cost.edge(producer, consumer, [P("n4c1h1w1@2-5")], [P("n1c1h1w1@0")])
     quarter = half // 2
+    # backward, devices 4 and 5 take their gradients through node 1's one InfiniBand port
+    # (shared_by 4) at once: each at half its bandwidth
+    assert infiniband.shared_by == 4
     assert seconds[0, 0] == pytest.approx(
         2 * (quarter * 4 / nvlink.bandwidth + nvlink.latency)
         + 2 * (quarter * 4 / infiniband.bandwidth + infiniband.latency)
-        + quarter * 4 / infiniband.bandwidth + infiniband.latency, rel=1e-12)
+        + 2 * quarter * 4 / infiniband.bandwidth + infiniband.latency, rel=1e-12)
 
 
 @pytest.mark.parametrize(("model", "devices"), [("inception_v3", 8), ("resnet18", 16)])
@@ -429,3 +436,43 @@ def test_the_parameter_server_reaches_each_replica_over_its_own_link():
         2 * 3 * (nvlink.latency + shard / nvlink.bandwidth)
         + 2 * 12 * (infiniband.latency + shard / infiniband.bandwidth), rel=1e-12)
     assert moved[0] == 2 * 15 * shard
+
+
+def test_parameter_servers_of_a_channel_split_queue_at_their_node_port():
+    """n4c4 on p100x16: the four groups' servers (their first devices, 0-3) sit on node 0 and
+    each reaches its three replicas on nodes 1-3 over InfiniBand. Alone each server's round
+    trips take 2 x 3 messages; the node's one port (shared_by 4) carries all 4 x 3 gradients
+    in, and as many updates out: 12 messages one way, twice a server's own bytes."""
+    graph = build_graph("alexnet", batch=32)
+    fc = graph.by_name["classifier_1"]
+    config = [P("n4c4h1w1@0-15")]
+    infiniband = CLUSTER.links.inter_node
+    shard = fc.param_count // 4 * 4  # bytes of one group's quarter of the weights
+    shared = model_for(graph, 16).sync(fc, config)[0][0]
+    assert shared == pytest.approx(12 * shard / infiniband.bandwidth, rel=1e-12)
+    own_ports = CLUSTER.model_copy(update={"links": CLUSTER.links.model_copy(update={
+        "inter_node": infiniband.model_copy(update={"shared_by": 1})})})
+    alone = model_for(graph, 16, own_ports).sync(fc, config)[0][0]
+    assert alone == pytest.approx(2 * 3 * (infiniband.latency + shard / infiniband.bandwidth),
+                                  rel=1e-12)
+    # data parallelism has one server: its own round trips (30 messages) outlast its port's 12
+    data = [P("n16c1h1w1@0-15")]
+    assert model_for(graph, 16).sync(fc, data)[0][0] == model_for(
+        graph, 16, own_ports).sync(fc, data)[0][0]
+
+
+def test_rings_crossing_one_shared_port_split_its_bandwidth():
+    """Under ring sync, n4c4's four replica groups (one device per node each) all cross every
+    node's one InfiniBand port: each ring runs at a quarter of its bandwidth; n16's one ring
+    crosses each port once and keeps it whole."""
+    ring = CLUSTER.model_copy(update={"sync": "ring"})
+    graph = build_graph("alexnet", batch=32)
+    fc = graph.by_name["classifier_1"]
+    infiniband = CLUSTER.links.inter_node
+    quarter = fc.param_count // 4 * 4
+    seconds = model_for(graph, 16, ring).sync(fc, [P("n4c4h1w1@0-15")])[0][0]
+    assert seconds == pytest.approx(
+        2 * 3 * (infiniband.latency + -(-quarter // 4) / (infiniband.bandwidth / 4)), rel=1e-12)
+    whole = fc.param_count * 4
+    assert model_for(graph, 16, ring).sync(fc, [P("n16c1h1w1@0-15")])[0][0] == pytest.approx(
+        2 * 15 * (infiniband.latency + -(-whole // 16) / infiniband.bandwidth), rel=1e-12)
