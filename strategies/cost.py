@@ -256,7 +256,8 @@ class CostModel:
         key = (config.degrees, config.devices)
         if key not in self._replica_links:
             groups = self._replica_groups(config)
-            rings = (ring_links(self.cluster, groups) if self._shared_ports
+            rings = (ring_links(self.cluster, groups)
+                     if self._shared_ports and self.cluster.sync != "parameter_server"
                      else [self.cluster.slowest_link(group) for group in groups])
             links = []
             for group, slowest in zip(groups, rings, strict=True):

@@ -34,12 +34,13 @@ def shares_ports(cluster: Cluster) -> bool:
     return any(link.shared_by > 1 for _, link in cluster.link_tiers())
 
 
-def _tiers_joining(cluster: Cluster, group: Sequence[int]) -> list[int]:
-    """Indices into `cluster.link_tiers()` of the tiers whose link joins two devices of
-    `group`: two of them in one unit of the tier but in different units of the tier before."""
+def _tiers_joining(tiers: Sequence[tuple[int, Link]], group: Sequence[int]) -> list[int]:
+    """Indices into `tiers` (`Cluster.link_tiers()`) of the tiers whose link joins two devices
+    of `group`: two of them in one unit of the tier but in different units of the tier
+    before."""
     used = []
     inner = 1
-    for k, (size, _) in enumerate(cluster.link_tiers()):
+    for k, (size, _) in enumerate(tiers):
         inner_units: dict[int, set[int]] = {}
         for device in group:
             inner_units.setdefault(device // size, set()).add(device // inner)
@@ -55,7 +56,7 @@ def ring_links(cluster: Cluster, groups: Sequence[Sequence[int]]) -> list[Link]:
     `Cluster.slowest_link`), a shared port's bandwidth (and ring bandwidth) divided by the
     groups whose rings cross it behind the same port."""
     tiers = cluster.link_tiers()
-    used = [_tiers_joining(cluster, group) for group in groups]
+    used = [_tiers_joining(tiers, group) for group in groups]
     crossing: Counter[tuple[int, int]] = Counter()  # (tier, port) -> groups crossing it
     for group, tier_ids in zip(groups, used, strict=True):
         for k in tier_ids:
@@ -86,21 +87,23 @@ class ServerPorts:
 
     @classmethod
     def of(cls, cluster: Cluster, groups: Sequence[Sequence[int]]) -> ServerPorts:
-        ports: dict[tuple[int, int], int] = {}
-        entries: list[tuple[int, int, float]] = []  # (group, port column, seconds per byte)
-        for g, group in enumerate(groups):
-            server = group[0]
-            for member in group[1:]:
-                link = cluster.link(server, member)
-                if link is None or link.shared_by == 1:
-                    continue
-                tier = _tier_of(cluster, server, member)
-                for device in (server, member):
-                    column = ports.setdefault((tier, device // link.shared_by), len(ports))
-                    entries.append((g, column, 1.0 / link.bandwidth))
+        """The table for replica groups of equal size (one config's), server first in each."""
+        tiers = cluster.link_tiers()
+        sizes = np.array([size for size, _ in tiers])
+        shared_by = np.array([link.shared_by for _, link in tiers])
+        per_byte = np.array([1.0 / link.bandwidth for _, link in tiers])
+        devices = np.array(groups)
+        servers, members = devices[:, :1], devices[:, 1:]
+        # each (server, member) pair's tier: the first whose unit holds both
+        tier = np.argmax(servers[..., None] // sizes == members[..., None] // sizes, axis=2)
+        group, pair = np.nonzero(shared_by[tier] > 1)
+        tier = tier[group, pair]
+        ends = np.stack([servers[group, 0], members[group, pair]])  # both ends use a port
+        keys = tier * (devices.max() + 1) + ends // shared_by[tier]
+        ports, column = np.unique(keys, return_inverse=True)
         table = np.zeros((len(groups), len(ports)))
-        for g, column, seconds in entries:
-            table[g, column] += seconds
+        np.add.at(table, (np.broadcast_to(group, ends.shape), column.reshape(ends.shape)),
+                  per_byte[tier])
         return cls(seconds_per_byte=table)
 
     def seconds(self, shard_bytes: Sequence[int]) -> float:
@@ -108,11 +111,3 @@ class ServerPorts:
         if not self.seconds_per_byte.size:
             return 0.0
         return float((np.asarray(shard_bytes, dtype=np.float64) @ self.seconds_per_byte).max())
-
-
-def _tier_of(cluster: Cluster, a: int, b: int) -> int:
-    """The index into `cluster.link_tiers()` of the link between devices `a` != `b`."""
-    for k, (size, _) in enumerate(cluster.link_tiers()):
-        if a // size == b // size:
-            return k
-    raise AssertionError("the last tier spans the cluster")
