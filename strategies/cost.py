@@ -252,7 +252,8 @@ class CostModel:
     def _group_links(self, config: ParallelConfig) -> list[GroupLinks]:
         """The links of each replica group (the devices of one channel index): the link its
         ring runs at (its slowest, a shared port's bandwidth split among the groups crossing
-        it), and the links from its first device (the parameter server) to each other."""
+        it; under a parameter server, where no ring runs, its slowest), and the links from its
+        first device (the parameter server) to each other."""
         key = (config.degrees, config.devices)
         if key not in self._replica_links:
             groups = self._replica_groups(config)
