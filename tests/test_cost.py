@@ -295,11 +295,14 @@ def test_search_space_matrices_equal_the_definition_pair_by_pair(model, devices,
             assert seconds[row, column] == pytest.approx(expected_seconds, rel=1e-12, abs=0)
 
 
-# Nodes of 6 in PCIe groups of 2, racks of 2 nodes: units that aligned blocks straddle
+# Nodes of 6 in PCIe groups of 2, racks of 2 nodes: units that aligned blocks straddle; a
+# node's InfiniBand ports each shared by 3 devices, its rack ports by 2
 ODD_CLUSTER = CLUSTER.model_copy(update={
     "nodes": 3, "devices_per_node": 6,
     "groups": DeviceGroups(size=2, link=Link(bandwidth=40e9, latency=2e-6)),
-    "racks": Racks(nodes_per_rack=2, link=Link(bandwidth=5e9, latency=30e-6))})
+    "links": CLUSTER.links.model_copy(update={
+        "inter_node": CLUSTER.links.inter_node.model_copy(update={"shared_by": 3})}),
+    "racks": Racks(nodes_per_rack=2, link=Link(bandwidth=5e9, latency=30e-6, shared_by=2))})
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
