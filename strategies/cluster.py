@@ -503,11 +503,12 @@ class Cluster(_Spec):
                 spanned.append(self.links.inter_node)
             if len(rack_counts) > 1:
                 spanned.append(self.racks.link)
-        slow = min(spanned, key=lambda link: link.bandwidth)
+        bandwidth = min(link.bandwidth for link in spanned)
         latency = max(link.latency for link in spanned)
-        if latency == slow.latency:
-            return slow
-        return Link(bandwidth=slow.bandwidth, latency=latency)
+        for link in spanned:  # one level that is both, as it is
+            if link.bandwidth == bandwidth and link.latency == latency:
+                return link
+        return Link(bandwidth=bandwidth, latency=latency)
 
     # -- output -------------------------------------------------------------------------------
 

@@ -321,8 +321,9 @@ def test_what_the_bounds_leave_alone_still_reads(tmp_path):
     preset = (Path(__file__).parents[1] / "strategies" / "clusters" / "abci.yaml").read_text()
     shared = preset.replace("  intra_node:\n    bandwidth: 50 GB/s\n    latency: 9 us\n",
                             "  intra_node: &fast\n    bandwidth: 50 GB/s\n    latency: 9 us\n")
-    shared = shared.replace("  link:\n    bandwidth: 12.5 GB/s\n    latency: 30.71 us",
-                            "  link: {<<: *fast, bandwidth: 12.5 GB/s, latency: 30.71 us}")
+    shared = shared.replace(
+        "  link:\n    bandwidth: 12.5 GB/s\n    latency: 30.71 us\n    shared_by: 2",
+        "  link: {<<: *fast, bandwidth: 12.5 GB/s, latency: 30.71 us, shared_by: 2}")
     assert "*fast" in shared
     (tmp_path / "shared.yaml").write_text(shared)
     assert load_cluster(tmp_path / "shared.yaml") == load_cluster("abci")
