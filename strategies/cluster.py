@@ -267,7 +267,7 @@ class Link(_Spec):
     latency: Latency
     ring_bandwidth: Bandwidth | None = None
     ring_latency: Latency | None = None
-    shared_by: int = Field(default=1, gt=0)
+    shared_by: int = Field(default=1, gt=0, le=1024)  # cost_tables counts them in int16
 
     _units: ClassVar[dict[str, str]] = {"bandwidth": "bandwidth", "latency": "latency",
                                         "ring_bandwidth": "bandwidth",

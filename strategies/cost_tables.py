@@ -342,15 +342,16 @@ class ConfigTable:
 
 def _sharing(member: np.ndarray, shared_by: Sequence[int]) -> np.ndarray:
     """(configs, D, link classes): for each config's devices, how many of its devices sit in
-    the device's run of `shared_by[k]` devices (class k's port); 1 where the port is its own."""
+    the device's run of `shared_by[k]` devices (class k's port); 1 where the port is its own.
+    Small counts: float32 holds them exactly, at half the memory of float64."""
     count, devices = member.shape
-    sharing = np.ones((count, devices, len(shared_by)), dtype=np.float64)
+    sharing = np.ones((count, devices, len(shared_by)), dtype=np.float32)
     for k, size in enumerate(shared_by):
         if size > 1:
             runs = -(-devices // size)
-            padded = np.zeros((count, runs * size), dtype=np.int64)
+            padded = np.zeros((count, runs * size), dtype=np.int16)  # size <= a node's devices
             padded[:, :devices] = member
-            behind = padded.reshape(count, runs, size).sum(axis=2)
+            behind = padded.reshape(count, runs, size).sum(axis=2, dtype=np.int16)
             sharing[..., k] = np.maximum(np.repeat(behind, size, axis=1)[:, :devices], 1)
     return sharing
 
@@ -649,8 +650,9 @@ def _rates(links: Sequence[LinkClass],
     (configs, devices, 1) to broadcast over the other side's configs."""
     if sharing is None:
         return [link.seconds_per_element for link in links]
-    return [link.seconds_per_element * sharing[..., k, None] if link.shared_by > 1
-            else link.seconds_per_element for k, link in enumerate(links)]
+    return [np.float64(link.seconds_per_element) * sharing[..., k, None]  # in float64
+            if link.shared_by > 1 else link.seconds_per_element
+            for k, link in enumerate(links)]
 
 
 def _single_rates(per_element: np.ndarray, classes: np.ndarray,
@@ -839,7 +841,7 @@ class TransferTables:
                 for producer, consumer in edges for dim in range(4)}
         per_table = dim_table_bytes(self._levels)
         per_config = _CONFIG_TABLE_BYTES + (  # and `ConfigTable.sharing` where a port is shared
-            8 * len(self._links) if any(link.shared_by > 1 for link in self._links) else 0)
+            4 * len(self._links) if any(link.shared_by > 1 for link in self._links) else 0)
         needed = (len(keys) * per_table
                   + sum(count * self.devices * per_config for count in config_counts)
                   + pairs * _PAIR_BYTES)
