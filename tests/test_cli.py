@@ -130,6 +130,8 @@ def test_clusters_list_and_show_round_trip(tmp_path):
         (lambda doc: doc["links"]["inter_node"].update(bandwidth=-1),
          ("links.inter_node.bandwidth", "must be > 0")),
         (lambda doc: doc.update(colour="blue"), ("colour", "unknown field")),
+        (lambda doc: doc.update(devices_per_node=2),  # the card of 4 no longer fits a node
+         ("links.inter_node.shared_by", "must divide 2 (got 4)")),
     ],
 )
 def test_invalid_cluster_file_names_the_field(tmp_path, edit, fragments):

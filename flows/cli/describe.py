@@ -181,7 +181,8 @@ def clusters(ctx: typer.Context) -> None:
 
 
 def _link_text(link: Any) -> str:
-    return f"{human_count(link.bandwidth)}B/s, {link.latency * 1e6:g} us"
+    shared = f", a port per {link.shared_by} devices" if link.shared_by > 1 else ""
+    return f"{human_count(link.bandwidth)}B/s, {link.latency * 1e6:g} us{shared}"
 
 
 @user_errors
