@@ -382,6 +382,11 @@ class Cluster(_Spec):
                 f"(got {self.groups.size})"
             )
         for where, link, unit, devices in self._port_units():
+            if unit == 1 and link.shared_by > 1:
+                raise ValueError(
+                    f"{where}.shared_by: must be 1 (got {link.shared_by}): each device has "
+                    "its own port of this link; devices behind one switch are a `groups` entry"
+                )
             if unit % link.shared_by:
                 raise ValueError(
                     f"{where}.shared_by: the devices sharing a port sit in one {devices} "
@@ -394,8 +399,7 @@ class Cluster(_Spec):
         unit, what the unit is). Traffic leaves a node through the node's ports, a group
         through the group's, and a group's own link joins single devices."""
         group = self.groups.size if self.groups is not None else 1
-        units = [("links.intra_node", self.links.intra_node, group,
-                  "device group" if self.groups is not None else "device"),
+        units = [("links.intra_node", self.links.intra_node, group, "device group"),
                  ("links.inter_node", self.links.inter_node, self.devices_per_node, "node")]
         if self.groups is not None:
             units.append(("groups.link", self.groups.link, 1, "device"))

@@ -541,4 +541,5 @@ def test_a_port_shared_by_devices_of_two_nodes_is_refused(tmp_path):
     data["links"]["inter_node"]["shared_by"] = 4  # one card for the node's four devices
     assert load_cluster(write(tmp_path, data)).links.inter_node.shared_by == 4
     data["links"]["intra_node"]["shared_by"] = 2  # no device groups: each its own NVLink
-    assert "links.intra_node.shared_by" in load_error(tmp_path, data)
+    message = load_error(tmp_path, data)
+    assert "links.intra_node.shared_by: must be 1 (got 2)" in message and "groups" in message
