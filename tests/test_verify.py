@@ -68,6 +68,7 @@ def test_every_exact_strategy_matches_one_device(tmp_path, model: str, nproc: in
         else:
             assert divergence["exact"] is True and largest <= EXACT_TOLERANCE, divergence
     assert set(checked) | skipped >= {"data", "model", "owt", "pipeline", "local"}
+    assert not list((tmp_path / "v").rglob("*.pt"))  # no weights, no reference left behind
     exact = [max(d["max_loss_difference"], d["max_parameter_difference"])
              for d in checked.values() if d["exact"]]
     print(f"{model} on {nproc} processes, {steps} step(s): every exact strategy within "

@@ -64,10 +64,12 @@ class StepProgress(NamedTuple):
 
 
 def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout: float,
-                     also: Sequence[Path] = ()) -> list[str]:
+                     also: Sequence[Path] = (), reference: Path | None = None) -> list[str]:
     """torchrun starting the job's workers on this node, to train until step `total`
     (checkpointing every `checkpoint_every` steps, None: never); the run folders `also`
-    (written like the job's, same processes) train after it in the same workers."""
+    (written like the job's, same processes) train after it in the same workers; with a
+    `reference` (a saved `ReferenceRun`) each run writes its divergence from it, not its
+    weights."""
     command = [sys.executable, "-m", "torch.distributed.run",
                "--nproc-per-node", str(job.settings.nproc), "--max-restarts", "0"]
     if job.settings.nnodes > 1:
@@ -79,6 +81,8 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout
                 else ["--checkpoint-every", str(checkpoint_every)])
     if job.checkpoint is not None:
         command += ["--resume", str(job.checkpoint)]
+    if reference is not None:
+        command += ["--reference", str(reference)]
     return command
 
 

@@ -4,8 +4,10 @@ Every strategy asked for becomes a training job in float64 (its own run folder u
 all of them train K steps one after another in one torchrun launch (starting processes costs
 seconds, a few small steps milliseconds), and each run's losses and final weights are compared
 with the plain module trained on the same settings and batches (strategies/verify.py). The
-settings differ only in the strategy, so one reference serves them all. The runs write no
-checkpoint: they are never resumed, and AlexNet's fifteen would take 14 GB of disk.
+settings differ only in the strategy, so one reference serves them all: it is trained first,
+saved once, and each run's rank 0 compares against it in the worker, so no run writes its
+weights. The runs write no checkpoint either: they are never resumed, and AlexNet's fifteen
+would take 14 GB of disk.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from strategies.errors import LayerwiseError
@@ -25,12 +26,11 @@ from strategies.jobs.job import Job, new_job
 from strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
 from strategies.jobs.named_strategies import strategy_names
 from strategies.jobs.options import TrainOptions
-from strategies.run import RunResult
-from strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, ERRORS_DIR, MODEL_FILE, RESULT_FILE
-from strategies.schedules import is_exact
-from strategies.verify import Divergence, ReferenceRun, compare, reference_run
+from strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, DIVERGENCE_FILE, ERRORS_DIR
+from strategies.verify import Divergence, reference_run
 
 ALL = "all"
+REFERENCE_FILE = "reference.pt"  # the plain module's run, while the strategies train
 DEFAULT_VERIFY_STEPS = 3  # enough for momentum and weight decay to act on every weight
 
 
@@ -94,8 +94,11 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
                                  + "; ".join(f"{s.strategy}: {s.reason}" for s in skipped))
         for job in jobs:
             write_run_folder(job)
+        reference = out / REFERENCE_FILE
+        reference_run(jobs[0].settings, steps).save(reference)
+        claims.callback(reference.unlink, missing_ok=True)  # gigabytes for VGG-16
         command = torchrun_command(jobs[0], steps, None, DEFAULT_TIMEOUT_SECONDS,
-                                   also=[job.out for job in jobs[1:]])
+                                   also=[job.out for job in jobs[1:]], reference=reference)
         names = iter([job.strategy.name for job in jobs])
         current = [next(names)]
 
@@ -110,20 +113,10 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
         failed = next((job for job in jobs if (job.out / ERRORS_DIR).is_dir()), jobs[0])
         raise VerifyFailed(f"verify {failed.settings.strategy}: "
                            + failure_line(failed.out, code, failed.settings.nproc))
-    reference = reference_run(jobs[0].settings, steps)
-    divergences = tuple(_divergence(job, reference) for job in jobs)
+    divergences = tuple(Divergence.model_validate_json(
+        (job.out / DIVERGENCE_FILE).read_text(encoding="utf-8")) for job in jobs)
     return VerifyReport(model=model, nproc=jobs[0].settings.world, steps=steps,
                         folder=str(out), divergences=divergences, skipped=tuple(skipped))
-
-
-def _divergence(job: Job, reference: ReferenceRun) -> Divergence:
-    """How far the job's run left one device; its weights go once compared (the verdict and
-    result.json stay), so checking VGG-16 leaves megabytes on disk, not gigabytes."""
-    weights = torch.load(job.out / MODEL_FILE, weights_only=True)
-    divergence = compare(RunResult.load(job.out / RESULT_FILE), weights, reference,
-                         is_exact(job.strategy, job.graph))
-    (job.out / MODEL_FILE).unlink()
-    return divergence
 
 
 def _float64_jobs(model: str, strategies: Sequence[str], options: TrainOptions, out: Path,

@@ -2,7 +2,8 @@
 
     python -m torch.distributed.run --nproc-per-node 2 --max-restarts 0 \\
         -m strategies.runtime.worker --out runs/RUN [runs/RUN2 ...] --steps 100 \\
-        [--checkpoint-every 50 | --no-checkpoint] [--timeout 120] [--resume CHECKPOINT]
+        [--checkpoint-every 50 | --no-checkpoint] [--timeout 120] [--resume CHECKPOINT] \\
+        [--reference reference.pt]
 
 `layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
 model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer
@@ -18,7 +19,9 @@ rank's error file saying so. Rank 0 prints one line per step,
 `LAYERWISE_PROGRESS {"step": .., "steps": .., "loss": .., "seconds": ..}`, for the launcher;
 writes checkpoint.pt every `--checkpoint-every` steps and at the end (`--no-checkpoint`: never, for
 runs that are not resumed, such as `layerwise verify`'s); and finally writes model.pt (the plain
-module's state_dict) and result.json (`RunResult`).
+module's state_dict) and result.json (`RunResult`). With `--reference` (`layerwise verify`: the
+plain module trained on the same batches, strategies/verify.py) rank 0 compares its final
+weights and losses with it and writes divergence.json instead of model.pt.
 
 CPU processes use gloo; with a GPU per local process, rank r uses cuda:LOCAL_RANK and NCCL.
 Every collective times out after `--timeout` seconds, so a dead peer ends the run instead of
@@ -68,7 +71,9 @@ from strategies.runtime.engine import build_engine
 from strategies.runtime.engine_base import Engine, EngineContext
 from strategies.runtime.huge_pages import huge_pages_in_use
 from strategies.runtime.parent_death import die_with_parent, launcher_pid
+from strategies.schedules import is_exact
 from strategies.strategy import Strategy
+from strategies.verify import ReferenceRun, compare
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
 FAULT_VARIABLE = "LAYERWISE_FAULT"
@@ -77,6 +82,7 @@ STRATEGY_FILE = "strategy.json"
 SETTINGS_FILE = "train.json"
 GRAPH_FILE = "graph.json"
 MODEL_FILE = "model.pt"
+DIVERGENCE_FILE = "divergence.json"
 RESULT_FILE = "result.json"
 ERRORS_DIR = "errors"
 DEFAULT_TIMEOUT_SECONDS = 120.0
@@ -159,6 +165,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", type=Path, metavar="CHECKPOINT",
                         help=f"continue from this checkpoint (the run folder's {CHECKPOINT_NAME} "
                              "or the previous one the launcher fell back to)")
+    parser.add_argument("--reference", type=Path, metavar="REFERENCE",
+                        help="compare each run's final weights and losses with this plain-module "
+                             f"run and write {DIVERGENCE_FILE} instead of {MODEL_FILE} "
+                             "(layerwise verify)")
     args = parser.parse_args(argv)
     if args.resume is not None and len(args.out) > 1:
         parser.error("--resume continues one run folder")
@@ -181,8 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out[0]
     try:
         process = join(args.timeout)
+        reference = (ReferenceRun.load(args.reference)
+                     if args.reference is not None and rank == 0 else None)
         for out in args.out:
-            train(out, args, process)
+            train(out, args, process, reference)
     except BaseException as error:
         record_failure(out, rank, error)
         raise
@@ -218,8 +230,10 @@ def join(timeout: float) -> Process:
     return Process(rank=rank, world=world, device=device, backend=backend)
 
 
-def train(out: Path, args: argparse.Namespace, process: Process) -> None:
-    """Train until --steps, checkpointing; rank 0 writes model.pt and result.json at the end."""
+def train(out: Path, args: argparse.Namespace, process: Process,
+          reference: ReferenceRun | None = None) -> None:
+    """Train until --steps, checkpointing; rank 0 writes model.pt (with a `reference`, its
+    divergence from it) and result.json at the end."""
     fault = Fault.from_environment()
     run = start(out, process)
     checkpoint = out / CHECKPOINT_NAME
@@ -253,8 +267,13 @@ def train(out: Path, args: argparse.Namespace, process: Process) -> None:
             result.save(out / RESULT_FILE)
         raise LossDiverged(diverged_message(last, stopped, run.settings.lr))
     if state is not None and result is not None:
-        with atomic_path(out / MODEL_FILE) as temporary:
-            torch.save(state, temporary)
+        if reference is not None:
+            divergence = compare(result, state, reference,
+                                 is_exact(run.strategy, run.context.graph))
+            write_atomic(out / DIVERGENCE_FILE, divergence.model_dump_json() + "\n")
+        else:
+            with atomic_path(out / MODEL_FILE) as temporary:
+                torch.save(state, temporary)
         result.save(out / RESULT_FILE)
 
 
