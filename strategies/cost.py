@@ -107,7 +107,7 @@ class CostModel:
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
-        self._shared_ports = shares_ports(cluster)
+        self._shared_ports = shares_ports(cluster, devices)
         self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
         self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._link_ids: dict[GroupLinks, int] = {}

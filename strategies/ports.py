@@ -29,9 +29,17 @@ import numpy as np
 from strategies.cluster import Cluster, Link
 
 
-def shares_ports(cluster: Cluster) -> bool:
-    """Whether any link of `cluster` has a port shared by more than one device."""
-    return any(link.shared_by > 1 for _, link in cluster.link_tiers())
+def shares_ports(cluster: Cluster, devices: int) -> bool:
+    """Whether devices 0..`devices`-1 of `cluster` can talk over a link whose port more than
+    one device shares (a tier is crossed once its inner unit is smaller than `devices`)."""
+    inner = 1
+    for size, link in cluster.link_tiers():
+        if inner >= devices:
+            return False
+        if link.shared_by > 1:
+            return True
+        inner = size
+    return False
 
 
 def _tiers_joining(tiers: Sequence[tuple[int, Link]], group: Sequence[int]) -> list[int]:
