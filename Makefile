@@ -25,7 +25,7 @@ verify-zoo: $(STAMP)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml setup.py requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "layerwise needs Python >= 3.11 (found $$($(PYTHON) --version)); set PYTHON=python3.11"; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

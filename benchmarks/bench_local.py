@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_local.py --model tiny_cnn --epochs 5 --repeats 1 \
         --keep runs/bench-local
 
-Every run is the real CLI on the prepared digits (prepared first with `python -m tasks.data`
+Every run is the real CLI on the prepared digits (prepared first with `python -m layerwise.tasks.data`
 when data/prepared/digits is missing), side by side in this one invocation, same model, seed,
 global batch (batch per device x processes) and epochs:
 
@@ -15,7 +15,7 @@ global batch (batch per device x processes) and epochs:
 - `data`, `pipeline` (skipped with a note when this checkout has no such strategy), `local`
   (greedy) and `local_overlap` (overlapping) on N processes.
 Step times come from each run's result.json (`RunResult.step_seconds_median`), validation
-accuracy from `tasks.validate.validation_accuracy` (model.pt in the plain module, eval mode,
+accuracy from `layerwise.tasks.validate.validation_accuracy` (model.pt in the plain module, eval mode,
 the validation split). Every run is repeated `--repeats` times in rounds (each round runs
 every strategy once), so that a burst of other work on the machine lands on all rows alike;
 a row's step time is the median over its runs, its accuracy the mean (seeded runs on the CPU
@@ -36,8 +36,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from strategies.run import RunResult
-from tasks.validate import validation_accuracy
+from layerwise.strategies.run import RunResult
+from layerwise.tasks.validate import validation_accuracy
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 DIGITS_META = Path("data/prepared/digits/meta.json")
@@ -67,7 +67,7 @@ def parse_args() -> argparse.Namespace:
 
 def prepare_digits() -> None:
     if not DIGITS_META.is_file():
-        subprocess.run([sys.executable, "-m", "tasks.data"], check=True)
+        subprocess.run([sys.executable, "-m", "layerwise.tasks.data"], check=True)
 
 
 def train(args: argparse.Namespace, label: str, strategy: str, processes: int,

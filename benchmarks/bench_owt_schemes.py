@@ -32,7 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from strategies.run import RunResult
+from layerwise.strategies.run import RunResult
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 

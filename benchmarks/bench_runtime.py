@@ -11,7 +11,7 @@ and NCCL on CUDA when there are enough GPUs:
 - `DDP + SyncBN` (models with BatchNorm): DDP normalising over the whole batch of all processes,
   the function one device and this runtime compute (plain DDP normalises each process's samples
   alone): torch's SyncBatchNorm on CUDA; on CPUs, where it raises, layerwise's synchronised
-  BatchNorm (`strategies.ops.sync_batch_norm`) in the same modules;
+  BatchNorm (`layerwise.strategies.ops.sync_batch_norm`) in the same modules;
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
 Huge pages (strategies/runtime/huge_pages.py) are as the environment says, off unless
@@ -59,16 +59,16 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from strategies.baselines import baseline
-from strategies.breakdown import Breakdown
-from strategies.calibrate import calibrate, calibrated_cluster
-from strategies.cluster import Cluster
-from strategies.compute import ProfiledCompute
-from strategies.cost import CostModel
-from strategies.graph import build_graph
-from strategies.models import build_model
-from strategies.ops import sync_batch_norm
-from strategies.profile import (
+from layerwise.strategies.baselines import baseline
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.calibrate import calibrate, calibrated_cluster
+from layerwise.strategies.cluster import Cluster
+from layerwise.strategies.compute import ProfiledCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.models import build_model
+from layerwise.strategies.ops import sync_batch_norm
+from layerwise.strategies.profile import (
     SGD_MOMENTUM,
     SGD_WEIGHT_DECAY,
     Profile,
@@ -76,13 +76,13 @@ from strategies.profile import (
     profile_graph,
     profile_graph_concurrently,
 )
-from strategies.rendezvous import local_rendezvous
-from strategies.runtime.comm import Communicator
-from strategies.runtime.executor import LayerwiseModel
-from strategies.runtime.plan import build_plan
-from strategies.runtime.worker import peak_memory_bytes, synchronize
-from strategies.search import optimal_strategy
-from strategies.space import ParallelConfig
+from layerwise.strategies.rendezvous import local_rendezvous
+from layerwise.strategies.runtime.comm import Communicator
+from layerwise.strategies.runtime.executor import LayerwiseModel
+from layerwise.strategies.runtime.plan import build_plan
+from layerwise.strategies.runtime.worker import peak_memory_bytes, synchronize
+from layerwise.strategies.search import optimal_strategy
+from layerwise.strategies.space import ParallelConfig
 
 
 @dataclass(frozen=True)

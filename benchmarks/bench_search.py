@@ -26,12 +26,12 @@ import tracemalloc
 from rich.console import Console
 from rich.table import Table
 
-from strategies.cluster import Cluster, load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel, Placement
-from strategies.graph import LayerGraph, build_graph
-from strategies.models import ZOO
-from strategies.search import KeptCosts, Solution, collector_paused, kept_costs, solve
+from layerwise.strategies.cluster import Cluster, load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel, Placement
+from layerwise.strategies.graph import LayerGraph, build_graph
+from layerwise.strategies.models import ZOO
+from layerwise.strategies.search import KeptCosts, Solution, collector_paused, kept_costs, solve
 
 
 def scaled(cluster: Cluster, devices: int) -> Cluster:

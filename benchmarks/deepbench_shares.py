@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from strategies.device_model import (
+from layerwise.strategies.device_model import (
     GEMM_EFFICIENCY,
     TILE_SHAPES,
     WINOGRAD_MULTIPLY_REDUCTION,
@@ -42,7 +42,7 @@ from strategies.device_model import (
     convolution_efficiencies,
     layer_gemms,
 )
-from strategies.graph import BYTES_PER_ELEMENT
+from layerwise.strategies.graph import BYTES_PER_ELEMENT
 
 SHEET = "Results FP32"
 NAMESPACE = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"

@@ -6,8 +6,8 @@
 
 For each model it builds the layer graph at a global batch of --batch-per-device x --devices,
 measures every distinct tile of every layer under every config on up to --devices devices the way
-`layerwise profile` does (CUDA events on a GPU: `strategies.profile.profile_graph`), and prices
-the same tiles with the device model of --cluster's device (`strategies.compute.AnalyticCompute`).
+`layerwise profile` does (CUDA events on a GPU: `layerwise.strategies.profile.profile_graph`), and prices
+the same tiles with the device model of --cluster's device (`layerwise.strategies.compute.AnalyticCompute`).
 Printed per op kind (the layer's main op, with `+bn` where a BatchNorm is fused into it; the SGD
 update of the weight shards apart): how many tiles, the median and the 10th/90th percentiles of
 modelled / measured time, and the ratio of the summed times (what a step's t_c sees, large tiles
@@ -39,10 +39,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.graph import Layer, build_graph
-from strategies.profile import device_name, profile_graph, resolve_device, tile_plan
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.graph import Layer, build_graph
+from layerwise.strategies.profile import device_name, profile_graph, resolve_device, tile_plan
 
 
 def op_kind(layer: Layer) -> str:

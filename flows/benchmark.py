@@ -43,33 +43,33 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from rich.table import Table
 
-from flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
-from flows.cli.console import console
-from strategies.accuracy import AccuracyCheck
-from strategies.errors import LayerwiseError
-from strategies.files import write_atomic
-from strategies.graph import LayerGraph, build_graph
-from strategies.jobs.job import RUNS_DIR
-from strategies.jobs.named_strategies import LAYERWISE
-from strategies.jobs.options import TrainOptions
-from strategies.jobs.run_folder import make_stamped_folder
-from strategies.profile import device_name, resolve_device
-from strategies.run import RunResult
-from strategies.runtime.datasets import ImageSpec
-from strategies.schedules import is_exact
-from strategies.space import DIMS, ParallelConfig
-from strategies.verify import Divergence
-from tasks import provenance, registry, track
-from tasks.calibrate import calibrate_links
-from tasks.figures import SPLIT_WORDS
-from tasks.owner import owner_tags
-from tasks.prepare import prepare_data
-from tasks.profile import profile_model
-from tasks.record import ModelRecord, record_strategy_run
-from tasks.search import oracle_step_seconds, search_strategies
-from tasks.train import train_strategy
-from tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
-from tasks.verify import verify_exactness
+from layerwise.flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
+from layerwise.flows.cli.console import console
+from layerwise.strategies.accuracy import AccuracyCheck
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files import write_atomic
+from layerwise.strategies.graph import LayerGraph, build_graph
+from layerwise.strategies.jobs.job import RUNS_DIR
+from layerwise.strategies.jobs.named_strategies import LAYERWISE
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.jobs.run_folder import make_stamped_folder
+from layerwise.strategies.profile import device_name, resolve_device
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.runtime.datasets import ImageSpec
+from layerwise.strategies.schedules import is_exact
+from layerwise.strategies.space import DIMS, ParallelConfig
+from layerwise.strategies.verify import Divergence
+from layerwise.tasks import provenance, registry, track
+from layerwise.tasks.calibrate import calibrate_links
+from layerwise.tasks.figures import SPLIT_WORDS
+from layerwise.tasks.owner import owner_tags
+from layerwise.tasks.prepare import prepare_data
+from layerwise.tasks.profile import profile_model
+from layerwise.tasks.record import ModelRecord, record_strategy_run
+from layerwise.tasks.search import oracle_step_seconds, search_strategies
+from layerwise.tasks.train import train_strategy
+from layerwise.tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
+from layerwise.tasks.verify import verify_exactness
 
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
 BASELINE_STRATEGY = "data"  # what the summary measures the winner against

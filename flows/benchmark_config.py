@@ -24,11 +24,11 @@ from pydantic import (
     model_validator,
 )
 
-from strategies.documents import parse_yaml, read_yaml
-from strategies.errors import LayerwiseError, shown
-from strategies.files import first_error
-from strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
-from strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
+from layerwise.strategies.documents import parse_yaml, read_yaml
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.files import first_error
+from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
+from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 
 SCHEMA_VERSION = 1
 # `cluster: calibrated`: the flow measures this machine's links between its nproc ranks first

@@ -34,8 +34,8 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel
 
-from strategies.errors import LayerwiseError
-from tasks import track
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.tasks import track
 
 SCHEMA_VERSION = 1
 COMPARED_METRICS = (

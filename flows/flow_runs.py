@@ -2,7 +2,7 @@
 
 A `layerwise run` killed with SIGKILL leaves its flow run, and the task run it was in, Running
 in Prefect's database for good: no handler runs, and the local API server that would notice is
-gone with it. Each flow run the CLI starts carries its process as owner tags (tasks.owner, as
+gone with it. Each flow run the CLI starts carries its process as owner tags (layerwise.tasks.owner, as
 `key:value` Prefect tags), and the next command on that host marks Crashed the runs of an
 owner that no longer runs, as Prefect marks a flow whose process crashed under its eyes.
 """
@@ -27,7 +27,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
-from tasks.owner import OWNER_HOST, orphan_reason, owner_gone, owner_tags
+from layerwise.tasks.owner import OWNER_HOST, orphan_reason, owner_gone, owner_tags
 
 _OPEN_STATES = [StateType.RUNNING, StateType.PENDING]
 

@@ -12,9 +12,9 @@ dimension allows (a power of two, at most the device count), starting at device 
 
 from __future__ import annotations
 
-from strategies.errors import ConfigError
-from strategies.graph import Layer, LayerGraph
-from strategies.space import DIMS, ParallelConfig, max_degree, parallel_dims
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import Layer, LayerGraph
+from layerwise.strategies.space import DIMS, ParallelConfig, max_degree, parallel_dims
 
 BASELINES: tuple[str, ...] = ("data", "model", "owt", "spatial_h", "spatial_w")
 

@@ -44,12 +44,12 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 from pydantic import BaseModel, ConfigDict
 
-from strategies.cluster import Cluster, Link, load_cluster
-from strategies.errors import LayerwiseError
-from strategies.files import writable_file, write_atomic
-from strategies.profile import PROFILE_DIR, device_name, safe_name
-from strategies.rendezvous import local_rendezvous
-from strategies.runtime.parent_death import die_with_multiprocessing_parent
+from layerwise.strategies.cluster import Cluster, Link, load_cluster
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files import writable_file, write_atomic
+from layerwise.strategies.profile import PROFILE_DIR, device_name, safe_name
+from layerwise.strategies.rendezvous import local_rendezvous
+from layerwise.strategies.runtime.parent_death import die_with_multiprocessing_parent
 
 __all__ = [
     "Calibration",

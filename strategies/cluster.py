@@ -32,8 +32,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from strategies.documents import parse_yaml, read_yaml
-from strategies.errors import ClusterError, shown
+from layerwise.strategies.documents import parse_yaml, read_yaml
+from layerwise.strategies.errors import ClusterError, shown
 
 __all__ = [
     "Cluster",
@@ -624,7 +624,7 @@ def _parse_yaml(text: str, source: str) -> Cluster:
 
 
 def _presets_dir():
-    return resources.files("strategies").joinpath("clusters")
+    return resources.files("layerwise.strategies").joinpath("clusters")
 
 
 @cache

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from strategies.cluster import Cluster
-from strategies.device_model import DeviceModel
-from strategies.graph import BYTES_PER_ELEMENT, Layer
-from strategies.space import ParallelConfig
-from strategies.tiles import TileWork, as_4d
+from layerwise.strategies.cluster import Cluster
+from layerwise.strategies.device_model import DeviceModel
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer
+from layerwise.strategies.space import ParallelConfig
+from layerwise.strategies.tiles import TileWork, as_4d
 
 if TYPE_CHECKING:
-    from strategies.cost_tables import LayerTiles
-    from strategies.profile import Profile
+    from layerwise.strategies.cost_tables import LayerTiles
+    from layerwise.strategies.profile import Profile
 
 
 class ComputeSource(Protocol):

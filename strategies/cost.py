@@ -47,14 +47,14 @@ from typing import Literal
 
 import numpy as np
 
-from strategies.breakdown import Breakdown
-from strategies.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
-from strategies.compute import ComputeSource
-from strategies.cost_tables import LayerTiles, TransferTables
-from strategies.errors import ConfigError
-from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
-from strategies.ports import ServerPorts, ring_links, shares_ports
-from strategies.space import (
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
+from layerwise.strategies.compute import ComputeSource
+from layerwise.strategies.cost_tables import LayerTiles, TransferTables
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.ports import ServerPorts, ring_links, shares_ports
+from layerwise.strategies.space import (
     ParallelConfig,
     check_config,
     degree_choices,
@@ -63,7 +63,7 @@ from strategies.space import (
     parallel_dims,
     placements,
 )
-from strategies.tiles import as_4d, output_ranges
+from layerwise.strategies.tiles import as_4d, output_ranges
 
 Placement = Literal["origin", "aligned"]
 BatchNormStatistics = Literal["synced", "local"]

@@ -27,11 +27,11 @@ from functools import cache
 
 import numpy as np
 
-from strategies.cluster import Cluster
-from strategies.graph import BYTES_PER_ELEMENT, Layer
-from strategies.memory import check_memory, human_bytes
-from strategies.space import ParallelConfig, tile_range
-from strategies.tiles import TileWork, as_4d, needed_range, output_ranges
+from layerwise.strategies.cluster import Cluster
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer
+from layerwise.strategies.memory import check_memory, human_bytes
+from layerwise.strategies.space import ParallelConfig, tile_range
+from layerwise.strategies.tiles import TileWork, as_4d, needed_range, output_ranges
 
 # Cap on elements of one (producer configs x devices x consumer configs) work array; small
 # enough that the passes over it stay in cache.

@@ -40,8 +40,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from strategies.graph import BYTES_PER_ELEMENT, Layer
-from strategies.tiles import as_4d
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer
+from layerwise.strategies.tiles import as_4d
 
 # The thread-block output tiles (rows x columns) of the fp32 GEMM kernels a library picks from:
 # CUTLASS's SGEMM set, the SIMT kernels its library instantiates for every GPU from Maxwell on

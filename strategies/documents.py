@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from strategies.errors import LayerwiseError
+from layerwise.strategies.errors import LayerwiseError
 
 MAX_YAML_BYTES = 1 << 20  # 1 MiB
 MAX_JSON_BYTES = 64 << 20  # 64 MiB

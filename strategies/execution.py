@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from strategies.graph import LayerGraph
+    from layerwise.strategies.graph import LayerGraph
 
 
 class FrozenModel(BaseModel):

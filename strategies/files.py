@@ -11,8 +11,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from strategies.documents import read_json
-from strategies.errors import LayerwiseError, shown
+from layerwise.strategies.documents import read_json
+from layerwise.strategies.errors import LayerwiseError, shown
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -46,7 +46,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
-from strategies.errors import GraphError
+from layerwise.strategies.errors import GraphError
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten"
@@ -907,7 +907,7 @@ def build_graph(
     in_channels: int | None = None,
 ) -> LayerGraph:
     """Build a zoo model (or `package.module:factory`) on the meta device and trace it."""
-    from strategies.models import build_model, input_shape
+    from layerwise.strategies.models import build_model, input_shape
 
     if batch < 1:
         raise GraphError(f"batch must be >= 1 (got {batch})")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import os
 
-from strategies.errors import LayerwiseError
-from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 
 
 class MemoryNeedError(LayerwiseError):

@@ -22,8 +22,8 @@ import numpy as np
 from scipy.optimize import LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from strategies.memory import check_memory
-from strategies.pruning import share_bounds, total
+from layerwise.strategies.memory import check_memory
+from layerwise.strategies.pruning import share_bounds, total
 
 DEFAULT_TIME_LIMIT_SECONDS = 60.0
 # HiGHS' memory per pair-of-configs column (its two nonzeros, bounds, cost, presolve copies)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strategies.errors import LayerwiseError, UnknownModelError
+from layerwise.strategies.errors import LayerwiseError, UnknownModelError
 
 __all__ = [
     "ZOO",

@@ -4,7 +4,7 @@ Jia et al. 2018 measure t_c (Eq. 1's compute term) by running each layer in each
 the runtime then runs the same layer on the same tiles. Both call the functions here, so the
 time the cost model is given is the time of the code that executes, not of a copy of it. Every
 function takes one device's tile and its geometry: the tile's output box, global sizes, and the
-needed input boxes (`strategies.tiles.needed_range`) as tensors.
+needed input boxes (`layerwise.strategies.tiles.needed_range`) as tensors.
 
 Window ops (conv, pooling) receive only the input box the tile's receptive field covers,
 clipped at the tensor borders. Each re-creates the global padding where that box touches a
@@ -17,7 +17,7 @@ takes its statistics over the whole group of such tiles (`sync_batch_norm`), and
 multiplies by the tile's part of a mask drawn over the whole tensor, so no op's result depends
 on how its layer is split.
 
-Boxes are (start, stop) ranges over (n, c, h, w), as in `strategies.tiles`.
+Boxes are (start, stop) ranges over (n, c, h, w), as in `layerwise.strategies.tiles`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from strategies.errors import ConfigError
-from strategies.graph import OVER_CHANNELS, Geometry, Layer
-from strategies.tiles import Box, Range, as_4d, needed_range
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import OVER_CHANNELS, Geometry, Layer
+from layerwise.strategies.tiles import Box, Range, as_4d, needed_range
 
 PoolMode = Literal["max", "avg"]
 Reduce = Callable[[Tensor], Tensor]  # in-place sum over a group of tiles, returns it

@@ -24,7 +24,7 @@ one replica per node, B = s * p1; pipeline keeps p micro-batches of s in flight,
 Choices the equations leave open, made here:
 - link: a collective over p PEs runs at the alpha and beta of the platform's tier the p PEs
   span when packed densely from PE 0 (inside a node, between the nodes of a rack, across racks;
-  strategies.oracle_platform). The hybrids run their inner group inside a node and their outer
+  layerwise.strategies.oracle_platform). The hybrids run their inner group inside a node and their outer
   group over one PE per node. Halo exchanges inside a node run over the platform's halo link
   (ABCI: PCIe, as ParaDL's spatial layers exchange halos), beyond a node over the slower of it
   and the tier's link.
@@ -70,15 +70,15 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from strategies.cluster import Cluster, Link
-from strategies.compute import ComputeSource, weight_update_seconds
-from strategies.documents import YAML_SUFFIXES, read_document
-from strategies.errors import ConfigError, LayerwiseError
-from strategies.files import first_error, write_atomic
-from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
-from strategies.oracle_platform import Platform
-from strategies.space import ParallelConfig
-from strategies.tiles import as_4d, largest_tile
+from layerwise.strategies.cluster import Cluster, Link
+from layerwise.strategies.compute import ComputeSource, weight_update_seconds
+from layerwise.strategies.documents import YAML_SUFFIXES, read_document
+from layerwise.strategies.errors import ConfigError, LayerwiseError
+from layerwise.strategies.files import first_error, write_atomic
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.oracle_platform import Platform
+from layerwise.strategies.space import ParallelConfig
+from layerwise.strategies.tiles import as_4d, largest_tile
 
 __all__ = [
     "DEFAULT_SAMPLES_PER_PE",

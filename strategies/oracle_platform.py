@@ -21,10 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from strategies.cluster import Cluster, Link, Links, Racks, load_cluster
-from strategies.documents import YAML_SUFFIXES, parse_yaml, read_yaml
-from strategies.errors import LayerwiseError
-from strategies.files import first_error
+from layerwise.strategies.cluster import Cluster, Link, Links, Racks, load_cluster
+from layerwise.strategies.documents import YAML_SUFFIXES, parse_yaml, read_yaml
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files import first_error
 
 __all__ = ["Platform", "PlatformSpec", "Tiers", "load_platform", "platform_names"]
 
@@ -69,7 +69,7 @@ class Platform:
 
 def platform_names() -> list[str]:
     """The preset platforms, by name."""
-    folder = resources.files("strategies") / _PRESETS
+    folder = resources.files("layerwise.strategies") / _PRESETS
     return sorted(Path(entry.name).stem for entry in folder.iterdir()
                   if entry.name.endswith(YAML_SUFFIXES))
 
@@ -93,7 +93,7 @@ def load_platform(name_or_path: str) -> Platform:
 @cache
 def _preset(name: str) -> Platform:
     what = f"platform preset {name}"
-    source = resources.files("strategies") / _PRESETS / f"{name}.yaml"
+    source = resources.files("layerwise.strategies") / _PRESETS / f"{name}.yaml"
     return _platform(parse_yaml(source.read_text(encoding="utf-8"), what), what, None)
 
 

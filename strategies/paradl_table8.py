@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from strategies.compute import AnalyticCompute
-from strategies.graph import build_graph
-from strategies.oracle import (
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.oracle import (
     IMAGENET_TRAIN_SAMPLES,
     OracleCase,
     StrategyName,
@@ -24,7 +24,7 @@ from strategies.oracle import (
     ranks,
     summary_from_graph,
 )
-from strategies.oracle_platform import Platform
+from layerwise.strategies.oracle_platform import Platform
 
 __all__ = ["PAPER_RANKS", "SAMPLES_PER_REPLICA", "Table8", "Table8Row", "table8"]
 

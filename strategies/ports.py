@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.cluster import Cluster, Link
+from layerwise.strategies.cluster import Cluster, Link
 
 
 def shares_ports(cluster: Cluster, devices: int) -> bool:

@@ -7,7 +7,7 @@ the update out, yet it is ~30% of AlexNet's step on a CPU and a data-parallel de
 every weight). Jia et al. MEASURE t_c by running the layer in that configuration; so does
 this module: for each distinct tile of each layer it builds real tensors of the tile's shapes
 (`tiles.largest_tile`: the output box and the needed input boxes, halos included), runs on
-them the very functions the runtime's tiles run (`strategies.ops`: conv with the tile's weight
+them the very functions the runtime's tiles run (`layerwise.strategies.ops`: conv with the tile's weight
 shard, pooling, linear, add, concat, flatten, elementwise) followed by its fused ops
 (BatchNorm in training mode, activations, dropout), then the backward pass and the update, and
 keeps the median time. Values do not change the time, so the tensors are fresh random ones
@@ -51,17 +51,17 @@ import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from strategies import ops
-from strategies.documents import read_json
-from strategies.errors import LayerwiseError
-from strategies.files import read_json_model, write_atomic
-from strategies.fx_nodes import count_include_pad
-from strategies.graph import Layer, LayerGraph
-from strategies.runtime.huge_pages import huge_pages_in_use
-from strategies.runtime.parent_death import die_with_multiprocessing_parent
-from strategies.schedules import profiled_configs
-from strategies.space import ParallelConfig, enumerate_configs
-from strategies.tiles import TileWork, as_4d, largest_tile, tile_box
+from layerwise.strategies import ops
+from layerwise.strategies.documents import read_json
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files import read_json_model, write_atomic
+from layerwise.strategies.fx_nodes import count_include_pad
+from layerwise.strategies.graph import Layer, LayerGraph
+from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
+from layerwise.strategies.runtime.parent_death import die_with_multiprocessing_parent
+from layerwise.strategies.schedules import profiled_configs
+from layerwise.strategies.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.tiles import TileWork, as_4d, largest_tile, tile_box
 
 __all__ = [
     "DEFAULT_BUDGET_S",

@@ -13,21 +13,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from strategies.files import read_json_model, write_atomic
-from strategies.hyperparameters import (
+from layerwise.strategies.files import read_json_model, write_atomic
+from layerwise.strategies.hyperparameters import (
     ClassCount,
     LearningRate,
     Momentum,
     WarmupSteps,
     WeightDecay,
 )
-from strategies.learning_rate import (
+from layerwise.strategies.learning_rate import (
     DEFAULT_LR_DECAY,
     DEFAULT_WARMUP_STEPS,
     LrDecay,
     learning_rate,
 )
-from strategies.strategy import Strategy
+from layerwise.strategies.strategy import Strategy
 
 SCHEMA_VERSION = 2  # 2: the learning-rate schedule; a diverged loss (NaN, inf) is kept
 

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from strategies.errors import ConfigError
-from strategies.graph import Layer
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import Layer
 
 DIMS: tuple[str, ...] = ("n", "c", "h", "w")
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from strategies.breakdown import Breakdown
-from strategies.errors import ConfigError
-from strategies.execution import LayerwiseExecution
-from strategies.files import read_json_model, write_atomic
-from strategies.graph import LayerGraph
-from strategies.schedules import Execution
-from strategies.space import ParallelConfig, check_config
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.execution import LayerwiseExecution
+from layerwise.strategies.files import read_json_model, write_atomic
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.schedules import Execution
+from layerwise.strategies.space import ParallelConfig, check_config
 
 SCHEMA_VERSION = 1
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from strategies.errors import ConfigError
-from strategies.graph import Layer
-from strategies.space import DIMS, ParallelConfig, tile_range
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import Layer
+from layerwise.strategies.space import DIMS, ParallelConfig, tile_range
 
 Range = tuple[int, int]
 Box = tuple[Range, Range, Range, Range]  # one range per dimension of the 4-d view (n, c, h, w)

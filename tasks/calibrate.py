@@ -5,7 +5,7 @@ point-to-point exchanges and all-reduces between `nproc` processes, fitted to la
 bytes / bandwidth) instead of a preset's figures; the `local` preset's are placeholders, and
 with them the benchmark predicts a small model's steps 2-3x under the measured ones here.
 The file under data/profiles/ is keyed by device, backend, process count and torch version
-(`strategies.calibrate.calibration_path`), so it is the cache: the first run of a project
+(`layerwise.strategies.calibrate.calibration_path`), so it is the cache: the first run of a project
 measures (~15 s), later ones reuse it.
 """
 
@@ -17,13 +17,13 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.calibrate import (
+from layerwise.strategies.calibrate import (
     calibrate,
     calibration_path,
     message_sizes,
     save_calibration,
 )
-from strategies.cluster import load_cluster
+from layerwise.strategies.cluster import load_cluster
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)

@@ -1,9 +1,9 @@
 """Dataset preparation: the `prepare` stage of dvc.yaml.
 
-    python -m tasks.data                      # reads params.yaml, writes data/prepared/digits
+    python -m layerwise.tasks.data                      # reads params.yaml, writes data/prepared/digits
     dvc repro prepare                         # the same, tracked by DVC
-    python -m tasks.data --dataset cifar10 --source ~/data/cifar-10-batches-py
-    python -m tasks.data --dataset imagefolder --source ~/data/flowers --out data/prepared/flowers
+    python -m layerwise.tasks.data --dataset cifar10 --source ~/data/cifar-10-batches-py
+    python -m layerwise.tasks.data --dataset imagefolder --source ~/data/flowers --out data/prepared/flowers
 
 `prepare.dataset` names the source:
 
@@ -38,11 +38,11 @@ import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from strategies.documents import read_yaml
-from strategies.errors import LayerwiseError, shown
-from strategies.files import atomic_path, write_atomic
-from strategies.memory import check_memory
-from strategies.runtime.datasets import DEFAULT_ROOT
+from layerwise.strategies.documents import read_yaml
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.files import atomic_path, write_atomic
+from layerwise.strategies.memory import check_memory
+from layerwise.strategies.runtime.datasets import DEFAULT_ROOT
 
 PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
 

@@ -10,8 +10,8 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from strategies.run import RunResult
-from strategies.space import DIMS, ParallelConfig
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.space import DIMS, ParallelConfig
 
 SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
 

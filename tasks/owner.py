@@ -3,7 +3,7 @@
 A process killed with SIGKILL closes nothing: what it was writing stays RUNNING for good. So
 every record names its writer, by host, pid and the moment that process started (a pid alone
 may have been reused since), and the next command on that host closes the records of a writer
-that no longer runs (tasks.track.close_orphaned_runs, flows.flow_runs.crash_orphaned_flow_runs).
+that no longer runs (layerwise.tasks.track.close_orphaned_runs, layerwise.flows.flow_runs.crash_orphaned_flow_runs).
 """
 
 from __future__ import annotations

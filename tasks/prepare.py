@@ -16,9 +16,9 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.errors import LayerwiseError
-from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec, prepared_spec
-from tasks.data import PARAMS_FILE, load_params, prepare, settings_from
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec, prepared_spec
+from layerwise.tasks.data import PARAMS_FILE, load_params, prepare, settings_from
 
 DVC_STAGE = "prepare"
 

@@ -3,10 +3,10 @@
 On CPUs the flow's ranks share this machine, so its `devices` profilers measure at once (one
 per rank, `profile_graph_concurrently`); on a GPU each rank has its own device and one profiler
 measures. The profile file under data/profiles/ is keyed by model structure, global batch,
-device, dtype, torch version and that concurrency (`strategies.profile.profile_key`), so it is
+device, dtype, torch version and that concurrency (`layerwise.strategies.profile.profile_key`), so it is
 the cache: a second benchmark of the same model on the same machine measures nothing, and one
 that needs more configurations measures only the missing tiles. A file is reused under the
-same rule as `layerwise profile`'s (strategies.jobs.profile_reuse).
+same rule as `layerwise profile`'s (layerwise.strategies.jobs.profile_reuse).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.baselines import BASELINES, baseline
-from strategies.graph import LayerGraph
-from strategies.jobs.profile_reuse import reusable_profile
-from strategies.profile import (
+from layerwise.strategies.baselines import BASELINES, baseline
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.jobs.profile_reuse import reusable_profile
+from layerwise.strategies.profile import (
     concurrent_threads,
     default_profile_path,
     device_name,
     profile_graph_concurrently,
     resolve_device,
 )
-from strategies.space import ParallelConfig
+from layerwise.strategies.space import ParallelConfig
 
 PROGRESS_LINES = 4  # progress lines logged per profile: enough to see it move
 

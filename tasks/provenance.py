@@ -25,8 +25,8 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_SOURCE_TYPE,
 )
 
-from strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
-from strategies.runtime.huge_pages import huge_pages_in_use
+from layerwise.strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
+from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
 
 DVC_LOCK = Path("dvc.lock")
 GIT_DIRTY_TAG = "git_dirty"  # MLflow has no tag of its own for uncommitted changes
@@ -93,7 +93,7 @@ def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
     recorded for it in dvc.lock as digest (MLflow's own digest of the name and source without
     one), its tensors as schema; synthetic data names the code that draws it."""
     if image is None:
-        return MetaDataset(CodeDatasetSource({"generator": "strategies.runtime.datasets"}),
+        return MetaDataset(CodeDatasetSource({"generator": "layerwise.strategies.runtime.datasets"}),
                            name=dataset)
     folder = DEFAULT_ROOT / dataset
     locked = _prepared_output()

@@ -14,12 +14,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
-from strategies.accuracy import AccuracyCheck
-from strategies.graph import LayerGraph
-from strategies.run import RunResult
-from strategies.verify import Divergence
-from tasks.registry import log_trained_model
-from tasks.track import log_strategy_run
+from layerwise.strategies.accuracy import AccuracyCheck
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.verify import Divergence
+from layerwise.tasks.registry import log_trained_model
+from layerwise.tasks.track import log_strategy_run
 
 
 class ModelRecord(BaseModel):

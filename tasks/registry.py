@@ -15,10 +15,10 @@ from mlflow.models import infer_signature
 from mlflow.models.model import ModelInfo
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from strategies.models import build_model, input_shape
-from strategies.run import TrainSettings
-from strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
-from tasks.track import safe_name
+from layerwise.strategies.models import build_model, input_shape
+from layerwise.strategies.run import TrainSettings
+from layerwise.strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
+from layerwise.tasks.track import safe_name
 
 MODEL_ARTIFACT = "model"
 

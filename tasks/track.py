@@ -6,8 +6,8 @@ opens on its runs; one parent run per flow run; one nested run per (model versio
 metrics (names below are a contract: dashboards and checks read them), train_loss and the step
 time per step as training runs (rank 0's progress lines, read by the train task in this
 process), the strategy JSON, the RunResult, the per-layer table and a heat map of the per-layer
-degrees. What the run was made from is recorded by tasks.provenance, its trained model by
-tasks.registry. The store is created and the runs are opened here, before any worker starts:
+degrees. What the run was made from is recorded by layerwise.tasks.provenance, its trained model by
+layerwise.tasks.registry. The store is created and the runs are opened here, before any worker starts:
 two processes creating one SQLite store at once corrupt it; only this process writes to it.
 
 No run stays RUNNING once its flow is gone: an error or an interruption closes it as FAILED or
@@ -37,16 +37,16 @@ from mlflow import MlflowClient
 from mlflow.entities import Experiment, Metric, Param, RunStatus
 from mlflow.utils.time import get_current_time_millis
 
-from strategies.accuracy import AccuracyCheck
-from strategies.errors import LayerwiseError
-from strategies.graph import LayerGraph
-from strategies.jobs.launch import StepProgress
-from strategies.run import RunResult
-from strategies.space import DIMS, ParallelConfig
-from strategies.verify import Divergence
-from tasks.figures import degrees_figure
-from tasks.owner import orphan_reason, owner_gone
-from tasks.provenance import log_sources
+from layerwise.strategies.accuracy import AccuracyCheck
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.jobs.launch import StepProgress
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.space import DIMS, ParallelConfig
+from layerwise.strategies.verify import Divergence
+from layerwise.tasks.figures import degrees_figure
+from layerwise.tasks.owner import orphan_reason, owner_gone
+from layerwise.tasks.provenance import log_sources
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
 METRIC_NAMES = (

@@ -1,6 +1,6 @@
 """Training task: one training run on local torchrun processes, inside the flow.
 
-It runs the same job as `layerwise train` (strategies.jobs): the same checks before any
+It runs the same job as `layerwise train` (layerwise.strategies.jobs): the same checks before any
 process starts, the same run folder (strategy.json, train.json, graph.json, checkpoints,
 model.pt, result.json, torchrun.log), the same torchrun command in its own process group. What
 the task adds: rank 0's output goes to the Prefect run logger, each step's loss to `on_step` as
@@ -18,12 +18,12 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.jobs.failure import failure_line
-from strategies.jobs.job import new_job, total_steps
-from strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
-from strategies.jobs.options import TrainOptions, check_launch_numbers
-from strategies.run import RunResult
-from strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, RESULT_FILE
+from layerwise.strategies.jobs.failure import failure_line
+from layerwise.strategies.jobs.job import new_job, total_steps
+from layerwise.strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
+from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, RESULT_FILE
 
 PROGRESS_LINES = 5  # progress lines logged per run: enough to see it move, not one per step
 

@@ -17,11 +17,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
 
-from strategies.accuracy import AccuracyCheck, check_accuracy
-from strategies.models import build_model
-from strategies.run import TrainSettings
-from strategies.runtime.datasets import load_dataset
-from strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
+from layerwise.strategies.accuracy import AccuracyCheck, check_accuracy
+from layerwise.strategies.models import build_model
+from layerwise.strategies.run import TrainSettings
+from layerwise.strategies.runtime.datasets import load_dataset
+from layerwise.strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
 
 EVAL_BATCH = 256
 

@@ -1,6 +1,6 @@
 """Verify task: the exactness of the strategies a benchmark trains, in float64, before training.
 
-The same check as `layerwise verify` (strategies.jobs.verify): each strategy file the search
+The same check as `layerwise verify` (layerwise.strategies.jobs.verify): each strategy file the search
 wrote trains a few steps in float64 on the benchmark's processes (one torchrun launch for all),
 the plain module the same steps on one process, and every loss and weight is compared.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from strategies.jobs.launch import StepProgress
-from strategies.jobs.options import TrainOptions
-from strategies.jobs.verify import VerifyReport, verify_strategies
+from layerwise.strategies.jobs.launch import StepProgress
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.jobs.verify import VerifyReport, verify_strategies
 
 
 @task(name="verify", cache_policy=NO_CACHE)

@@ -19,13 +19,13 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
 
-from strategies.graph import build_graph
-from strategies.models import build_model
-from strategies.rendezvous import local_rendezvous
-from strategies.runtime.comm import Communicator
-from strategies.runtime.executor import LayerwiseModel
-from strategies.runtime.plan import build_plan
-from strategies.space import ParallelConfig
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.models import build_model
+from layerwise.strategies.rendezvous import local_rendezvous
+from layerwise.strategies.runtime.comm import Communicator
+from layerwise.strategies.runtime.executor import LayerwiseModel
+from layerwise.strategies.runtime.plan import build_plan
+from layerwise.strategies.space import ParallelConfig
 
 
 @dataclass(frozen=True)

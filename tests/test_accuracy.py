@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from strategies.accuracy import Z_SCORE, binomial_tolerance_images, check_accuracy
+from layerwise.strategies.accuracy import Z_SCORE, binomial_tolerance_images, check_accuracy
 
 DIGITS_VAL = 359  # images in the digits validation split
 

@@ -11,15 +11,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("strategies", "tasks", "flows")  # lowest first: an import may only point down
+NAMESPACE = "layerwise"  # the one top-level import name the distribution installs
 CORE_THIRD_PARTY = {"torch", "numpy", "pydantic", "yaml"}
-SOLVER_MODULE = "strategies.milp"  # the one core module that imports scipy
+SOLVER_MODULE = "layerwise.strategies.milp"  # the one core module that imports scipy
 
 
 def _modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            name = ".".join((NAMESPACE, *path.relative_to(ROOT).with_suffix("").parts))
             found[name.removesuffix(".__init__")] = path
     return found
 
@@ -52,14 +53,20 @@ def _imports(path: Path) -> set[str]:
     return visitor.names
 
 
+def _package(name: str) -> str | None:
+    """The mapped folder a dotted module name lies in, or None outside the namespace."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == NAMESPACE and len(parts) > 1 else None
+
+
 MODULES = _modules()
 IMPORTS = {name: _imports(path) for name, path in MODULES.items()}
 
 
 def test_imports_point_down_from_flows_to_tasks_to_strategies() -> None:
     upward = [(module, name) for module, names in IMPORTS.items() for name in names
-              if name.split(".")[0] in PACKAGES
-              and PACKAGES.index(name.split(".")[0]) > PACKAGES.index(module.split(".")[0])]
+              if _package(name) in PACKAGES
+              and PACKAGES.index(_package(name)) > PACKAGES.index(_package(module))]
     assert upward == []
 
 
@@ -85,8 +92,8 @@ def test_no_module_imports_itself_through_others() -> None:
 
 def test_the_core_imports_torch_numpy_and_pydantic_only() -> None:
     foreign = {(module, name.split(".")[0]) for module, names in IMPORTS.items()
-               if module.startswith("strategies") for name in names
-               if name.split(".")[0] not in {*CORE_THIRD_PARTY, *PACKAGES[:1]}
-               and name.split(".")[0] not in sys.stdlib_module_names}
+               if _package(module) == "strategies" for name in names
+               if _package(name) != "strategies"
+               and name.split(".")[0] not in {*CORE_THIRD_PARTY, *sys.stdlib_module_names}}
     # the search's integer-program fallback: scipy's HiGHS, a numerical library like numpy
     assert foreign == {(SOLVER_MODULE, "scipy")}

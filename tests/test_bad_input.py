@@ -20,22 +20,22 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.cli.run import embedded_environment
-from strategies.cluster import load_cluster
-from strategies.graph import build_graph
-from strategies.jobs.costing import cost_model
-from strategies.jobs.job import new_job
-from strategies.jobs.launch import write_run_folder
-from strategies.jobs.named_strategies import strategy_by_name
-from strategies.jobs.options import TrainOptions
-from strategies.jobs.run_folder import LOCK_FILE
-from strategies.models import build_model
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, SCHEMA_VERSION, sealed
-from strategies.runtime.engine_base import MODEL_STATE_KEY
-from strategies.runtime.worker import SETTINGS_FILE
-from strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
-from tasks import data as prepare_data
+from layerwise.flows.cli import app
+from layerwise.flows.cli.run import embedded_environment
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.jobs.job import new_job
+from layerwise.strategies.jobs.launch import write_run_folder
+from layerwise.strategies.jobs.named_strategies import strategy_by_name
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.jobs.run_folder import LOCK_FILE
+from layerwise.strategies.models import build_model
+from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME, SCHEMA_VERSION, sealed
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY
+from layerwise.strategies.runtime.worker import SETTINGS_FILE
+from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
+from layerwise.tasks import data as prepare_data
 
 DEEP = 100_000
 # A "billion laughs": nine levels of nine aliases of the level below, 861 bytes as a file
@@ -167,7 +167,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-# (command line, fragment of its one line). "tasks.data" runs `python -m tasks.data`'s main.
+# (command line, fragment of its one line). "layerwise.tasks.data" runs `python -m layerwise.tasks.data`'s main.
 CASES: list[tuple[tuple[str, ...], str]] = [
     # Rich markup and emoji codes in user text are printed as written
     (("graph", "[/foo]"), "model '[/foo]'"),
@@ -183,7 +183,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("run", "--set", "cluster=bomb.yaml"), "aliases expand"),
     (("run", "--set", f"name={INLINE_BOMB}"), "aliases expand"),
     (("oracle", "bomb-summary.yaml"), "model summary bomb-summary.yaml is refused"),
-    (("tasks.data", "--params", "bomb-params.yaml"), "aliases expand"),
+    (("layerwise.tasks.data", "--params", "bomb-params.yaml"), "aliases expand"),
     (("clusters", "show", "self.yaml"), "refers to the value that contains it"),
     (("clusters", "show", "big.yaml"), "larger than 1 MiB"),
     # documents nested 100,000 deep (RecursionError before)
@@ -196,7 +196,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
      "nest more than 64 levels"),
     (("train", "tiny_cnn", "--strategy", "deep.json", "--nproc", "1"),
      "strategy file deep.json is refused"),
-    (("tasks.data", "--params", "deep-params.yaml"), "nest more than 64 levels"),
+    (("layerwise.tasks.data", "--params", "deep-params.yaml"), "nest more than 64 levels"),
     (("train", "tiny_cnn", "--resume", "runs/deep-settings"), "nest more than 64 levels"),
     ((*TRAIN, "--dataset", "deepmeta"), "meta.json is refused"),
     # files that cannot be written, found before any work
@@ -233,8 +233,8 @@ CASES: list[tuple[tuple[str, ...], str]] = [
      "holds images (4, 1, 8, 8) and labels (4,), not (N, 3, 8, 8)"),
     ((*TRAIN, "--dataset", "labels"), "has labels 0..15, outside the 10 classes of meta.json"),
     # params.yaml
-    (("tasks.data", "--params", "params-list.yaml"), "the top level must be a mapping"),
-    (("tasks.data", "--params", "params-huge.yaml"),
+    (("layerwise.tasks.data", "--params", "params-list.yaml"), "the top level must be a mapping"),
+    (("layerwise.tasks.data", "--params", "params-huge.yaml"),
      "1,797 images at 100000x100000 would need at least 65.4 TiB of memory"),
     # a module called twice shares its weights between layers: refused by every command
     (("graph", "tests.idiom_models:SharedConv"), "module 'shared' (Conv2d) is called 2 times"),
@@ -282,7 +282,7 @@ def _files(root: Path) -> dict[str, tuple[int, int] | None]:
 
 def _invoke(argv: tuple[str, ...]) -> tuple[int, str]:
     """(exit code, what the user reads on the error stream) of one command line."""
-    if argv[0] == "tasks.data":
+    if argv[0] == "layerwise.tasks.data":
         with redirect_stdout(io.StringIO()) as printed:  # it prints its errors to stdout
             code = prepare_data.main(list(argv[1:]))
         return code, printed.getvalue()
@@ -316,7 +316,7 @@ def test_the_bomb_is_a_real_one():
 
 def test_what_the_bounds_leave_alone_still_reads(tmp_path):
     """Anchors used as meant (one link written once), and JSON nested as deep as allowed."""
-    from strategies.documents import MAX_DEPTH, read_json
+    from layerwise.strategies.documents import MAX_DEPTH, read_json
 
     preset = (Path(__file__).parents[1] / "strategies" / "clusters" / "abci.yaml").read_text()
     shared = preset.replace("  intra_node:\n    bandwidth: 50 GB/s\n    latency: 9 us\n",

@@ -12,20 +12,20 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.errors import LayerwiseError
-from strategies.graph import build_graph
-from strategies.jobs.costing import cost_model
-from strategies.jobs.job import new_job
-from strategies.jobs.launch import write_run_folder
-from strategies.jobs.named_strategies import strategy_by_name
-from strategies.jobs.options import TrainOptions
-from strategies.learning_rate import learning_rate
-from strategies.profile import Profile
-from strategies.run import StepRecord
-from strategies.runtime.datasets import prepared_spec
-from strategies.runtime.divergence import FACTOR, STEPS, LossWatch
-from strategies.strategy import Strategy
+from layerwise.flows.cli import app
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.jobs.job import new_job
+from layerwise.strategies.jobs.launch import write_run_folder
+from layerwise.strategies.jobs.named_strategies import strategy_by_name
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.learning_rate import learning_rate
+from layerwise.strategies.profile import Profile
+from layerwise.strategies.run import StepRecord
+from layerwise.strategies.runtime.datasets import prepared_spec
+from layerwise.strategies.runtime.divergence import FACTOR, STEPS, LossWatch
+from layerwise.strategies.strategy import Strategy
 
 runner = CliRunner()
 TINY = ("tiny_cnn", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4")

@@ -19,13 +19,13 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from flows.benchmark_config import load_config
-from flows.cli import app
-from flows.cli.run import embedded_environment
-from strategies.calibrate import calibration_path
-from strategies.errors import LayerwiseError
-from strategies.verify import EXACT_TOLERANCE
-from tasks import owner, provenance, track
+from layerwise.flows.benchmark_config import load_config
+from layerwise.flows.cli import app
+from layerwise.flows.cli.run import embedded_environment
+from layerwise.strategies.calibrate import calibration_path
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.verify import EXACT_TOLERANCE
+from layerwise.tasks import owner, provenance, track
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ METRICS = {"predicted_step_seconds", "step_seconds", "throughput_samples_per_s",
 @pytest.fixture(scope="module")
 def benchmarked(prefect_server, tmp_path_factory):
     """The flow run once in a fresh project folder; its MLflow client and outcomes."""
-    from flows.benchmark import benchmark
+    from layerwise.flows.benchmark import benchmark
 
     project = tmp_path_factory.mktemp("project")
     uri = f"sqlite:///{project / 'mlflow.db'}"
@@ -89,7 +89,7 @@ def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked
     split, and every layer on both devices (not a bar of 2+1+1+1 per layer)."""
     import numpy as np
 
-    from tasks.figures import degrees_figure
+    from layerwise.tasks.figures import degrees_figure
 
     _, outcomes, _ = benchmarked
     [data] = [outcome.result for outcome in outcomes if outcome.strategy == "data"]
@@ -105,7 +105,7 @@ def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked
 def test_the_latest_summary_and_table_are_where_dvc_yaml_reads_them(benchmarked):
     import yaml
 
-    from flows.benchmark import SUMMARY_FILE, TABLE_FILE
+    from layerwise.flows.benchmark import SUMMARY_FILE, TABLE_FILE
 
     client, _, project = benchmarked
     declared = yaml.safe_load((Path(__file__).parents[1] / "dvc.yaml").read_text())
@@ -211,9 +211,9 @@ def test_an_error_inside_the_flow_fails_its_run_and_its_start_closes_orphans(pre
     """A corrupt cached profile breaks the flow at its profile stage: its MLflow run ends
     FAILED with the error, not RUNNING. Before that, the flow's start marked KILLED the run a
     killed flow had left RUNNING (its writer's pid does not exist)."""
-    from flows.benchmark import benchmark
-    from strategies.graph import build_graph
-    from strategies.profile import default_profile_path, device_name
+    from layerwise.flows.benchmark import benchmark
+    from layerwise.strategies.graph import build_graph
+    from layerwise.strategies.profile import default_profile_path, device_name
 
     client, experiment_id = track.open_experiment("failing")
     gone = {**owner.owner_tags(), owner.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
@@ -232,7 +232,7 @@ def test_an_error_inside_the_flow_fails_its_run_and_its_start_closes_orphans(pre
 def test_a_failed_training_fails_its_run_and_the_flows(prefect_server, project):
     """Training that fails (here: past a deadline torchrun cannot meet) inside a strategy's
     run ends that run and the flow's FAILED, each saying why."""
-    from flows.benchmark import benchmark
+    from layerwise.flows.benchmark import benchmark
 
     state = benchmark(load_config(None, [*SHORT, "name=deadline", "train_deadline_s=0.01"]),
                       return_state=True)
@@ -246,7 +246,7 @@ def test_a_failed_training_fails_its_run_and_the_flows(prefect_server, project):
 
 
 def test_benchmarks_started_in_one_second_get_folders_of_their_own(monkeypatch, tmp_path):
-    from strategies.jobs.run_folder import make_stamped_folder
+    from layerwise.strategies.jobs.run_folder import make_stamped_folder
 
     stamp = "20260101-000000"
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -289,7 +289,7 @@ def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
     """Prefect reads its settings once, on import: set later, the local server's home and its
     120 s first-start limit would not apply (its first start takes ~20 s on 2 cores, Prefect's
     own limit)."""
-    script = ("from flows.cli.run import prepare_run\n"
+    script = ("from layerwise.flows.cli.run import prepare_run\n"
               "prepare_run(None, ['dataset=synthetic'])\n"
               "from prefect.settings import get_current_settings\n"
               "settings = get_current_settings()\n"
@@ -306,8 +306,8 @@ def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmar
     """On CPUs the flow's ranks share this machine: its profile is measured by one profiler per
     rank at once, in a file of its own; a scheduled strategy (OWT scheme b chooses by cost)
     needs every configuration."""
-    from strategies.graph import build_graph
-    from strategies.profile import (
+    from layerwise.strategies.graph import build_graph
+    from layerwise.strategies.profile import (
         Profile,
         default_profile_path,
         device_name,
@@ -329,8 +329,8 @@ def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmar
 def test_a_calibrated_cluster_is_measured_kept_and_used_by_the_runs(benchmarked, monkeypatch):
     """`cluster: calibrated` measures this machine's links between the flow's ranks before the
     search, keeps them under data/profiles/ for later runs, and every run uses that file."""
-    from strategies.cluster import load_cluster
-    from tasks.calibrate import calibrate_links
+    from layerwise.strategies.cluster import load_cluster
+    from layerwise.tasks.calibrate import calibrate_links
 
     client, _, project = benchmarked
     path = calibration_path(2)
@@ -349,7 +349,7 @@ def test_a_calibrated_cluster_is_measured_kept_and_used_by_the_runs(benchmarked,
 
 
 def test_calibrating_needs_two_ranks():
-    from strategies.errors import LayerwiseError
+    from layerwise.strategies.errors import LayerwiseError
 
     with pytest.raises(LayerwiseError, match="nproc >= 2") as error:
         load_config(None, ["cluster=calibrated", "nproc=1"])
@@ -362,8 +362,8 @@ def test_a_failed_check_keeps_every_measured_number_and_says_what_failed(benchma
     accuracy; only its status column and the summary name the failure."""
     from dataclasses import replace
 
-    from flows.benchmark import _table_rows, summary_lines
-    from strategies.accuracy import check_accuracy
+    from layerwise.flows.benchmark import _table_rows, summary_lines
+    from layerwise.strategies.accuracy import check_accuracy
 
     _, outcomes, _ = benchmarked
     data = next(outcome for outcome in outcomes if outcome.strategy == "data")
@@ -389,7 +389,7 @@ def test_a_failed_accuracy_check_is_a_failed_task_logged_without_a_traceback(pre
 
     from prefect import flow
 
-    from tasks.validate import judge_accuracy
+    from layerwise.tasks.validate import judge_accuracy
 
     class Lines(logging.Handler):
         def __init__(self) -> None:

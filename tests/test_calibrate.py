@@ -10,8 +10,8 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from flows.cli.measure import register
-from strategies.calibrate import (
+from layerwise.flows.cli.measure import register
+from layerwise.strategies.calibrate import (
     Calibration,
     _run_workers,
     calibrate,
@@ -19,12 +19,12 @@ from strategies.calibrate import (
     fit_alpha_beta,
     message_sizes,
 )
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.errors import LayerwiseError
-from strategies.graph import build_graph
-from strategies.space import ParallelConfig
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.space import ParallelConfig
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.cluster import load_cluster, preset_names
-from strategies.graph import build_graph
-from strategies.models import ZOO
-from strategies.space import count_configs
+from layerwise.flows.cli import app
+from layerwise.strategies.cluster import load_cluster, preset_names
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.models import ZOO
+from layerwise.strategies.space import count_configs
 
 runner = CliRunner()
 

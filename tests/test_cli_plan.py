@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.cluster import load_cluster
-from strategies.errors import ConfigError, LayerwiseError
-from strategies.graph import build_graph
-from strategies.jobs.costing import resolved_placement
-from strategies.space import ParallelConfig, enumerate_configs
-from strategies.strategy import Strategy
+from layerwise.flows.cli import app
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.errors import ConfigError, LayerwiseError
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.jobs.costing import resolved_placement
+from layerwise.strategies.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.strategy import Strategy
 
 runner = CliRunner()
 SEARCH = ("search", "tiny_cnn", "--devices", "4", "--cluster", "p100x16", "--analytic",

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies.cluster import (
+from layerwise.strategies.cluster import (
     Cluster,
     Link,
     format_quantity,
@@ -19,8 +19,8 @@ from strategies.cluster import (
     preset_names,
     presets,
 )
-from strategies.errors import ClusterError, LayerwiseError
-from strategies.oracle import allreduce_seconds as oracle_allreduce
+from layerwise.strategies.errors import ClusterError, LayerwiseError
+from layerwise.strategies.oracle import allreduce_seconds as oracle_allreduce
 
 EXPECTED_DEVICES = {"p100x16": 16, "k20x8": 8, "abci": 4352, "h100x8": 8, "h200x8": 8,
                     "local": 8}

@@ -16,10 +16,10 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from flows.benchmark_config import load_config
-from flows.cli import app
-from flows.compare import COMPARED_METRICS, DELTA_METRICS, layer_changes
-from tasks import owner, track
+from layerwise.flows.benchmark_config import load_config
+from layerwise.flows.cli import app
+from layerwise.flows.compare import COMPARED_METRICS, DELTA_METRICS, layer_changes
+from layerwise.tasks import owner, track
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ OVERRIDES = (f"name={EXPERIMENT}", "dataset=synthetic", "image_size=8", "classes
 def compared(prefect_server, tmp_path_factory):
     """The benchmark flow once, then `layerwise compare --json --log` and `--all` on its
     store."""
-    from flows.benchmark import benchmark
+    from layerwise.flows.benchmark import benchmark
 
     project = tmp_path_factory.mktemp("project")
     uri = f"sqlite:///{project / 'mlflow.db'}"

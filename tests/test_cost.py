@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from strategies import cost_tables
-from strategies.cluster import DeviceGroups, Link, Racks, load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel, configs_for
-from strategies.errors import ConfigError
-from strategies.graph import build_graph, trace
-from strategies.space import ParallelConfig, enumerate_configs
-from strategies.tiles import as_4d, largest_tile, needed_range, output_ranges
+from layerwise.strategies import cost_tables
+from layerwise.strategies.cluster import DeviceGroups, Link, Racks, load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel, configs_for
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import build_graph, trace
+from layerwise.strategies.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.tiles import as_4d, largest_tile, needed_range, output_ranges
 
 P = ParallelConfig.parse
 CLUSTER = load_cluster("p100x16")

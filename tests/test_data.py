@@ -16,8 +16,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from strategies.errors import LayerwiseError
-from tasks.data import (
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.tasks.data import (
     load_params,
     main,
     prepare_cifar,

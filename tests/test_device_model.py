@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.device_model import (
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.device_model import (
     GEMM_EFFICIENCY,
     SPLIT_FACTORS,
     TILE_SHAPES,
@@ -19,9 +19,9 @@ from strategies.device_model import (
     layer_gemms,
     op_kind_efficiencies,
 )
-from strategies.graph import BYTES_PER_ELEMENT, build_graph
-from strategies.space import ParallelConfig
-from strategies.tiles import largest_tile
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, build_graph
+from layerwise.strategies.space import ParallelConfig
+from layerwise.strategies.tiles import largest_tile
 
 P100 = load_cluster("p100x16")
 P = ParallelConfig.parse

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from strategies.graph import build_graph
-from strategies.profile import tile_plan
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.profile import tile_plan
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "device_model_check.py"
 

@@ -25,11 +25,11 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
-from strategies.jobs.job import new_job
-from strategies.jobs.launch import run_torchrun, torchrun_command, write_run_folder
-from strategies.jobs.options import TrainOptions
-from strategies.runtime.worker import ERRORS_DIR
-from tasks import owner, track
+from layerwise.strategies.jobs.job import new_job
+from layerwise.strategies.jobs.launch import run_torchrun, torchrun_command, write_run_folder
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.runtime.worker import ERRORS_DIR
+from layerwise.tasks import owner, track
 from tests.processes import (
     LOOPBACK,
     as_from_a_terminal,
@@ -189,7 +189,7 @@ def _start_flow(project: Path, experiment: str) -> subprocess.Popen[bytes]:
         preexec_fn=as_from_a_terminal,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, track.TRACKING_VARIABLE: f"sqlite:///{project / 'mlflow.db'}"})
-    _wait_for(lambda: processes_mentioning("strategies.runtime.worker", project)
+    _wait_for(lambda: processes_mentioning("layerwise.strategies.runtime.worker", project)
               or launcher.poll() is not None, "the one-process reference to start training")
     assert launcher.poll() is None
     return launcher
@@ -216,11 +216,11 @@ def _stop_leftovers(launcher: subprocess.Popen[bytes], project: Path) -> None:
 # name (all of them, whatever the state: a run the cleanup missed shows as RUNNING after)
 PREFECT_CLEANUP = """
 import json, sys
-from flows.cli.run import start_local_api, use_embedded_environment
+from layerwise.flows.cli.run import start_local_api, use_embedded_environment
 use_embedded_environment()
 start_local_api()
 from prefect import get_client
-from flows.flow_runs import crash_orphaned_flow_runs
+from layerwise.flows.flow_runs import crash_orphaned_flow_runs
 
 def states():
     with get_client(sync_client=True) as client:
@@ -262,7 +262,7 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
 def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_killed(
         flow_project):
     """SIGKILL runs no handler: Prefect's server, torchrun and its workers go because they are
-    tied to the flow's process (strategies.jobs.tether); the Prefect flow and task runs it
+    tied to the flow's process (layerwise.strategies.jobs.tether); the Prefect flow and task runs it
     left Running are marked Crashed by the next command's start (crash_orphaned_flow_runs), and
     the MLflow run it left RUNNING is marked KILLED by the next flow's start
     (close_orphaned_runs), as their writer is gone."""

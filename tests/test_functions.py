@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from strategies.ops import sync_batch_norm
-from strategies.runtime.functions import sharded_cross_entropy
+from layerwise.strategies.ops import sync_batch_norm
+from layerwise.strategies.runtime.functions import sharded_cross_entropy
 
 
 class ThreadGroup:

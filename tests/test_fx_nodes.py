@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from strategies.fx_nodes import ActiveDropout, active_dropout, argument, count_include_pad
-from strategies.graph import trace
+from layerwise.strategies.fx_nodes import ActiveDropout, active_dropout, argument, count_include_pad
+from layerwise.strategies.graph import trace
 
 
 class _Dropouts(nn.Module):

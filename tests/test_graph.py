@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.errors import GraphError
-from strategies.graph import build_graph, trace
-from strategies.models import ZOO, build_model
+from layerwise.strategies.errors import GraphError
+from layerwise.strategies.graph import build_graph, trace
+from layerwise.strategies.models import ZOO, build_model
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.run import RunResult
-from strategies.runtime.huge_pages import (
+from layerwise.flows.cli import app
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.runtime.huge_pages import (
     HUGE_PAGES_VARIABLE,
     kernel_offers_huge_pages,
     with_huge_pages,

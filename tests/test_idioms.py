@@ -20,20 +20,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.baselines import baseline
-from strategies.errors import ConfigError
-from strategies.graph import build_graph
-from strategies.jobs.costing import cost_model
-from strategies.jobs.job import new_job
-from strategies.jobs.options import TrainOptions
-from strategies.models import build_model
-from strategies.schedules import INEXACT
-from strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
-from strategies.space import DIMS as SPLIT_DIMS
-from strategies.space import ParallelConfig, check_config, degree_choices
-from strategies.strategy import Strategy
-from strategies.verify import EXACT_TOLERANCE
+from layerwise.flows.cli import app
+from layerwise.strategies.baselines import baseline
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.jobs.job import new_job
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.models import build_model
+from layerwise.strategies.schedules import INEXACT
+from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
+from layerwise.strategies.space import DIMS as SPLIT_DIMS
+from layerwise.strategies.space import ParallelConfig, check_config, degree_choices
+from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.verify import EXACT_TOLERANCE
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent

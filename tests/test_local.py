@@ -23,17 +23,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.errors import ConfigError
-from strategies.graph import LayerGraph, build_graph, trace
-from strategies.models import build_model
-from strategies.run import RunResult, TrainSettings
-from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.schedules.local.engine import LocalEngine, auxiliary_heads
-from strategies.schedules.local.planner import (
+from layerwise.flows.cli import app
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import LayerGraph, build_graph, trace
+from layerwise.strategies.models import build_model
+from layerwise.strategies.run import RunResult, TrainSettings
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.schedules.local.engine import LocalEngine, auxiliary_heads
+from layerwise.strategies.schedules.local.planner import (
     Cut,
     best_cuts,
     block_cuts,
@@ -43,7 +43,7 @@ from strategies.schedules.local.planner import (
     local_strategy,
     predict,
 )
-from strategies.strategy import Strategy
+from layerwise.strategies.strategy import Strategy
 from tests.distributed import spawn_cases
 
 MODEL, SIZE, BATCH, STEPS, SEED = "lenet5", 16, 8, 3, 0

@@ -10,8 +10,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from strategies.errors import LayerwiseError, UnknownModelError
-from strategies.models import (
+from layerwise.strategies.errors import LayerwiseError, UnknownModelError
+from layerwise.strategies.models import (
     ZOO,
     ModelSpec,
     build_model,

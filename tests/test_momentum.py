@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.runtime.momentum import momentum_buffers
 
 
 def test_momentum_buffers_are_sgds_or_zeros():

@@ -21,9 +21,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.run import RunResult, TrainSettings
-from strategies.verify import compare, reference_run
+from layerwise.flows.cli import app
+from layerwise.strategies.run import RunResult, TrainSettings
+from layerwise.strategies.verify import compare, reference_run
 from tests.processes import (
     LOOPBACK,
     kill_tree,

@@ -1,7 +1,7 @@
 """Layer ops: every output tile, computed from its needed input box, equals the full op's slice.
 
 The needed boxes are derived here independently (by listing each output's window elements) and
-checked against `strategies.tiles.needed_range`, so the tests also catch a wrong box there.
+checked against `layerwise.strategies.tiles.needed_range`, so the tests also catch a wrong box there.
 Backward: input-box gradients scatter-added into the full input, and weight-shard gradients
 summed over the tiles sharing a channel shard, equal the full op's gradients.
 """
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from torch import Tensor
 from torch.testing import assert_close
 
-from strategies.graph import Geometry, Layer, LayerKind
-from strategies.ops import (
+from layerwise.strategies.graph import Geometry, Layer, LayerKind
+from layerwise.strategies.ops import (
     PoolMode,
     activation,
     adaptive_pool,
@@ -32,8 +32,8 @@ from strategies.ops import (
     layer_op,
     pool,
 )
-from strategies.space import tile_range
-from strategies.tiles import Box, Range, needed_range
+from layerwise.strategies.space import tile_range
+from layerwise.strategies.tiles import Box, Range, needed_range
 
 EXAMPLES = settings(max_examples=25, deadline=None)
 MODES: tuple[PoolMode, ...] = ("max", "avg")

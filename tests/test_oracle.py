@@ -15,11 +15,11 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.compute import AnalyticCompute, ProfiledCompute
-from strategies.errors import LayerwiseError
-from strategies.graph import build_graph
-from strategies.oracle import (
+from layerwise.flows.cli import app
+from layerwise.strategies.compute import AnalyticCompute, ProfiledCompute
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.oracle import (
     STRATEGIES,
     LayerSummary,
     ModelSummary,
@@ -32,11 +32,11 @@ from strategies.oracle import (
     step_cases,
     summary_from_graph,
 )
-from strategies.oracle_platform import load_platform
-from strategies.paradl_table8 import PAPER_RANKS
-from strategies.profile import Profile
-from strategies.space import ParallelConfig
-from strategies.tiles import largest_tile
+from layerwise.strategies.oracle_platform import load_platform
+from layerwise.strategies.paradl_table8 import PAPER_RANKS
+from layerwise.strategies.profile import Profile
+from layerwise.strategies.space import ParallelConfig
+from layerwise.strategies.tiles import largest_tile
 
 PLATFORM = load_platform("abci")
 ABCI = PLATFORM.cluster

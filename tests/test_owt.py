@@ -20,17 +20,17 @@ import torch.nn.functional as F
 from torch import nn
 from typer.testing import CliRunner
 
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.errors import ConfigError
-from strategies.graph import LayerGraph, build_graph, trace
-from strategies.models import build_model
-from strategies.run import TrainSettings
-from strategies.runtime.engine_base import EngineContext
-from strategies.schedules.owt.engine import OwtEngine
-from strategies.schedules.owt.planner import build_strategy
-from strategies.strategy import Strategy
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import LayerGraph, build_graph, trace
+from layerwise.strategies.models import build_model
+from layerwise.strategies.run import TrainSettings
+from layerwise.strategies.runtime.engine_base import EngineContext
+from layerwise.strategies.schedules.owt.engine import OwtEngine
+from layerwise.strategies.schedules.owt.planner import build_strategy
+from layerwise.strategies.strategy import Strategy
 from tests import distributed
 from tests.distributed import Outcome, assert_same_training, spawn_cases
 
@@ -301,7 +301,7 @@ def one_line_error(result, *fragments: str) -> None:
 
 
 def test_scheme_c_refuses_a_batch_per_worker_that_k_does_not_divide(tmp_path):
-    from flows.cli import app
+    from layerwise.flows.cli import app
 
     with pytest.raises(ConfigError, match=r"b = 3 samples per worker .* K = 2 workers"):
         _owt_on(build_graph("lenet5", 6, 32, 10), "owt_c_vb")
@@ -322,7 +322,7 @@ def test_a_network_that_is_not_conv_then_fc_is_refused():
 
 
 def test_reproduce_owt_predicts_faster_epochs_with_more_gpus():
-    from flows.cli import app
+    from layerwise.flows.cli import app
 
     result = runner.invoke(app, ["reproduce", "owt", "--json"])
     assert result.exit_code == 0, result.output
@@ -347,7 +347,7 @@ def test_reproduce_owt_predicts_faster_epochs_with_more_gpus():
 
 
 def test_a_resumed_run_continues_bit_identically(tmp_path):
-    from flows.cli import app
+    from layerwise.flows.cli import app
 
     common = ("lenet5", "--strategy", "owt_b", "--nproc", "2", "--image-size", "32")
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
@@ -372,7 +372,7 @@ def test_a_resumed_run_continues_bit_identically(tmp_path):
 
 @pytest.mark.parametrize(("model", "workers"), [("alexnet", 4), ("lenet5", 2)])
 def test_owt_and_the_owt_baseline_price_equal_configs_and_bytes_equal(model, workers):
-    from strategies.jobs.named_strategies import strategy_by_name
+    from layerwise.strategies.jobs.named_strategies import strategy_by_name
 
     cluster = load_cluster("p100x16")
     cost = CostModel(build_graph(model, 8 * workers, 32, 10), cluster, workers,

@@ -22,18 +22,18 @@ import torch
 import torch.distributed as dist
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.cluster import cluster_from_mapping, load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.errors import ConfigError
-from strategies.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
-from strategies.models import build_model
-from strategies.run import RunResult, TrainSettings
-from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.schedules.pipeline.engine import PipelineEngine
-from strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
-from strategies.schedules.pipeline.planner import (
+from layerwise.flows.cli import app
+from layerwise.strategies.cluster import cluster_from_mapping, load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
+from layerwise.strategies.models import build_model
+from layerwise.strategies.run import RunResult, TrainSettings
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.schedules.pipeline.engine import PipelineEngine
+from layerwise.strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
+from layerwise.strategies.schedules.pipeline.planner import (
     MICRO_BATCHES_PER_STAGE,
     PipelineCosts,
     check_execution,
@@ -44,7 +44,7 @@ from strategies.schedules.pipeline.planner import (
     plan_strategy,
     row_pieces,
 )
-from strategies.strategy import Strategy
+from layerwise.strategies.strategy import Strategy
 from tests import distributed
 from tests.distributed import spawn_cases
 

@@ -13,14 +13,14 @@ import typer
 from torch import nn
 from typer.testing import CliRunner
 
-from flows.cli.measure import register
-from strategies import ops
-from strategies.cluster import load_cluster
-from strategies.compute import ProfiledCompute
-from strategies.cost import CostModel
-from strategies.errors import LayerwiseError
-from strategies.graph import build_graph, trace
-from strategies.profile import (
+from layerwise.flows.cli.measure import register
+from layerwise.strategies import ops
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import ProfiledCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import build_graph, trace
+from layerwise.strategies.profile import (
     SCHEMA_VERSION,
     Profile,
     build_tile,
@@ -34,10 +34,10 @@ from strategies.profile import (
     run_tile,
     tile_plan,
 )
-from strategies.runtime.huge_pages import huge_pages_in_use
-from strategies.schedules.owt.planner import build_strategy, pass_config
-from strategies.space import ParallelConfig, enumerate_configs
-from strategies.tiles import as_4d, largest_tile, needed_range, tile_box
+from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
+from layerwise.strategies.schedules.owt.planner import build_strategy, pass_config
+from layerwise.strategies.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.tiles import as_4d, largest_tile, needed_range, tile_box
 
 FAST = {"warmup": 0, "repeats": 1, "threads": 1}
 
@@ -138,7 +138,7 @@ class _Dropping(nn.Module):
 
 
 def test_the_profiler_times_the_runtimes_own_ops(monkeypatch):
-    """Every op a tile runs is the function of strategies.ops that the runtime calls."""
+    """Every op a tile runs is the function of layerwise.strategies.ops that the runtime calls."""
     called: set[str] = set()
     names = ("conv", "pool", "adaptive_pool", "linear", "flatten", "binary", "concat",
              "batch_norm", "dropout", "activation")

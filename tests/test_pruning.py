@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strategies import search
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.graph import build_graph
-from strategies.pruning import forest_bounds, share_bounds, total
-from strategies.search import collector_paused, graph_costs
+from layerwise.strategies import search
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.pruning import forest_bounds, share_bounds, total
+from layerwise.strategies.search import collector_paused, graph_costs
 
 CLUSTER = load_cluster("p100x16")
 

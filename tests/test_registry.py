@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import get_args
 
-from flows.benchmark_config import StrategyName
-from strategies.jobs.named_strategies import strategy_names
-from strategies.schedules import INEXACT, SCHEDULED, schedule_help
+from layerwise.flows.benchmark_config import StrategyName
+from layerwise.strategies.jobs.named_strategies import strategy_names
+from layerwise.strategies.schedules import INEXACT, SCHEDULED, schedule_help
 
 
 def test_the_benchmark_config_accepts_exactly_the_names_the_registry_knows() -> None:

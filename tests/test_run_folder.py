@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.errors import LayerwiseError
-from strategies.jobs.job import new_job
-from strategies.jobs.launch import write_run_folder
-from strategies.jobs.options import TrainOptions
-from strategies.jobs.run_folder import (
+from layerwise.flows.cli import app
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.jobs.job import new_job
+from layerwise.strategies.jobs.launch import write_run_folder
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.jobs.run_folder import (
     LOCK_FILE,
     FolderClaim,
     claim_existing_run,
@@ -96,7 +96,7 @@ def test_a_claim_goes_with_its_process_even_when_killed(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\n"
          "from pathlib import Path\n"
-         "from strategies.jobs.run_folder import claim_new_folder\n"
+         "from layerwise.strategies.jobs.run_folder import claim_new_folder\n"
          "claim_new_folder(Path(sys.argv[1]))\n"
          "print('held', flush=True)\n"
          "time.sleep(600)\n", str(out)],

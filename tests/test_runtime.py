@@ -20,14 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strategies.baselines import baseline
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.graph import build_graph
-from strategies.runtime.plan import build_plan
-from strategies.search import optimal_strategy
-from strategies.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.baselines import baseline
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.runtime.plan import build_plan
+from layerwise.strategies.search import optimal_strategy
+from layerwise.strategies.space import ParallelConfig, enumerate_configs
 from tests.distributed import Case, Outcome, assert_same_training, reference, run_distributed
 
 pytestmark = pytest.mark.slow

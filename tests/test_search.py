@@ -11,13 +11,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strategies.baselines import BASELINES, baseline
-from strategies.cluster import load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.graph import build_graph, trace
-from strategies.milp import solve_milp
-from strategies.search import optimal_strategy, solve
+from layerwise.strategies.baselines import BASELINES, baseline
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.graph import build_graph, trace
+from layerwise.strategies.milp import solve_milp
+from layerwise.strategies.search import optimal_strategy, solve
 
 CLUSTER = load_cluster("p100x16")
 
@@ -298,7 +298,7 @@ def test_the_integer_program_matches_brute_force_on_random_dags(data):
 def test_search_of_a_user_densenet_states_its_method_and_gap(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from layerwise.flows.cli import app
 
     (tmp_path / "dense_user_model.py").write_text(DENSE_SOURCE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from strategies.errors import ConfigError
-from strategies.graph import build_graph
-from strategies.space import (
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.space import (
     DIMS,
     ParallelConfig,
     check_config,

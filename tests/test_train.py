@@ -19,17 +19,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.graph import build_graph
-from strategies.jobs.costing import cost_model
-from strategies.jobs.failure import failure_line
-from strategies.jobs.launch import LOG_FILE
-from strategies.jobs.named_strategies import strategy_by_name
-from strategies.jobs.options import TrainOptions
-from strategies.models import build_model
-from strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
-from strategies.run import RunResult
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from layerwise.flows.cli import app
+from layerwise.strategies.graph import build_graph
+from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.jobs.failure import failure_line
+from layerwise.strategies.jobs.launch import LOG_FILE
+from layerwise.strategies.jobs.named_strategies import strategy_by_name
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.models import build_model
+from layerwise.strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME, read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -164,7 +164,7 @@ def test_a_rank_that_raises_ends_the_run_with_one_line_naming_it(tmp_path):
 # the lost connection (so no rank wrote an error file); the format of ChildFailedError.
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-strategies.runtime.worker FAILED
+layerwise.strategies.runtime.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

@@ -17,10 +17,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from strategies.models import ZOO
-from strategies.schedules import INEXACT
-from strategies.verify import EXACT_TOLERANCE
+from layerwise.flows.cli import app
+from layerwise.strategies.models import ZOO
+from layerwise.strategies.schedules import INEXACT
+from layerwise.strategies.verify import EXACT_TOLERANCE
 
 pytestmark = pytest.mark.slow
 

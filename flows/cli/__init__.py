@@ -24,7 +24,7 @@
 
 Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
 request) prints one line to stderr and exits with code 2. The commands are thin adapters: the
-work is in strategies.jobs (shared with the Prefect tasks) and the flows; what is here parses
+work is in layerwise.strategies.jobs (shared with the Prefect tasks) and the flows; what is here parses
 options and draws on the terminal.
 """
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import typer
 
-from flows.cli import (
+from layerwise.flows.cli import (
     compare,
     describe,
     measure,
@@ -43,7 +43,7 @@ from flows.cli import (
     train,
     verify,
 )
-from strategies.runtime.huge_pages import use_huge_pages
+from layerwise.strategies.runtime.huge_pages import use_huge_pages
 
 app = typer.Typer(
     help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",

@@ -20,12 +20,12 @@ import typer
 from rich import box
 from rich.table import Table
 
-from flows.cli.console import console, print_json, user_errors
-from flows.cli.run import start_local_api, use_embedded_environment
-from strategies.errors import LayerwiseError
+from layerwise.flows.cli.console import console, print_json, user_errors
+from layerwise.flows.cli.run import start_local_api, use_embedded_environment
+from layerwise.strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:
-    from flows.compare import Comparison, StrategyRow
+    from layerwise.flows.compare import Comparison, StrategyRow
 
 
 def register(app: typer.Typer) -> None:
@@ -47,14 +47,14 @@ def compare(
                       "run in MLflow; without it nothing is written there.")] = False,
 ) -> None:
     """Compare predicted vs measured time, bytes and accuracy per model version and strategy."""
-    from flows.benchmark_config import load_config
+    from layerwise.flows.benchmark_config import load_config
 
     name = experiment or load_config(None).name
     use_embedded_environment()
     _check_experiment(name)
     start_local_api()
-    from flows.compare import compare as compare_flow
-    from flows.flow_runs import owned_flow_runs
+    from layerwise.flows.compare import compare as compare_flow
+    from layerwise.flows.flow_runs import owned_flow_runs
 
     with owned_flow_runs():
         comparison = compare_flow(name, all_runs, log)
@@ -67,7 +67,7 @@ def compare(
 def _check_experiment(name: str) -> None:
     """One line, before Prefect starts, when there is no store, no such experiment or no run
     in it (inside the flow the same errors would come with Prefect's traceback)."""
-    from tasks.track import TRACKING_VARIABLE, find_experiment
+    from layerwise.tasks.track import TRACKING_VARIABLE, find_experiment
 
     uri = os.environ[TRACKING_VARIABLE]
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
@@ -84,7 +84,7 @@ def _check_experiment(name: str) -> None:
 
 def _print(comparison: Comparison) -> None:
     """One table per benchmark run (its name and status in the title), every value whole."""
-    from flows.compare import change_lines
+    from layerwise.flows.compare import change_lines
 
     for parent in comparison.parent_runs:
         rows = [_cells(row) for row in comparison.rows if row.parent_run_id == parent.run_id]

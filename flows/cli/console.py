@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from strategies.errors import LayerwiseError
+from layerwise.strategies.errors import LayerwiseError
 
 # Printed text is never markup or emoji codes: model names, paths and messages come from the
 # user ("[/foo]" would stop Rich, "a:b:c" would print an emoji); style with Text instead.

@@ -33,8 +33,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.cli.console import console, human_count, print_json, user_errors
-from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from layerwise.flows.cli.console import console, human_count, print_json, user_errors
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 DEFAULT_CLUSTER_OUT = Path("data") / "profiles" / "cluster-local.yaml"
 # Per-call cost of a tile run in FLOP-equivalents, so the time-left estimate does not treat
@@ -96,12 +96,12 @@ def profile(
     With --processes P, P profilers measure at once and each tile keeps the slowest time: a
     CPU run of P ranks on this machine is predicted from that profile.
     """
-    from strategies.errors import ConfigError, LayerwiseError
-    from strategies.files import writable_file
-    from strategies.graph import build_graph
-    from strategies.jobs.profile_reuse import ProfileMismatchError, reusable_profile
-    from strategies.memory import check_memory, largest_layer_bytes
-    from strategies.profile import (
+    from layerwise.strategies.errors import ConfigError, LayerwiseError
+    from layerwise.strategies.files import writable_file
+    from layerwise.strategies.graph import build_graph
+    from layerwise.strategies.jobs.profile_reuse import ProfileMismatchError, reusable_profile
+    from layerwise.strategies.memory import check_memory, largest_layer_bytes
+    from layerwise.strategies.profile import (
         concurrent_threads,
         default_profile_path,
         device_name,
@@ -217,7 +217,7 @@ def _at_once(processes: int) -> str:
 
 def _tile_weight(layer: Any, tile: Any) -> float:
     """Rough cost of measuring a tile, for the time-left estimate: its share of the FLOPs."""
-    from strategies.tiles import as_4d
+    from layerwise.strategies.tiles import as_4d
 
     out = as_4d(layer.output_shape)
     share = as_4d(tile.output_shape)
@@ -252,9 +252,9 @@ def calibrate(
     the `local` preset with the fitted link (the all-reduce fit as its ring figures) and
     --nproc devices: pass that file wherever a cluster is accepted.
     """
-    from strategies.calibrate import calibrate as measure
-    from strategies.calibrate import calibrated_cluster, save_calibration
-    from strategies.files import writable_file
+    from layerwise.strategies.calibrate import calibrate as measure
+    from layerwise.strategies.calibrate import calibrated_cluster, save_calibration
+    from layerwise.strategies.files import writable_file
 
     writable_file(out, "--out")
     calibration = measure(nproc, backend=backend, quick=quick)

@@ -22,21 +22,21 @@ from typing import TYPE_CHECKING, Annotated, cast, get_args
 import typer
 from rich.table import Table
 
-from flows.cli.console import console, print_json, user_errors
-from strategies.errors import LayerwiseError
-from strategies.files import write_atomic
+from layerwise.flows.cli.console import console, print_json, user_errors
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files import write_atomic
 
 if TYPE_CHECKING:
-    from strategies.cluster import Cluster
-    from strategies.oracle import (
+    from layerwise.strategies.cluster import Cluster
+    from layerwise.strategies.oracle import (
         ModelSummary,
         OracleCase,
         OracleReport,
         StrategyName,
         WeightUpdate,
     )
-    from strategies.oracle_platform import Platform
-    from strategies.paradl_table8 import Table8
+    from layerwise.strategies.oracle_platform import Platform
+    from layerwise.strategies.paradl_table8 import Table8
 
 SUMMARY_SUFFIXES = (".json", ".yaml", ".yml")
 DEFAULT_GPUS = "1..1024"
@@ -86,10 +86,10 @@ def oracle(
 
         layerwise oracle resnet50 --platform abci --gpus 4,64,1024
     """
-    from strategies.files import writable_file
-    from strategies.oracle import IMAGENET_TRAIN_SAMPLES
-    from strategies.oracle import oracle as run_oracle
-    from strategies.oracle_platform import load_platform
+    from layerwise.strategies.files import writable_file
+    from layerwise.strategies.oracle import IMAGENET_TRAIN_SAMPLES
+    from layerwise.strategies.oracle import oracle as run_oracle
+    from layerwise.strategies.oracle_platform import load_platform
 
     if save is not None:
         writable_file(save, "--save")
@@ -122,7 +122,7 @@ def oracle(
 
 def parse_weight_update(text: str) -> WeightUpdate:
     """"paper" or "none"."""
-    from strategies.oracle import WeightUpdate
+    from layerwise.strategies.oracle import WeightUpdate
 
     choices = get_args(WeightUpdate)
     if text not in choices:
@@ -133,7 +133,7 @@ def parse_weight_update(text: str) -> WeightUpdate:
 
 def _table8(platform: Platform, update: WeightUpdate, as_json: bool, save: Path | None,
             given: list[str]) -> None:
-    from strategies.paradl_table8 import table8
+    from layerwise.strategies.paradl_table8 import table8
 
     if given:
         raise LayerwiseError(f"{TABLE8} runs the paper's models, GPU counts and batches; "
@@ -203,7 +203,7 @@ def _positive_count(text: str, whole: str) -> int:
 
 def parse_strategies(text: str | None) -> list[StrategyName]:
     """The strategies named in a comma list, in the order given; all of them for None."""
-    from strategies.oracle import STRATEGIES
+    from layerwise.strategies.oracle import STRATEGIES
 
     if text is None:
         return list(STRATEGIES)
@@ -232,10 +232,10 @@ def model_summary(model: str, cluster: Cluster, profile: Path | None, image_size
     """The oracle's view of MODEL and where its FW/BW come from: a summary file as written; a
     model's layer graph timed by a profile (at the profile's batch) or by the analytic t_c of
     the platform's device (at `samples_per_gpu`, 32 when fitting memory)."""
-    from strategies.compute import AnalyticCompute, ProfiledCompute
-    from strategies.graph import build_graph
-    from strategies.oracle import DEFAULT_SAMPLES_PER_PE, ModelSummary, summary_from_graph
-    from strategies.profile import Profile
+    from layerwise.strategies.compute import AnalyticCompute, ProfiledCompute
+    from layerwise.strategies.graph import build_graph
+    from layerwise.strategies.oracle import DEFAULT_SAMPLES_PER_PE, ModelSummary, summary_from_graph
+    from layerwise.strategies.profile import Profile
 
     if Path(model).suffix.lower() in SUMMARY_SUFFIXES:
         if profile is not None or image_size is not None:
@@ -318,7 +318,7 @@ def _print(report: OracleReport, summary: ModelSummary, cluster: Cluster, source
 def _analytic_source(cluster: Cluster) -> str:
     """What times FW/BW without a profile: the device model on a GPU with SM figures, else the
     roofline (strategies/compute.py's AnalyticCompute)."""
-    from strategies.compute import AnalyticCompute
+    from layerwise.strategies.compute import AnalyticCompute
 
     kind = "device model" if AnalyticCompute(cluster).device_model is not None else "roofline"
     return f"{kind} on {cluster.device.name}"

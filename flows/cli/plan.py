@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from flows.cli.console import console, print_json, user_errors
-from strategies.files import writable_file
-from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-from strategies.schedules import schedule_help
+from layerwise.flows.cli.console import console, print_json, user_errors
+from layerwise.strategies.files import writable_file
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from layerwise.strategies.schedules import schedule_help
 
 if TYPE_CHECKING:
-    from strategies.cost import CostModel
-    from strategies.graph import LayerGraph
-    from strategies.oracle import OracleCase
-    from strategies.schedules.pipeline.planner import PipelinePlan
-    from strategies.search import SearchResult
-    from strategies.strategy import Strategy
+    from layerwise.strategies.cost import CostModel
+    from layerwise.strategies.graph import LayerGraph
+    from layerwise.strategies.oracle import OracleCase
+    from layerwise.strategies.schedules.pipeline.planner import PipelinePlan
+    from layerwise.strategies.search import SearchResult
+    from layerwise.strategies.strategy import Strategy
 
 SEARCH_SCHEMA_VERSION = 1
 PARADL = "paradl"  # the --baselines entry that adds the ParaDL oracle's cases
@@ -89,10 +89,10 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
          image_size: int | None, classes: int | None, in_channels: int | None,
          profile: Path | None, analytic: bool, baselines: list[str], placement: str) -> Plan:
     """Search the optimal strategy and cost the baselines and the scheduled strategies."""
-    from strategies.errors import LayerwiseError
-    from strategies.graph import build_graph
-    from strategies.jobs.costing import cost_model
-    from strategies.jobs.named_strategies import (
+    from layerwise.strategies.errors import LayerwiseError
+    from layerwise.strategies.graph import build_graph
+    from layerwise.strategies.jobs.costing import cost_model
+    from layerwise.strategies.jobs.named_strategies import (
         LAYERWISE,
         searched_strategy,
         strategy_by_name,
@@ -115,7 +115,7 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     for name in baselines:
         try:
             if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
-                from strategies.schedules.pipeline.planner import pipeline_report, plan_strategy
+                from layerwise.strategies.schedules.pipeline.planner import pipeline_report, plan_strategy
 
                 pipeline = pipeline_report(cost)
                 strategies[name] = plan_strategy(pipeline, graph)
@@ -133,7 +133,7 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
 def paradl_step_cases(cost: CostModel, batch_per_device: int) -> tuple[OracleCase, ...]:
     """ParaDL's analytic cases for one step of the search's global batch on the same devices,
     cluster and t_c as the search: every strategy at that batch (oracle.step_cases)."""
-    from strategies.oracle import step_cases, summary_from_graph
+    from layerwise.strategies.oracle import step_cases, summary_from_graph
 
     return step_cases(summary_from_graph(cost.graph, cost.compute), cost.cluster,
                       cost.devices, batch_per_device)
@@ -219,20 +219,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay a paper's experiment in simulation (optcnn: Jia et al., ICML 2018, Fig. 7;
         owt: Krizhevsky 2014, epoch time and speedup of the OWT schemes on 1-8 K20s)."""
-        from strategies.errors import LayerwiseError
+        from layerwise.strategies.errors import LayerwiseError
 
         if experiment == "owt":
             if any(option is not None
                    for option in (cluster, profile, batch_per_device, batch_norm)):
                 raise LayerwiseError("--cluster, --profile, --batch-per-device and --batch-norm "
                                      "apply to optcnn; owt replays Krizhevsky's own k20x8 setup")
-            from flows.cli.reproduce_owt import reproduce_owt
+            from layerwise.flows.cli.reproduce_owt import reproduce_owt
 
             reproduce_owt(as_json)
             return
         if experiment != "optcnn":
             raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn, owt")
-        from flows.cli.reproduce_optcnn import reproduce_optcnn
+        from layerwise.flows.cli.reproduce_optcnn import reproduce_optcnn
 
         reproduce_optcnn(cluster or "p100x16", profile, batch_per_device, batch_norm or "local",
                          as_json)

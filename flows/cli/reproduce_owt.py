@@ -17,7 +17,7 @@ import contextlib
 
 from rich.table import Table
 
-from flows.cli.console import console, print_json
+from layerwise.flows.cli.console import console, print_json
 
 # Krizhevsky 2014, Table 1: the speedup of scheme (b) at batch 128 on 2, 4 and 8 GPUs.
 PAPER_SPEEDUP_SCHEME_B = {1: 1.0, 2: 1.95, 4: 3.74, 8: 6.25}
@@ -25,7 +25,7 @@ PAPER_SPEEDUP_SCHEME_B = {1: 1.0, 2: 1.95, 4: 3.74, 8: 6.25}
 
 def reproduce_owt(as_json: bool) -> None:
     """Print the predicted epoch time and speedup of every scheme, batch mode and GPU count."""
-    from strategies.schedules.owt.planner import (
+    from layerwise.strategies.schedules.owt.planner import (
         IMAGENET_TRAIN_IMAGES,
         REPRODUCE_BATCH_PER_GPU,
         REPRODUCE_CLUSTER,

@@ -10,7 +10,7 @@ Prefect's analytics off (the machine may be offline), MLflow on sqlite:////<proj
 with artifacts in <project>/mlartifacts and no download progress bars. `compare` and `serve`
 use the same defaults (use_embedded_environment). The project is the current directory, as for
 every `layerwise` command (runs/, data/). Prefect's local server, and torchrun, end with the
-command however it ends, SIGKILL included (start_local_api, strategies.jobs.tether).
+command however it ends, SIGKILL included (start_local_api, layerwise.strategies.jobs.tether).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.cli.console import console, print_error, user_errors
+from layerwise.flows.cli.console import console, print_error, user_errors
 
 if TYPE_CHECKING:
-    from flows.benchmark_config import BenchmarkConfig
+    from layerwise.flows.benchmark_config import BenchmarkConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
 
 def embedded_environment(project: Path) -> dict[str, str]:
     """The defaults `layerwise run` sets where the user has not."""
-    from tasks.track import TRACKING_VARIABLE, default_tracking_uri
+    from layerwise.tasks.track import TRACKING_VARIABLE, default_tracking_uri
 
     return {
         "PREFECT_HOME": str(project / ".prefect"),
@@ -65,7 +65,7 @@ def start_local_api() -> None:
     Prefect starts that server (uvicorn, a subprocess) when a flow first needs it and stops it
     at exit, which a SIGKILL skips: the server would go on listening on 127.0.0.1. Started
     here, it is the one the flow's client uses (Prefect keeps one per process), and a guard
-    (strategies.jobs.tether) stops it when this process dies.
+    (layerwise.strategies.jobs.tether) stops it when this process dies.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -73,7 +73,7 @@ def start_local_api() -> None:
         return
     from prefect.server.api.server import SubprocessASGIServer
 
-    from strategies.jobs.tether import guard
+    from layerwise.strategies.jobs.tether import guard
 
     server = SubprocessASGIServer()
     server.start()
@@ -83,12 +83,12 @@ def start_local_api() -> None:
 
 def check_before_start(config: BenchmarkConfig) -> None:
     """What would fail inside the flow, found before Prefect starts (a second, not ten)."""
-    from flows.benchmark_config import CALIBRATED
-    from strategies.cluster import load_cluster
-    from strategies.errors import LayerwiseError
-    from strategies.graph import build_graph
-    from strategies.memory import check_memory, training_bytes
-    from tasks.data import PARAMS_FILE
+    from layerwise.flows.benchmark_config import CALIBRATED
+    from layerwise.strategies.cluster import load_cluster
+    from layerwise.strategies.errors import LayerwiseError
+    from layerwise.strategies.graph import build_graph
+    from layerwise.strategies.memory import check_memory, training_bytes
+    from layerwise.tasks.data import PARAMS_FILE
 
     batch = config.batch_per_device * config.nproc
     for index, model in enumerate(config.models):
@@ -118,7 +118,7 @@ def prepare_run(config: Path | None, overrides: list[str]) -> BenchmarkConfig:
     """Everything `layerwise run` does before the flow: the config, the embedded defaults,
     then the checks that would otherwise fail inside the flow. The defaults come before
     anything that could import Prefect, which reads its settings once, on first import."""
-    from flows.benchmark_config import load_config
+    from layerwise.flows.benchmark_config import load_config
 
     benchmark_config = load_config(config, overrides)
     use_embedded_environment()
@@ -138,8 +138,8 @@ def run(
     started = time.perf_counter()
     benchmark_config = prepare_run(config, overrides or [])
     start_local_api()
-    from flows.benchmark import benchmark, summary_lines
-    from flows.flow_runs import owned_flow_runs
+    from layerwise.flows.benchmark import benchmark, summary_lines
+    from layerwise.flows.flow_runs import owned_flow_runs
 
     with owned_flow_runs():
         state = benchmark(benchmark_config, return_state=True)

@@ -18,9 +18,9 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.console import user_errors
-from flows.cli.run import use_embedded_environment
-from strategies.errors import LayerwiseError
+from layerwise.flows.cli.console import user_errors
+from layerwise.flows.cli.run import use_embedded_environment
+from layerwise.strategies.errors import LayerwiseError
 
 DEPLOYMENT_NAME = "nightly-benchmark"
 SERVER_HINT = ("run `prefect server start` (it runs the scheduler) and set "
@@ -46,13 +46,13 @@ def serve(
     name: Annotated[str, typer.Option(help="Deployment name.")] = DEPLOYMENT_NAME,
 ) -> None:
     """Serve the benchmark flow on a cron schedule (needs a Prefect server)."""
-    from flows.benchmark_config import load_config
+    from layerwise.flows.benchmark_config import load_config
 
     benchmark_config = load_config(config, overrides or [])
     use_embedded_environment()
     check_cron(cron)
     check_server()
-    from flows.benchmark import benchmark
+    from layerwise.flows.benchmark import benchmark
 
     benchmark.serve(name=name, cron=cron,
                     parameters={"config": benchmark_config.model_dump(mode="json")})

@@ -14,7 +14,7 @@ the dataset against the model's input, the run folder. The launcher then writes 
 its own process group and follows rank 0's progress lines. A failed run ends with one line
 naming the rank that failed first and its error (exit code 1); a finished one with measured
 throughput, step time and bytes per step next to the prediction. The job itself is
-strategies.jobs's, shared with the benchmark flow; this module parses options and draws.
+layerwise.strategies.jobs's, shared with the benchmark flow; this module parses options and draws.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.cli.console import (
+from layerwise.flows.cli.console import (
     console,
     error_console,
     human_count,
@@ -41,18 +41,18 @@ from flows.cli.console import (
     print_warning,
     user_errors,
 )
-from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-from strategies.learning_rate import (
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from layerwise.strategies.learning_rate import (
     DEFAULT_LR,
     DEFAULT_LR_DECAY,
     DEFAULT_WARMUP_STEPS,
     LR_DECAYS,
 )
-from strategies.schedules import schedule_help
+from layerwise.strategies.schedules import schedule_help
 
 if TYPE_CHECKING:
-    from strategies.jobs.job import Job
-    from strategies.run import RunResult
+    from layerwise.strategies.jobs.job import Job
+    from layerwise.strategies.run import RunResult
 
 
 def register(app: typer.Typer) -> None:
@@ -120,11 +120,11 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the RunResult JSON.")] = False,
 ) -> None:
     """Train MODEL under a strategy on N processes with torchrun; measure it against Eq. 1."""
-    from strategies.jobs.failure import failure_line
-    from strategies.jobs.job import new_job, resumed_job, total_steps
-    from strategies.jobs.launch import torchrun_command, write_run_folder
-    from strategies.jobs.options import TrainOptions, check_launch_numbers
-    from strategies.runtime.worker import Fault
+    from layerwise.strategies.jobs.failure import failure_line
+    from layerwise.strategies.jobs.job import new_job, resumed_job, total_steps
+    from layerwise.strategies.jobs.launch import torchrun_command, write_run_folder
+    from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers
+    from layerwise.strategies.runtime.worker import Fault
 
     check_launch_numbers(steps, epochs, checkpoint_every, timeout)
     options = TrainOptions.given(
@@ -156,7 +156,7 @@ def train(
 def _run_with_progress_bar(command: list[str], job: Job, quiet: bool) -> int:
     """Run torchrun with a progress bar driven by rank 0's lines; returns its exit code.
     Every other output line is passed on (to stderr with --json, whose stdout is the result)."""
-    from strategies.jobs.launch import StepProgress, run_torchrun
+    from layerwise.strategies.jobs.launch import StepProgress, run_torchrun
 
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
@@ -181,9 +181,9 @@ def _run_with_progress_bar(command: list[str], job: Job, quiet: bool) -> int:
 
 
 def _report(job: Job, as_json: bool) -> None:
-    from strategies.run import RunResult
-    from strategies.runtime.checkpoint import CHECKPOINT_NAME
-    from strategies.runtime.worker import MODEL_FILE, RESULT_FILE
+    from layerwise.strategies.run import RunResult
+    from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME
+    from layerwise.strategies.runtime.worker import MODEL_FILE, RESULT_FILE
 
     result = RunResult.load(job.out / RESULT_FILE)
     if as_json:

@@ -23,11 +23,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from flows.cli.console import console, print_error, user_errors
-from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from layerwise.flows.cli.console import console, print_error, user_errors
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 if TYPE_CHECKING:
-    from strategies.jobs.verify import VerifyReport
+    from layerwise.strategies.jobs.verify import VerifyReport
 
 VERIFY_BATCH_PER_DEVICE = 4  # exactness needs no big batch; small ones keep it quick
 
@@ -65,9 +65,9 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train strategies in float64 and compare every loss and weight with one device."""
-    from strategies.jobs.job import claim_folder
-    from strategies.jobs.options import TrainOptions
-    from strategies.jobs.verify import VerifyFailed, requested_strategies, verify_strategies
+    from layerwise.strategies.jobs.job import claim_folder
+    from layerwise.strategies.jobs.options import TrainOptions
+    from layerwise.strategies.jobs.verify import VerifyFailed, requested_strategies, verify_strategies
 
     options = TrainOptions.given(nproc=nproc, cluster=cluster, dataset=dataset,
                                  batch_per_device=batch_per_device, image_size=image_size,

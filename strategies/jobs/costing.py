@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strategies.cluster import Cluster, load_cluster
-from strategies.compute import AnalyticCompute, ProfiledCompute
-from strategies.cost import BatchNormStatistics, CostModel, Placement
-from strategies.errors import LayerwiseError
-from strategies.graph import LayerGraph
-from strategies.profile import Profile
-from strategies.space import count_configs
+from layerwise.strategies.cluster import Cluster, load_cluster
+from layerwise.strategies.compute import AnalyticCompute, ProfiledCompute
+from layerwise.strategies.cost import BatchNormStatistics, CostModel, Placement
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.profile import Profile
+from layerwise.strategies.space import count_configs
 
 AUTO = "auto"
 PLACEMENTS: tuple[str, ...] = (AUTO, "aligned", "origin")

@@ -15,10 +15,10 @@ import signal
 from itertools import groupby
 from pathlib import Path
 
-from strategies.jobs.launch import LOG_FILE
-from strategies.jobs.run_folder import node_file_name
-from strategies.runtime.divergence import LossDiverged
-from strategies.runtime.worker import ERRORS_DIR
+from layerwise.strategies.jobs.launch import LOG_FILE
+from layerwise.strategies.jobs.run_folder import node_file_name
+from layerwise.strategies.runtime.divergence import LossDiverged
+from layerwise.strategies.runtime.worker import ERRORS_DIR
 
 _DIVERGED = f"{LossDiverged.__name__}: "  # how a rank records the divergence it stopped on
 

@@ -17,33 +17,33 @@ from types import TracebackType
 
 import torch
 
-from strategies.cluster import load_cluster
-from strategies.errors import ConfigError, LayerwiseError
-from strategies.files import creatable_folder
-from strategies.graph import LayerGraph, build_graph
-from strategies.jobs.costing import cost_model
-from strategies.jobs.named_strategies import strategy_by_name, strategy_names
-from strategies.jobs.options import TrainOptions, check_nodes
-from strategies.jobs.run_folder import (
+from layerwise.strategies.cluster import load_cluster
+from layerwise.strategies.errors import ConfigError, LayerwiseError
+from layerwise.strategies.files import creatable_folder
+from layerwise.strategies.graph import LayerGraph, build_graph
+from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.jobs.named_strategies import strategy_by_name, strategy_names
+from layerwise.strategies.jobs.options import TrainOptions, check_nodes
+from layerwise.strategies.jobs.run_folder import (
     FolderClaim,
     claim_existing_run,
     claim_new_folder,
     claim_stamped_folder,
 )
-from strategies.memory import check_memory, training_bytes
-from strategies.models import build_model
-from strategies.run import TrainSettings
-from strategies.runtime.checkpoint import CHECKPOINT_NAME, resume_point
-from strategies.runtime.datasets import (
+from layerwise.strategies.memory import check_memory, training_bytes
+from layerwise.strategies.models import build_model
+from layerwise.strategies.run import TrainSettings
+from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME, resume_point
+from layerwise.strategies.runtime.datasets import (
     DEFAULT_ROOT,
     GlobalBatches,
     load_dataset,
     prepared_spec,
 )
-from strategies.runtime.plan import build_plan
-from strategies.runtime.worker import SETTINGS_FILE, STRATEGY_FILE
-from strategies.schedules import repriced
-from strategies.strategy import Strategy
+from layerwise.strategies.runtime.plan import build_plan
+from layerwise.strategies.runtime.worker import SETTINGS_FILE, STRATEGY_FILE
+from layerwise.strategies.schedules import repriced
+from layerwise.strategies.strategy import Strategy
 
 RUNS_DIR = Path("runs")  # where run folders go unless one is named; relative to the project
 

@@ -1,6 +1,6 @@
 """Launching a job: the run folder the workers read, the torchrun command, and torchrun in its
 own process group, stopped as a whole on a deadline, Ctrl-C or SIGTERM, and with the launching
-process even when that is killed outright (SIGKILL; strategies.jobs.tether).
+process even when that is killed outright (SIGKILL; layerwise.strategies.jobs.tether).
 
 A blocked read of torchrun's output never notices a deadline, and an orchestrator's timeout
 cannot interrupt it either, so a timer stops the process group itself. Rank 0's progress lines
@@ -31,13 +31,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from strategies.files import write_atomic
-from strategies.jobs.job import Job
-from strategies.jobs.run_folder import node_file_name
-from strategies.jobs.tether import tethered
-from strategies.rendezvous import loopback_environment
-from strategies.runtime.huge_pages import with_huge_pages
-from strategies.runtime.worker import (
+from layerwise.strategies.files import write_atomic
+from layerwise.strategies.jobs.job import Job
+from layerwise.strategies.jobs.run_folder import node_file_name
+from layerwise.strategies.jobs.tether import tethered
+from layerwise.strategies.rendezvous import loopback_environment
+from layerwise.strategies.runtime.huge_pages import with_huge_pages
+from layerwise.strategies.runtime.worker import (
     ERRORS_DIR,
     GRAPH_FILE,
     PROGRESS_PREFIX,
@@ -75,7 +75,7 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout
     if job.settings.nnodes > 1:
         command += ["--nnodes", str(job.settings.nnodes), "--node-rank", str(job.node_rank),
                     "--rdzv-endpoint", str(job.rdzv_endpoint)]
-    command += ["-m", "strategies.runtime.worker", "--out", str(job.out), *map(str, also),
+    command += ["-m", "layerwise.strategies.runtime.worker", "--out", str(job.out), *map(str, also),
                 "--steps", str(total), "--timeout", str(timeout)]
     command += (["--no-checkpoint"] if checkpoint_every is None
                 else ["--checkpoint-every", str(checkpoint_every)])

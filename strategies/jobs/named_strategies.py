@@ -1,9 +1,9 @@
 """Every strategy a user can name, as a Strategy priced on a cost model.
 
 `layerwise` is the optimal layer-wise strategy (Jia et al. 2018, Algorithm 1: node and edge
-elimination under Eq. 1), the baselines are one config per layer (strategies.baselines, priced
+elimination under Eq. 1), the baselines are one config per layer (layerwise.strategies.baselines, priced
 by Eq. 1), the scheduled strategies from the literature run with their own schedule and
-prediction (strategies.schedules). `layerwise search`, `layerwise train --strategy NAME` and
+prediction (layerwise.strategies.schedules). `layerwise search`, `layerwise train --strategy NAME` and
 the benchmark flow's search task all resolve names here.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from strategies.baselines import BASELINES, baseline
-from strategies.cost import CostModel
-from strategies.errors import LayerwiseError
-from strategies.schedules import SCHEDULED, scheduled_strategy
-from strategies.search import SearchResult, optimal_strategy
-from strategies.strategy import Strategy
+from layerwise.strategies.baselines import BASELINES, baseline
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.schedules import SCHEDULED, scheduled_strategy
+from layerwise.strategies.search import SearchResult, optimal_strategy
+from layerwise.strategies.strategy import Strategy
 
 LAYERWISE = "layerwise"
 

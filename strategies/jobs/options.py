@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from strategies.errors import LayerwiseError
-from strategies.hyperparameters import ClassCount, LearningRate, Momentum, WarmupSteps, WeightDecay
-from strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-from strategies.learning_rate import DEFAULT_LR, DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.hyperparameters import ClassCount, LearningRate, Momentum, WarmupSteps, WeightDecay
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from layerwise.strategies.learning_rate import DEFAULT_LR, DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 
 # The order in which out-of-range options are reported (the first one found is named).
 _RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "classes", "lr", "seed",

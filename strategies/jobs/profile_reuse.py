@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from strategies.errors import LayerwiseError
-from strategies.graph import LayerGraph
-from strategies.profile import Profile
-from strategies.runtime.huge_pages import huge_pages_in_use
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.profile import Profile
+from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
 
 
 class ProfileMismatchError(LayerwiseError):

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from strategies.errors import LayerwiseError
+from layerwise.strategies.errors import LayerwiseError
 
 LOCK_FILE = "run.lock"
 _OTHER_NODES_FILE = re.compile(r"[^.]+\.node\d+\.\w+")  # node_file_name's, for nodes > 0

@@ -16,8 +16,8 @@ The signal comes when the *thread* that started the child ends: launch.run_torch
 its child in that thread, and the CLI starts its guard from the main thread. Elsewhere than on
 Linux neither exists: commands run as given and no guard starts.
 
-    python -m strategies.jobs.tether PARENT -- COMMAND...   # COMMAND, ended with PARENT
-    python -m strategies.jobs.tether PARENT --stop PID       # stops PID when PARENT ends
+    python -m layerwise.strategies.jobs.tether PARENT -- COMMAND...   # COMMAND, ended with PARENT
+    python -m layerwise.strategies.jobs.tether PARENT --stop PID       # stops PID when PARENT ends
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from strategies.runtime.parent_death import LAUNCHER_PID_VARIABLE, parent_death_signal
+from layerwise.strategies.runtime.parent_death import LAUNCHER_PID_VARIABLE, parent_death_signal
 
 STOP_GRACE_SECONDS = 5.0
 SUPPORTED = sys.platform.startswith("linux")

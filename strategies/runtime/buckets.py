@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies.cluster import GRADIENT_BUCKET_BYTES
-from strategies.runtime.comm import Communicator
+from layerwise.strategies.cluster import GRADIENT_BUCKET_BYTES
+from layerwise.strategies.runtime.comm import Communicator
 
 
 @dataclass

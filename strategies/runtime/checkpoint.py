@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from pydantic import TypeAdapter, ValidationError
 
-from strategies.errors import LayerwiseError, shown
-from strategies.files import atomic_path, first_error
-from strategies.run import StepRecord
-from strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.files import atomic_path, first_error
+from layerwise.strategies.run import StepRecord
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
 
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_SUFFIX = ".prev"  # checkpoint.pt.prev: the one before, to fall back to

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from strategies.space import tile_range
+from layerwise.strategies.space import tile_range
 
 Category = str  # "transfer" | "sync" | "loss"
 

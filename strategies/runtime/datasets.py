@@ -4,7 +4,7 @@
   (data/prepared/digits/{train,val}.npz, `tasks/data.py`): 1 channel, 10 classes, the image
   size params.yaml sets.
 - cifar10, imagefolder: the same stage's output for a local CIFAR-10 (python version) folder or
-  an ImageFolder tree (`python -m tasks.data --dataset NAME --source PATH`); and any other folder
+  an ImageFolder tree (`python -m layerwise.tasks.data --dataset NAME --source PATH`); and any other folder
   under data/prepared/ holding a meta.json (`--out data/prepared/flowers` trains as `flowers`).
   A prepared dataset fixes the image size, channels and classes (meta.json).
 - synthetic: a seeded image-classification task at any size, class count and channel count, so
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from strategies.documents import read_json
-from strategies.errors import LayerwiseError, shown
-from strategies.memory import check_memory
+from layerwise.strategies.documents import read_json
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.memory import check_memory
 
 DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "synthetic")
 _SOURCED = ("cifar10", "imagefolder")  # prepared from a local folder, not from params.yaml
@@ -140,10 +140,10 @@ def _prepare_fix(name: str, options: str = "") -> str:
     """The command that (re)builds prepared dataset `name`, with extra `options`: digits come
     from params.yaml, the others from a local source folder."""
     if name == "digits":
-        return "run `dvc repro prepare` (or `python -m tasks.data`) from the project root"
+        return "run `dvc repro prepare` (or `python -m layerwise.tasks.data`) from the project root"
     command = (f"--dataset {name} --source PATH" if name in _SOURCED
                else f"--dataset cifar10|imagefolder --source PATH --out {DEFAULT_ROOT / name}")
-    return f"run `python -m tasks.data {command}{options}` from the project root"
+    return f"run `python -m layerwise.tasks.data {command}{options}` from the project root"
 
 
 def _resize_fix(name: str, image_size: int) -> str:

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from strategies.runtime.comm import ByteCounter, Communicator
-from strategies.runtime.engine_base import MODEL_STATE_KEY, Engine, EngineContext
-from strategies.runtime.executor import LayerwiseModel
-from strategies.runtime.momentum import momentum_buffers
-from strategies.runtime.plan import build_plan
-from strategies.schedules import schedule_of
+from layerwise.strategies.runtime.comm import ByteCounter, Communicator
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, Engine, EngineContext
+from layerwise.strategies.runtime.executor import LayerwiseModel
+from layerwise.strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.runtime.plan import build_plan
+from layerwise.strategies.schedules import schedule_of
 
 
 class LayerwiseEngine:

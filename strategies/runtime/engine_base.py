@@ -14,10 +14,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from strategies.graph import LayerGraph
-from strategies.run import TrainSettings
-from strategies.runtime.comm import ByteCounter
-from strategies.strategy import Strategy
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.run import TrainSettings
+from layerwise.strategies.runtime.comm import ByteCounter
+from layerwise.strategies.strategy import Strategy
 
 MODEL_STATE_KEY = "model"  # training_state()'s entry that model.pt holds
 

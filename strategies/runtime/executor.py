@@ -11,7 +11,7 @@ the phases in one global order and a phase waits only on ranks that reach it, no
 deadlock. Weight gradients replicated by n/h/w splits are summed in each replica group by
 bucketed all-reduces that start as soon as their layers' backward is done (buckets.py), and
 the optimizer steps on each rank's own shards (which rows of which weights a rank holds, and
-checkpoints of them: shards.py). Each tile runs the layer's own op from `strategies.ops`, the
+checkpoints of them: shards.py). Each tile runs the layer's own op from `layerwise.strategies.ops`, the
 code the profiler times.
 
 Why our own engine: DTensor computes conv correctly only with the batch sharded (DESIGN 3.6,
@@ -27,22 +27,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import fx, nn
 
-from strategies import ops
-from strategies.errors import ConfigError
-from strategies.fx_nodes import active_dropout, argument, count_include_pad
-from strategies.graph import Layer
-from strategies.runtime.buckets import GradientBuckets
-from strategies.runtime.comm import Communicator
-from strategies.runtime.functions import sharded_cross_entropy
-from strategies.runtime.halo_exchange import HaloExchange, tile_part
-from strategies.runtime.plan import (
+from layerwise.strategies import ops
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.fx_nodes import active_dropout, argument, count_include_pad
+from layerwise.strategies.graph import Layer
+from layerwise.strategies.runtime.buckets import GradientBuckets
+from layerwise.strategies.runtime.comm import Communicator
+from layerwise.strategies.runtime.functions import sharded_cross_entropy
+from layerwise.strategies.runtime.halo_exchange import HaloExchange, tile_part
+from layerwise.strategies.runtime.plan import (
     Box,
     InputPlan,
     LayerPlan,
     StrategyPlan,
 )
-from strategies.runtime.shards import ModuleShards, ShardedModel
-from strategies.tiles import as_4d
+from layerwise.strategies.runtime.shards import ModuleShards, ShardedModel
+from layerwise.strategies.tiles import as_4d
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 

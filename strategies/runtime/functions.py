@@ -3,7 +3,7 @@
 `sharded_cross_entropy`: the loss over scores split by class across a channel group
 (log-sum-exp over the group), each device contributing 1/r of each sample's loss so the
 group's copies add up to one loss per sample; its backward is local. (The layer ops' own
-split-exact pieces, BatchNorm over a group and dropout masks, are in `strategies.ops`.)
+split-exact pieces, BatchNorm over a group and dropout masks, are in `layerwise.strategies.ops`.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from strategies.ops import Reduce
+from layerwise.strategies.ops import Reduce
 
 
 class _ShardedCrossEntropy(torch.autograd.Function):

@@ -38,7 +38,7 @@ def die_with_parent(parent: int | None = None) -> None:
 
 
 def launcher_pid() -> int | None:
-    """The pid of the launcher a tethered command (strategies.jobs.tether) became, as it passed
+    """The pid of the launcher a tethered command (layerwise.strategies.jobs.tether) became, as it passed
     it on to its children; None when the process was not started through a tether."""
     value = os.environ.get(LAUNCHER_PID_VARIABLE, "")
     return int(value) if value.isdigit() else None

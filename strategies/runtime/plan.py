@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from strategies.errors import ConfigError
-from strategies.graph import Layer, LayerGraph
-from strategies.space import ParallelConfig, check_config, tile_range
-from strategies.tiles import Range, as_4d, needed_range
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import Layer, LayerGraph
+from layerwise.strategies.space import ParallelConfig, check_config, tile_range
+from layerwise.strategies.tiles import Range, as_4d, needed_range
 
 Box = tuple[Range, Range, Range, Range]
 TileIndex = tuple[int, int, int, int]

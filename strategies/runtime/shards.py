@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from strategies.graph import Layer
-from strategies.runtime.comm import exchange_tagged
-from strategies.runtime.plan import StrategyPlan
+from layerwise.strategies.graph import Layer
+from layerwise.strategies.runtime.comm import exchange_tagged
+from layerwise.strategies.runtime.plan import StrategyPlan
 
 # module target -> parameter or buffer name -> this rank's shard of it
 ModuleShards = dict[str, dict[str, "Shard"]]

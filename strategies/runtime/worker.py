@@ -1,7 +1,7 @@
 """One rank of `layerwise train`: the torchrun entry point.
 
     python -m torch.distributed.run --nproc-per-node 2 --max-restarts 0 \\
-        -m strategies.runtime.worker --out runs/RUN [runs/RUN2 ...] --steps 100 \\
+        -m layerwise.strategies.runtime.worker --out runs/RUN [runs/RUN2 ...] --steps 100 \\
         [--checkpoint-every 50 | --no-checkpoint] [--timeout 120] [--resume CHECKPOINT] \\
         [--reference reference.pt]
 
@@ -52,28 +52,28 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from strategies.errors import LayerwiseError
-from strategies.files import atomic_path, write_atomic
-from strategies.graph import LayerGraph
-from strategies.models import build_model
-from strategies.rendezvous import RENDEZVOUS_VARIABLE
-from strategies.run import ByteCounts, RunResult, StepRecord, TrainSettings
-from strategies.runtime.checkpoint import (
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files import atomic_path, write_atomic
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.models import build_model
+from layerwise.strategies.rendezvous import RENDEZVOUS_VARIABLE
+from layerwise.strategies.run import ByteCounts, RunResult, StepRecord, TrainSettings
+from layerwise.strategies.runtime.checkpoint import (
     CHECKPOINT_NAME,
     load_checkpoint,
     save_checkpoint,
     trained_weights,
 )
-from strategies.runtime.comm import Category, init_distributed
-from strategies.runtime.datasets import GlobalBatches, load_dataset
-from strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
-from strategies.runtime.engine import build_engine
-from strategies.runtime.engine_base import Engine, EngineContext
-from strategies.runtime.huge_pages import huge_pages_in_use
-from strategies.runtime.parent_death import die_with_parent, launcher_pid
-from strategies.schedules import is_exact
-from strategies.strategy import Strategy
-from strategies.verify import ReferenceRun, compare
+from layerwise.strategies.runtime.comm import Category, init_distributed
+from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
+from layerwise.strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
+from layerwise.strategies.runtime.engine import build_engine
+from layerwise.strategies.runtime.engine_base import Engine, EngineContext
+from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
+from layerwise.strategies.runtime.parent_death import die_with_parent, launcher_pid
+from layerwise.strategies.schedules import is_exact
+from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.verify import ReferenceRun, compare
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
 FAULT_VARIABLE = "LAYERWISE_FAULT"
@@ -146,7 +146,7 @@ class Run:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m strategies.runtime.worker",
+        prog="python -m layerwise.strategies.runtime.worker",
         description="One rank of a layer-wise training run (start it with torchrun).")
     parser.add_argument("--out", type=Path, nargs="+", required=True,
                         help=f"run folder holding {STRATEGY_FILE} and {SETTINGS_FILE}; several "

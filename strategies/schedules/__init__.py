@@ -39,21 +39,21 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from strategies.errors import ConfigError
-from strategies.execution import ExecutionBase, LayerwiseExecution
-from strategies.schedules.local.execution import LocalExecution
-from strategies.schedules.owt.execution import OwtExecution
-from strategies.schedules.pipeline.execution import PipelineExecution
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.execution import ExecutionBase, LayerwiseExecution
+from layerwise.strategies.schedules.local.execution import LocalExecution
+from layerwise.strategies.schedules.owt.execution import OwtExecution
+from layerwise.strategies.schedules.pipeline.execution import PipelineExecution
 
 if TYPE_CHECKING:
-    from strategies.cost import CostModel
-    from strategies.graph import LayerGraph
-    from strategies.runtime.engine_base import Engine, EngineContext
-    from strategies.space import ParallelConfig
-    from strategies.strategy import Strategy
+    from layerwise.strategies.cost import CostModel
+    from layerwise.strategies.graph import LayerGraph
+    from layerwise.strategies.runtime.engine_base import Engine, EngineContext
+    from layerwise.strategies.space import ParallelConfig
+    from layerwise.strategies.strategy import Strategy
 
-LAYERWISE_ENGINE = "strategies.runtime.engine:LayerwiseEngine"
-LAYERWISE_PRICE = "strategies.schedules:price_layerwise"
+LAYERWISE_ENGINE = "layerwise.strategies.runtime.engine:LayerwiseEngine"
+LAYERWISE_PRICE = "layerwise.strategies.schedules:price_layerwise"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,26 +96,26 @@ SCHEDULES: tuple[Schedule, ...] = (
         names=("owt_a", "owt_b", "owt_c", "owt_a_vb", "owt_b_vb", "owt_c_vb"),
         inexact=("owt_b_vb", "owt_c_vb"),  # FC weights step K times per step
         execution=OwtExecution,
-        builder="strategies.schedules.owt.planner:build_strategy",
-        reprice="strategies.schedules.owt.planner:reprice",
-        engine="strategies.schedules.owt.engine:OwtEngine",
-        profiled="strategies.schedules.owt.planner:profiled_configs",
+        builder="layerwise.strategies.schedules.owt.planner:build_strategy",
+        reprice="layerwise.strategies.schedules.owt.planner:reprice",
+        engine="layerwise.strategies.schedules.owt.engine:OwtEngine",
+        profiled="layerwise.strategies.schedules.owt.planner:profiled_configs",
         help="Krizhevsky 2014's one weird trick: sample-parallel convs, channel-parallel FC, "
              "hand-off a all-gather, b broadcast per turn, c 1/K per round; _vb variable batch"),
     Schedule(
         names=("pipeline",),
         execution=PipelineExecution,
-        builder="strategies.schedules.pipeline.planner:build_strategy",
-        reprice="strategies.schedules.pipeline.planner:reprice",
-        engine="strategies.schedules.pipeline.engine:PipelineEngine",
+        builder="layerwise.strategies.schedules.pipeline.planner:build_strategy",
+        reprice="layerwise.strategies.schedules.pipeline.planner:reprice",
+        engine="layerwise.strategies.schedules.pipeline.engine:PipelineEngine",
         help="Akintoye et al. 2023: contiguous stages, 1F1B micro-batches"),
     Schedule(
         names=("local", "local_overlap"),
         inexact=("local", "local_overlap"),  # local losses, not global backprop
         execution=LocalExecution,
-        builder="strategies.schedules.local.planner:build_strategy",
-        reprice="strategies.schedules.local.planner:reprice",
-        engine="strategies.schedules.local.engine:LocalEngine",
+        builder="layerwise.strategies.schedules.local.planner:build_strategy",
+        reprice="layerwise.strategies.schedules.local.planner:reprice",
+        engine="layerwise.strategies.schedules.local.engine:LocalEngine",
         help="Laskin et al. 2020: blocks with local losses, greedy or overlapping"),
 )
 

@@ -57,15 +57,15 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.func import functional_call
 
-from strategies.errors import ConfigError
-from strategies.fx_nodes import active_dropout
-from strategies.graph import LayerGraph
-from strategies.ops import dropout_mask
-from strategies.runtime.comm import ByteCounter, gather_tensor_trees
-from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.momentum import momentum_buffers
-from strategies.schedules.local.execution import LocalExecution
-from strategies.schedules.local.planner import Cut, block_cuts, output_classes
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.fx_nodes import active_dropout
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.ops import dropout_mask
+from layerwise.strategies.runtime.comm import ByteCounter, gather_tensor_trees
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.schedules.local.execution import LocalExecution
+from layerwise.strategies.schedules.local.planner import Cut, block_cuts, output_classes
 
 ACTIVATION_TAG = 1  # block k -> k+1: block k's output
 GRADIENT_TAG = 2  # block k+1 -> k (overlapping): dL_{k+1} / d(block k's output)

@@ -30,15 +30,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from strategies.breakdown import Breakdown
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.errors import ConfigError
-from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
-from strategies.schedules.local.execution import LocalBlock, LocalExecution
-from strategies.space import ParallelConfig
-from strategies.strategy import Strategy
-from strategies.tiles import TileWork
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.schedules.local.execution import LocalBlock, LocalExecution
+from layerwise.strategies.space import ParallelConfig
+from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.tiles import TileWork
 
 VARIANTS: dict[str, str] = {"local": "greedy", "local_overlap": "overlapping"}
 BACKWARD_SHARE = 2 / 3  # of a layer's forward + backward (backward ~ twice the forward)

@@ -47,18 +47,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import fx, nn
 
-from strategies.errors import ConfigError
-from strategies.fx_nodes import active_dropout
-from strategies.graph import Layer, LayerGraph
-from strategies.ops import dropout_mask, sync_batch_norm
-from strategies.runtime.comm import ByteCounter, Communicator, ring_bytes
-from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.functions import sharded_cross_entropy
-from strategies.runtime.momentum import momentum_buffers
-from strategies.schedules.owt.execution import OwtExecution
-from strategies.schedules.owt.planner import OwtSplit, check_owt, owt_assignment
-from strategies.space import tile_range
-from strategies.strategy import Strategy
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.fx_nodes import active_dropout
+from layerwise.strategies.graph import Layer, LayerGraph
+from layerwise.strategies.ops import dropout_mask, sync_batch_norm
+from layerwise.strategies.runtime.comm import ByteCounter, Communicator, ring_bytes
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.runtime.functions import sharded_cross_entropy
+from layerwise.strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.schedules.owt.execution import OwtExecution
+from layerwise.strategies.schedules.owt.planner import OwtSplit, check_owt, owt_assignment
+from layerwise.strategies.space import tile_range
+from layerwise.strategies.strategy import Strategy
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 

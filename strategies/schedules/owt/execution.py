@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from strategies.execution import ExecutionBase
+from layerwise.strategies.execution import ExecutionBase
 
 
 class OwtExecution(ExecutionBase):

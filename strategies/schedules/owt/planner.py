@@ -39,17 +39,17 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from strategies.baselines import baseline
-from strategies.breakdown import Breakdown
-from strategies.cluster import Link, load_cluster
-from strategies.compute import AnalyticCompute
-from strategies.cost import CostModel
-from strategies.errors import ConfigError
-from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
-from strategies.schedules.owt.execution import OwtExecution
-from strategies.space import ParallelConfig
-from strategies.strategy import Strategy
-from strategies.tiles import largest_tile
+from layerwise.strategies.baselines import baseline
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.cluster import Link, load_cluster
+from layerwise.strategies.compute import AnalyticCompute
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
+from layerwise.strategies.schedules.owt.execution import OwtExecution
+from layerwise.strategies.space import ParallelConfig
+from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.tiles import largest_tile
 
 Scheme = Literal["a", "b", "c"]
 

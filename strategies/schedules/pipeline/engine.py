@@ -39,16 +39,16 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
-from strategies.errors import ConfigError
-from strategies.fx_nodes import active_dropout
-from strategies.graph import LayerGraph
-from strategies.ops import dropout_mask
-from strategies.runtime.buckets import flatten_into
-from strategies.runtime.comm import ByteCounter, Communicator
-from strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from strategies.runtime.momentum import momentum_buffers
-from strategies.schedules.pipeline.execution import PipelineExecution
-from strategies.schedules.pipeline.planner import (
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.fx_nodes import active_dropout
+from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.ops import dropout_mask
+from layerwise.strategies.runtime.buckets import flatten_into
+from layerwise.strategies.runtime.comm import ByteCounter, Communicator
+from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.schedules.pipeline.execution import PipelineExecution
+from layerwise.strategies.schedules.pipeline.planner import (
     check_execution,
     crossing,
     row_pieces,

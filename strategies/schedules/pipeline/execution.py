@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from strategies.execution import ExecutionBase, FrozenModel
+from layerwise.strategies.execution import ExecutionBase, FrozenModel
 
 if TYPE_CHECKING:
-    from strategies.graph import LayerGraph
+    from layerwise.strategies.graph import LayerGraph
 
 
 class PipelineStage(FrozenModel):

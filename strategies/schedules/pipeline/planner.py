@@ -50,14 +50,14 @@ from itertools import accumulate
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from strategies.breakdown import Breakdown
-from strategies.cluster import Link
-from strategies.cost import CostModel
-from strategies.errors import ConfigError
-from strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
-from strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
-from strategies.space import ParallelConfig
-from strategies.strategy import Strategy
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.cluster import Link
+from layerwise.strategies.cost import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
+from layerwise.strategies.space import ParallelConfig
+from layerwise.strategies.strategy import Strategy
 
 MICRO_BATCHES_PER_STAGE = 4  # M <= 4 S: beyond it the bubble is already below 1/5 of a step
 
@@ -535,7 +535,7 @@ def pipeline_report(cost: CostModel) -> PipelinePlan:
 def build_strategy(name: str, cost: CostModel) -> Strategy:
     """The `pipeline` strategy: per-layer n{d_s} on each stage's devices, 1F1B execution."""
     if name != "pipeline":
-        raise ConfigError(f"strategies.schedules.pipeline builds 'pipeline', not '{name}'")
+        raise ConfigError(f"layerwise.strategies.schedules.pipeline builds 'pipeline', not '{name}'")
     return plan_strategy(optimal_pipeline(cost), cost.graph)
 
 

@@ -1,0 +1,41 @@
+"""What `pip install .` puts in a user's environment: the one import namespace `layerwise`, so
+that a user's own `strategies/`, `tasks/` or `flows/` packages never shadow layerwise's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERWISE = Path(sys.executable).parent / "layerwise"
+pytestmark = pytest.mark.slow
+
+
+def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--wheel-dir", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    wheel, = tmp_path.glob("layerwise-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"layerwise"}
+    assert "layerwise/strategies/runtime/worker.py" in names
+    assert any(name.endswith("/clusters/p100x16.yaml") for name in names)  # the presets too
+
+
+def test_train_runs_from_a_project_with_packages_of_the_same_names(tmp_path: Path) -> None:
+    for package in ("strategies", "tasks", "flows"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(
+            f"raise ImportError('the user project\\'s own {package} package was imported')\n")
+    result = subprocess.run(
+        [str(LAYERWISE), "train", "tiny_cnn", "--strategy", "data", "--nproc", "2",
+         "--steps", "1", "--image-size", "8", "--batch-per-device", "2", "--out", "run"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run" / "result.json").is_file()
