@@ -25,11 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from layerwise.strategies.run import RunResult
 from layerwise.strategies.runtime.huge_pages import HUGE_PAGES_VARIABLE, kernel_offers_huge_pages
+from rich.console import Console
+from rich.table import Table
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 # input size per model: AlexNet at 64 px keeps its 58M weights (the FC layers' size does not

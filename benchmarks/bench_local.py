@@ -33,11 +33,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from layerwise.strategies.run import RunResult
 from layerwise.tasks.validate import validation_accuracy
+from rich.console import Console
+from rich.table import Table
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 DIGITS_META = Path("data/prepared/digits/meta.json")

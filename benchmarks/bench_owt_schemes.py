@@ -29,10 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from layerwise.strategies.run import RunResult
 from rich.console import Console
 from rich.table import Table
-
-from layerwise.strategies.run import RunResult
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 

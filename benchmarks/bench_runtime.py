@@ -55,10 +55,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
-from rich.console import Console
-from rich.table import Table
-from torch import nn
-
 from layerwise.strategies.baselines import baseline
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.calibrate import calibrate, calibrated_cluster
@@ -83,6 +79,9 @@ from layerwise.strategies.runtime.plan import build_plan
 from layerwise.strategies.runtime.worker import peak_memory_bytes, synchronize
 from layerwise.strategies.search import optimal_strategy
 from layerwise.strategies.space import ParallelConfig
+from rich.console import Console
+from rich.table import Table
+from torch import nn
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,14 @@ import argparse
 import time
 import tracemalloc
 
-from rich.console import Console
-from rich.table import Table
-
 from layerwise.strategies.cluster import Cluster, load_cluster
 from layerwise.strategies.compute import AnalyticCompute
 from layerwise.strategies.cost import CostModel, Placement
 from layerwise.strategies.graph import LayerGraph, build_graph
 from layerwise.strategies.models import ZOO
 from layerwise.strategies.search import KeptCosts, Solution, collector_paused, kept_costs, solve
+from rich.console import Console
+from rich.table import Table
 
 
 def scaled(cluster: Cluster, devices: int) -> Cluster:

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-
 from layerwise.strategies.device_model import (
     GEMM_EFFICIENCY,
     TILE_SHAPES,

@@ -36,13 +36,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
-
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.compute import AnalyticCompute
 from layerwise.strategies.graph import Layer, build_graph
 from layerwise.strategies.profile import device_name, profile_graph, resolve_device, tile_plan
+from rich.console import Console
+from rich.table import Table
 
 
 def op_kind(layer: Layer) -> str:

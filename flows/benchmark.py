@@ -37,12 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from prefect import flow
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.runtime import flow_run
-from prefect.states import Completed, Failed, State
-from rich.table import Table
-
 from layerwise.flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
 from layerwise.flows.cli.console import console
 from layerwise.strategies.accuracy import AccuracyCheck
@@ -70,6 +64,11 @@ from layerwise.tasks.search import oracle_step_seconds, search_strategies
 from layerwise.tasks.train import train_strategy
 from layerwise.tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
 from layerwise.tasks.verify import verify_exactness
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
+from rich.table import Table
 
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
 BASELINE_STRATEGY = "data"  # what the summary measures the winner against

@@ -15,6 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from layerwise.strategies.documents import parse_yaml, read_yaml
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.files import first_error
+from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
+from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,12 +28,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-from layerwise.strategies.documents import parse_yaml, read_yaml
-from layerwise.strategies.errors import LayerwiseError, shown
-from layerwise.strategies.files import first_error
-from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
-from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 
 SCHEMA_VERSION = 1
 # `cluster: calibrated`: the flow measures this machine's links between its nproc ranks first

@@ -27,15 +27,14 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.tasks import track
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from mlflow.entities import Run
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel
-
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.tasks import track
 
 SCHEMA_VERSION = 1
 COMPARED_METRICS = (

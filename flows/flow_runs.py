@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from uuid import UUID
 
+from layerwise.tasks.owner import OWNER_HOST, orphan_reason, owner_gone, owner_tags
 from prefect import get_client, tags
 from prefect.client.schemas.filters import (
     FlowRunFilter,
@@ -26,8 +27,6 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
-
-from layerwise.tasks.owner import OWNER_HOST, orphan_reason, owner_gone, owner_tags
 
 _OPEN_STATES = [StateType.RUNNING, StateType.PENDING]
 

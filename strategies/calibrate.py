@@ -42,14 +42,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.cluster import Cluster, Link, load_cluster
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files import writable_file, write_atomic
 from layerwise.strategies.profile import PROFILE_DIR, device_name, safe_name
 from layerwise.strategies.rendezvous import local_rendezvous
 from layerwise.strategies.runtime.parent_death import die_with_multiprocessing_parent
+from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "Calibration",

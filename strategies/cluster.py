@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-
 from layerwise.strategies.documents import parse_yaml, read_yaml
 from layerwise.strategies.errors import ClusterError, shown
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "Cluster",

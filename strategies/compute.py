@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-
 from layerwise.strategies.cluster import Cluster
 from layerwise.strategies.device_model import DeviceModel
 from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer

@@ -46,7 +46,6 @@ from functools import cached_property
 from typing import Literal
 
 import numpy as np
-
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
 from layerwise.strategies.compute import ComputeSource

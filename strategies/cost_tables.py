@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
-
 from layerwise.strategies.cluster import Cluster
 from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer
 from layerwise.strategies.memory import check_memory, human_bytes

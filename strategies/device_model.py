@@ -39,7 +39,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-
 from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer
 from layerwise.strategies.tiles import as_4d
 

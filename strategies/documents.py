@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from layerwise.strategies.errors import LayerwiseError
 
 MAX_YAML_BYTES = 1 << 20  # 1 MiB

@@ -9,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
-
 from layerwise.strategies.documents import read_json
 from layerwise.strategies.errors import LayerwiseError, shown
+from pydantic import BaseModel, ValidationError
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -41,12 +41,11 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from layerwise.strategies.errors import GraphError
 from pydantic import BaseModel, ConfigDict
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
-
-from layerwise.strategies.errors import GraphError
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten"

@@ -19,11 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import LinearConstraint, milp
-from scipy.sparse import coo_array
-
 from layerwise.strategies.memory import check_memory
 from layerwise.strategies.pruning import share_bounds, total
+from scipy.optimize import LinearConstraint, milp
+from scipy.sparse import coo_array
 
 DEFAULT_TIME_LIMIT_SECONDS = 60.0
 # HiGHS' memory per pair-of-configs column (its two nonzeros, bounds, cost, presolve copies)

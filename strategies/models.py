@@ -30,9 +30,8 @@ from typing import Any
 import pydantic
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from layerwise.strategies.errors import LayerwiseError, UnknownModelError
+from torch import nn
 
 __all__ = [
     "ZOO",

@@ -29,11 +29,10 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.graph import OVER_CHANNELS, Geometry, Layer
 from layerwise.strategies.tiles import Box, Range, as_4d, needed_range
+from torch import Tensor
 
 PoolMode = Literal["max", "avg"]
 Reduce = Callable[[Tensor], Tensor]  # in-place sum over a group of tiles, returns it

@@ -68,8 +68,6 @@ from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
-
 from layerwise.strategies.cluster import Cluster, Link
 from layerwise.strategies.compute import ComputeSource, weight_update_seconds
 from layerwise.strategies.documents import YAML_SUFFIXES, read_document
@@ -79,6 +77,7 @@ from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from layerwise.strategies.oracle_platform import Platform
 from layerwise.strategies.space import ParallelConfig
 from layerwise.strategies.tiles import as_4d, largest_tile
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 __all__ = [
     "DEFAULT_SAMPLES_PER_PE",

@@ -19,12 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from layerwise.strategies.cluster import Cluster, Link, Links, Racks, load_cluster
 from layerwise.strategies.documents import YAML_SUFFIXES, parse_yaml, read_yaml
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files import first_error
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["Platform", "PlatformSpec", "Tiers", "load_platform", "platform_names"]
 

@@ -11,8 +11,6 @@ authors ran (below), the same samples per model replica for every strategy compa
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.compute import AnalyticCompute
 from layerwise.strategies.graph import build_graph
 from layerwise.strategies.oracle import (
@@ -25,6 +23,7 @@ from layerwise.strategies.oracle import (
     summary_from_graph,
 )
 from layerwise.strategies.oracle_platform import Platform
+from pydantic import BaseModel, ConfigDict
 
 __all__ = ["PAPER_RANKS", "SAMPLES_PER_REPLICA", "Table8", "Table8Row", "table8"]
 

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from layerwise.strategies.cluster import Cluster, Link
 
 

@@ -49,8 +49,6 @@ from typing import Annotated, Literal, NamedTuple
 import torch
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
-
 from layerwise.strategies import ops
 from layerwise.strategies.documents import read_json
 from layerwise.strategies.errors import LayerwiseError
@@ -62,6 +60,7 @@ from layerwise.strategies.runtime.parent_death import die_with_multiprocessing_p
 from layerwise.strategies.schedules import profiled_configs
 from layerwise.strategies.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.tiles import TileWork, as_4d, largest_tile, tile_box
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "DEFAULT_BUDGET_S",

@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.files import read_json_model, write_atomic
 from layerwise.strategies.hyperparameters import (
     ClassCount,
@@ -28,6 +26,7 @@ from layerwise.strategies.learning_rate import (
     learning_rate,
 )
 from layerwise.strategies.strategy import Strategy
+from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION = 2  # 2: the learning-rate schedule; a diverged loss (NaN, inf) is kept
 

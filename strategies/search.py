@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.cost import CostModel
 from layerwise.strategies.pruning import Bounds, forest_bounds, forest_lower_bounds, within
 from layerwise.strategies.space import ParallelConfig
+from pydantic import BaseModel, ConfigDict
 
 _CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
 _T = TypeVar("_T")
@@ -288,7 +287,9 @@ def _solve_final(graph: _Graph) -> tuple[dict[str, int], float, str, float]:
     small enough (exact), else the integer program (within its proven gap)."""
     order, largest = _elimination_order(graph)
     if largest > _MAX_FACTOR_ELEMENTS:
-        from layerwise.strategies.milp import solve_milp  # scipy loads only for the graphs that need it
+        from layerwise.strategies.milp import (
+            solve_milp,  # scipy loads only for the graphs that need it
+        )
 
         solution = solve_milp(graph.nodes, graph.edges)
         return (solution.choice, solution.cost,

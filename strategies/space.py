@@ -24,10 +24,9 @@ import itertools
 import re
 from collections.abc import Iterator
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.graph import Layer
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DIMS: tuple[str, ...] = ("n", "c", "h", "w")
 

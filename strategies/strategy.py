@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, field_validator
-
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.execution import LayerwiseExecution
@@ -14,6 +12,7 @@ from layerwise.strategies.files import read_json_model, write_atomic
 from layerwise.strategies.graph import LayerGraph
 from layerwise.strategies.schedules import Execution
 from layerwise.strategies.space import ParallelConfig, check_config
+from pydantic import BaseModel, ConfigDict, field_validator
 
 SCHEMA_VERSION = 1
 

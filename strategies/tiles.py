@@ -17,11 +17,10 @@ so box volumes and overlaps factor into per-dimension terms; cost.py relies on t
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.graph import Layer
 from layerwise.strategies.space import DIMS, ParallelConfig, tile_range
+from pydantic import BaseModel, ConfigDict
 
 Range = tuple[int, int]
 Box = tuple[Range, Range, Range, Range]  # one range per dimension of the 4-d view (n, c, h, w)

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.files import atomic_path
 from layerwise.strategies.models import build_model
 from layerwise.strategies.run import RunResult, TrainSettings
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
+from pydantic import BaseModel, ConfigDict
 
 # Relative difference an exact strategy stays under. float64 rounding over a few steps gives
 # 1e-16..1e-11 (measured on the zoo at 2 and 4 processes, docs/performance.md); a wrong tile or

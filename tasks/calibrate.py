@@ -14,9 +14,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
 from layerwise.strategies.calibrate import (
     calibrate,
     calibration_path,
@@ -24,6 +21,8 @@ from layerwise.strategies.calibrate import (
     save_calibration,
 )
 from layerwise.strategies.cluster import load_cluster
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)

@@ -35,14 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
-from sklearn.datasets import load_digits
-
 from layerwise.strategies.documents import read_yaml
 from layerwise.strategies.errors import LayerwiseError, shown
 from layerwise.strategies.files import atomic_path, write_atomic
 from layerwise.strategies.memory import check_memory
 from layerwise.strategies.runtime.datasets import DEFAULT_ROOT
+from PIL import Image
+from sklearn.datasets import load_digits
 
 PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
 

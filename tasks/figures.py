@@ -6,12 +6,11 @@ A bare Figure (no pyplot): no global figure state, no GUI backend on a headless 
 from __future__ import annotations
 
 import numpy as np
+from layerwise.strategies.run import RunResult
+from layerwise.strategies.space import DIMS, ParallelConfig
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-
-from layerwise.strategies.run import RunResult
-from layerwise.strategies.space import DIMS, ParallelConfig
 
 SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
 

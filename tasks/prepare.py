@@ -13,12 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec, prepared_spec
 from layerwise.tasks.data import PARAMS_FILE, load_params, prepare, settings_from
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 DVC_STAGE = "prepare"
 

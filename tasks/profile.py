@@ -15,9 +15,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
 from layerwise.strategies.baselines import BASELINES, baseline
 from layerwise.strategies.graph import LayerGraph
 from layerwise.strategies.jobs.profile_reuse import reusable_profile
@@ -29,6 +26,8 @@ from layerwise.strategies.profile import (
     resolve_device,
 )
 from layerwise.strategies.space import ParallelConfig
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 PROGRESS_LINES = 4  # progress lines logged per profile: enough to see it move
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import yaml
+from layerwise.strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
+from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
 from mlflow import MlflowClient
 from mlflow.data.code_dataset_source import CodeDatasetSource
 from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -24,9 +26,6 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_SOURCE_NAME,
     MLFLOW_SOURCE_TYPE,
 )
-
-from layerwise.strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec
-from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
 
 DVC_LOCK = Path("dvc.lock")
 GIT_DIRTY_TAG = "git_dirty"  # MLflow has no tag of its own for uncommitted changes

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlflow import MlflowClient
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.accuracy import AccuracyCheck
 from layerwise.strategies.graph import LayerGraph
 from layerwise.strategies.run import RunResult
 from layerwise.strategies.verify import Divergence
 from layerwise.tasks.registry import log_trained_model
 from layerwise.tasks.track import log_strategy_run
+from mlflow import MlflowClient
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict
 
 
 class ModelRecord(BaseModel):

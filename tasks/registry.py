@@ -9,16 +9,15 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import torch
+from layerwise.strategies.models import build_model, input_shape
+from layerwise.strategies.run import TrainSettings
+from layerwise.strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
+from layerwise.tasks.track import safe_name
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 from mlflow.models.model import ModelInfo
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
-
-from layerwise.strategies.models import build_model, input_shape
-from layerwise.strategies.run import TrainSettings
-from layerwise.strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
-from layerwise.tasks.track import safe_name
 
 MODEL_ARTIFACT = "model"
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
 from layerwise.strategies.graph import LayerGraph
 from layerwise.strategies.jobs.costing import cost_model
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.search import SearchResult
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 
 @task(name="search", cache_policy=NO_CACHE)

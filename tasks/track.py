@@ -33,10 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow import MlflowClient
-from mlflow.entities import Experiment, Metric, Param, RunStatus
-from mlflow.utils.time import get_current_time_millis
-
 from layerwise.strategies.accuracy import AccuracyCheck
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.graph import LayerGraph
@@ -47,6 +43,9 @@ from layerwise.strategies.verify import Divergence
 from layerwise.tasks.figures import degrees_figure
 from layerwise.tasks.owner import orphan_reason, owner_gone
 from layerwise.tasks.provenance import log_sources
+from mlflow import MlflowClient
+from mlflow.entities import Experiment, Metric, Param, RunStatus
+from mlflow.utils.time import get_current_time_millis
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
 METRIC_NAMES = (

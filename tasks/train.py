@@ -15,15 +15,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
 from layerwise.strategies.jobs.failure import failure_line
 from layerwise.strategies.jobs.job import new_job, total_steps
-from layerwise.strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
+from layerwise.strategies.jobs.launch import (
+    StepProgress,
+    run_torchrun,
+    torchrun_command,
+    write_run_folder,
+)
 from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers
 from layerwise.strategies.run import RunResult
 from layerwise.strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, RESULT_FILE
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 PROGRESS_LINES = 5  # progress lines logged per run: enough to see it move, not one per step
 

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, Failed, State
-
 from layerwise.strategies.accuracy import AccuracyCheck, check_accuracy
 from layerwise.strategies.models import build_model
 from layerwise.strategies.run import TrainSettings
 from layerwise.strategies.runtime.datasets import load_dataset
 from layerwise.strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed, State
 
 EVAL_BATCH = 256
 

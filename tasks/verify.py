@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
 from layerwise.strategies.jobs.launch import StepProgress
 from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.jobs.verify import VerifyReport, verify_strategies
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 
 @task(name="verify", cache_policy=NO_CACHE)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from layerwise.strategies.runtime.huge_pages import use_huge_pages
 
 # As the CLI's main does, before any test imports torch: the tests run what users run.

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
-
 from layerwise.strategies.graph import build_graph
 from layerwise.strategies.models import build_model
 from layerwise.strategies.rendezvous import local_rendezvous

@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
 from layerwise.strategies.cluster import load_cluster
@@ -36,6 +34,7 @@ from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY
 from layerwise.strategies.runtime.worker import SETTINGS_FILE
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
 from layerwise.tasks import data as prepare_data
+from typer.testing import CliRunner
 
 DEEP = 100_000
 # A "billion laughs": nine levels of nine aliases of the level below, 861 bytes as a file

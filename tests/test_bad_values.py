@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.graph import build_graph
@@ -26,6 +24,7 @@ from layerwise.strategies.run import StepRecord
 from layerwise.strategies.runtime.datasets import prepared_spec
 from layerwise.strategies.runtime.divergence import FACTOR, STEPS, LossWatch
 from layerwise.strategies.strategy import Strategy
+from typer.testing import CliRunner
 
 runner = CliRunner()
 TINY = ("tiny_cnn", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4")

@@ -16,9 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from mlflow import MlflowClient
-from typer.testing import CliRunner
-
 from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
@@ -26,6 +23,8 @@ from layerwise.strategies.calibrate import calibration_path
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.verify import EXACT_TOLERANCE
 from layerwise.tasks import owner, provenance, track
+from mlflow import MlflowClient
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +87,6 @@ def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked
     """Data parallelism on 2 processes: every layer's n at degree 2 (log2 1), nothing else
     split, and every layer on both devices (not a bar of 2+1+1+1 per layer)."""
     import numpy as np
-
     from layerwise.tasks.figures import degrees_figure
 
     _, outcomes, _ = benchmarked
@@ -104,7 +102,6 @@ def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked
 
 def test_the_latest_summary_and_table_are_where_dvc_yaml_reads_them(benchmarked):
     import yaml
-
     from layerwise.flows.benchmark import SUMMARY_FILE, TABLE_FILE
 
     client, _, project = benchmarked
@@ -387,9 +384,8 @@ def test_a_failed_accuracy_check_is_a_failed_task_logged_without_a_traceback(pre
     as an error, and no empty traceback ("NoneType: None") follows the message."""
     import logging
 
-    from prefect import flow
-
     from layerwise.tasks.validate import judge_accuracy
+    from prefect import flow
 
     class Lines(logging.Handler):
         def __init__(self) -> None:

@@ -8,8 +8,6 @@ import json
 import pytest
 import torch
 import typer
-from typer.testing import CliRunner
-
 from layerwise.flows.cli.measure import register
 from layerwise.strategies.calibrate import (
     Calibration,
@@ -25,6 +23,7 @@ from layerwise.strategies.cost import CostModel
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.graph import build_graph
 from layerwise.strategies.space import ParallelConfig
+from typer.testing import CliRunner
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.cluster import load_cluster, preset_names
 from layerwise.strategies.graph import build_graph
 from layerwise.strategies.models import ZOO
 from layerwise.strategies.space import count_configs
+from typer.testing import CliRunner
 
 runner = CliRunner()
 

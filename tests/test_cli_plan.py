@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.errors import ConfigError, LayerwiseError
@@ -15,6 +13,7 @@ from layerwise.strategies.graph import build_graph
 from layerwise.strategies.jobs.costing import resolved_placement
 from layerwise.strategies.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.strategy import Strategy
+from typer.testing import CliRunner
 
 runner = CliRunner()
 SEARCH = ("search", "tiny_cnn", "--devices", "4", "--cluster", "p100x16", "--analytic",

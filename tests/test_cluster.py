@@ -9,7 +9,6 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from layerwise.strategies.cluster import (
     Cluster,
     Link,

@@ -10,8 +10,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch import nn
-
 from layerwise.strategies import cost_tables
 from layerwise.strategies.cluster import DeviceGroups, Link, Racks, load_cluster
 from layerwise.strategies.compute import AnalyticCompute
@@ -20,6 +18,7 @@ from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.graph import build_graph, trace
 from layerwise.strategies.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.tiles import as_4d, largest_tile, needed_range, output_ranges
+from torch import nn
 
 P = ParallelConfig.parse
 CLUSTER = load_cluster("p100x16")

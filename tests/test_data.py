@@ -14,8 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from PIL import Image
-
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.tasks.data import (
     load_params,
@@ -25,6 +23,8 @@ from layerwise.tasks.data import (
     prepare_imagefolder,
     split_indices,
 )
+from PIL import Image
+
 from tests.dvc_repo import data_repo, run
 
 ROOT = Path(__file__).resolve().parents[1]

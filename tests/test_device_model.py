@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.compute import AnalyticCompute
 from layerwise.strategies.cost import CostModel

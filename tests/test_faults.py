@@ -23,13 +23,13 @@ from typing import Any
 
 import psutil
 import pytest
-from mlflow import MlflowClient
-
 from layerwise.strategies.jobs.job import new_job
 from layerwise.strategies.jobs.launch import run_torchrun, torchrun_command, write_run_folder
 from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.runtime.worker import ERRORS_DIR
 from layerwise.tasks import owner, track
+from mlflow import MlflowClient
+
 from tests.processes import (
     LOOPBACK,
     as_from_a_terminal,

@@ -11,7 +11,6 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-
 from layerwise.strategies.ops import sync_batch_norm
 from layerwise.strategies.runtime.functions import sharded_cross_entropy
 

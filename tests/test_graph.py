@@ -6,11 +6,10 @@ import textwrap
 
 import pytest
 import torch
-from torch import nn
-
 from layerwise.strategies.errors import GraphError
 from layerwise.strategies.graph import build_graph, trace
 from layerwise.strategies.models import ZOO, build_model
+from torch import nn
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.run import RunResult
 from layerwise.strategies.runtime.huge_pages import (
@@ -18,6 +16,7 @@ from layerwise.strategies.runtime.huge_pages import (
     kernel_offers_huge_pages,
     with_huge_pages,
 )
+from typer.testing import CliRunner
 
 KERNEL_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

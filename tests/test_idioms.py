@@ -18,8 +18,6 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.baselines import baseline
 from layerwise.strategies.errors import ConfigError
@@ -34,6 +32,7 @@ from layerwise.strategies.space import DIMS as SPLIT_DIMS
 from layerwise.strategies.space import ParallelConfig, check_config, degree_choices
 from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.verify import EXACT_TOLERANCE
+from typer.testing import CliRunner
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,8 +21,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.compute import AnalyticCompute
@@ -44,6 +42,8 @@ from layerwise.strategies.schedules.local.planner import (
     predict,
 )
 from layerwise.strategies.strategy import Strategy
+from typer.testing import CliRunner
+
 from tests.distributed import spawn_cases
 
 MODEL, SIZE, BATCH, STEPS, SEED = "lenet5", 16, 8, 3, 0

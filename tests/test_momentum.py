@@ -4,9 +4,8 @@ has none yet, keyed as the caller names its weights."""
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from layerwise.strategies.runtime.momentum import momentum_buffers
+from torch import nn
 
 
 def test_momentum_buffers_are_sgds_or_zeros():

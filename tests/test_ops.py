@@ -16,9 +16,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from torch import Tensor
-from torch.testing import assert_close
-
 from layerwise.strategies.graph import Geometry, Layer, LayerKind
 from layerwise.strategies.ops import (
     PoolMode,
@@ -34,6 +31,8 @@ from layerwise.strategies.ops import (
 )
 from layerwise.strategies.space import tile_range
 from layerwise.strategies.tiles import Box, Range, needed_range
+from torch import Tensor
+from torch.testing import assert_close
 
 EXAMPLES = settings(max_examples=25, deadline=None)
 MODES: tuple[PoolMode, ...] = ("max", "avg")

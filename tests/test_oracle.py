@@ -13,8 +13,6 @@ import json
 import math
 
 import pytest
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.compute import AnalyticCompute, ProfiledCompute
 from layerwise.strategies.errors import LayerwiseError
@@ -37,6 +35,7 @@ from layerwise.strategies.paradl_table8 import PAPER_RANKS
 from layerwise.strategies.profile import Profile
 from layerwise.strategies.space import ParallelConfig
 from layerwise.strategies.tiles import largest_tile
+from typer.testing import CliRunner
 
 PLATFORM = load_platform("abci")
 ABCI = PLATFORM.cluster

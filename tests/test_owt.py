@@ -17,9 +17,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
-from typer.testing import CliRunner
-
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.compute import AnalyticCompute
 from layerwise.strategies.cost import CostModel
@@ -31,6 +28,9 @@ from layerwise.strategies.runtime.engine_base import EngineContext
 from layerwise.strategies.schedules.owt.engine import OwtEngine
 from layerwise.strategies.schedules.owt.planner import build_strategy
 from layerwise.strategies.strategy import Strategy
+from torch import nn
+from typer.testing import CliRunner
+
 from tests import distributed
 from tests.distributed import Outcome, assert_same_training, spawn_cases
 

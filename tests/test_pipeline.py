@@ -20,8 +20,6 @@ from functools import cache
 import pytest
 import torch
 import torch.distributed as dist
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.cluster import cluster_from_mapping, load_cluster
 from layerwise.strategies.compute import AnalyticCompute
@@ -45,6 +43,8 @@ from layerwise.strategies.schedules.pipeline.planner import (
     row_pieces,
 )
 from layerwise.strategies.strategy import Strategy
+from typer.testing import CliRunner
+
 from tests import distributed
 from tests.distributed import spawn_cases
 

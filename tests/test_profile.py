@@ -10,9 +10,6 @@ import math
 import pytest
 import torch
 import typer
-from torch import nn
-from typer.testing import CliRunner
-
 from layerwise.flows.cli.measure import register
 from layerwise.strategies import ops
 from layerwise.strategies.cluster import load_cluster
@@ -38,6 +35,8 @@ from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
 from layerwise.strategies.schedules.owt.planner import build_strategy, pass_config
 from layerwise.strategies.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.tiles import as_4d, largest_tile, needed_range, tile_box
+from torch import nn
+from typer.testing import CliRunner
 
 FAST = {"warmup": 0, "repeats": 1, "threads": 1}
 

@@ -15,8 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.jobs.job import new_job
@@ -29,6 +27,8 @@ from layerwise.strategies.jobs.run_folder import (
     claim_new_folder,
     claim_stamped_folder,
 )
+from typer.testing import CliRunner
+
 from tests.test_owt import one_line_error
 
 RACERS = 8

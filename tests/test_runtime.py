@@ -19,7 +19,6 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from layerwise.strategies.baselines import baseline
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.compute import AnalyticCompute
@@ -28,6 +27,7 @@ from layerwise.strategies.graph import build_graph
 from layerwise.strategies.runtime.plan import build_plan
 from layerwise.strategies.search import optimal_strategy
 from layerwise.strategies.space import ParallelConfig, enumerate_configs
+
 from tests.distributed import Case, Outcome, assert_same_training, reference, run_distributed
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from layerwise.strategies.baselines import BASELINES, baseline
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.compute import AnalyticCompute
@@ -296,9 +295,8 @@ def test_the_integer_program_matches_brute_force_on_random_dags(data):
 
 
 def test_search_of_a_user_densenet_states_its_method_and_gap(tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
     from layerwise.flows.cli import app
+    from typer.testing import CliRunner
 
     (tmp_path / "dense_user_model.py").write_text(DENSE_SOURCE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prefect.settings import PREFECT_API_URL, temporary_settings
-from typer.testing import CliRunner
-
 from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.serve import check_cron
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,11 +81,10 @@ def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_serv
     import sys
     import time
 
+    from layerwise.flows.cli.serve import DEPLOYMENT_NAME
     from mlflow import MlflowClient
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
-
-    from layerwise.flows.cli.serve import DEPLOYMENT_NAME
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     environment = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),

@@ -7,7 +7,6 @@ import itertools
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.graph import build_graph
 from layerwise.strategies.space import (

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.graph import build_graph
 from layerwise.strategies.jobs.costing import cost_model
@@ -30,6 +28,7 @@ from layerwise.strategies.models import build_model
 from layerwise.strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
 from layerwise.strategies.run import RunResult
 from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from layerwise.flows.cli import app
 from layerwise.strategies.models import ZOO
 from layerwise.strategies.schedules import INEXACT
 from layerwise.strategies.verify import EXACT_TOLERANCE
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,6 @@ options and draws on the terminal.
 from __future__ import annotations
 
 import typer
-
 from layerwise.flows.cli import (
     compare,
     describe,

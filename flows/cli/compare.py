@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich import box
-from rich.table import Table
-
 from layerwise.flows.cli.console import console, print_json, user_errors
 from layerwise.flows.cli.run import start_local_api, use_embedded_environment
 from layerwise.strategies.errors import LayerwiseError
+from rich import box
+from rich.table import Table
 
 if TYPE_CHECKING:
     from layerwise.flows.compare import Comparison, StrategyRow

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
+from layerwise.strategies.errors import LayerwiseError
 from rich.console import Console
 from rich.text import Text
-
-from layerwise.strategies.errors import LayerwiseError
 
 # Printed text is never markup or emoji codes: model names, paths and messages come from the
 # user ("[/foo]" would stop Rich, "a:b:c" would print an emoji); style with Text instead.

@@ -14,10 +14,9 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
-
 from layerwise.flows.cli.console import console, human_count, print_json, user_errors
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from rich.table import Table
 
 
 def register(app: typer.Typer) -> None:

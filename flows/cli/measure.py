@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from layerwise.flows.cli.console import console, human_count, print_json, user_errors
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from rich.progress import (
     BarColumn,
     Progress,
@@ -32,9 +34,6 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
-
-from layerwise.flows.cli.console import console, human_count, print_json, user_errors
-from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 DEFAULT_CLUSTER_OUT = Path("data") / "profiles" / "cluster-local.yaml"
 # Per-call cost of a tile run in FLOP-equivalents, so the time-left estimate does not treat

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast, get_args
 
 import typer
-from rich.table import Table
-
 from layerwise.flows.cli.console import console, print_json, user_errors
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files import write_atomic
+from rich.table import Table
 
 if TYPE_CHECKING:
     from layerwise.strategies.cluster import Cluster

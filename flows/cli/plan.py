@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
-
 from layerwise.flows.cli.console import console, print_json, user_errors
 from layerwise.strategies.files import writable_file
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from layerwise.strategies.schedules import schedule_help
+from rich.table import Table
 
 if TYPE_CHECKING:
     from layerwise.strategies.cost import CostModel
@@ -115,7 +114,10 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     for name in baselines:
         try:
             if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
-                from layerwise.strategies.schedules.pipeline.planner import pipeline_report, plan_strategy
+                from layerwise.strategies.schedules.pipeline.planner import (
+                    pipeline_report,
+                    plan_strategy,
+                )
 
                 pipeline = pipeline_report(cost)
                 strategies[name] = plan_strategy(pipeline, graph)

@@ -21,10 +21,9 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, get_args
 
-from rich.table import Table
-
 from layerwise.flows.cli.console import console, print_json
 from layerwise.strategies.errors import LayerwiseError
+from rich.table import Table
 
 if TYPE_CHECKING:
     from layerwise.strategies.cost import CostModel
@@ -67,7 +66,11 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
     from layerwise.strategies.graph import build_graph
     from layerwise.strategies.jobs.costing import cost_model
     from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-    from layerwise.strategies.jobs.named_strategies import LAYERWISE, searched_strategy, strategy_by_name
+    from layerwise.strategies.jobs.named_strategies import (
+        LAYERWISE,
+        searched_strategy,
+        strategy_by_name,
+    )
     from layerwise.strategies.profile import Profile
 
     spec = load_cluster(cluster)

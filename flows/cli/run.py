@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-
 from layerwise.flows.cli.console import console, print_error, user_errors
 
 if TYPE_CHECKING:
@@ -71,9 +70,8 @@ def start_local_api() -> None:
 
     if PREFECT_API_URL.value():
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
     from layerwise.strategies.jobs.tether import guard
+    from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
     server.start()

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from layerwise.flows.cli.console import user_errors
 from layerwise.flows.cli.run import use_embedded_environment
 from layerwise.strategies.errors import LayerwiseError

@@ -24,15 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
-
 from layerwise.flows.cli.console import (
     console,
     error_console,
@@ -49,6 +40,14 @@ from layerwise.strategies.learning_rate import (
     LR_DECAYS,
 )
 from layerwise.strategies.schedules import schedule_help
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
 
 if TYPE_CHECKING:
     from layerwise.strategies.jobs.job import Job

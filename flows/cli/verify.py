@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
-
 from layerwise.flows.cli.console import console, print_error, user_errors
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from layerwise.strategies.jobs.verify import VerifyReport
@@ -67,7 +66,11 @@ def verify(
     """Train strategies in float64 and compare every loss and weight with one device."""
     from layerwise.strategies.jobs.job import claim_folder
     from layerwise.strategies.jobs.options import TrainOptions
-    from layerwise.strategies.jobs.verify import VerifyFailed, requested_strategies, verify_strategies
+    from layerwise.strategies.jobs.verify import (
+        VerifyFailed,
+        requested_strategies,
+        verify_strategies,
+    )
 
     options = TrainOptions.given(nproc=nproc, cluster=cluster, dataset=dataset,
                                  batch_per_device=batch_per_device, image_size=image_size,

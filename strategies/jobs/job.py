@@ -16,7 +16,6 @@ from pathlib import Path
 from types import TracebackType
 
 import torch
-
 from layerwise.strategies.cluster import load_cluster
 from layerwise.strategies.errors import ConfigError, LayerwiseError
 from layerwise.strategies.files import creatable_folder

@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.hyperparameters import ClassCount, LearningRate, Momentum, WarmupSteps, WeightDecay
+from layerwise.strategies.hyperparameters import (
+    ClassCount,
+    LearningRate,
+    Momentum,
+    WarmupSteps,
+    WeightDecay,
+)
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-from layerwise.strategies.learning_rate import DEFAULT_LR, DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
+from layerwise.strategies.learning_rate import (
+    DEFAULT_LR,
+    DEFAULT_LR_DECAY,
+    DEFAULT_WARMUP_STEPS,
+    LrDecay,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # The order in which out-of-range options are reported (the first one found is named).
 _RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "classes", "lr", "seed",

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.graph import LayerGraph
 from layerwise.strategies.profile import Profile

@@ -18,16 +18,20 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.jobs.failure import failure_line
 from layerwise.strategies.jobs.job import Job, new_job
-from layerwise.strategies.jobs.launch import StepProgress, run_torchrun, torchrun_command, write_run_folder
+from layerwise.strategies.jobs.launch import (
+    StepProgress,
+    run_torchrun,
+    torchrun_command,
+    write_run_folder,
+)
 from layerwise.strategies.jobs.named_strategies import strategy_names
 from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, DIVERGENCE_FILE, ERRORS_DIR
 from layerwise.strategies.verify import Divergence, reference_run
+from pydantic import BaseModel, ConfigDict
 
 ALL = "all"
 REFERENCE_FILE = "reference.pt"  # the plain module's run, while the strategies train

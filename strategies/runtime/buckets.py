@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from layerwise.strategies.cluster import GRADIENT_BUCKET_BYTES
 from layerwise.strategies.runtime.comm import Communicator
+from torch import nn
 
 
 @dataclass

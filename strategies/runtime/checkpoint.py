@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import TypeAdapter, ValidationError
-
 from layerwise.strategies.errors import LayerwiseError, shown
 from layerwise.strategies.files import atomic_path, first_error
 from layerwise.strategies.run import StepRecord
 from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
+from pydantic import TypeAdapter, ValidationError
 
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_SUFFIX = ".prev"  # checkpoint.pt.prev: the one before, to fall back to

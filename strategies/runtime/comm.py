@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from layerwise.strategies.space import tile_range
 
 Category = str  # "transfer" | "sync" | "loss"

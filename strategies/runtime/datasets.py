@@ -30,7 +30,6 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from layerwise.strategies.documents import read_json
 from layerwise.strategies.errors import LayerwiseError, shown
 from layerwise.strategies.memory import check_memory

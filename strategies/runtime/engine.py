@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from layerwise.strategies.runtime.comm import ByteCounter, Communicator
 from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, Engine, EngineContext
 from layerwise.strategies.runtime.executor import LayerwiseModel

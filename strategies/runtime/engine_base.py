@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from torch import nn
-
 from layerwise.strategies.graph import LayerGraph
 from layerwise.strategies.run import TrainSettings
 from layerwise.strategies.runtime.comm import ByteCounter
 from layerwise.strategies.strategy import Strategy
+from torch import nn
 
 MODEL_STATE_KEY = "model"  # training_state()'s entry that model.pt holds
 

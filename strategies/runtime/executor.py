@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import fx, nn
-
 from layerwise.strategies import ops
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.fx_nodes import active_dropout, argument, count_include_pad
@@ -43,6 +41,7 @@ from layerwise.strategies.runtime.plan import (
 )
 from layerwise.strategies.runtime.shards import ModuleShards, ShardedModel
 from layerwise.strategies.tiles import as_4d
+from torch import fx, nn
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from layerwise.strategies.ops import Reduce
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.plan import Box, InputPlan, local_slices, shape_of
 

@@ -51,7 +51,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files import atomic_path, write_atomic
 from layerwise.strategies.graph import LayerGraph

@@ -37,13 +37,12 @@ from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.execution import ExecutionBase, LayerwiseExecution
 from layerwise.strategies.schedules.local.execution import LocalExecution
 from layerwise.strategies.schedules.owt.execution import OwtExecution
 from layerwise.strategies.schedules.pipeline.execution import PipelineExecution
+from pydantic import Field
 
 if TYPE_CHECKING:
     from layerwise.strategies.cost import CostModel

@@ -54,9 +54,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import fx, nn
-from torch.func import functional_call
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.fx_nodes import active_dropout
 from layerwise.strategies.graph import LayerGraph
@@ -66,6 +63,8 @@ from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineCont
 from layerwise.strategies.runtime.momentum import momentum_buffers
 from layerwise.strategies.schedules.local.execution import LocalExecution
 from layerwise.strategies.schedules.local.planner import Cut, block_cuts, output_classes
+from torch import fx, nn
+from torch.func import functional_call
 
 ACTIVATION_TAG = 1  # block k -> k+1: block k's output
 GRADIENT_TAG = 2  # block k+1 -> k (overlapping): dL_{k+1} / d(block k's output)

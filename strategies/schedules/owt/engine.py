@@ -45,8 +45,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import fx, nn
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.fx_nodes import active_dropout
 from layerwise.strategies.graph import Layer, LayerGraph
@@ -59,6 +57,7 @@ from layerwise.strategies.schedules.owt.execution import OwtExecution
 from layerwise.strategies.schedules.owt.planner import OwtSplit, check_owt, owt_assignment
 from layerwise.strategies.space import tile_range
 from layerwise.strategies.strategy import Strategy
+from torch import fx, nn
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 

@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.baselines import baseline
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.cluster import Link, load_cluster
@@ -50,6 +48,7 @@ from layerwise.strategies.schedules.owt.execution import OwtExecution
 from layerwise.strategies.space import ParallelConfig
 from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.tiles import largest_tile
+from pydantic import BaseModel, ConfigDict
 
 Scheme = Literal["a", "b", "c"]
 

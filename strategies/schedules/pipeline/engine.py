@@ -36,9 +36,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import fx, nn
-from torch.fx.passes.split_module import split_module
-
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.fx_nodes import active_dropout
 from layerwise.strategies.graph import LayerGraph
@@ -54,6 +51,8 @@ from layerwise.strategies.schedules.pipeline.planner import (
     row_pieces,
     stage_assignment,
 )
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
 
 _FORWARD, _BACKWARD = 0, 1
 _Sent = tuple[dist.Work, torch.Tensor]  # a send in progress and the piece it sends

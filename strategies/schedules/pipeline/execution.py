@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
-
 from layerwise.strategies.execution import ExecutionBase, FrozenModel
+from pydantic import Field
 
 if TYPE_CHECKING:
     from layerwise.strategies.graph import LayerGraph

@@ -48,8 +48,6 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
-
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.cluster import Link
 from layerwise.strategies.cost import CostModel
@@ -58,6 +56,7 @@ from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from layerwise.strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
 from layerwise.strategies.space import ParallelConfig
 from layerwise.strategies.strategy import Strategy
+from pydantic import BaseModel, ConfigDict
 
 MICRO_BATCHES_PER_STAGE = 4  # M <= 4 S: beyond it the bubble is already below 1/5 of a step
 
