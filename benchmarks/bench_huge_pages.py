@@ -1,4 +1,4 @@
-"""Training steps with torch's huge pages off and on (strategies/runtime/huge_pages.py).
+"""Training steps with torch's huge pages off and on (strategies/processes/huge_pages.py).
 
     .venv/bin/python benchmarks/bench_huge_pages.py       # alexnet, resnet18, wide_fc; 3 rounds
     .venv/bin/python benchmarks/bench_huge_pages.py --models alexnet --strategies data \\
@@ -25,10 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from layerwise.strategies.run import RunResult
-from layerwise.strategies.runtime.huge_pages import HUGE_PAGES_VARIABLE, kernel_offers_huge_pages
 from rich.console import Console
 from rich.table import Table
+
+from layerwise.strategies.processes.huge_pages import HUGE_PAGES_VARIABLE, kernel_offers_huge_pages
+from layerwise.strategies.training_run import RunResult
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 # input size per model: AlexNet at 64 px keeps its 58M weights (the FC layers' size does not

@@ -1,12 +1,13 @@
-"""Local parallelism (DESIGN 3.4) against global backprop, data parallelism and the pipeline.
+"""Local parallelism (docs/research.md: local parallelism) against global backprop, data parallelism
+and the pipeline.
 
     .venv/bin/python benchmarks/bench_local.py          # lenet5, 2 processes, 10 epochs, 3 rounds
     .venv/bin/python benchmarks/bench_local.py --model tiny_cnn --epochs 5 --repeats 1 \
         --keep runs/bench-local
 
-Every run is the real CLI on the prepared digits (prepared first with `python -m layerwise.tasks.data`
-when data/prepared/digits is missing), side by side in this one invocation, same model, seed,
-global batch (batch per device x processes) and epochs:
+Every run is the real CLI on the prepared digits (prepared first with `python -m
+layerwise.tasks.stages.prepare_data` when data/prepared/digits is missing), side by side in this one
+invocation, same model, seed, global batch (batch per device x processes) and epochs:
 
     layerwise train MODEL --strategy S --nproc N --dataset digits --epochs E \\
         --batch-per-device B --out DIR
@@ -14,13 +15,12 @@ global batch (batch per device x processes) and epochs:
 - `global backprop`: `--strategy data --nproc 1 --batch-per-device B*N`, one process;
 - `data`, `pipeline` (skipped with a note when this checkout has no such strategy), `local`
   (greedy) and `local_overlap` (overlapping) on N processes.
-Step times come from each run's result.json (`RunResult.step_seconds_median`), validation
-accuracy from `layerwise.tasks.validate.validation_accuracy` (model.pt in the plain module, eval mode,
-the validation split). Every run is repeated `--repeats` times in rounds (each round runs
-every strategy once), so that a burst of other work on the machine lands on all rows alike;
-a row's step time is the median over its runs, its accuracy the mean (seeded runs on the CPU
-repeat it exactly). Printed: step time, its ratio to global backprop, validation accuracy and
-its gap to global backprop's.
+Step times come from each run's result.json (`RunResult.step_seconds_median`), validation accuracy
+from `layerwise.tasks.validate.validation_accuracy` (model.pt in the plain module, eval mode, the
+validation split). Every run is repeated `--repeats` times in rounds (each round runs every strategy
+once), so that a burst of other work on the machine lands on all rows alike; a row's step time is
+the median over its runs, its accuracy the mean (seeded runs on the CPU repeat it exactly). Printed:
+step time, its ratio to global backprop, validation accuracy and its gap to global backprop's.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerwise.strategies.run import RunResult
-from layerwise.tasks.validate import validation_accuracy
 from rich.console import Console
 from rich.table import Table
+
+from layerwise.strategies.training_run import RunResult
+from layerwise.tasks.validate import validation_accuracy
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 DIGITS_META = Path("data/prepared/digits/meta.json")
@@ -66,7 +67,7 @@ def parse_args() -> argparse.Namespace:
 
 def prepare_digits() -> None:
     if not DIGITS_META.is_file():
-        subprocess.run([sys.executable, "-m", "layerwise.tasks.data"], check=True)
+        subprocess.run([sys.executable, "-m", "layerwise.tasks.stages.prepare_data"], check=True)
 
 
 def train(args: argparse.Namespace, label: str, strategy: str, processes: int,

@@ -29,9 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from layerwise.strategies.run import RunResult
 from rich.console import Console
 from rich.table import Table
+
+from layerwise.strategies.training_run import RunResult
 
 LAYERWISE = Path(sys.executable).parent / "layerwise"
 

@@ -11,10 +11,10 @@ and NCCL on CUDA when there are enough GPUs:
 - `DDP + SyncBN` (models with BatchNorm): DDP normalising over the whole batch of all processes,
   the function one device and this runtime compute (plain DDP normalises each process's samples
   alone): torch's SyncBatchNorm on CUDA; on CPUs, where it raises, layerwise's synchronised
-  BatchNorm (`layerwise.strategies.ops.sync_batch_norm`) in the same modules;
+  BatchNorm (`layerwise.strategies.model.ops.sync_batch_norm`) in the same modules;
 - `data`, `owt`, `layerwise`: this runtime under the data-parallel baseline, OWT and the
   strategy searched with a profile of this machine and a calibration of its links.
-Huge pages (strategies/runtime/huge_pages.py) are as the environment says, off unless
+Huge pages (strategies/processes/huge_pages.py) are as the environment says, off unless
 THP_MEM_ALLOC_ENABLE=1, for every run alike: in these interleaved steps DDP measured 1.25x slower
 with them on while it gains alone (docs/performance.md), so the comparison keeps them off.
 Each run first trains alone in fresh processes for its warm-up steps: its peak memory. Then come
@@ -55,16 +55,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
-from layerwise.strategies.baselines import baseline
+from rich.console import Console
+from rich.table import Table
+from torch import nn
+
 from layerwise.strategies.breakdown import Breakdown
-from layerwise.strategies.calibrate import calibrate, calibrated_cluster
-from layerwise.strategies.cluster import Cluster
-from layerwise.strategies.compute import ProfiledCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.models import build_model
-from layerwise.strategies.ops import sync_batch_norm
-from layerwise.strategies.profile import (
+from layerwise.strategies.cost.compute_time import ProfiledCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.cost.profile import (
     SGD_MOMENTUM,
     SGD_WEIGHT_DECAY,
     Profile,
@@ -72,16 +70,19 @@ from layerwise.strategies.profile import (
     profile_graph,
     profile_graph_concurrently,
 )
-from layerwise.strategies.rendezvous import local_rendezvous
+from layerwise.strategies.hardware.calibrate import calibrate, calibrated_cluster
+from layerwise.strategies.hardware.cluster import Cluster
+from layerwise.strategies.hardware.rendezvous import local_rendezvous
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.ops import sync_batch_norm
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.comm import Communicator
-from layerwise.strategies.runtime.executor import LayerwiseModel
+from layerwise.strategies.runtime.layerwise_executor import LayerwiseModel
 from layerwise.strategies.runtime.plan import build_plan
 from layerwise.strategies.runtime.worker import peak_memory_bytes, synchronize
-from layerwise.strategies.search import optimal_strategy
-from layerwise.strategies.space import ParallelConfig
-from rich.console import Console
-from rich.table import Table
-from torch import nn
+from layerwise.strategies.search.baselines import baseline
+from layerwise.strategies.search.elimination import optimal_strategy
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
 Full input size, 32 images per device, analytic t_c; one core with `taskset -c 0`. Each model
 is searched over origin placement (every layer's devices start at 0) and over the whole space,
 aligned placement (also every offset aligned to a config's size; the default up to
-strategies/jobs/costing.py's AUTO_ALIGNED_DEVICES devices), side by side.
+strategies/jobs/pricing.py's AUTO_ALIGNED_DEVICES devices), side by side.
 The presets have 16 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with
 more nodes. Each search is fresh in this process, as `optimal_strategy` runs it: the node
 vectors, the bounds and exact t_x between the configs they keep (`cost s`; `kept`: the share of
@@ -23,14 +23,21 @@ import argparse
 import time
 import tracemalloc
 
-from layerwise.strategies.cluster import Cluster, load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel, Placement
-from layerwise.strategies.graph import LayerGraph, build_graph
-from layerwise.strategies.models import ZOO
-from layerwise.strategies.search import KeptCosts, Solution, collector_paused, kept_costs, solve
 from rich.console import Console
 from rich.table import Table
+
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel, Placement
+from layerwise.strategies.hardware.cluster import Cluster, load_cluster
+from layerwise.strategies.model.graph import LayerGraph, build_graph
+from layerwise.strategies.model.zoo import ZOO
+from layerwise.strategies.search.elimination import (
+    KeptCosts,
+    Solution,
+    collector_paused,
+    kept_costs,
+    solve,
+)
 
 
 def scaled(cluster: Cluster, devices: int) -> Cluster:

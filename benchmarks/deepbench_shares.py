@@ -1,6 +1,6 @@
-"""Re-derive the device model's per-op-kind shares (strategies/device_model.py) from a DeepBench
-training results workbook, and print the model's error against the workbook's measured GEMMs and
-convolutions.
+"""Re-derive the device model's per-op-kind shares (strategies/hardware/device_model.py) from a
+DeepBench training results workbook, and print the model's error against the workbook's measured
+GEMMs and convolutions.
 
     git clone https://github.com/baidu-research/DeepBench
     .venv/bin/python benchmarks/deepbench_shares.py DeepBench/results/train/DeepBench_NV_P100.xlsx
@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from layerwise.strategies.device_model import (
+
+from layerwise.strategies.hardware.device_model import (
     GEMM_EFFICIENCY,
     TILE_SHAPES,
     WINOGRAD_MULTIPLY_REDUCTION,
@@ -41,7 +42,7 @@ from layerwise.strategies.device_model import (
     convolution_efficiencies,
     layer_gemms,
 )
-from layerwise.strategies.graph import BYTES_PER_ELEMENT
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT
 
 SHEET = "Results FP32"
 NAMESPACE = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"

@@ -6,18 +6,19 @@
 
 For each model it builds the layer graph at a global batch of --batch-per-device x --devices,
 measures every distinct tile of every layer under every config on up to --devices devices the way
-`layerwise profile` does (CUDA events on a GPU: `layerwise.strategies.profile.profile_graph`), and prices
-the same tiles with the device model of --cluster's device (`layerwise.strategies.compute.AnalyticCompute`).
-Printed per op kind (the layer's main op, with `+bn` where a BatchNorm is fused into it; the SGD
-update of the weight shards apart): how many tiles, the median and the 10th/90th percentiles of
-modelled / measured time, and the ratio of the summed times (what a step's t_c sees, large tiles
-weighing most). `--out FILE` writes every tile's pair as JSON.
+`layerwise profile` does (CUDA events on a GPU: `layerwise.strategies.cost.profile.profile_graph`),
+and prices the same tiles with the device model of --cluster's device
+(`layerwise.strategies.cost.compute_time.AnalyticCompute`). Printed per op kind (the layer's main
+op, with `+bn` where a BatchNorm is fused into it; the SGD update of the weight shards apart): how
+many tiles, the median and the 10th/90th percentiles of modelled / measured time, and the ratio of
+the summed times (what a step's t_c sees, large tiles weighing most). `--out FILE` writes every
+tile's pair as JSON.
 
 This is the check a lent GPU is for: the presets' constants come from datasheets and published
-measurements (strategies/clusters/), never from these tiles, so the table is the model's error on
-this device, not a fit. On the device machine (torch, numpy, scipy, PyYAML and Rich there; carry
-the wheels of pydantic, pydantic-core, annotated-types and typing-inspection for its Python, as
-the device tool's README says):
+measurements (strategies/hardware/clusters/), never from these tiles, so the table is the model's
+error on this device, not a fit. On the device machine (torch, numpy, scipy, PyYAML and Rich there;
+carry the wheels of pydantic, pydantic-core, annotated-types and typing-inspection for its Python,
+as the device tool's README says):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
     PYTHONPATH=/tmp/site:. python3 benchmarks/device_model_check.py --cluster h100x8 ...
@@ -36,12 +37,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.graph import Layer, build_graph
-from layerwise.strategies.profile import device_name, profile_graph, resolve_device, tile_plan
 from rich.console import Console
 from rich.table import Table
+
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.profile import profile_graph, tile_plan
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.hardware.this_machine import device_name, resolve_device
+from layerwise.strategies.model.graph import Layer, build_graph
 
 
 def op_kind(layer: Layer) -> str:

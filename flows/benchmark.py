@@ -17,7 +17,7 @@ profile) before training, its loss per step while it trains, its results and tra
 MLflow run, keeps every measured number, and the other strategies still run; the flow then
 ends Failed, naming it once. Whatever ends the flow, its MLflow runs do not stay RUNNING: an
 error closes them FAILED, Ctrl-C or SIGTERM KILLED, and the runs of a flow killed outright
-(SIGKILL) are marked KILLED when the next flow starts (tasks/track.py). Each benchmark's
+(SIGKILL) are marked KILLED when the next flow starts (tasks/tracking/track.py). Each benchmark's
 folder runs/benchmark-STAMP is created by it alone (make_stamped_folder). The flow prints how
 long each stage took, its own overhead (everything but torchrun, profiling and calibration), a
 comparison table and, in words, which strategy won by how much; the table is also the flow
@@ -37,38 +37,39 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from layerwise.flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
-from layerwise.flows.cli.console import console
-from layerwise.strategies.accuracy import AccuracyCheck
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.files import write_atomic
-from layerwise.strategies.graph import LayerGraph, build_graph
-from layerwise.strategies.jobs.job import RUNS_DIR
-from layerwise.strategies.jobs.named_strategies import LAYERWISE
-from layerwise.strategies.jobs.options import TrainOptions
-from layerwise.strategies.jobs.run_folder import make_stamped_folder
-from layerwise.strategies.profile import device_name, resolve_device
-from layerwise.strategies.run import RunResult
-from layerwise.strategies.runtime.datasets import ImageSpec
-from layerwise.strategies.schedules import is_exact
-from layerwise.strategies.space import DIMS, ParallelConfig
-from layerwise.strategies.verify import Divergence
-from layerwise.tasks import provenance, registry, track
-from layerwise.tasks.calibrate import calibrate_links
-from layerwise.tasks.figures import SPLIT_WORDS
-from layerwise.tasks.owner import owner_tags
-from layerwise.tasks.prepare import prepare_data
-from layerwise.tasks.profile import profile_model
-from layerwise.tasks.record import ModelRecord, record_strategy_run
-from layerwise.tasks.search import oracle_step_seconds, search_strategies
-from layerwise.tasks.train import train_strategy
-from layerwise.tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
-from layerwise.tasks.verify import verify_exactness
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from rich.table import Table
+
+from layerwise.flows.benchmark_config import CALIBRATED, BenchmarkConfig, ModelVersion
+from layerwise.flows.cli.console import console
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.exactness.accuracy import AccuracyCheck
+from layerwise.strategies.exactness.reference import Divergence
+from layerwise.strategies.files.atomic import write_atomic
+from layerwise.strategies.hardware.this_machine import device_name, resolve_device
+from layerwise.strategies.jobs.job import RUNS_DIR
+from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.jobs.run_folder import make_stamped_folder
+from layerwise.strategies.model.graph import LayerGraph, build_graph
+from layerwise.strategies.model.space import DIMS, ParallelConfig
+from layerwise.strategies.runtime.datasets import ImageSpec
+from layerwise.strategies.schedules import SEARCHED, is_exact
+from layerwise.strategies.training_run import RunResult
+from layerwise.tasks.calibrate import calibrate_links
+from layerwise.tasks.prepare import prepare_data
+from layerwise.tasks.profile import profile_model
+from layerwise.tasks.record import ModelRecord, record_strategy_run
+from layerwise.tasks.search import oracle_step_seconds, search_strategies
+from layerwise.tasks.tracking import model_registry as registry
+from layerwise.tasks.tracking import provenance, track
+from layerwise.tasks.tracking.figures import SPLIT_WORDS
+from layerwise.tasks.tracking.owner import owner_tags
+from layerwise.tasks.train import train_strategy
+from layerwise.tasks.validate import accuracy_of, judge_accuracy, measure_accuracy
+from layerwise.tasks.verify import verify_exactness
 
 REFERENCE_STRATEGY = "data"  # on one process every strategy is this one
 BASELINE_STRATEGY = "data"  # what the summary measures the winner against
@@ -234,15 +235,15 @@ def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
         oracle = oracle_step_seconds.with_options(task_run_name=f"oracle[{label}]")(
             graph, context.cluster, config.nproc, profile, config.strategies)
     divergences, verify_error = ({}, None) if config.verify_steps == 0 else _verify(
-        context, model, files, profile, folder / "verify")
-    reference = _reference_accuracy(context, model, folder / "one-process")
+        context, model, graph, files, profile, folder / "verify")
+    reference = _reference_accuracy(context, model, graph, folder / "one-process")
     return [_benchmark_strategy(context, model, graph, name, files[name], profile, folder,
                                 reference, divergences.get(name), verify_error,
                                 oracle.get(name))
             for name in config.strategies]
 
 
-def _verify(context: Context, model: ModelVersion, files: dict[str, Path],
+def _verify(context: Context, model: ModelVersion, graph: LayerGraph, files: dict[str, Path],
             profile: Path | None, out: Path) -> tuple[dict[str, Divergence], str | None]:
     """Each strategy file's float64 divergence from one process, by strategy name."""
     config = context.config
@@ -253,13 +254,14 @@ def _verify(context: Context, model: ModelVersion, files: dict[str, Path],
             report = verify_exactness.with_options(
                 task_run_name=f"verify[{model.name} {model.version}]")(
                 model.name, list(files.values()), options, config.verify_steps, out,
-                config.train_deadline_s)
+                config.train_deadline_s, graph)
     except Exception as error:  # each strategy's outcome reports it; training goes on
         return {}, f"the float64 verify stage failed: {error}"
     return dict(zip(files, report.divergences, strict=True)), None
 
 
-def _reference_accuracy(context: Context, model: ModelVersion, out: Path) -> Reference:
+def _reference_accuracy(context: Context, model: ModelVersion, graph: LayerGraph,
+                        out: Path) -> Reference:
     """Validation counts of one-process training with the same global batch and seed."""
     config = context.config
     label = f"{model.name} {model.version} one-process"
@@ -270,7 +272,7 @@ def _reference_accuracy(context: Context, model: ModelVersion, out: Path) -> Ref
         with context.clock.stage("train"):
             train_strategy.with_options(task_run_name=f"train[{label}]")(
                 model.name, REFERENCE_STRATEGY, options, config.steps, out,
-                config.train_deadline_s)
+                config.train_deadline_s, graph)
         with context.clock.stage("validate"):
             correct, images = measure_accuracy.with_options(
                 task_run_name=f"validate[{label}]")(out)
@@ -303,7 +305,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                 with clock.stage("train"):
                     result = train_strategy.with_options(task_run_name=f"train[{label}]")(
                         model.name, str(strategy_file), options, config.steps, out,
-                        config.train_deadline_s, on_step=live)
+                        config.train_deadline_s, graph, on_step=live)
             finally:
                 live.flush()
             if reference.correct is not None and reference.images is not None:
@@ -541,7 +543,7 @@ def _winner_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
              f"({best.result.step_seconds_median * 1e3:.1f} against "
              f"{best.result.step_seconds_median * speedup[0] * 1e3:.1f} ms per step), "
              f"{speedup[1]:.2f}x predicted. It splits {_split_summary(best.result)}."]
-    searched = next((outcome for outcome in measured if outcome.strategy == LAYERWISE
+    searched = next((outcome for outcome in measured if outcome.strategy == SEARCHED
                      and outcome is not best), None)
     if searched is not None:
         ratio = _speedup(searched, outcomes)

@@ -7,19 +7,16 @@
 A YAML file (the embedded default is configs/benchmark.yaml) with `--set key=value` overrides on
 top: dotted keys reach into mappings and lists (`models.0.name`), values are YAML scalars or
 flow sequences. Anything wrong, in the file or an override, is one line naming the field.
-This module imports pydantic and yaml only, so a bad config fails before Prefect starts.
+This module imports pydantic, yaml and the registry's names only, so a bad config fails before
+Prefect starts.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from layerwise.strategies.documents import parse_yaml, read_yaml
-from layerwise.strategies.errors import LayerwiseError, shown
-from layerwise.strategies.files import first_error
-from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
-from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -29,23 +26,50 @@ from pydantic import (
     model_validator,
 )
 
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.files.atomic import first_error
+from layerwise.strategies.files.documents import parse_yaml, read_yaml
+from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
+from layerwise.strategies.jobs.defaults import DEFAULT_VERIFY_STEPS
+from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
+from layerwise.strategies.schedules import STRATEGY_NAMES
+from layerwise.strategies.text import printable
+
 SCHEMA_VERSION = 1
+MODEL_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?")
+VERSION_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # `cluster: calibrated`: the flow measures this machine's links between its nproc ranks first
 CALIBRATED = "calibrated"
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark.yaml"
-StrategyName = Literal["layerwise", "data", "model", "owt", "spatial_h", "spatial_w",
-                       "owt_a", "owt_b", "owt_c", "owt_a_vb", "owt_b_vb", "owt_c_vb",
-                       "pipeline", "local", "local_overlap"]
+StrategyName = Literal[STRATEGY_NAMES]  # every name the registry holds
 
 
 class ModelVersion(BaseModel):
     """A model to benchmark and the label its runs are compared under (the structure hash,
-    computed from the traced graph, tells whether two labels really differ)."""
+    computed from the traced graph, tells whether two labels really differ). Both name the
+    run folders, MLflow runs and registry aliases, so they are names, never paths: a zoo name
+    or `package.module:factory`, and a label of letters, digits, '.', '_' and '-'."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1)
-    version: str = Field(default="v1", min_length=1)
+    name: str = Field(min_length=1, max_length=200)
+    version: str = Field(default="v1", min_length=1, max_length=64)
+
+    @field_validator("name")
+    @classmethod
+    def _model_reference(cls, value: str) -> str:
+        if not MODEL_REFERENCE.fullmatch(value):
+            raise ValueError(f"'{printable(value)}' is neither a zoo name nor "
+                             "package.module:factory")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _label(cls, value: str) -> str:
+        if not VERSION_LABEL.fullmatch(value):
+            raise ValueError(f"'{printable(value)}' is not a version label: use letters, "
+                             "digits, '.', '_' and '-' (it names folders and runs)")
+        return value
 
 
 class BenchmarkConfig(BaseModel):
@@ -71,12 +95,12 @@ class BenchmarkConfig(BaseModel):
     lr_decay: LrDecay = DEFAULT_LR_DECAY
     cluster: str = CALIBRATED  # or a preset or a cluster YAML (tasks/calibrate.py)
     # share of the validation split an fp32 run may differ from one process by; None: a
-    # binomial bound in images (strategies/accuracy.py); exactness is verified in float64
+    # binomial bound in images (strategies/exactness/accuracy.py); exactness is verified in float64
     tolerance: float | None = Field(default=None, ge=0)
     inexact_tolerance: float = Field(default=0.1, ge=0)  # for strategies that are not exact
     profile: bool = True
     # float64 steps per strategy in the verify stage (exactness against one process); 0 skips it
-    verify_steps: int = Field(default=3, ge=0)
+    verify_steps: int = Field(default=DEFAULT_VERIFY_STEPS, ge=0)
     train_deadline_s: float = Field(default=600.0, gt=0)
     # each run's trained model becomes a version of the model's name in MLflow's registry,
     # tagged with its version label and strategy and aliased `<version>-<strategy>`

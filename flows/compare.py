@@ -13,7 +13,7 @@ metric deltas per strategy. The table is a Prefect artifact of the compare run; 
 the whole report as JSON, under `compare-TIMESTAMP/` so repeated comparisons never mix): a
 query alone writes nothing to MLflow. Runs are read with `mlflow.search_runs` (it pages by
 itself), so a tracking server (MLFLOW_TRACKING_URI) works as the embedded SQLite store does.
-Runs left RUNNING by a flow that was killed are marked KILLED first (tasks/track.py), so no
+Runs left RUNNING by a flow that was killed are marked KILLED first (tasks/tracking/track.py), so no
 status shown is a dead flow's.
 """
 
@@ -27,14 +27,15 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.tasks import track
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from mlflow.entities import Run
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel
+
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.tasks.tracking import track
 
 SCHEMA_VERSION = 1
 COMPARED_METRICS = (
@@ -243,7 +244,7 @@ def comparison_figure(rows: list[StrategyRow]) -> Figure:
     bytes per step, each on its own axes (a strategy's sync bytes can dwarf another's
     transfer), the legend beside the axes, never on the bars.
 
-    A bare Figure (no pyplot), as in tasks/track.py: no global state, no GUI backend.
+    A bare Figure (no pyplot), as in tasks/tracking/track.py: no global state, no GUI backend.
     """
     measured = [row for row in rows if row.metrics.get("step_seconds") is not None]
     labels = [f"{row.model} {row.model_version}\n{row.strategy}" for row in measured]

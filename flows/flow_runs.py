@@ -1,10 +1,11 @@
 """Prefect flow runs that name their process, so that a killed one does not stay Running.
 
-A `layerwise run` killed with SIGKILL leaves its flow run, and the task run it was in, Running
-in Prefect's database for good: no handler runs, and the local API server that would notice is
-gone with it. Each flow run the CLI starts carries its process as owner tags (layerwise.tasks.owner, as
-`key:value` Prefect tags), and the next command on that host marks Crashed the runs of an
-owner that no longer runs, as Prefect marks a flow whose process crashed under its eyes.
+A `layerwise run` killed with SIGKILL leaves its flow run, and the task run it was in, Running in
+Prefect's database for good: no handler runs, and the local API server that would notice is gone
+with it. Each flow run the CLI starts carries its process as owner tags
+(layerwise.tasks.tracking.owner, as `key:value` Prefect tags), and the next command on that host
+marks Crashed the runs of an owner that no longer runs, as Prefect marks a flow whose process
+crashed under its eyes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 from collections.abc import Iterator
 from uuid import UUID
 
-from layerwise.tasks.owner import OWNER_HOST, orphan_reason, owner_gone, owner_tags
 from prefect import get_client, tags
 from prefect.client.schemas.filters import (
     FlowRunFilter,
@@ -27,6 +27,8 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
+
+from layerwise.tasks.tracking.owner import OWNER_HOST, orphan_reason, owner_gone, owner_tags
 
 _OPEN_STATES = [StateType.RUNNING, StateType.PENDING]
 

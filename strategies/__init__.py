@@ -1,4 +1,5 @@
-"""layerwise's domain core: model zoo, layer graph, configuration space, cluster specs.
+"""layerwise's domain core, one subpackage per concept (docs/architecture.md has the map).
 
-Imports torch, numpy and pydantic only, so it also runs on a bare GPU box (DESIGN.md section 2).
+Imports torch, numpy, pydantic and PyYAML only (scipy in the search's integer program), so it
+also runs on a bare GPU machine: no Prefect, MLflow or DVC.
 """

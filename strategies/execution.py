@@ -2,10 +2,10 @@
 
 Every strategy names one ParallelConfig per layer (that is what the cost model prices and the
 runtime's checks validate). Most are executed by the layer-wise engine as they stand
-(`LayerwiseExecution`, Jia et al. 2018, DESIGN 3.1). The strategies from the literature add a
-schedule the configs alone cannot say; each names it with its own execution type in its folder
-under strategies/schedules/, and the registry there joins them into the `Execution` union that
-`Strategy.execution` holds.
+(`LayerwiseExecution`, Jia et al. 2018, docs/research.md: layer-wise parallelism). The strategies
+from the literature add a schedule the configs alone cannot say; each names it with its own
+execution type in its folder under strategies/schedules/, and the registry there joins them into the
+`Execution` union that `Strategy.execution` holds.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from layerwise.strategies.graph import LayerGraph
+    from layerwise.strategies.model.graph import LayerGraph
 
 
 class FrozenModel(BaseModel):
@@ -40,7 +40,7 @@ class ExecutionBase(FrozenModel):
 
 
 class LayerwiseExecution(ExecutionBase):
-    """Every layer's tiles as its config says (strategies/runtime/executor.py)."""
+    """Every layer's tiles as its config says (strategies/runtime/layerwise_executor.py)."""
 
     kind: Literal["layerwise"] = "layerwise"
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, field_validator
+
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.execution import LayerwiseExecution
-from layerwise.strategies.files import read_json_model, write_atomic
-from layerwise.strategies.graph import LayerGraph
+from layerwise.strategies.files.atomic import read_json_model, write_atomic
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.model.space import ParallelConfig, check_config
 from layerwise.strategies.schedules import Execution
-from layerwise.strategies.space import ParallelConfig, check_config
-from pydantic import BaseModel, ConfigDict, field_validator
+from layerwise.strategies.text import Name
 
 SCHEMA_VERSION = 1
 
@@ -30,8 +32,8 @@ class Strategy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
-    name: str
-    model: str
+    name: Name
+    model: Name
     structure_hash: str
     input_shape: tuple[int, ...]
     devices: int

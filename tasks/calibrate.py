@@ -5,8 +5,8 @@ point-to-point exchanges and all-reduces between `nproc` processes, fitted to la
 bytes / bandwidth) instead of a preset's figures; the `local` preset's are placeholders, and
 with them the benchmark predicts a small model's steps 2-3x under the measured ones here.
 The file under data/profiles/ is keyed by device, backend, process count and torch version
-(`layerwise.strategies.calibrate.calibration_path`), so it is the cache: the first run of a project
-measures (~15 s), later ones reuse it.
+(`calibration_path` in strategies/hardware/calibrate.py), so it is the cache: the first run of a
+project measures (~15 s), later ones reuse it.
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from layerwise.strategies.calibrate import (
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from layerwise.strategies.hardware.calibrate import (
     calibrate,
     calibration_path,
     message_sizes,
     save_calibration,
 )
-from layerwise.strategies.cluster import load_cluster
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from layerwise.strategies.hardware.cluster import load_cluster
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)

@@ -1,8 +1,8 @@
 """The benchmark's data stage: the DVC `prepare` stage, run as a Prefect task.
 
 `dvc repro prepare` rebuilds data/prepared/<dataset> only when params.yaml's `prepare` section or
-tasks/data.py changed (about 2 s to find nothing to do) and records the output's hash in
-dvc.lock, which the tracking task tags every MLflow run with. Outside a DVC project the same
+tasks/stages/prepare_data.py changed (about 2 s to find nothing to do) and records the output's hash
+in dvc.lock, which the tracking task tags every MLflow run with. Outside a DVC project the same
 stage runs directly from params.yaml.
 """
 
@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.runtime.datasets import DEFAULT_ROOT, ImageSpec, prepared_spec
-from layerwise.tasks.data import PARAMS_FILE, load_params, prepare, settings_from
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files.locations import PREPARED_DIR
+from layerwise.strategies.runtime.datasets import ImageSpec, prepared_spec
+from layerwise.tasks.stages.prepare_data import PARAMS_FILE, load_params, prepare, settings_from
 
 DVC_STAGE = "prepare"
 
@@ -39,7 +41,7 @@ def prepare_data(dataset: str) -> ImageSpec | None:
             _dvc_repro()
         else:
             prepare(settings)
-    return prepared_spec(dataset, DEFAULT_ROOT)
+    return prepared_spec(dataset, PREPARED_DIR)
 
 
 def _dvc_repro() -> None:

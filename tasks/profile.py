@@ -1,12 +1,12 @@
 """Profiling task: t_c of the tiles the chosen strategies need, measured on this machine.
 
 On CPUs the flow's ranks share this machine, so its `devices` profilers measure at once (one
-per rank, `profile_graph_concurrently`); on a GPU each rank has its own device and one profiler
-measures. The profile file under data/profiles/ is keyed by model structure, global batch,
-device, dtype, torch version and that concurrency (`layerwise.strategies.profile.profile_key`), so it is
-the cache: a second benchmark of the same model on the same machine measures nothing, and one
-that needs more configurations measures only the missing tiles. A file is reused under the
-same rule as `layerwise profile`'s (layerwise.strategies.jobs.profile_reuse).
+per rank); on a GPU each rank has its own device and one profiler measures. The profile file
+under data/profiles/ is keyed by model structure, global batch, device, dtype, torch version
+and that concurrency (`profile_key` in strategies/cost/profile.py), so it is the cache: a second
+benchmark of the same model on the same machine measures nothing, and one that needs more
+configurations measures only the missing tiles. Reuse and measurement are `layerwise profile`'s
+own (strategies/jobs/profiling.py).
 """
 
 from __future__ import annotations
@@ -15,19 +15,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from layerwise.strategies.baselines import BASELINES, baseline
-from layerwise.strategies.graph import LayerGraph
-from layerwise.strategies.jobs.profile_reuse import reusable_profile
-from layerwise.strategies.profile import (
-    concurrent_threads,
-    default_profile_path,
-    device_name,
-    profile_graph_concurrently,
-    resolve_device,
-)
-from layerwise.strategies.space import ParallelConfig
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+
+from layerwise.strategies.cost.profile import concurrent_threads
+from layerwise.strategies.hardware.this_machine import resolve_device
+from layerwise.strategies.jobs.profiling import measure_profile, plan_profile
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.search.baselines import BASELINES, baseline
 
 PROGRESS_LINES = 4  # progress lines logged per profile: enough to see it move
 
@@ -51,14 +47,14 @@ def profile_model(graph: LayerGraph, devices: int, strategies: Sequence[str]) ->
     logger = get_run_logger()
     target = resolve_device(None)
     processes = devices if target.type == "cpu" else 1
-    name = device_name(target)
-    path = default_profile_path(graph, name, processes=processes)
-    existing = reusable_profile(path, graph, name, processes)
-    if existing is None and path.exists():
-        logger.info("profile %s was measured by an older layerwise: measuring it again", path)
+    plan = plan_profile(graph, devices, processes, target,
+                        configs=needed_configs(graph, devices, strategies))
+    if plan.stale:
+        logger.info("profile %s was measured by an older layerwise: measuring it again",
+                    plan.path)
     logger.info("measuring t_c of %s's tiles on %s, %d profiler(s) at once%s", graph.model,
-                name, processes, f", reusing {existing.tile_count} tiles of {path}"
-                if existing is not None else "")
+                plan.device_name, processes, f", reusing {plan.reused_count} tiles of "
+                f"{plan.path}" if plan.existing is not None else "")
     every = max(1, len(graph.layers) // PROGRESS_LINES)
 
     def progress(done: int, total: int, layer: str) -> None:
@@ -66,14 +62,8 @@ def profile_model(graph: LayerGraph, devices: int, strategies: Sequence[str]) ->
             logger.info("profiled %d/%d layers (%s)", done, total, layer)
 
     started = time.perf_counter()
-    profile = profile_graph_concurrently(
-        graph, devices, processes, progress=progress,
-        configs=needed_configs(graph, devices, strategies), device=target, existing=existing,
-        threads=concurrent_threads(processes))
-    measured = profile.tile_count - (existing.tile_count if existing else 0)
-    if profile is not existing:
-        profile.save(path)
+    measure_profile(plan, progress=progress, threads=concurrent_threads(processes))
     logger.info("profile %s: %d tiles measured in %.1f s by %d profiler(s) at once, %d reused",
-                path, measured, time.perf_counter() - started, processes,
-                profile.tile_count - measured)
-    return path
+                plan.path, plan.measured_count, time.perf_counter() - started, processes,
+                plan.reused_count)
+    return plan.path

@@ -1,7 +1,7 @@
-"""Tracking task: one strategy run's measurements into its MLflow run (tasks/track.py).
+"""Tracking task: one strategy run's measurements into its MLflow run (tasks/tracking/track.py).
 
-A task of its own, so that the Prefect UI shows the logging as a step of the flow and a failure
-to log as a failed task. tasks/track.py itself imports no Prefect: the CLI reads its defaults
+A task of its own, so that the Prefect UI shows the logging as a step of the flow and a failure to
+log as a failed task. tasks/tracking/track.py itself imports no Prefect: the CLI reads its defaults
 before Prefect may be imported (Prefect reads its settings once, on import).
 """
 
@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from layerwise.strategies.accuracy import AccuracyCheck
-from layerwise.strategies.graph import LayerGraph
-from layerwise.strategies.run import RunResult
-from layerwise.strategies.verify import Divergence
-from layerwise.tasks.registry import log_trained_model
-from layerwise.tasks.track import log_strategy_run
 from mlflow import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
+
+from layerwise.strategies.exactness.accuracy import AccuracyCheck
+from layerwise.strategies.exactness.reference import Divergence
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.training_run import RunResult
+from layerwise.tasks.tracking.model_registry import log_trained_model
+from layerwise.tasks.tracking.track import log_strategy_run
 
 
 class ModelRecord(BaseModel):

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from layerwise.strategies.graph import LayerGraph
-from layerwise.strategies.jobs.costing import cost_model
-from layerwise.strategies.jobs.named_strategies import strategy_by_name
-from layerwise.strategies.search import SearchResult
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+
+from layerwise.strategies.jobs.named_strategies import strategy_by_name
+from layerwise.strategies.jobs.pricing import cost_model
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.search.elimination import SearchResult
 
 
 @task(name="search", cache_policy=NO_CACHE)
@@ -45,7 +46,7 @@ def oracle_step_seconds(graph: LayerGraph, cluster: str, devices: int, profile: 
                         strategies: Sequence[str]) -> dict[str, float]:
     """ParaDL's predicted step time of each strategy it has an equivalent of, with the same
     t_c as the search (strategy name -> seconds; strategies it cannot predict are left out)."""
-    from layerwise.strategies.oracle import step_case, summary_from_graph
+    from layerwise.strategies.oracle.paradl import step_case, summary_from_graph
 
     logger = get_run_logger()
     cost = cost_model(graph, cluster, devices, profile, analytic=profile is None)

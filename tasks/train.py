@@ -15,50 +15,38 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from layerwise.strategies.jobs.failure import failure_line
-from layerwise.strategies.jobs.job import new_job, total_steps
-from layerwise.strategies.jobs.launch import (
-    StepProgress,
-    run_torchrun,
-    torchrun_command,
-    write_run_folder,
-)
-from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers
-from layerwise.strategies.run import RunResult
-from layerwise.strategies.runtime.worker import DEFAULT_TIMEOUT_SECONDS, RESULT_FILE
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+
+from layerwise.strategies.jobs.defaults import DEFAULT_TIMEOUT_SECONDS
+from layerwise.strategies.jobs.job import new_job
+from layerwise.strategies.jobs.launch import StepProgress, run_job
+from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.training_run import RunResult
 
 PROGRESS_LINES = 5  # progress lines logged per run: enough to see it move, not one per step
 
 
-class TrainingFailed(RuntimeError):
-    """torchrun exited non-zero; the message names the rank that failed first and its error."""
-
-
 @task(name="train", cache_policy=NO_CACHE)
 def train_strategy(model: str, strategy: str, options: TrainOptions, steps: int, out: Path,
-                   deadline_s: float,
+                   deadline_s: float, graph: LayerGraph | None = None,
                    on_step: Callable[[StepProgress], None] | None = None) -> RunResult:
     """Train `model` under `strategy` (a strategy name or a strategy file) into the new folder
-    `out` with the run `options`, stopping torchrun after `deadline_s` seconds; `on_step` gets
-    every step's index and loss while training runs."""
+    `out` with the run `options`, stopping torchrun after `deadline_s` seconds; `graph` is the
+    model's layer graph for these options when the flow built it already; `on_step` gets
+    every step's index and loss while training runs. TrainingFailed names the rank that failed
+    first."""
     logger = get_run_logger()
     check_launch_numbers(steps, None, steps, DEFAULT_TIMEOUT_SECONDS)
-    with new_job(model, strategy, options, out, analytic=options.profile is None) as job:
-        total = total_steps(job, steps, None)
-        command = torchrun_command(job, total, total, DEFAULT_TIMEOUT_SECONDS)
-        for warning in job.warnings:
-            logger.warning("%s", warning)
-        write_run_folder(job)
-        logger.info("torchrun: %d processes, %d steps, run folder %s", job.settings.nproc,
-                    total, out)
-        code = run_torchrun(command, job, on_line=lambda line: logger.info("%s", line),
-                            on_progress=_progress_logger(logger, total, on_step),
-                            deadline_s=deadline_s)
-    if code != 0:
-        raise TrainingFailed(failure_line(out, code, job.settings.nproc))
-    return RunResult.load(out / RESULT_FILE)
+    logger.info("torchrun: %d processes, %d steps, run folder %s", options.nproc, steps, out)
+    with new_job(model, strategy, options, out, analytic=options.profile is None,
+                 graph=graph) as job:
+        return run_job(job, steps, None, steps, DEFAULT_TIMEOUT_SECONDS,
+                       on_warning=lambda warning: logger.warning("%s", warning),
+                       on_line=lambda line: logger.info("%s", line),
+                       on_progress=_progress_logger(logger, steps, on_step),
+                       deadline_s=deadline_s)
 
 
 def _progress_logger(logger: Any, total: int, on_step: Callable[[StepProgress], None] | None

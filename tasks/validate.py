@@ -1,8 +1,8 @@
 """Validation tasks: a trained model's correct validation images, and the check of an fp32 run's
 accuracy against one-process training.
 
-The check loads model.pt into the plain module (no parallelism) in eval mode, so it also proves
-the saved weights are whole. Float32 runs are judged statistically (strategies/accuracy.py):
+The check loads model.pt into the plain module (no parallelism) in eval mode, so it also proves the
+saved weights are whole. Float32 runs are judged statistically (strategies/exactness/accuracy.py):
 exactness itself is proven in float64 by the verify stage.
 """
 
@@ -13,14 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from layerwise.strategies.accuracy import AccuracyCheck, check_accuracy
-from layerwise.strategies.models import build_model
-from layerwise.strategies.run import TrainSettings
-from layerwise.strategies.runtime.datasets import load_dataset
-from layerwise.strategies.runtime.worker import MODEL_FILE, SETTINGS_FILE
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
+
+from layerwise.strategies.exactness.accuracy import AccuracyCheck, check_accuracy
+from layerwise.strategies.files.locations import MODEL_FILE, SETTINGS_FILE
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.datasets import load_dataset
+from layerwise.strategies.training_run import TrainSettings
 
 EVAL_BATCH = 256
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from layerwise.strategies.runtime.huge_pages import use_huge_pages
+
+from layerwise.strategies.processes.huge_pages import use_huge_pages
 
 # As the CLI's main does, before any test imports torch: the tests run what users run.
 use_huge_pages()

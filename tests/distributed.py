@@ -18,13 +18,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 import torch.nn.functional as F
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.models import build_model
-from layerwise.strategies.rendezvous import local_rendezvous
+
+from layerwise.strategies.hardware.rendezvous import local_rendezvous
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.comm import Communicator
-from layerwise.strategies.runtime.executor import LayerwiseModel
+from layerwise.strategies.runtime.layerwise_executor import LayerwiseModel
 from layerwise.strategies.runtime.plan import build_plan
-from layerwise.strategies.space import ParallelConfig
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+STAGE_SCRIPT = Path("tasks", "stages", "prepare_data.py")  # the prepare stage's dependency
 
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -27,9 +28,9 @@ def dvc(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def data_repo(tmp_path: Path, image_size: int = 8) -> Path:
     """A fresh git repo with dvc.yaml, the prepare stage and params.yaml at `image_size`."""
     repo = tmp_path / "repo"
-    (repo / "tasks").mkdir(parents=True)
+    (repo / "tasks" / "stages").mkdir(parents=True)
     shutil.copy(ROOT / "dvc.yaml", repo)
-    shutil.copy(ROOT / "tasks" / "data.py", repo / "tasks" / "data.py")
+    shutil.copy(ROOT / STAGE_SCRIPT, repo / STAGE_SCRIPT)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["prepare"]["image_size"] = image_size
     (repo / "params.yaml").write_text(yaml.safe_dump(params))

@@ -5,7 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from layerwise.strategies.accuracy import Z_SCORE, binomial_tolerance_images, check_accuracy
+
+from layerwise.strategies.exactness.accuracy import (
+    Z_SCORE,
+    binomial_tolerance_images,
+    check_accuracy,
+)
 
 DIGITS_VAL = 359  # images in the digits validation split
 

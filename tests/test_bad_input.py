@@ -9,6 +9,7 @@ workspace, which must be exactly as it was afterwards.
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 from contextlib import redirect_stdout
@@ -18,23 +19,23 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.files.locations import CHECKPOINT_FILE, LOCK_FILE, SETTINGS_FILE
+from layerwise.strategies.hardware.cluster import load_cluster
 from layerwise.strategies.jobs.job import new_job
 from layerwise.strategies.jobs.launch import write_run_folder
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions
-from layerwise.strategies.jobs.run_folder import LOCK_FILE
-from layerwise.strategies.models import build_model
-from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME, SCHEMA_VERSION, sealed
-from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY
-from layerwise.strategies.runtime.worker import SETTINGS_FILE
+from layerwise.strategies.jobs.pricing import cost_model
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.checkpoint import SCHEMA_VERSION, sealed
+from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
-from layerwise.tasks import data as prepare_data
-from typer.testing import CliRunner
+from layerwise.tasks.stages import prepare_data
 
 DEEP = 100_000
 # A "billion laughs": nine levels of nine aliases of the level below, 861 bytes as a file
@@ -49,6 +50,8 @@ INLINE_BOMB = "[" + ", ".join(  # the same bomb as one YAML flow value
        for below, this in zip(_LEVELS, _LEVELS[1:], strict=False)]) + "]"
 TRAIN = ("train", "tiny_cnn", "--strategy", "data", "--nproc", "1")
 SEARCH = ("search", "tiny_cnn", "--devices", "2", "--analytic")
+PREPARE = "layerwise.tasks.stages.prepare_data"
+PRESETS = Path(__file__).resolve().parents[1] / "strategies" / "hardware" / "clusters"
 TRAIN_8 = ("train", "tiny_cnn", "--image-size", "8", "--batch-per-device", "8")
 
 
@@ -86,7 +89,7 @@ def _run_folder(root: Path, name: str, checkpoint: bytes | None) -> None:
     with new_job("tiny_cnn", "data", options, root / "runs" / name, analytic=True) as job:
         write_run_folder(job)
         if checkpoint is not None:
-            (job.out / CHECKPOINT_NAME).write_bytes(checkpoint)
+            (job.out / CHECKPOINT_FILE).write_bytes(checkpoint)
 
 
 def _strategy_files(root: Path) -> None:
@@ -95,6 +98,8 @@ def _strategy_files(root: Path) -> None:
     cost = cost_model(graph, "local", 2, None, True)
     for name in ("owt_a", "local"):
         strategy_by_name(name, cost).save(root / f"{name}-2.json")
+    data = json.loads(strategy_by_name("data", cost).model_dump_json())
+    (root / "escape.json").write_text(json.dumps({**data, "name": "\x1b]0;pwned\x07data"}))
     pipeline = plan_strategy(optimal_pipeline(cost, stages=2, micro_batches=2), graph)
     for name, update in {"micro-3": {"micro_batches": 3},
                          "swapped": {"stages": tuple(
@@ -160,13 +165,20 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }.items():
         _run_folder(root, f"ckpt-{name}", checkpoint)
     _strategy_files(root)
+    preset = PRESETS / "local.yaml"
+    (root / "escape.yaml").write_text(  # a window-title change and a colour in its name
+        preset.read_text().replace("name: local", 'name: "\\e]0;pwned\\a\\e[31mlocal"', 1))
+    (root / "twice.yaml").write_text(preset.read_text() + "name: another\n")  # kept the last
+    (root / "kept.json").write_text("{}")  # what a --save through a link would replace
+    (root / "link.json").symlink_to(root / "kept.json")
     _run_folder(root, "deep-settings", None)
     (root / "runs" / "deep-settings" / SETTINGS_FILE).write_text(_nested(DEEP))
     assert len(BOMB.encode()) < 400 and load_cluster("local")  # the bomb is a small file
     return root
 
 
-# (command line, fragment of its one line). "layerwise.tasks.data" runs `python -m layerwise.tasks.data`'s main.
+# (command line, fragment of its one line). PREPARE runs `python -m
+# layerwise.tasks.stages.prepare_data`'s main.
 CASES: list[tuple[tuple[str, ...], str]] = [
     # Rich markup and emoji codes in user text are printed as written
     (("graph", "[/foo]"), "model '[/foo]'"),
@@ -182,7 +194,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("run", "--set", "cluster=bomb.yaml"), "aliases expand"),
     (("run", "--set", f"name={INLINE_BOMB}"), "aliases expand"),
     (("oracle", "bomb-summary.yaml"), "model summary bomb-summary.yaml is refused"),
-    (("layerwise.tasks.data", "--params", "bomb-params.yaml"), "aliases expand"),
+    ((PREPARE, "--params", "bomb-params.yaml"), "aliases expand"),
     (("clusters", "show", "self.yaml"), "refers to the value that contains it"),
     (("clusters", "show", "big.yaml"), "larger than 1 MiB"),
     # documents nested 100,000 deep (RecursionError before)
@@ -195,7 +207,7 @@ CASES: list[tuple[tuple[str, ...], str]] = [
      "nest more than 64 levels"),
     (("train", "tiny_cnn", "--strategy", "deep.json", "--nproc", "1"),
      "strategy file deep.json is refused"),
-    (("layerwise.tasks.data", "--params", "deep-params.yaml"), "nest more than 64 levels"),
+    ((PREPARE, "--params", "deep-params.yaml"), "nest more than 64 levels"),
     (("train", "tiny_cnn", "--resume", "runs/deep-settings"), "nest more than 64 levels"),
     ((*TRAIN, "--dataset", "deepmeta"), "meta.json is refused"),
     # files that cannot be written, found before any work
@@ -232,8 +244,8 @@ CASES: list[tuple[tuple[str, ...], str]] = [
      "holds images (4, 1, 8, 8) and labels (4,), not (N, 3, 8, 8)"),
     ((*TRAIN, "--dataset", "labels"), "has labels 0..15, outside the 10 classes of meta.json"),
     # params.yaml
-    (("layerwise.tasks.data", "--params", "params-list.yaml"), "the top level must be a mapping"),
-    (("layerwise.tasks.data", "--params", "params-huge.yaml"),
+    ((PREPARE, "--params", "params-list.yaml"), "the top level must be a mapping"),
+    ((PREPARE, "--params", "params-huge.yaml"),
      "1,797 images at 100000x100000 would need at least 65.4 TiB of memory"),
     # a module called twice shares its weights between layers: refused by every command
     (("graph", "tests.idiom_models:SharedConv"), "module 'shared' (Conv2d) is called 2 times"),
@@ -255,6 +267,22 @@ CASES: list[tuple[tuple[str, ...], str]] = [
      "3 micro-batches do not divide the global batch of 16"),
     ((*TRAIN_8, "--strategy", "pipeline-swapped.json", "--nproc", "2"),
      "are not consecutive blocks from device 0"),
+    # control characters in a name a file gives, refused before anything prints it
+    (("graph", "tiny_cnn", "--cluster", "escape.yaml"), "holds control characters"),
+    ((*TRAIN, "--cluster", "escape.yaml"), "holds control characters"),
+    (("train", "tiny_cnn", "--strategy", "escape.json", "--nproc", "2", "--image-size", "8",
+      "--batch-per-device", "8"), "\\x1b]0;pwned\\x07data' holds control characters"),
+    # a key given twice in a YAML file: YAML keeps the last one silently
+    (("graph", "tiny_cnn", "--cluster", "twice.yaml"), "key 'name' is given twice (lines 5 and"),
+    # a model version names folders and runs: never a path out of the project
+    (("run", "--set", "models.0.version=x/../../../../tmp/escape"),
+     "models.0.version: 'x/../../../../tmp/escape' is not a version label"),
+    (("run", "--set", "models.0.name=../evil"), "is neither a zoo name nor package.module"),
+    # --save and --out write by atomic rename: never through a link, never over a device
+    ((*SEARCH, "--cluster", "local", "--save", "link.json"), "link.json: it is a symbolic link"),
+    ((*SEARCH, "--cluster", "local", "--save", "/dev/null"),
+     "/dev/null: it is not a regular file"),
+    (("profile", "tiny_cnn", "--devices", "1", "--out", "link.json"), "it is a symbolic link"),
     # numbers that would need more memory than there is, refused with what they would need
     (("profile", "tiny_cnn", "--devices", "1", "--batch-per-device", "100000000"),
      "profiling tiny_cnn at a global batch of 100000000"),
@@ -281,7 +309,7 @@ def _files(root: Path) -> dict[str, tuple[int, int] | None]:
 
 def _invoke(argv: tuple[str, ...]) -> tuple[int, str]:
     """(exit code, what the user reads on the error stream) of one command line."""
-    if argv[0] == "layerwise.tasks.data":
+    if argv[0] == PREPARE:
         with redirect_stdout(io.StringIO()) as printed:  # it prints its errors to stdout
             code = prepare_data.main(list(argv[1:]))
         return code, printed.getvalue()
@@ -315,9 +343,9 @@ def test_the_bomb_is_a_real_one():
 
 def test_what_the_bounds_leave_alone_still_reads(tmp_path):
     """Anchors used as meant (one link written once), and JSON nested as deep as allowed."""
-    from layerwise.strategies.documents import MAX_DEPTH, read_json
+    from layerwise.strategies.files.documents import MAX_DEPTH, read_json
 
-    preset = (Path(__file__).parents[1] / "strategies" / "clusters" / "abci.yaml").read_text()
+    preset = (PRESETS / "abci.yaml").read_text()
     shared = preset.replace("  intra_node:\n    bandwidth: 50 GB/s\n    latency: 9 us\n",
                             "  intra_node: &fast\n    bandwidth: 50 GB/s\n    latency: 9 us\n")
     shared = shared.replace(

@@ -10,21 +10,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
+from layerwise.strategies.cost.profile import Profile
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.jobs.costing import cost_model
 from layerwise.strategies.jobs.job import new_job
 from layerwise.strategies.jobs.launch import write_run_folder
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.jobs.pricing import cost_model
 from layerwise.strategies.learning_rate import learning_rate
-from layerwise.strategies.profile import Profile
-from layerwise.strategies.run import StepRecord
+from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.runtime.datasets import prepared_spec
 from layerwise.strategies.runtime.divergence import FACTOR, STEPS, LossWatch
 from layerwise.strategies.strategy import Strategy
-from typer.testing import CliRunner
+from layerwise.strategies.training_run import StepRecord
 
 runner = CliRunner()
 TINY = ("tiny_cnn", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4")

@@ -16,15 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
 from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
-from layerwise.strategies.calibrate import calibration_path
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.verify import EXACT_TOLERANCE
-from layerwise.tasks import owner, provenance, track
-from mlflow import MlflowClient
-from typer.testing import CliRunner
+from layerwise.strategies.exactness.reference import EXACT_TOLERANCE
+from layerwise.strategies.hardware.calibrate import calibration_path
+from layerwise.tasks.tracking import owner, provenance, track
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,8 @@ def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked
     """Data parallelism on 2 processes: every layer's n at degree 2 (log2 1), nothing else
     split, and every layer on both devices (not a bar of 2+1+1+1 per layer)."""
     import numpy as np
-    from layerwise.tasks.figures import degrees_figure
+
+    from layerwise.tasks.tracking.figures import degrees_figure
 
     _, outcomes, _ = benchmarked
     [data] = [outcome.result for outcome in outcomes if outcome.strategy == "data"]
@@ -102,6 +104,7 @@ def test_the_per_layer_figure_shows_each_dims_degree_and_the_devices(benchmarked
 
 def test_the_latest_summary_and_table_are_where_dvc_yaml_reads_them(benchmarked):
     import yaml
+
     from layerwise.flows.benchmark import SUMMARY_FILE, TABLE_FILE
 
     client, _, project = benchmarked
@@ -178,7 +181,7 @@ def test_a_strategy_runs_model_is_registered_and_rebuilds_its_predictions(benchm
                                f"params.strategy = '{strategy}'")
     assert version.run_id == run.info.run_id
     assert version.tags == {"model_version": "v1", "strategy": strategy}
-    mlflow.set_tracking_uri(client.tracking_uri)  # as every flow run sets it (tasks/track.py)
+    mlflow.set_tracking_uri(client.tracking_uri)  # as every flow run sets it (tracking/track.py)
     model = mlflow.pyfunc.load_model(f"models:/tiny_cnn@v1-{strategy}")
     inputs = model.metadata.get_input_schema().inputs[0]
     assert inputs.shape == (-1, 3, 8, 8)
@@ -209,8 +212,9 @@ def test_an_error_inside_the_flow_fails_its_run_and_its_start_closes_orphans(pre
     FAILED with the error, not RUNNING. Before that, the flow's start marked KILLED the run a
     killed flow had left RUNNING (its writer's pid does not exist)."""
     from layerwise.flows.benchmark import benchmark
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.profile import default_profile_path, device_name
+    from layerwise.strategies.cost.profile import default_profile_path
+    from layerwise.strategies.hardware.this_machine import device_name
+    from layerwise.strategies.model.graph import build_graph
 
     client, experiment_id = track.open_experiment("failing")
     gone = {**owner.owner_tags(), owner.OWNER_PID: str(2**22 + 1)}  # above Linux's pid_max
@@ -303,14 +307,14 @@ def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmar
     """On CPUs the flow's ranks share this machine: its profile is measured by one profiler per
     rank at once, in a file of its own; a scheduled strategy (OWT scheme b chooses by cost)
     needs every configuration."""
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.profile import (
+    from layerwise.strategies.cost.profile import (
         Profile,
         default_profile_path,
-        device_name,
         missing_tiles,
         tile_plan,
     )
+    from layerwise.strategies.hardware.this_machine import device_name
+    from layerwise.strategies.model.graph import build_graph
 
     _, _, project = benchmarked
     graph = build_graph("tiny_cnn", batch=8, image_size=8, num_classes=10)
@@ -326,7 +330,7 @@ def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmar
 def test_a_calibrated_cluster_is_measured_kept_and_used_by_the_runs(benchmarked, monkeypatch):
     """`cluster: calibrated` measures this machine's links between the flow's ranks before the
     search, keeps them under data/profiles/ for later runs, and every run uses that file."""
-    from layerwise.strategies.cluster import load_cluster
+    from layerwise.strategies.hardware.cluster import load_cluster
     from layerwise.tasks.calibrate import calibrate_links
 
     client, _, project = benchmarked
@@ -360,7 +364,7 @@ def test_a_failed_check_keeps_every_measured_number_and_says_what_failed(benchma
     from dataclasses import replace
 
     from layerwise.flows.benchmark import _table_rows, summary_lines
-    from layerwise.strategies.accuracy import check_accuracy
+    from layerwise.strategies.exactness.accuracy import check_accuracy
 
     _, outcomes, _ = benchmarked
     data = next(outcome for outcome in outcomes if outcome.strategy == "data")
@@ -384,8 +388,9 @@ def test_a_failed_accuracy_check_is_a_failed_task_logged_without_a_traceback(pre
     as an error, and no empty traceback ("NoneType: None") follows the message."""
     import logging
 
-    from layerwise.tasks.validate import judge_accuracy
     from prefect import flow
+
+    from layerwise.tasks.validate import judge_accuracy
 
     class Lines(logging.Handler):
         def __init__(self) -> None:

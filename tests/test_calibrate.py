@@ -8,8 +8,13 @@ import json
 import pytest
 import torch
 import typer
+from typer.testing import CliRunner
+
 from layerwise.flows.cli.measure import register
-from layerwise.strategies.calibrate import (
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.hardware.calibrate import (
     Calibration,
     _run_workers,
     calibrate,
@@ -17,13 +22,9 @@ from layerwise.strategies.calibrate import (
     fit_alpha_beta,
     message_sizes,
 )
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.space import ParallelConfig
-from typer.testing import CliRunner
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import ParallelConfig
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from layerwise.flows.cli import app
-from layerwise.strategies.cluster import load_cluster, preset_names
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.models import ZOO
-from layerwise.strategies.space import count_configs
 from typer.testing import CliRunner
+
+from layerwise.flows.cli import app
+from layerwise.strategies.hardware.cluster import load_cluster, preset_names
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import count_configs
+from layerwise.strategies.model.zoo import ZOO
+from tests.cli_errors import one_line_error
 
 runner = CliRunner()
 
@@ -24,15 +26,6 @@ runner = CliRunner()
 def run(*args: str):
     return runner.invoke(app, list(args))
 
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error:")
-    for fragment in fragments:
-        assert fragment in lines[0]
-    assert "Traceback" not in result.output
 
 
 def test_models_lists_the_zoo():
@@ -90,22 +83,22 @@ def test_graph_of_a_user_model(tmp_path, monkeypatch):
 
 
 def test_unknown_model_lists_the_zoo():
-    assert_one_line_error(run("graph", "resnet51"), "resnet51", "resnet50", "inception_v3",
+    one_line_error(run("graph", "resnet51"), "resnet51", "resnet50", "inception_v3",
                           "package.module:factory")
 
 
 def test_unknown_cluster_lists_presets():
-    assert_one_line_error(run("graph", "tiny_cnn", "--cluster", "tpu-pod"), "tpu-pod",
+    one_line_error(run("graph", "tiny_cnn", "--cluster", "tpu-pod"), "tpu-pod",
                           *preset_names())
 
 
 def test_more_devices_than_the_cluster_has():
-    assert_one_line_error(run("graph", "tiny_cnn", "--cluster", "k20x8", "--devices", "16"),
+    one_line_error(run("graph", "tiny_cnn", "--cluster", "k20x8", "--devices", "16"),
                           "k20x8", "8 devices", "--devices is 16")
 
 
 def test_model_that_does_not_fit_the_image_size():
-    assert_one_line_error(run("graph", "vgg16", "--image-size", "8"), "vgg16")
+    one_line_error(run("graph", "vgg16", "--image-size", "8"), "vgg16")
 
 
 def test_clusters_list_and_show_round_trip(tmp_path):
@@ -138,13 +131,13 @@ def test_invalid_cluster_file_names_the_field(tmp_path, edit, fragments):
     edit(document)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(document))
-    assert_one_line_error(run("clusters", "show", str(path)), "bad.yaml", *fragments)
+    one_line_error(run("clusters", "show", str(path)), "bad.yaml", *fragments)
 
 
 def test_malformed_cluster_yaml(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: [unclosed\n")
-    assert_one_line_error(run("graph", "tiny_cnn", "--cluster", str(path)), "not valid YAML")
+    one_line_error(run("graph", "tiny_cnn", "--cluster", str(path)), "not valid YAML")
 
 
 def test_installed_entry_point_exits_2_on_bad_input():

@@ -6,26 +6,21 @@ import json
 from pathlib import Path
 
 import pytest
-from layerwise.flows.cli import app
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.errors import ConfigError, LayerwiseError
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.jobs.costing import resolved_placement
-from layerwise.strategies.space import ParallelConfig, enumerate_configs
-from layerwise.strategies.strategy import Strategy
 from typer.testing import CliRunner
+
+from layerwise.flows.cli import app
+from layerwise.strategies.errors import ConfigError, LayerwiseError
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.jobs.pricing import resolved_placement
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.strategy import Strategy
+from tests.cli_errors import one_line_error
 
 runner = CliRunner()
 SEARCH = ("search", "tiny_cnn", "--devices", "4", "--cluster", "p100x16", "--analytic",
           "--batch-per-device", "4")
 
-
-def one_line_error(result, *fragments):
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def test_search_json_follows_the_contract():

@@ -9,7 +9,9 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from layerwise.strategies.cluster import (
+
+from layerwise.strategies.errors import ClusterError, LayerwiseError
+from layerwise.strategies.hardware.cluster import (
     Cluster,
     Link,
     format_quantity,
@@ -18,8 +20,7 @@ from layerwise.strategies.cluster import (
     preset_names,
     presets,
 )
-from layerwise.strategies.errors import ClusterError, LayerwiseError
-from layerwise.strategies.oracle import allreduce_seconds as oracle_allreduce
+from layerwise.strategies.oracle.paradl import allreduce_seconds as oracle_allreduce
 
 EXPECTED_DEVICES = {"p100x16": 16, "k20x8": 8, "abci": 4352, "h100x8": 8, "h200x8": 8,
                     "local": 8}
@@ -90,7 +91,7 @@ def test_preset_loads_and_round_trips(name, tmp_path):
 
 
 def test_preset_files_cite_sources():
-    folder = Path(__file__).resolve().parents[1] / "strategies" / "clusters"
+    folder = Path(__file__).resolve().parents[1] / "strategies" / "hardware" / "clusters"
     for name in EXPECTED_DEVICES:
         assert (folder / f"{name}.yaml").read_text().startswith("#")
 
@@ -542,3 +543,21 @@ def test_a_port_shared_by_devices_of_two_nodes_is_refused(tmp_path):
     data["links"]["intra_node"]["shared_by"] = 2  # no device groups: each its own NVLink
     message = load_error(tmp_path, data)
     assert "links.intra_node.shared_by: must be 1 (got 2)" in message and "groups" in message
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    # a denormal bandwidth priced every step as nan and a strategy was still chosen
+    (("links", "intra_node", "bandwidth"), 1e-320, "is below the smallest normal number"),
+    (("links", "intra_node", "latency"), "1e-320 s", "is below the smallest normal number"),
+    (("device", "peak_flops_fp32"), 5e-324, "is below the smallest normal number"),
+    # YAML booleans are not counts: `nodes: true` was one node
+    (("nodes",), True, "nodes: input should be a valid integer (got True)"),
+    (("devices_per_node",), False, "devices_per_node: input should be a valid integer (got False)"),
+])
+def test_numbers_that_would_price_nonsense_are_refused(tmp_path, field, value, expected):
+    data = minimal()
+    target = data
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    assert expected in load_error(tmp_path, data)

@@ -13,12 +13,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
 from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
 from layerwise.flows.compare import COMPARED_METRICS, DELTA_METRICS, layer_changes
-from layerwise.tasks import owner, track
-from mlflow import MlflowClient
-from typer.testing import CliRunner
+from layerwise.tasks.tracking import owner, track
 
 pytestmark = pytest.mark.slow
 

@@ -10,15 +10,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from layerwise.strategies import cost_tables
-from layerwise.strategies.cluster import DeviceGroups, Link, Racks, load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel, configs_for
-from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import build_graph, trace
-from layerwise.strategies.space import ParallelConfig, enumerate_configs
-from layerwise.strategies.tiles import as_4d, largest_tile, needed_range, output_ranges
 from torch import nn
+
+from layerwise.strategies.cost import tables as cost_tables
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel, configs_for
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.hardware.cluster import DeviceGroups, Link, Racks, load_cluster
+from layerwise.strategies.model.graph import build_graph, trace
+from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.model.tiles import as_4d, largest_tile, needed_range, output_ranges
 
 P = ParallelConfig.parse
 CLUSTER = load_cluster("p100x16")

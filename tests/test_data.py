@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
+
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.tasks.data import (
+from layerwise.tasks.stages.prepare_data import (
     load_params,
     main,
     prepare_cifar,
@@ -23,8 +25,6 @@ from layerwise.tasks.data import (
     prepare_imagefolder,
     split_indices,
 )
-from PIL import Image
-
 from tests.dvc_repo import data_repo, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,7 +278,7 @@ def test_the_command_line_overrides_params_yaml(tmp_path, monkeypatch, capsys):
 
 
 def test_the_committed_lock_matches_the_code_that_prepares_the_data():
-    """`make run` reproduces `prepare`: a dvc.lock whose recorded hash of tasks/data.py is
+    """`make run` reproduces `prepare`: a dvc.lock whose recorded hash of the stage's script is
     stale makes every fresh clone's first run rewrite it and leave git dirty."""
     lock = yaml.safe_load((ROOT / "dvc.lock").read_text(encoding="utf-8"))
     for dependency in lock["stages"]["prepare"]["deps"]:

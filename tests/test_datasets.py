@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.models import build_model
-from layerwise.strategies.runtime.datasets import GlobalBatches, ImageSpec, load_dataset
-from layerwise.tasks.data import prepare_cifar, prepare_digits, prepare_imagefolder
 
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.datasets import GlobalBatches, ImageSpec, load_dataset
+from layerwise.tasks.stages.prepare_data import prepare_cifar, prepare_digits, prepare_imagefolder
 from tests.test_data import write_cifar, write_image_tree
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.device_model import (
+
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.hardware.device_model import (
     GEMM_EFFICIENCY,
     SPLIT_FACTORS,
     TILE_SHAPES,
@@ -18,9 +19,9 @@ from layerwise.strategies.device_model import (
     layer_gemms,
     op_kind_efficiencies,
 )
-from layerwise.strategies.graph import BYTES_PER_ELEMENT, build_graph
-from layerwise.strategies.space import ParallelConfig
-from layerwise.strategies.tiles import largest_tile
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, build_graph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.tiles import largest_tile
 
 P100 = load_cluster("p100x16")
 P = ParallelConfig.parse

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.profile import tile_plan
+from layerwise.strategies.cost.profile import tile_plan
+from layerwise.strategies.model.graph import build_graph
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "device_model_check.py"
 

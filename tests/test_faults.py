@@ -23,13 +23,13 @@ from typing import Any
 
 import psutil
 import pytest
+from mlflow import MlflowClient
+
+from layerwise.strategies.files.locations import ERRORS_DIR
 from layerwise.strategies.jobs.job import new_job
 from layerwise.strategies.jobs.launch import run_torchrun, torchrun_command, write_run_folder
 from layerwise.strategies.jobs.options import TrainOptions
-from layerwise.strategies.runtime.worker import ERRORS_DIR
-from layerwise.tasks import owner, track
-from mlflow import MlflowClient
-
+from layerwise.tasks.tracking import owner, track
 from tests.processes import (
     LOOPBACK,
     as_from_a_terminal,
@@ -57,7 +57,7 @@ METRIC_STEPS = 20
 
 def _track_concurrently(uri: str, barrier, index: int, results) -> None:
     os.environ[track.TRACKING_VARIABLE] = uri
-    barrier.wait()  # both open the fresh store at the same moment
+    barrier.wait(WAIT_SECONDS)  # both open the fresh store at the same moment
     try:
         client, experiment_id = track.open_experiment("concurrent")
         with track.benchmark_run(client, experiment_id, f"flow-{index}", {"index": index},

@@ -11,17 +11,21 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from layerwise.strategies.ops import sync_batch_norm
+
+from layerwise.strategies.model.ops import sync_batch_norm
 from layerwise.strategies.runtime.functions import sharded_cross_entropy
+
+WAIT_SECONDS = 60.0  # far above a reduction's milliseconds: reached only if a member failed
 
 
 class ThreadGroup:
     """An in-place reduction over `size` threads: each contributes a tensor, all get the sum
-    (or max), as a process group's all_reduce does."""
+    (or max), as a process group's all_reduce does. A member that fails breaks the barrier,
+    so the others stop waiting at once instead of hanging the suite."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.barrier = threading.Barrier(size)
+        self.barrier = threading.Barrier(size, timeout=WAIT_SECONDS)
         self.parts: dict[int, torch.Tensor] = {}
 
     def reducer(self, member: int, op: Callable[[torch.Tensor, int], torch.Tensor],
@@ -35,12 +39,28 @@ class ThreadGroup:
         return reduce
 
 
-def run_members(size: int, work: Callable[[int], None]) -> None:
-    threads = [threading.Thread(target=work, args=(member,)) for member in range(size)]
+def run_members(size: int, work: Callable[[int], None], group: ThreadGroup | None = None,
+                ) -> None:
+    """`work(member)` on `size` threads at once; the first member's error is raised here, and
+    breaks `group`'s barrier so that the other members do not wait for it."""
+    errors: list[BaseException] = []
+
+    def guarded(member: int) -> None:
+        try:
+            work(member)
+        except BaseException as error:
+            errors.append(error)
+            if group is not None:
+                group.barrier.abort()
+
+    threads = [threading.Thread(target=guarded, args=(member,)) for member in range(size)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=2 * WAIT_SECONDS)
+        assert not thread.is_alive(), "a member is still waiting: the test would hang"
+    if errors:
+        raise errors[0]
 
 
 def _sum(stacked: torch.Tensor, dim: int) -> torch.Tensor:
@@ -90,7 +110,7 @@ def test_synchronised_batch_norm_over_tiles_equals_batch_norm_of_the_whole(shape
         results[index] = (out.detach(), tile.grad, *stats,
                           *((tw.grad, tb.grad) if affine else ()))
 
-    run_members(2, member)
+    run_members(2, member, group)
     torch.testing.assert_close(torch.cat([results[i][0] for i in range(2)], split_dim),
                                expected.detach())
     torch.testing.assert_close(torch.cat([results[i][1] for i in range(2)], split_dim), x.grad)
@@ -123,6 +143,6 @@ def test_cross_entropy_over_class_shards_equals_cross_entropy_of_the_whole(shard
         share.backward()
         results[index] = (share.detach(), piece.grad)
 
-    run_members(shards, member)
+    run_members(shards, member, group)
     torch.testing.assert_close(sum(results[i][0] for i in range(shards)), expected.detach())
     torch.testing.assert_close(torch.cat([results[i][1] for i in range(shards)], 1), whole.grad)

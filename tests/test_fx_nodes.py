@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from layerwise.strategies.fx_nodes import ActiveDropout, active_dropout, argument, count_include_pad
-from layerwise.strategies.graph import trace
 from torch import fx, nn
+
+from layerwise.strategies.model.fx_nodes import (
+    ActiveDropout,
+    active_dropout,
+    argument,
+    count_include_pad,
+)
+from layerwise.strategies.model.graph import trace
 
 
 class _Dropouts(nn.Module):

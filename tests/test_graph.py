@@ -6,10 +6,11 @@ import textwrap
 
 import pytest
 import torch
-from layerwise.strategies.errors import GraphError
-from layerwise.strategies.graph import build_graph, trace
-from layerwise.strategies.models import ZOO, build_model
 from torch import nn
+
+from layerwise.strategies.errors import GraphError
+from layerwise.strategies.model.graph import build_graph, trace
+from layerwise.strategies.model.zoo import ZOO, build_model
 
 
 @pytest.fixture(scope="module")

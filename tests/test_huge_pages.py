@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
-from layerwise.strategies.run import RunResult
-from layerwise.strategies.runtime.huge_pages import (
+from layerwise.strategies.processes.huge_pages import (
     HUGE_PAGES_VARIABLE,
     kernel_offers_huge_pages,
     with_huge_pages,
 )
-from typer.testing import CliRunner
+from layerwise.strategies.training_run import RunResult
 
 KERNEL_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

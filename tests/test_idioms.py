@@ -18,21 +18,22 @@ import os
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
-from layerwise.strategies.baselines import baseline
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.exactness.reference import EXACT_TOLERANCE
 from layerwise.strategies.jobs.job import new_job
 from layerwise.strategies.jobs.options import TrainOptions
-from layerwise.strategies.models import build_model
+from layerwise.strategies.jobs.pricing import cost_model
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import DIMS as SPLIT_DIMS
+from layerwise.strategies.model.space import ParallelConfig, check_config, degree_choices
+from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.schedules import INEXACT
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
-from layerwise.strategies.space import DIMS as SPLIT_DIMS
-from layerwise.strategies.space import ParallelConfig, check_config, degree_choices
+from layerwise.strategies.search.baselines import baseline
 from layerwise.strategies.strategy import Strategy
-from layerwise.strategies.verify import EXACT_TOLERANCE
-from typer.testing import CliRunner
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,6 +3,7 @@ that a user's own `strategies/`, `tasks/` or `flows/` packages never shadow laye
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,9 +16,22 @@ LAYERWISE = Path(sys.executable).parent / "layerwise"
 pytestmark = pytest.mark.slow
 
 
+def _source_copy(folder: Path) -> Path:
+    """The files git would clone, copied: setuptools builds inside the source tree, and a
+    stale build/ there would end up in the wheel."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    for name in listed.splitlines():
+        if (ROOT / name).is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, folder / name)
+    return folder
+
+
 def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
+    source = _source_copy(tmp_path / "source")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--wheel-dir", str(tmp_path), str(ROOT)],
+                    "--no-build-isolation", "--wheel-dir", str(tmp_path), str(source)],
                    check=True, capture_output=True, cwd=tmp_path)
     wheel, = tmp_path.glob("layerwise-*.whl")
     with zipfile.ZipFile(wheel) as archive:

@@ -1,4 +1,5 @@
-"""Local parallelism (DESIGN 3.4): blocks train on their own losses, as the engine documents.
+"""Local parallelism (docs/research.md: local parallelism): blocks train on their own losses, as the
+engine documents.
 
 The engine runs on two real gloo processes (LeNet-5 cut after its first conv and pool); the
 references are one-process re-implementations written here from the plain module, with the
@@ -21,15 +22,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import LayerGraph, build_graph, trace
-from layerwise.strategies.models import build_model
-from layerwise.strategies.run import RunResult, TrainSettings
-from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.model.graph import LayerGraph, build_graph, trace
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
 from layerwise.strategies.schedules.local.engine import LocalEngine, auxiliary_heads
 from layerwise.strategies.schedules.local.planner import (
     Cut,
@@ -42,8 +44,7 @@ from layerwise.strategies.schedules.local.planner import (
     predict,
 )
 from layerwise.strategies.strategy import Strategy
-from typer.testing import CliRunner
-
+from layerwise.strategies.training_run import RunResult, TrainSettings
 from tests.distributed import spawn_cases
 
 MODEL, SIZE, BATCH, STEPS, SEED = "lenet5", 16, 8, 3, 0

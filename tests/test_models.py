@@ -8,8 +8,10 @@ import textwrap
 import pytest
 import torch
 import torch.fx
+from torch import nn
+
 from layerwise.strategies.errors import LayerwiseError, UnknownModelError
-from layerwise.strategies.models import (
+from layerwise.strategies.model.zoo import (
     ZOO,
     ModelSpec,
     build_model,
@@ -17,7 +19,6 @@ from layerwise.strategies.models import (
     input_shape,
     min_image_size,
 )
-from torch import nn
 
 ZOO_NAMES = [
     "tiny_cnn", "lenet5", "wide_fc", "alexnet", "vgg16", "resnet18", "resnet50", "resnet101",

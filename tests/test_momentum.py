@@ -4,8 +4,9 @@ has none yet, keyed as the caller names its weights."""
 from __future__ import annotations
 
 import torch
-from layerwise.strategies.runtime.momentum import momentum_buffers
 from torch import nn
+
+from layerwise.strategies.runtime.momentum import momentum_buffers
 
 
 def test_momentum_buffers_are_sgds_or_zeros():

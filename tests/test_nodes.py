@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from layerwise.flows.cli import app
-from layerwise.strategies.run import RunResult, TrainSettings
-from layerwise.strategies.verify import compare, reference_run
 from typer.testing import CliRunner
 
+from layerwise.flows.cli import app
+from layerwise.strategies.exactness.reference import compare, reference_run
+from layerwise.strategies.training_run import RunResult, TrainSettings
 from tests.processes import (
     LOOPBACK,
     kill_tree,

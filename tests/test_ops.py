@@ -1,8 +1,8 @@
 """Layer ops: every output tile, computed from its needed input box, equals the full op's slice.
 
 The needed boxes are derived here independently (by listing each output's window elements) and
-checked against `layerwise.strategies.tiles.needed_range`, so the tests also catch a wrong box there.
-Backward: input-box gradients scatter-added into the full input, and weight-shard gradients
+checked against `layerwise.strategies.model.tiles.needed_range`, so the tests also catch a wrong box
+there. Backward: input-box gradients scatter-added into the full input, and weight-shard gradients
 summed over the tiles sharing a channel shard, equal the full op's gradients.
 """
 
@@ -16,8 +16,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from layerwise.strategies.graph import Geometry, Layer, LayerKind
-from layerwise.strategies.ops import (
+from torch import Tensor
+from torch.testing import assert_close
+
+from layerwise.strategies.model.graph import Geometry, Layer, LayerKind
+from layerwise.strategies.model.ops import (
     PoolMode,
     activation,
     adaptive_pool,
@@ -29,10 +32,8 @@ from layerwise.strategies.ops import (
     layer_op,
     pool,
 )
-from layerwise.strategies.space import tile_range
-from layerwise.strategies.tiles import Box, Range, needed_range
-from torch import Tensor
-from torch.testing import assert_close
+from layerwise.strategies.model.space import tile_range
+from layerwise.strategies.model.tiles import Box, Range, needed_range
 
 EXAMPLES = settings(max_examples=25, deadline=None)
 MODES: tuple[PoolMode, ...] = ("max", "avg")

@@ -1,4 +1,5 @@
-"""The ParaDL oracle (Kahira et al., HPDC 2021; DESIGN 3.3) against numbers worked out by hand.
+"""The ParaDL oracle (Kahira et al., HPDC 2021; docs/research.md: ParaDL) against numbers worked
+out by hand.
 
 The expectations are written from the paper's equations with literal numbers for a two-layer
 network (a 3x3 conv on 8x16x16 and a 4096->16 fully connected layer) on the `abci` platform:
@@ -13,11 +14,16 @@ import json
 import math
 
 import pytest
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
-from layerwise.strategies.compute import AnalyticCompute, ProfiledCompute
+from layerwise.strategies.cost.compute_time import AnalyticCompute, ProfiledCompute
+from layerwise.strategies.cost.profile import Profile
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.oracle import (
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.tiles import largest_tile
+from layerwise.strategies.oracle.paradl import (
     STRATEGIES,
     LayerSummary,
     ModelSummary,
@@ -30,12 +36,9 @@ from layerwise.strategies.oracle import (
     step_cases,
     summary_from_graph,
 )
-from layerwise.strategies.oracle_platform import load_platform
-from layerwise.strategies.paradl_table8 import PAPER_RANKS
-from layerwise.strategies.profile import Profile
-from layerwise.strategies.space import ParallelConfig
-from layerwise.strategies.tiles import largest_tile
-from typer.testing import CliRunner
+from layerwise.strategies.oracle.platform import load_platform
+from layerwise.strategies.oracle.table8 import PAPER_RANKS
+from tests.cli_errors import one_line_error
 
 PLATFORM = load_platform("abci")
 ABCI = PLATFORM.cluster
@@ -512,14 +515,14 @@ def test_table8_prints_the_paper_beside_ours():
 ])
 def test_cli_bad_options_are_one_line(args, fragment):
     result = runner.invoke(app, ["oracle", "lenet5", *args])
-    _assert_one_line_error(result, fragment)
+    one_line_error(result, fragment)
 
 
 @pytest.mark.parametrize("args", [["--gpus", "32"], ["--samples-per-gpu", "8"],
                                   ["--profile", "p.json"]])
 def test_table8_refuses_options_that_do_not_apply(args):
     result = runner.invoke(app, ["oracle", "table8", *args])
-    _assert_one_line_error(result, f"{args[0]} does not apply to it")
+    one_line_error(result, f"{args[0]} does not apply to it")
 
 
 @pytest.mark.parametrize(("text", "fragment"), [
@@ -534,18 +537,11 @@ def test_cli_malformed_platform_is_one_line(tmp_path, text, fragment):
     path = tmp_path / "platform.yaml"
     path.write_text(text)
     result = runner.invoke(app, ["oracle", "lenet5", "--platform", str(path)])
-    _assert_one_line_error(result, fragment)
+    one_line_error(result, fragment)
 
 
 def test_cli_malformed_summary_is_one_line(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"name": "bad", "layers": [{"name": "a", "x": -1}]}')
     result = runner.invoke(app, ["oracle", str(path)])
-    _assert_one_line_error(result, f"model summary {path}: layers.0.x")
-
-
-def _assert_one_line_error(result, fragment):
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error:") and fragment in lines[0]
+    one_line_error(result, f"model summary {path}: layers.0.x")

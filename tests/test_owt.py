@@ -1,5 +1,5 @@
-"""OWT (Krizhevsky 2014, DESIGN 3.2) executed: its three hand-offs equal one-process SGD, its
-variable batch follows its documented rule, and it sends exactly the bytes it predicts.
+"""OWT (Krizhevsky 2014, docs/research.md: OWT) executed: its three hand-offs equal one-process SGD,
+its variable batch follows its documented rule, and it sends exactly the bytes it predicts.
 
 Real gloo processes: one launch of 2 ranks runs every 2-rank case (starting processes costs
 seconds, a case milliseconds), one launch of 4 ranks runs scheme c where b/K rows are one
@@ -17,21 +17,22 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import LayerGraph, build_graph, trace
-from layerwise.strategies.models import build_model
-from layerwise.strategies.run import TrainSettings
-from layerwise.strategies.runtime.engine_base import EngineContext
-from layerwise.strategies.schedules.owt.engine import OwtEngine
-from layerwise.strategies.schedules.owt.planner import build_strategy
-from layerwise.strategies.strategy import Strategy
 from torch import nn
 from typer.testing import CliRunner
 
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.model.graph import LayerGraph, build_graph, trace
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.engine_protocol import EngineContext
+from layerwise.strategies.schedules.owt.engine import OwtEngine
+from layerwise.strategies.schedules.owt.planner import build_strategy
+from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.training_run import TrainSettings
 from tests import distributed
+from tests.cli_errors import one_line_error
 from tests.distributed import Outcome, assert_same_training, spawn_cases
 
 pytestmark = pytest.mark.slow
@@ -290,14 +291,6 @@ class TwoHeads(nn.Module):
 def _owt_on(graph: LayerGraph, name: str, workers: int = 2) -> Strategy:
     cluster = load_cluster("p100x16")
     return build_strategy(name, CostModel(graph, cluster, workers, AnalyticCompute(cluster)))
-
-
-def one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_scheme_c_refuses_a_batch_per_worker_that_k_does_not_divide(tmp_path):

@@ -1,5 +1,5 @@
-"""The pipeline of Akintoye et al. (DESIGN 3.5): its search is exact, its 1F1B step equals one
-device's step, and it sends exactly the bytes it predicts.
+"""The pipeline of Akintoye et al. (docs/research.md: pipeline): its search is exact, its 1F1B step
+equals one device's step, and it sends exactly the bytes it predicts.
 
 The search is checked against brute force over every legal cut set, device split and M (pure
 Python). The engine runs on real gloo processes: one launch at world 2 runs every 2-stage case,
@@ -20,15 +20,16 @@ from functools import cache
 import pytest
 import torch
 import torch.distributed as dist
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
-from layerwise.strategies.cluster import cluster_from_mapping, load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
-from layerwise.strategies.models import build_model
-from layerwise.strategies.run import RunResult, TrainSettings
-from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.hardware.cluster import cluster_from_mapping, load_cluster
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, LayerGraph, build_graph
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
 from layerwise.strategies.schedules.pipeline.engine import PipelineEngine
 from layerwise.strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
 from layerwise.strategies.schedules.pipeline.planner import (
@@ -43,8 +44,7 @@ from layerwise.strategies.schedules.pipeline.planner import (
     row_pieces,
 )
 from layerwise.strategies.strategy import Strategy
-from typer.testing import CliRunner
-
+from layerwise.strategies.training_run import RunResult, TrainSettings
 from tests import distributed
 from tests.distributed import spawn_cases
 

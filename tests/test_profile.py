@@ -10,19 +10,17 @@ import math
 import pytest
 import torch
 import typer
+from torch import nn
+from typer.testing import CliRunner
+
 from layerwise.flows.cli.measure import register
-from layerwise.strategies import ops
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import ProfiledCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.graph import build_graph, trace
-from layerwise.strategies.profile import (
+from layerwise.strategies.cost.compute_time import ProfiledCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.cost.profile import (
     SCHEMA_VERSION,
     Profile,
     build_tile,
     default_profile_path,
-    device_name,
     measure_tile,
     missing_tiles,
     profile_graph,
@@ -31,12 +29,17 @@ from layerwise.strategies.profile import (
     run_tile,
     tile_plan,
 )
-from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.hardware.this_machine import device_name
+from layerwise.strategies.model import ops
+from layerwise.strategies.model.graph import build_graph, trace
+from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.model.tiles import as_4d, largest_tile, needed_range, tile_box
+from layerwise.strategies.processes.huge_pages import huge_pages_in_use
+from layerwise.strategies.schedules.loader import profiled_configs
 from layerwise.strategies.schedules.owt.planner import build_strategy, pass_config
-from layerwise.strategies.space import ParallelConfig, enumerate_configs
-from layerwise.strategies.tiles import as_4d, largest_tile, needed_range, tile_box
-from torch import nn
-from typer.testing import CliRunner
+from tests.cli_errors import one_line_error
 
 FAST = {"warmup": 0, "repeats": 1, "threads": 1}
 
@@ -53,8 +56,11 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def tiny_profile(tiny):
+    """tiny_cnn's profile on 2 devices as `layerwise profile` measures it: every config of the
+    search space and every config a schedule's pricer reads beyond it."""
     calls: list[tuple[int, int, str]] = []
-    profile = profile_graph(tiny, 2, progress=lambda *call: calls.append(call), **FAST)
+    profile = profile_graph(tiny, 2, profiled_configs(tiny, 2),
+                            progress=lambda *call: calls.append(call), **FAST)
     return profile, calls
 
 
@@ -137,7 +143,7 @@ class _Dropping(nn.Module):
 
 
 def test_the_profiler_times_the_runtimes_own_ops(monkeypatch):
-    """Every op a tile runs is the function of layerwise.strategies.ops that the runtime calls."""
+    """Every op a tile runs is the function of strategies/model/ops.py that the runtime calls."""
     called: set[str] = set()
     names = ("conv", "pool", "adaptive_pool", "linear", "flatten", "binary", "concat",
              "batch_norm", "dropout", "activation")
@@ -208,7 +214,7 @@ def test_profile_covers_every_config_of_every_layer(tiny, tiny_profile):
             update = profile.tile_update_seconds(layer.name, largest_tile(layer, config).key)
             assert (update > 0) == bool(layer.param_count), (layer.name, config)
         measured += len(distinct) if layer.kind != "input" else 0
-    plan = tile_plan(tiny, 2)
+    plan = tile_plan(tiny, 2, profiled_configs(tiny, 2))
     assert measured == sum(len(tiles) for name, tiles in plan.items() if name != "x")
     assert profile.tile_count == sum(len(tiles) for tiles in plan.values())
     assert profile.batch == 8 and profile.devices == 2
@@ -219,7 +225,8 @@ def test_profile_covers_every_config_of_every_layer(tiny, tiny_profile):
 
 def test_reusing_a_complete_profile_measures_nothing(tiny, tiny_profile):
     profile, _ = tiny_profile
-    assert all(not tiles for tiles in missing_tiles(tile_plan(tiny, 2), profile).values())
+    assert all(not tiles for tiles in missing_tiles(
+        tile_plan(tiny, 2, profiled_configs(tiny, 2)), profile).values())
     calls: list[str] = []
     again = profile_graph(tiny, 2, existing=profile, progress=lambda *c: calls.append(c[2]),
                           **FAST)
@@ -412,7 +419,8 @@ def test_cli_profile_writes_a_profile_and_reuses_it(tmp_path):
     profile = Profile.load(out)
     graph = build_graph("tiny_cnn", batch=4, image_size=16)
     profile.check_matches(graph)
-    tiles = sum(len(t) for name, t in tile_plan(graph, 2).items() if name != "x")
+    tiles = sum(len(t) for name, t in tile_plan(graph, 2, profiled_configs(graph, 2)).items()
+                if name != "x")
     assert f"{tiles} tiles to measure" in first.stdout
     assert "reused 0 tiles" in first.stdout and str(out) in first.stdout
     assert "block_conv1" in first.stdout
@@ -453,7 +461,7 @@ def test_cli_profile_with_the_ranks_of_a_run_at_once_has_its_own_file(tmp_path, 
     again = json.loads(_invoke(*PROFILE_ARGS, "--processes", "2", "--json").stdout)
     assert again["measured"] == 0 and again["reused"] == together["measured"]
     mixed = _invoke(*PROFILE_ARGS, "--processes", "2", "--out", alone["path"])
-    _assert_one_line_error(mixed, "1 profiler(s) at once")
+    one_line_error(mixed, "1 profiler(s) at once")
 
 
 def test_cli_profile_rejects_a_profile_of_another_batch(tmp_path):
@@ -467,26 +475,19 @@ def test_cli_profile_rejects_a_profile_of_another_batch(tmp_path):
     assert Profile.load(out).batch == 6
 
 
-def _assert_one_line_error(result, fragment: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    assert fragment in lines[0]
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
 def test_cli_profile_cuda_without_cuda_is_one_line(tmp_path):
     result = _invoke(*PROFILE_ARGS, "--out", str(tmp_path / "p.json"), "--device", "cuda")
-    _assert_one_line_error(result, "--device cpu")
+    one_line_error(result, "--device cpu")
     assert not (tmp_path / "p.json").exists()
 
 
 def test_cli_profile_bad_numbers_are_one_line(tmp_path):
-    _assert_one_line_error(_invoke("profile", "tiny_cnn", "--devices", "0"), "--devices")
-    _assert_one_line_error(_invoke(*PROFILE_ARGS, "--processes", "0"), "--processes")
-    _assert_one_line_error(_invoke(*PROFILE_ARGS, "--repeats", "0",
+    one_line_error(_invoke("profile", "tiny_cnn", "--devices", "0"), "--devices")
+    one_line_error(_invoke(*PROFILE_ARGS, "--processes", "0"), "--processes")
+    one_line_error(_invoke(*PROFILE_ARGS, "--repeats", "0",
                                    "--out", str(tmp_path / "p.json")), "repeats")
-    _assert_one_line_error(_invoke("profile", "no_such_net", "--devices", "2"), "no_such_net")
+    one_line_error(_invoke("profile", "no_such_net", "--devices", "2"), "no_such_net")
 
 
 def test_cli_profile_help_explains_the_command():

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from layerwise.strategies import search
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.pruning import forest_bounds, share_bounds, total
-from layerwise.strategies.search import collector_paused, graph_costs
+
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.search import elimination as search
+from layerwise.strategies.search.config_bounds import forest_bounds, share_bounds, total
+from layerwise.strategies.search.elimination import collector_paused, graph_costs
 
 CLUSTER = load_cluster("p100x16")
 

@@ -15,30 +15,31 @@ import threading
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
 from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files.locations import LOCK_FILE, SETTINGS_FILE
 from layerwise.strategies.jobs.job import new_job
 from layerwise.strategies.jobs.launch import write_run_folder
 from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.jobs.run_folder import (
-    LOCK_FILE,
     FolderClaim,
     claim_existing_run,
     claim_new_folder,
     claim_stamped_folder,
 )
-from typer.testing import CliRunner
-
 from tests.test_owt import one_line_error
 
 RACERS = 8
+WAIT_SECONDS = 60.0  # far above a claim's milliseconds: reached only on a hang
 TINY = ("tiny_cnn", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4")
 runner = CliRunner()
 
 
 def _race(claim) -> tuple[list[FolderClaim], list[str]]:
     """`claim()` from RACERS threads released at once: the claims won and the errors."""
-    barrier, won, refused = threading.Barrier(RACERS), [], []
+    barrier, won, refused = threading.Barrier(RACERS, timeout=WAIT_SECONDS), [], []
 
     def racer() -> None:
         barrier.wait()
@@ -51,7 +52,8 @@ def _race(claim) -> tuple[list[FolderClaim], list[str]]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(WAIT_SECONDS)
+        assert not thread.is_alive(), "a racer is still waiting"
     return won, refused
 
 
@@ -112,3 +114,14 @@ def test_a_claim_goes_with_its_process_even_when_killed(tmp_path):
     with claim_existing_run(out) as claim:
         assert claim.path == out
     assert (out / LOCK_FILE).is_file()  # the lock file of a folder with a run stays
+
+
+def test_a_planted_lock_link_is_refused_and_its_target_left_alone(tmp_path):
+    out, target = tmp_path / "run", tmp_path / "victim.txt"
+    out.mkdir()
+    (out / SETTINGS_FILE).write_text("{}")  # a run folder, as --resume expects
+    target.write_text("kept\n")
+    (out / LOCK_FILE).symlink_to(target)
+    with pytest.raises(LayerwiseError, match="is a symbolic link; remove it"):
+        claim_existing_run(out)
+    assert target.read_text() == "kept\n"

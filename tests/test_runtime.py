@@ -19,15 +19,15 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from layerwise.strategies.baselines import baseline
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.runtime.plan import build_plan
-from layerwise.strategies.search import optimal_strategy
-from layerwise.strategies.space import ParallelConfig, enumerate_configs
 
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.runtime.plan import build_plan
+from layerwise.strategies.search.baselines import baseline
+from layerwise.strategies.search.elimination import optimal_strategy
 from tests.distributed import Case, Outcome, assert_same_training, reference, run_distributed
 
 pytestmark = pytest.mark.slow

@@ -10,13 +10,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from layerwise.strategies.baselines import BASELINES, baseline
-from layerwise.strategies.cluster import load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.graph import build_graph, trace
-from layerwise.strategies.milp import solve_milp
-from layerwise.strategies.search import optimal_strategy, solve
+
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.model.graph import build_graph, trace
+from layerwise.strategies.search.baselines import BASELINES, baseline
+from layerwise.strategies.search.elimination import optimal_strategy, solve
+from layerwise.strategies.search.integer_program import solve_milp
 
 CLUSTER = load_cluster("p100x16")
 
@@ -295,8 +296,9 @@ def test_the_integer_program_matches_brute_force_on_random_dags(data):
 
 
 def test_search_of_a_user_densenet_states_its_method_and_gap(tmp_path, monkeypatch):
-    from layerwise.flows.cli import app
     from typer.testing import CliRunner
+
+    from layerwise.flows.cli import app
 
     (tmp_path / "dense_user_model.py").write_text(DENSE_SOURCE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))

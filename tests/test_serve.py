@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from typer.testing import CliRunner
+
 from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.serve import check_cron
-from prefect.settings import PREFECT_API_URL, temporary_settings
-from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,7 @@ def one_error_line(arguments: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("cron", ["0 2 * *", "every night", "61 2 * * *"])
+@pytest.mark.parametrize("cron", ["0 2 * *", "every night", "61 2 * * *", "0 0 2 * * *"])
 def test_a_bad_cron_string_is_one_line(project, cron):
     assert "not a cron expression" in one_error_line(["serve", "--cron", cron])
 
@@ -81,10 +82,11 @@ def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_serv
     import sys
     import time
 
-    from layerwise.flows.cli.serve import DEPLOYMENT_NAME
     from mlflow import MlflowClient
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
+
+    from layerwise.flows.cli.serve import DEPLOYMENT_NAME
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     environment = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),

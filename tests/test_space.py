@@ -7,9 +7,10 @@ import itertools
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.space import (
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.space import (
     DIMS,
     ParallelConfig,
     check_config,

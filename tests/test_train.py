@@ -17,18 +17,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from layerwise.flows.cli import app
-from layerwise.strategies.graph import build_graph
-from layerwise.strategies.jobs.costing import cost_model
+from layerwise.strategies.cost.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
+from layerwise.strategies.files.locations import CHECKPOINT_FILE, LOG_FILE
 from layerwise.strategies.jobs.failure import failure_line
-from layerwise.strategies.jobs.launch import LOG_FILE
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions
-from layerwise.strategies.models import build_model
-from layerwise.strategies.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
-from layerwise.strategies.run import RunResult
-from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME, read_checkpoint
-from typer.testing import CliRunner
+from layerwise.strategies.jobs.pricing import cost_model
+from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.checkpoint import read_checkpoint
+from layerwise.strategies.training_run import RunResult
+from tests.cli_errors import one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +42,6 @@ RUN_LIMIT_SECONDS = 240  # far above a run's ~15 s: reached only if something ha
 
 def train(*args: str, env: dict[str, str] | None = None):
     return runner.invoke(app, ["train", *args], env=env)
-
-
-def one_line_error(result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def strategy_file(path: Path, model: str, devices: int, image_size: int = 8) -> Path:
@@ -107,18 +99,18 @@ def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path
     common = (*TINY, "--strategy", "owt", "--steps", "6", "--checkpoint-every", "2")
     assert train(*common, "--out", str(whole)).exit_code == 0
     crash = train(*common, "--out", str(killed), env={"LAYERWISE_FAULT": "1:4:exit"})
-    one_line_error(crash, 1, "rank 1 stopped without an error")
-    assert read_checkpoint(killed / CHECKPOINT_NAME)["step"] == 4
-    assert read_checkpoint(killed / f"{CHECKPOINT_NAME}.prev")["step"] == 2
+    one_line_error(crash, "rank 1 stopped without an error", code=1)
+    assert read_checkpoint(killed / CHECKPOINT_FILE)["step"] == 4
+    assert read_checkpoint(killed / f"{CHECKPOINT_FILE}.prev")["step"] == 2
     assert not (killed / "result.json").exists()
-    flip_a_bit_in_the_largest_tensor(killed / CHECKPOINT_NAME)
+    flip_a_bit_in_the_largest_tensor(killed / CHECKPOINT_FILE)
 
     resumed = train("tiny_cnn", "--resume", str(killed), "--steps", "6", "--json")
     assert resumed.exit_code == 0, resumed.output
     warnings = [line for line in resumed.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "fails its sha256 check" in warnings[0], resumed.stderr
     assert "resuming from checkpoint.pt.prev (step 2)" in warnings[0]
-    assert (killed / f"{CHECKPOINT_NAME}.corrupt").is_file()
+    assert (killed / f"{CHECKPOINT_FILE}.corrupt").is_file()
     continued = RunResult.model_validate_json(resumed.stdout)
     uninterrupted = RunResult.load(whole / "result.json")
     assert continued.resumed_from_step == 2
@@ -133,7 +125,7 @@ def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path
         assert torch.equal(final[key], tensor), key
 
     changed = train("tiny_cnn", "--resume", str(killed), "--steps", "8", "--lr", "0.5")
-    one_line_error(changed, 2, "lr")
+    one_line_error(changed, "lr")
 
 
 def test_a_rank_that_raises_ends_the_run_with_one_line_naming_it(tmp_path):
@@ -190,15 +182,15 @@ def test_a_diverged_loss_stops_the_run_with_one_line_and_keeps_what_it_measured(
     out = tmp_path / "run"
     result = train(*TINY, "--strategy", "data", "--steps", "40", "--lr", "1e4",
                    "--warmup-steps", "0", "--checkpoint-every", "1", "--out", str(out))
-    line = one_line_error(result, 1, "training stopped: the loss diverged at step",
-                          "--lr 10000 now, try 5000")
+    line = one_line_error(result, "training stopped: the loss diverged at step",
+                          "--lr 10000 now, try 5000", code=1)
     run = RunResult.load(out / "result.json")  # NaN and inf losses read back
     assert run.diverged_at_step == run.steps[-1].step < 40
     assert f"step {run.diverged_at_step} " in line
     assert not math.isfinite(run.steps[-1].loss) or run.steps[-1].loss > 3 * run.steps[0].loss
     assert not (out / "model.pt").exists()  # no weights of a diverged run
     if run.diverged_at_step > 1:  # the last checkpoint holds the last sound step
-        assert read_checkpoint(out / CHECKPOINT_NAME)["step"] == run.diverged_at_step - 1
+        assert read_checkpoint(out / CHECKPOINT_FILE)["step"] == run.diverged_at_step - 1
 
 
 def test_a_silent_death_is_named_from_torchruns_report_when_no_rank_recorded_one(tmp_path):
@@ -214,7 +206,7 @@ def test_a_strategy_for_another_model_stops_before_anything_starts(tmp_path):
     out = tmp_path / "run"
     other = strategy_file(tmp_path / "lenet.json", "lenet5", devices=2, image_size=16)
     result = train(*TINY, "--strategy", str(other), "--steps", "2", "--out", str(out))
-    one_line_error(result, 2, "made for lenet5")
+    one_line_error(result, "made for lenet5")
     assert not out.exists()  # no run folder: nothing written, no torchrun started
 
 
@@ -222,18 +214,18 @@ def test_a_strategy_using_more_devices_than_processes_is_refused(tmp_path):
     out = tmp_path / "run"
     four = strategy_file(tmp_path / "four.json", "tiny_cnn", devices=4)
     result = train(*TINY, "--strategy", str(four), "--steps", "2", "--out", str(out))
-    one_line_error(result, 2, "uses device 3")
+    one_line_error(result, "uses device 3")
     assert not out.exists()
 
 
 def test_launch_mistakes_are_one_line_before_anything_starts(tmp_path):
     out = tmp_path / "run"
     one_line_error(train(*TINY, "--strategy", "data", "--out", str(out),
-                         env={"LAYERWISE_FAULT": "rank one"}), 2, "LAYERWISE_FAULT")
-    one_line_error(train(*TINY, "--strategy", "fastest", "--out", str(out)), 2, "fastest")
-    one_line_error(train(*TINY, "--strategy", "data", "--steps", "2", "--epochs", "1"), 2,
+                         env={"LAYERWISE_FAULT": "rank one"}), "LAYERWISE_FAULT")
+    one_line_error(train(*TINY, "--strategy", "fastest", "--out", str(out)), "fastest")
+    one_line_error(train(*TINY, "--strategy", "data", "--steps", "2", "--epochs", "1"),
                    "--steps or --epochs")
     assert not out.exists()
     out.mkdir()
     (out / "result.json").write_text("{}")
-    one_line_error(train(*TINY, "--strategy", "data", "--out", str(out)), 2, "--resume")
+    one_line_error(train(*TINY, "--strategy", "data", "--out", str(out)), "--resume")

@@ -23,14 +23,15 @@
     layerwise serve --cron "0 2 * * *"
 
 Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
-request) prints one line to stderr and exits with code 2. The commands are thin adapters: the
-work is in layerwise.strategies.jobs (shared with the Prefect tasks) and the flows; what is here parses
+request) prints one line to stderr and exits with code 2. The commands are thin adapters: the work
+is in layerwise.strategies.jobs (shared with the Prefect tasks) and the flows; what is here parses
 options and draws on the terminal.
 """
 
 from __future__ import annotations
 
 import typer
+
 from layerwise.flows.cli import (
     compare,
     describe,
@@ -42,7 +43,7 @@ from layerwise.flows.cli import (
     train,
     verify,
 )
-from layerwise.strategies.runtime.huge_pages import use_huge_pages
+from layerwise.strategies.processes.huge_pages import use_huge_pages
 
 app = typer.Typer(
     help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",
@@ -63,5 +64,5 @@ oracle.register(app)
 
 
 def main() -> None:
-    use_huge_pages()  # before anything imports torch (strategies/runtime/huge_pages.py)
+    use_huge_pages()  # before anything imports torch (strategies/processes/huge_pages.py)
     app()

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
+from rich.table import Table
+
 from layerwise.flows.cli.console import console, print_json, user_errors
 from layerwise.flows.cli.run import start_local_api, use_embedded_environment
 from layerwise.strategies.errors import LayerwiseError
-from rich import box
-from rich.table import Table
 
 if TYPE_CHECKING:
     from layerwise.flows.compare import Comparison, StrategyRow
@@ -66,7 +67,7 @@ def compare(
 def _check_experiment(name: str) -> None:
     """One line, before Prefect starts, when there is no store, no such experiment or no run
     in it (inside the flow the same errors would come with Prefect's traceback)."""
-    from layerwise.tasks.track import TRACKING_VARIABLE, find_experiment
+    from layerwise.tasks.tracking.track import TRACKING_VARIABLE, find_experiment
 
     uri = os.environ[TRACKING_VARIABLE]
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():

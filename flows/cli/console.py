@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-from layerwise.strategies.errors import LayerwiseError
 from rich.console import Console
 from rich.text import Text
+
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.text import printable
 
 # Printed text is never markup or emoji codes: model names, paths and messages come from the
 # user ("[/foo]" would stop Rich, "a:b:c" would print an emoji); style with Text instead.
@@ -37,15 +39,17 @@ def user_errors(command: Command) -> Command:
 
 
 def print_error(message: str) -> None:
-    """`error: message` on stderr, the message as plain text (no markup, no emoji)."""
-    error_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
-                        soft_wrap=True)
+    """`error: message` on stderr, the message as plain text (no markup, no emoji, control
+    characters shown as escapes)."""
+    error_console.print(Text.assemble(("error:", "bold red"), " ", printable(message)),
+                        highlight=False, soft_wrap=True)
 
 
 def print_warning(message: str) -> None:
-    """`warning: message` on stderr, the message as plain text (no markup, no emoji)."""
-    error_console.print(Text.assemble(("warning:", "yellow"), " ", message), highlight=False,
-                        soft_wrap=True)
+    """`warning: message` on stderr, the message as plain text (no markup, no emoji, control
+    characters shown as escapes)."""
+    error_console.print(Text.assemble(("warning:", "yellow"), " ", printable(message)),
+                        highlight=False, soft_wrap=True)
 
 
 def print_json(document: Any) -> None:

@@ -14,9 +14,10 @@ import sys
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
+
 from layerwise.flows.cli.console import console, human_count, print_json, user_errors
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-from rich.table import Table
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +37,7 @@ def models(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the model zoo: parameters, layers and default input of each network."""
-    from layerwise.strategies.models import summarize_zoo
+    from layerwise.strategies.model.zoo import summarize_zoo
 
     summaries = summarize_zoo()
     if as_json:
@@ -81,10 +82,10 @@ def graph(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Print a model's layer graph and each layer's number of parallel configurations."""
-    from layerwise.strategies.cluster import load_cluster
     from layerwise.strategies.errors import ConfigError
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.space import count_configs, parallel_dims
+    from layerwise.strategies.hardware.cluster import load_cluster
+    from layerwise.strategies.model.graph import build_graph
+    from layerwise.strategies.model.space import count_configs, parallel_dims
 
     spec = load_cluster(cluster) if cluster else None
     if devices is not None and devices < 1:
@@ -159,7 +160,7 @@ def clusters(ctx: typer.Context) -> None:
     """List the cluster presets (any command taking a cluster also takes a YAML path)."""
     if ctx.invoked_subcommand is not None:
         return
-    from layerwise.strategies.cluster import presets
+    from layerwise.strategies.hardware.cluster import presets
 
     table = Table(title="cluster presets", title_justify="left")
     for column in ("name", "devices", "device", "fp32 peak", "intra-node", "inter-node",
@@ -189,6 +190,6 @@ def clusters_show(
     name: Annotated[str, typer.Argument(help="Preset name or path to a cluster YAML file.")],
 ) -> None:
     """Print one cluster as YAML (a starting point for your own cluster file)."""
-    from layerwise.strategies.cluster import load_cluster
+    from layerwise.strategies.hardware.cluster import load_cluster
 
     sys.stdout.write(load_cluster(name).to_yaml())

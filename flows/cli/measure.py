@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from layerwise.flows.cli.console import console, human_count, print_json, user_errors
-from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from rich.progress import (
     BarColumn,
     Progress,
@@ -34,6 +32,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+
+from layerwise.flows.cli.console import console, human_count, print_json, user_errors
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 DEFAULT_CLUSTER_OUT = Path("data") / "profiles" / "cluster-local.yaml"
 # Per-call cost of a tile run in FLOP-equivalents, so the time-left estimate does not treat
@@ -95,21 +96,17 @@ def profile(
     With --processes P, P profilers measure at once and each tile keeps the slowest time: a
     CPU run of P ranks on this machine is predicted from that profile.
     """
+    from layerwise.strategies.cost.profile import concurrent_threads, total_seconds
     from layerwise.strategies.errors import ConfigError, LayerwiseError
-    from layerwise.strategies.files import writable_file
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.jobs.profile_reuse import ProfileMismatchError, reusable_profile
-    from layerwise.strategies.memory import check_memory, largest_layer_bytes
-    from layerwise.strategies.profile import (
-        concurrent_threads,
-        default_profile_path,
-        device_name,
-        missing_tiles,
-        profile_graph_concurrently,
-        resolve_device,
-        tile_plan,
-        total_seconds,
+    from layerwise.strategies.files.atomic import writable_file
+    from layerwise.strategies.hardware.host_memory import check_memory, largest_layer_bytes
+    from layerwise.strategies.hardware.this_machine import resolve_device
+    from layerwise.strategies.jobs.profiling import (
+        ProfileMismatchError,
+        measure_profile,
+        plan_profile,
     )
+    from layerwise.strategies.model.graph import build_graph
 
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1 (got {devices})")
@@ -131,32 +128,27 @@ def profile(
                  f"profiling {model} at a global batch of {graph.batch} ({batch_per_device} x "
                  f"{devices} devices)", "use a smaller --batch-per-device, fewer --devices or a "
                  "smaller --image-size")
-    name = device_name(target)
-    path = out if out is not None else default_profile_path(graph, name, processes=processes)
-    writable_file(path, "--out")
+    if out is not None:
+        writable_file(out, "--out")
     try:
-        existing = None if force else reusable_profile(path, graph, name, processes)
+        plan = plan_profile(graph, devices, processes, target, out, force)
     except ProfileMismatchError as error:
         raise LayerwiseError(f"{error}; or pass --force to replace that file") from None
-    stale = path.exists() and not force and existing is None
-    plan = tile_plan(graph, devices)
-    todo = missing_tiles(plan, existing)
-    to_measure = {layer: tiles for layer, tiles in todo.items()
-                  if graph.by_name[layer].kind != "input"}
-    measured_count = sum(len(tiles) for tiles in to_measure.values())
-    planned = {layer: tiles for layer, tiles in plan.items()
-               if graph.by_name[layer].kind != "input"}
-    reused_count = sum(len(tiles) for tiles in planned.values()) - measured_count
+    path, name = plan.path, plan.device_name
+    if out is None:
+        writable_file(path, "--out")
+    measured_count, reused_count = plan.measured_count, plan.reused_count
     weights = {layer: sum(_tile_weight(graph.by_name[layer], tile) for tile in tiles.values())
-               for layer, tiles in to_measure.items()}
+               for layer, tiles in plan.to_measure.items()}
 
     if not as_json:
         console.print(
             f"profiling {model} on {name} ({target.type}{_at_once(processes)}), global batch "
             f"{graph.batch} ({batch_per_device} x {devices} devices): {measured_count} tiles to "
             "measure, "
-            f"reused {reused_count} tiles from {path if existing else 'nothing'}"
-            + (f" ({path} was measured by an older layerwise: replacing it)" if stale else ""),
+            f"reused {reused_count} tiles from {path if plan.existing else 'nothing'}"
+            + (f" ({path} was measured by an older layerwise: replacing it)"
+               if plan.stale else ""),
             highlight=False,
         )
     columns = (TextColumn("{task.description}"), BarColumn(),
@@ -172,15 +164,13 @@ def profile(
             bar.update(task, advance=weights.get(layer_name, 0.0),
                        description=f"{model}: {layer_name}", layers=f"{done}/{total}")
 
-        result = profile_graph_concurrently(
-            graph, devices, processes, progress=advance, device=target, warmup=warmup,
-            repeats=repeats, existing=existing, threads=threads)
+        result = measure_profile(plan, progress=advance, threads=threads, warmup=warmup,
+                                 repeats=repeats)
     elapsed = time.perf_counter() - started
-    result.save(path)
 
     layers = [
-        {"name": layer.name, "label": layer.label, "tiles": len(plan[layer.name]),
-         "measured": len(to_measure.get(layer.name, {})),
+        {"name": layer.name, "label": layer.label, "tiles": len(plan.tiles[layer.name]),
+         "measured": len(plan.to_measure.get(layer.name, {})),
          "total_ms": total_seconds(result, layer.name) * 1e3,
          "update_ms": math.fsum(result.update_seconds.get(layer.name, {}).values()) * 1e3}
         for layer in graph.layers if layer.kind != "input"
@@ -216,7 +206,7 @@ def _at_once(processes: int) -> str:
 
 def _tile_weight(layer: Any, tile: Any) -> float:
     """Rough cost of measuring a tile, for the time-left estimate: its share of the FLOPs."""
-    from layerwise.strategies.tiles import as_4d
+    from layerwise.strategies.model.tiles import as_4d
 
     out = as_4d(layer.output_shape)
     share = as_4d(tile.output_shape)
@@ -251,9 +241,9 @@ def calibrate(
     the `local` preset with the fitted link (the all-reduce fit as its ring figures) and
     --nproc devices: pass that file wherever a cluster is accepted.
     """
-    from layerwise.strategies.calibrate import calibrate as measure
-    from layerwise.strategies.calibrate import calibrated_cluster, save_calibration
-    from layerwise.strategies.files import writable_file
+    from layerwise.strategies.files.atomic import writable_file
+    from layerwise.strategies.hardware.calibrate import calibrate as measure
+    from layerwise.strategies.hardware.calibrate import calibrated_cluster, save_calibration
 
     writable_file(out, "--out")
     calibration = measure(nproc, backend=backend, quick=quick)

@@ -7,11 +7,11 @@
     layerwise oracle resnet18 --image-size 32 --profile data/profiles/<file>.json
     layerwise oracle table8
 
-Kahira et al., HPDC 2021 (DESIGN 3.3; strategies/oracle.py): per strategy and GPU count, the
-per-epoch compute and communication time, memory per GPU and what limits it. FW/BW per sample
-come from a profile (`--profile`), a model summary file, or the analytic t_c of the platform's
-device (its device model; a roofline where it has no SM figures). `table8` replays the paper's
-Table VIII (strategies/paradl_table8.py) and prints our ranks beside the paper's.
+Kahira et al., HPDC 2021 (docs/research.md: ParaDL; strategies/oracle/paradl.py): per strategy and
+GPU count, the per-epoch compute and communication time, memory per GPU and what limits it. FW/BW
+per sample come from a profile (`--profile`), a model summary file, or the analytic t_c of the
+platform's device (its device model; a roofline where it has no SM figures). `table8` replays the
+paper's Table VIII (strategies/oracle/table8.py) and prints our ranks beside the paper's.
 """
 
 from __future__ import annotations
@@ -20,22 +20,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast, get_args
 
 import typer
-from layerwise.flows.cli.console import console, print_json, user_errors
-from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.files import write_atomic
 from rich.table import Table
 
+from layerwise.flows.cli.console import console, print_json, user_errors
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files.atomic import write_atomic
+
 if TYPE_CHECKING:
-    from layerwise.strategies.cluster import Cluster
-    from layerwise.strategies.oracle import (
+    from layerwise.strategies.hardware.cluster import Cluster
+    from layerwise.strategies.oracle.paradl import (
         ModelSummary,
         OracleCase,
         OracleReport,
         StrategyName,
         WeightUpdate,
     )
-    from layerwise.strategies.oracle_platform import Platform
-    from layerwise.strategies.paradl_table8 import Table8
+    from layerwise.strategies.oracle.platform import Platform
+    from layerwise.strategies.oracle.table8 import Table8
 
 SUMMARY_SUFFIXES = (".json", ".yaml", ".yml")
 DEFAULT_GPUS = "1..1024"
@@ -55,7 +56,7 @@ def oracle(
         help="Zoo name, package.module:factory, a model summary file (.json/.yaml), or "
              f"{TABLE8!r} for the paper's Table VIII.")],
     platform: Annotated[str, typer.Option(
-        help="Oracle platform preset or file (strategies/oracle_platforms/), or a cluster "
+        help="Oracle platform preset or file (strategies/oracle/platforms/), or a cluster "
              "preset name or YAML path.")] = "abci",
     gpus: Annotated[str, typer.Option(
         help='GPU counts: a comma list, "A..B" for the powers of two from A to B, or both.')
@@ -85,10 +86,10 @@ def oracle(
 
         layerwise oracle resnet50 --platform abci --gpus 4,64,1024
     """
-    from layerwise.strategies.files import writable_file
-    from layerwise.strategies.oracle import IMAGENET_TRAIN_SAMPLES
-    from layerwise.strategies.oracle import oracle as run_oracle
-    from layerwise.strategies.oracle_platform import load_platform
+    from layerwise.strategies.files.atomic import writable_file
+    from layerwise.strategies.oracle.paradl import IMAGENET_TRAIN_SAMPLES
+    from layerwise.strategies.oracle.paradl import oracle as run_oracle
+    from layerwise.strategies.oracle.platform import load_platform
 
     if save is not None:
         writable_file(save, "--save")
@@ -121,7 +122,7 @@ def oracle(
 
 def parse_weight_update(text: str) -> WeightUpdate:
     """"paper" or "none"."""
-    from layerwise.strategies.oracle import WeightUpdate
+    from layerwise.strategies.oracle.paradl import WeightUpdate
 
     choices = get_args(WeightUpdate)
     if text not in choices:
@@ -132,7 +133,7 @@ def parse_weight_update(text: str) -> WeightUpdate:
 
 def _table8(platform: Platform, update: WeightUpdate, as_json: bool, save: Path | None,
             given: list[str]) -> None:
-    from layerwise.strategies.paradl_table8 import table8
+    from layerwise.strategies.oracle.table8 import table8
 
     if given:
         raise LayerwiseError(f"{TABLE8} runs the paper's models, GPU counts and batches; "
@@ -202,7 +203,7 @@ def _positive_count(text: str, whole: str) -> int:
 
 def parse_strategies(text: str | None) -> list[StrategyName]:
     """The strategies named in a comma list, in the order given; all of them for None."""
-    from layerwise.strategies.oracle import STRATEGIES
+    from layerwise.strategies.oracle.paradl import STRATEGIES
 
     if text is None:
         return list(STRATEGIES)
@@ -231,10 +232,14 @@ def model_summary(model: str, cluster: Cluster, profile: Path | None, image_size
     """The oracle's view of MODEL and where its FW/BW come from: a summary file as written; a
     model's layer graph timed by a profile (at the profile's batch) or by the analytic t_c of
     the platform's device (at `samples_per_gpu`, 32 when fitting memory)."""
-    from layerwise.strategies.compute import AnalyticCompute, ProfiledCompute
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.oracle import DEFAULT_SAMPLES_PER_PE, ModelSummary, summary_from_graph
-    from layerwise.strategies.profile import Profile
+    from layerwise.strategies.cost.compute_time import AnalyticCompute, ProfiledCompute
+    from layerwise.strategies.cost.profile import Profile
+    from layerwise.strategies.model.graph import build_graph
+    from layerwise.strategies.oracle.paradl import (
+        DEFAULT_SAMPLES_PER_PE,
+        ModelSummary,
+        summary_from_graph,
+    )
 
     if Path(model).suffix.lower() in SUMMARY_SUFFIXES:
         if profile is not None or image_size is not None:
@@ -316,8 +321,8 @@ def _print(report: OracleReport, summary: ModelSummary, cluster: Cluster, source
 
 def _analytic_source(cluster: Cluster) -> str:
     """What times FW/BW without a profile: the device model on a GPU with SM figures, else the
-    roofline (strategies/compute.py's AnalyticCompute)."""
-    from layerwise.strategies.compute import AnalyticCompute
+    roofline (strategies/cost/compute_time.py's AnalyticCompute)."""
+    from layerwise.strategies.cost.compute_time import AnalyticCompute
 
     kind = "device model" if AnalyticCompute(cluster).device_model is not None else "roofline"
     return f"{kind} on {cluster.device.name}"

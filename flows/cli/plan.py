@@ -10,135 +10,22 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from layerwise.flows.cli.console import console, print_json, user_errors
-from layerwise.strategies.files import writable_file
-from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-from layerwise.strategies.schedules import schedule_help
 from rich.table import Table
 
+from layerwise.flows.cli.console import console, print_json, user_errors
+from layerwise.strategies.files.atomic import writable_file
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from layerwise.strategies.schedules import schedule_help
+
 if TYPE_CHECKING:
-    from layerwise.strategies.cost import CostModel
-    from layerwise.strategies.graph import LayerGraph
-    from layerwise.strategies.oracle import OracleCase
+    from layerwise.strategies.jobs.planning import Plan
+    from layerwise.strategies.oracle.paradl import OracleCase
     from layerwise.strategies.schedules.pipeline.planner import PipelinePlan
-    from layerwise.strategies.search import SearchResult
-    from layerwise.strategies.strategy import Strategy
 
-SEARCH_SCHEMA_VERSION = 1
-PARADL = "paradl"  # the --baselines entry that adds the ParaDL oracle's cases
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The optimal strategy and the costed baselines for one model, cluster and device count."""
-
-    graph: LayerGraph
-    cluster: str
-    devices: int
-    cost_source: str
-    placement: str  # the one searched (auto resolves to aligned or origin)
-    placement_note: str | None  # why auto searched less than the whole space
-    search: SearchResult
-    strategies: dict[str, Strategy]  # "layerwise" first, then the baselines
-    skipped: dict[str, str]  # baselines that cannot run this model, with the reason
-    paradl: tuple[OracleCase, ...] = ()  # with baseline "paradl": the oracle's step per strategy
-    pipeline: PipelinePlan | None = None  # with baseline "pipeline": its stages, M and bubble
-
-    def document(self) -> dict[str, Any]:
-        """The `layerwise search --json` contract."""
-        return {
-            "schema_version": SEARCH_SCHEMA_VERSION,
-            "model": self.graph.model,
-            "structure_hash": self.graph.structure_hash,
-            "devices": self.devices,
-            "cluster": self.cluster,
-            "batch": self.graph.batch,
-            "cost_source": self.cost_source,
-            "placement": self.placement,
-            "placement_note": self.placement_note,
-            "search_seconds": self.search.search_seconds,
-            "search_method": self.search.search_method,
-            "optimality_gap": self.search.optimality_gap,
-            "final_graph_nodes": self.search.final_graph_nodes,
-            "nodes_eliminated": self.search.nodes_eliminated,
-            "edges_eliminated": self.search.edges_eliminated,
-            "configs": self.search.configs,
-            "configs_kept": self.search.configs_kept,
-            "strategies": {
-                name: {
-                    **strategy.predicted.model_dump(),
-                    "samples_per_second": self.graph.batch / strategy.predicted.step_seconds,
-                    "layers": [choice.model_dump() for choice in strategy.layers],
-                }
-                for name, strategy in self.strategies.items()
-            },
-            **({"skipped": self.skipped} if self.skipped else {}),
-            **({"paradl": [case.model_dump() for case in self.paradl]} if self.paradl else {}),
-            **({"pipeline": self.pipeline.model_dump()} if self.pipeline else {}),
-            "held_layers": self.graph.held_notes,
-        }
-
-
-def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
-         image_size: int | None, classes: int | None, in_channels: int | None,
-         profile: Path | None, analytic: bool, baselines: list[str], placement: str) -> Plan:
-    """Search the optimal strategy and cost the baselines and the scheduled strategies."""
-    from layerwise.strategies.errors import LayerwiseError
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.jobs.costing import cost_model
-    from layerwise.strategies.jobs.named_strategies import (
-        LAYERWISE,
-        searched_strategy,
-        strategy_by_name,
-        strategy_names,
-    )
-
-    known = (*(name for name in strategy_names() if name != LAYERWISE), PARADL)
-    unknown = sorted(set(baselines) - set(known))
-    if unknown:
-        raise LayerwiseError(
-            f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(known)}"
-        )
-    graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
-                        num_classes=classes, in_channels=in_channels)
-    cost = cost_model(graph, cluster_name, devices, profile, analytic, placement)
-    best, result = searched_strategy(cost)
-    strategies = {LAYERWISE: best}
-    pipeline = None
-    skipped: dict[str, str] = {}
-    for name in baselines:
-        try:
-            if name == "pipeline":  # its report (stages, bubble) is printed too: search it once
-                from layerwise.strategies.schedules.pipeline.planner import (
-                    pipeline_report,
-                    plan_strategy,
-                )
-
-                pipeline = pipeline_report(cost)
-                strategies[name] = plan_strategy(pipeline, graph)
-            elif name != PARADL:
-                strategies[name] = strategy_by_name(name, cost)
-        except LayerwiseError as error:  # one strategy that cannot run this model
-            skipped[name] = str(error)
-    return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
-                cost_source=cost.compute.name, placement=cost.placement,
-                placement_note=cost.placement_note, search=result,
-                strategies=strategies, skipped=skipped, pipeline=pipeline,
-                paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
-
-
-def paradl_step_cases(cost: CostModel, batch_per_device: int) -> tuple[OracleCase, ...]:
-    """ParaDL's analytic cases for one step of the search's global batch on the same devices,
-    cluster and t_c as the search: every strategy at that batch (oracle.step_cases)."""
-    from layerwise.strategies.oracle import step_cases, summary_from_graph
-
-    return step_cases(summary_from_graph(cost.graph, cost.compute), cost.cluster,
-                      cost.devices, batch_per_device)
 
 
 def register(app: typer.Typer) -> None:
@@ -163,7 +50,7 @@ def register(app: typer.Typer) -> None:
         classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
         in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
         baselines: Annotated[
-            str, typer.Option(help="Comma-separated: data, model, owt, spatial_h, spatial_w, "
+            str, typer.Option(help="Comma-separated strategy names besides the searched one: "
                                    f"{schedule_help()}; paradl (the ParaDL oracle's analytic "
                                    "cases).")
         ] = "data,model,owt",
@@ -182,6 +69,8 @@ def register(app: typer.Typer) -> None:
         names = [name.strip() for name in baselines.split(",") if name.strip()]
         if save:
             writable_file(save, "--save")
+        from layerwise.strategies.jobs.planning import plan
+
         with _status("searching", as_json):
             result = plan(
                 model, devices, cluster, batch_per_device=batch_per_device,
@@ -246,6 +135,8 @@ def _status(message: str, quiet: bool) -> contextlib.AbstractContextManager[Any]
 
 
 def _print_plan(result: Plan) -> None:
+    from layerwise.strategies.schedules.pipeline.planner import PipelinePlan
+
     graph = result.graph
     document = result.document()
     console.print(
@@ -268,8 +159,9 @@ def _print_plan(result: Plan) -> None:
     console.print(table)
     for name, reason in result.skipped.items():
         console.print(f"skipped {name}: {reason}")
-    if result.pipeline:
-        console.print(_pipeline_table(result.pipeline))
+    for report in result.reports.values():
+        if isinstance(report, PipelinePlan):
+            console.print(_pipeline_table(report))
     if result.paradl:
         console.print(_paradl_table(result.paradl))
     layers = Table(title="layer-wise strategy", title_justify="left")

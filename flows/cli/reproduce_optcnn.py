@@ -21,12 +21,13 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, get_args
 
-from layerwise.flows.cli.console import console, print_json
-from layerwise.strategies.errors import LayerwiseError
 from rich.table import Table
 
+from layerwise.flows.cli.console import console, print_json
+from layerwise.strategies.errors import LayerwiseError
+
 if TYPE_CHECKING:
-    from layerwise.strategies.cost import CostModel
+    from layerwise.strategies.cost.cost_model import CostModel
 
 PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
 PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
@@ -61,17 +62,15 @@ VGG16_GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
 def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int | None,
                      batch_norm: str, as_json: bool) -> None:
     """Plan every model and device count, then print the tables (or the JSON document)."""
-    from layerwise.strategies.cluster import load_cluster
-    from layerwise.strategies.cost import BatchNormStatistics
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.jobs.costing import cost_model
+    from layerwise.strategies.cost.cost_model import BatchNormStatistics
+    from layerwise.strategies.cost.profile import Profile
+    from layerwise.strategies.hardware.cluster import load_cluster
     from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-    from layerwise.strategies.jobs.named_strategies import (
-        LAYERWISE,
-        searched_strategy,
-        strategy_by_name,
-    )
-    from layerwise.strategies.profile import Profile
+    from layerwise.strategies.jobs.named_strategies import strategy_by_name
+    from layerwise.strategies.jobs.pricing import cost_model
+    from layerwise.strategies.model.graph import build_graph
+    from layerwise.strategies.schedules import SEARCHED
+    from layerwise.strategies.search.named import searched_strategy
 
     spec = load_cluster(cluster)
     if batch_norm not in get_args(BatchNormStatistics):
@@ -108,7 +107,7 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
                               cluster, devices, profile, profile is None,
                               batch_norm_statistics=statistics)
             searched, _ = searched_strategy(cost)
-            strategies = {LAYERWISE: searched,
+            strategies = {SEARCHED: searched,
                           **{name: strategy_by_name(name, cost) for name in BASELINES}}
             data_step = strategies["data"].predicted.step_seconds
             for name in PAPER_STRATEGIES:
@@ -148,7 +147,7 @@ def paper_choices_costed(cost: CostModel, searched: list[dict[str, str]],
     """What Table 5's choice for each VGG-16 group costs under this model: the searched
     strategy with that group's layers set as the paper sets them, then with every group so
     (the paper's whole plan), each as the step's extra milliseconds over the optimum."""
-    from layerwise.strategies.space import ParallelConfig
+    from layerwise.strategies.model.space import ParallelConfig
 
     optimum = {choice["name"]: ParallelConfig.parse(choice["config"]) for choice in searched}
     base = cost.evaluate(optimum).step_seconds

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 
-from layerwise.flows.cli.console import console, print_json
 from rich.table import Table
+
+from layerwise.flows.cli.console import console, print_json
 
 # Krizhevsky 2014, Table 1: the speedup of scheme (b) at batch 128 on 2, 4 and 8 GPUs.
 PAPER_SPEEDUP_SCHEME_B = {1: 1.0, 2: 1.95, 4: 3.74, 8: 6.25}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+
 from layerwise.flows.cli.console import console, print_error, user_errors
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def register(app: typer.Typer) -> None:
 
 def embedded_environment(project: Path) -> dict[str, str]:
     """The defaults `layerwise run` sets where the user has not."""
-    from layerwise.tasks.track import TRACKING_VARIABLE, default_tracking_uri
+    from layerwise.tasks.tracking.track import TRACKING_VARIABLE, default_tracking_uri
 
     return {
         "PREFECT_HOME": str(project / ".prefect"),
@@ -70,8 +71,9 @@ def start_local_api() -> None:
 
     if PREFECT_API_URL.value():
         return
-    from layerwise.strategies.jobs.tether import guard
     from prefect.server.api.server import SubprocessASGIServer
+
+    from layerwise.strategies.jobs.tether import guard
 
     server = SubprocessASGIServer()
     server.start()
@@ -82,11 +84,11 @@ def start_local_api() -> None:
 def check_before_start(config: BenchmarkConfig) -> None:
     """What would fail inside the flow, found before Prefect starts (a second, not ten)."""
     from layerwise.flows.benchmark_config import CALIBRATED
-    from layerwise.strategies.cluster import load_cluster
     from layerwise.strategies.errors import LayerwiseError
-    from layerwise.strategies.graph import build_graph
-    from layerwise.strategies.memory import check_memory, training_bytes
-    from layerwise.tasks.data import PARAMS_FILE
+    from layerwise.strategies.hardware.cluster import load_cluster
+    from layerwise.strategies.hardware.host_memory import check_memory, training_bytes
+    from layerwise.strategies.model.graph import build_graph
+    from layerwise.tasks.stages.prepare_data import PARAMS_FILE
 
     batch = config.batch_per_device * config.nproc
     for index, model in enumerate(config.models):

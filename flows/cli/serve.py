@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from layerwise.flows.cli.console import user_errors
 from layerwise.flows.cli.run import use_embedded_environment
 from layerwise.strategies.errors import LayerwiseError
@@ -58,10 +59,13 @@ def serve(
 
 
 def check_cron(cron: str) -> None:
-    """One line for a cron string Prefect's schedule would refuse."""
+    """One line for a cron string that is not five fields Prefect's schedule takes (croniter,
+    behind it, would read a sixth field as seconds and fire every second)."""
     from prefect._internal.schemas.validators import validate_cron_string
 
     try:
+        if len(cron.split()) != 5:
+            raise ValueError(cron)
         validate_cron_string(cron)
     except ValueError:
         raise LayerwiseError(f"--cron {cron!r} is not a cron expression: write five fields, "

@@ -24,22 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from layerwise.flows.cli.console import (
-    console,
-    error_console,
-    human_count,
-    print_error,
-    print_warning,
-    user_errors,
-)
-from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-from layerwise.strategies.learning_rate import (
-    DEFAULT_LR,
-    DEFAULT_LR_DECAY,
-    DEFAULT_WARMUP_STEPS,
-    LR_DECAYS,
-)
-from layerwise.strategies.schedules import schedule_help
 from rich.progress import (
     BarColumn,
     Progress,
@@ -49,9 +33,30 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from layerwise.flows.cli.console import (
+    console,
+    error_console,
+    human_count,
+    print_error,
+    print_warning,
+    user_errors,
+)
+from layerwise.strategies.jobs.defaults import (
+    DEFAULT_BATCH_PER_DEVICE,
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_TIMEOUT_SECONDS,
+)
+from layerwise.strategies.learning_rate import (
+    DEFAULT_LR,
+    DEFAULT_LR_DECAY,
+    DEFAULT_WARMUP_STEPS,
+    LR_DECAYS,
+)
+from layerwise.strategies.schedules import schedule_help
+
 if TYPE_CHECKING:
     from layerwise.strategies.jobs.job import Job
-    from layerwise.strategies.run import RunResult
+    from layerwise.strategies.training_run import RunResult
 
 
 def register(app: typer.Typer) -> None:
@@ -105,12 +110,14 @@ def train(
     out: Annotated[Path | None, typer.Option(
         help="Run folder (default: a new one under runs/).")] = None,
     checkpoint_every: Annotated[int, typer.Option(
-        help="Steps between checkpoints; one is always written at the end.")] = 100,
+        help="Steps between checkpoints; one is always written at the end.")
+    ] = DEFAULT_CHECKPOINT_EVERY,
     resume: Annotated[Path | None, typer.Option(
         help="Continue the run in this folder from its last checkpoint, same settings.")
     ] = None,
     timeout: Annotated[float, typer.Option(
-        help="Seconds a collective waits for the other ranks before the run fails.")] = 120.0,
+        help="Seconds a collective waits for the other ranks before the run fails.")
+    ] = DEFAULT_TIMEOUT_SECONDS,
     nnodes: Annotated[int | None, typer.Option(help="Machines (default 1).")] = None,
     node_rank: Annotated[int | None, typer.Option(
         help="This machine's index, with --nnodes > 1.")] = None,
@@ -119,9 +126,8 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the RunResult JSON.")] = False,
 ) -> None:
     """Train MODEL under a strategy on N processes with torchrun; measure it against Eq. 1."""
-    from layerwise.strategies.jobs.failure import failure_line
-    from layerwise.strategies.jobs.job import new_job, resumed_job, total_steps
-    from layerwise.strategies.jobs.launch import torchrun_command, write_run_folder
+    from layerwise.strategies.jobs.job import new_job, resumed_job
+    from layerwise.strategies.jobs.launch import TrainingFailed
     from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers
     from layerwise.strategies.runtime.worker import Fault
 
@@ -137,25 +143,21 @@ def train(
         job = resumed_job(resume, model, strategy, options, out, node_rank, rdzv_endpoint)
     else:
         job = new_job(model, strategy, options, out, analytic, node_rank, rdzv_endpoint)
-    with job:  # the run folder is held until the run ends
-        total = total_steps(job, steps, epochs)
-        command = torchrun_command(job, total, checkpoint_every, timeout)
-        for warning in job.warnings:
-            print_warning(warning)
-        write_run_folder(job)
-        code = _run_with_progress_bar(command, job, as_json)
-    if code != 0:
-        line = failure_line(job.out, code, job.settings.nproc, job.settings.nnodes,
-                            job.node_rank)
-        print_error(line)
-        raise typer.Exit(code=1)
-    _report(job, as_json)
+    try:
+        with job:  # the run folder is held until the run ends
+            result = _run_with_progress_bar(job, steps, epochs, checkpoint_every, timeout,
+                                            as_json)
+    except TrainingFailed as failure:
+        print_error(str(failure))
+        raise typer.Exit(code=1) from None
+    _report(job, result, as_json)
 
 
-def _run_with_progress_bar(command: list[str], job: Job, quiet: bool) -> int:
-    """Run torchrun with a progress bar driven by rank 0's lines; returns its exit code.
-    Every other output line is passed on (to stderr with --json, whose stdout is the result)."""
-    from layerwise.strategies.jobs.launch import StepProgress, run_torchrun
+def _run_with_progress_bar(job: Job, steps: int | None, epochs: int | None,
+                           checkpoint_every: int, timeout: float, quiet: bool) -> RunResult:
+    """Run the job with a progress bar driven by rank 0's lines; returns its result. Every other
+    output line is passed on (to stderr with --json, whose stdout is the result)."""
+    from layerwise.strategies.jobs.launch import StepProgress, run_job
 
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
@@ -176,15 +178,13 @@ def _run_with_progress_bar(command: list[str], job: Job, quiet: bool) -> int:
             bar.update(task, completed=progress.step, loss=f"loss {progress.loss:.4f}",
                        description=f"step {progress.step}/{progress.steps}{finishing}")
 
-        return run_torchrun(command, job, on_line=show_line, on_progress=show_progress)
+        return run_job(job, steps, epochs, checkpoint_every, timeout, on_warning=print_warning,
+                       on_line=show_line, on_progress=show_progress)
 
 
-def _report(job: Job, as_json: bool) -> None:
-    from layerwise.strategies.run import RunResult
-    from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME
-    from layerwise.strategies.runtime.worker import MODEL_FILE, RESULT_FILE
+def _report(job: Job, result: RunResult, as_json: bool) -> None:
+    from layerwise.strategies.files.locations import CHECKPOINT_FILE, MODEL_FILE, RESULT_FILE
 
-    result = RunResult.load(job.out / RESULT_FILE)
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
         return
@@ -193,7 +193,7 @@ def _report(job: Job, as_json: bool) -> None:
     console.print(
         f"result      {job.out / RESULT_FILE}\n"
         f"model       {job.out / MODEL_FILE} (a state_dict for the plain module)\n"
-        f"checkpoint  {job.out / CHECKPOINT_NAME} (step {last}; continue with --resume "
+        f"checkpoint  {job.out / CHECKPOINT_FILE} (step {last}; continue with --resume "
         f"{job.out} --steps N)", highlight=False, soft_wrap=True)
 
 

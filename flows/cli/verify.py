@@ -5,12 +5,12 @@
     layerwise verify wide_fc --strategy all --nproc 2 --steps 5 --dataset digits
     layerwise verify mypkg.nets:make_net --strategy net.strategy.json --nproc 2 --json
 
-Each strategy trains K steps in float64 on N torchrun processes (one launch for all of them),
-then the plain module trains the same K steps on one process; every loss and every weight is
-compared (strategies/verify.py). Exit code 0 when every strategy exact by design stays within
-1e-10, 1 when one does not or a run fails, 2 for bad input. Strategies not exact by design
-(local updates, OWT's variable batch, pipelines normalising BatchNorm per micro-batch) report
-their divergence.
+Each strategy trains K steps in float64 on N torchrun processes (one launch for all of them), then
+the plain module trains the same K steps on one process; every loss and every weight is compared
+(strategies/exactness/reference.py). Exit code 0 when every strategy exact by design stays within
+1e-10, 1 when one does not or a run fails, 2 for bad input. Strategies not exact by design (local
+updates, OWT's variable batch, pipelines normalising BatchNorm per micro-batch) report their
+divergence.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from layerwise.flows.cli.console import console, print_error, user_errors
-from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from rich.table import Table
 from rich.text import Text
 
+from layerwise.flows.cli.console import console, print_error, user_errors
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE, DEFAULT_VERIFY_STEPS
+
 if TYPE_CHECKING:
-    from layerwise.strategies.jobs.verify import VerifyReport
+    from layerwise.strategies.jobs.exactness_check import VerifyReport
 
 VERIFY_BATCH_PER_DEVICE = 4  # exactness needs no big batch; small ones keep it quick
 
@@ -43,7 +44,7 @@ def verify(
         help="Strategy names, comma-separated (as `train --strategy` takes them), a strategy "
              "file, or `all` (every strategy that applies).")],
     nproc: Annotated[int, typer.Option(help="Processes.")],
-    steps: Annotated[int, typer.Option(help="SGD steps compared.")] = 3,
+    steps: Annotated[int, typer.Option(help="SGD steps compared.")] = DEFAULT_VERIFY_STEPS,
     dataset: Annotated[str | None, typer.Option(
         help="synthetic (the default), digits or any folder prepared under data/prepared/.")
     ] = None,
@@ -64,13 +65,13 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train strategies in float64 and compare every loss and weight with one device."""
-    from layerwise.strategies.jobs.job import claim_folder
-    from layerwise.strategies.jobs.options import TrainOptions
-    from layerwise.strategies.jobs.verify import (
+    from layerwise.strategies.jobs.exactness_check import (
         VerifyFailed,
         requested_strategies,
         verify_strategies,
     )
+    from layerwise.strategies.jobs.job import claim_folder
+    from layerwise.strategies.jobs.options import TrainOptions
 
     options = TrainOptions.given(nproc=nproc, cluster=cluster, dataset=dataset,
                                  batch_per_device=batch_per_device, image_size=image_size,

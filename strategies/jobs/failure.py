@@ -15,10 +15,9 @@ import signal
 from itertools import groupby
 from pathlib import Path
 
-from layerwise.strategies.jobs.launch import LOG_FILE
+from layerwise.strategies.files.locations import ERRORS_DIR, LOG_FILE
 from layerwise.strategies.jobs.run_folder import node_file_name
 from layerwise.strategies.runtime.divergence import LossDiverged
-from layerwise.strategies.runtime.worker import ERRORS_DIR
 
 _DIVERGED = f"{LossDiverged.__name__}: "  # how a rank records the divergence it stopped on
 

@@ -16,33 +16,35 @@ from pathlib import Path
 from types import TracebackType
 
 import torch
-from layerwise.strategies.cluster import load_cluster
+
 from layerwise.strategies.errors import ConfigError, LayerwiseError
-from layerwise.strategies.files import creatable_folder
-from layerwise.strategies.graph import LayerGraph, build_graph
-from layerwise.strategies.jobs.costing import cost_model
-from layerwise.strategies.jobs.named_strategies import strategy_by_name, strategy_names
+from layerwise.strategies.files.atomic import creatable_folder
+from layerwise.strategies.files.locations import (
+    CHECKPOINT_FILE,
+    PREPARED_DIR,
+    SETTINGS_FILE,
+    STRATEGY_FILE,
+)
+from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.hardware.host_memory import check_memory, training_bytes
+from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions, check_nodes
+from layerwise.strategies.jobs.pricing import cost_model
 from layerwise.strategies.jobs.run_folder import (
     FolderClaim,
     claim_existing_run,
     claim_new_folder,
     claim_stamped_folder,
 )
-from layerwise.strategies.memory import check_memory, training_bytes
-from layerwise.strategies.models import build_model
-from layerwise.strategies.run import TrainSettings
-from layerwise.strategies.runtime.checkpoint import CHECKPOINT_NAME, resume_point
-from layerwise.strategies.runtime.datasets import (
-    DEFAULT_ROOT,
-    GlobalBatches,
-    load_dataset,
-    prepared_spec,
-)
+from layerwise.strategies.model.graph import LayerGraph, build_graph
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.checkpoint import resume_point
+from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset, prepared_spec
 from layerwise.strategies.runtime.plan import build_plan
-from layerwise.strategies.runtime.worker import SETTINGS_FILE, STRATEGY_FILE
-from layerwise.strategies.schedules import repriced
+from layerwise.strategies.schedules import STRATEGY_NAMES
+from layerwise.strategies.schedules.loader import repriced
 from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.training_run import TrainSettings
 
 RUNS_DIR = Path("runs")  # where run folders go unless one is named; relative to the project
 
@@ -78,9 +80,11 @@ class Job:
 
 def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path | None,
             analytic: bool, node_rank: int | None = None,
-            rdzv_endpoint: str | None = None) -> Job:
+            rdzv_endpoint: str | None = None, graph: LayerGraph | None = None) -> Job:
     """A run from the options given (defaults for the rest), checked before anything is
-    written, in a folder claimed first (`out`, else a new one under runs/)."""
+    written, in a folder claimed first (`out`, else a new one under runs/). A caller that
+    built the model's layer graph for these options already (the benchmark flow) passes it as
+    `graph`: it is checked to be that graph, and not built again."""
     if strategy is None:
         raise LayerwiseError("pass --strategy layerwise|data|model|owt|FILE (or --resume DIR)")
     if options.nproc is None:
@@ -92,17 +96,21 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
     world = options.nproc * options.nnodes
     with claim_folder(out, model, strategy, node_rank or 0).released_on_error() as claim:
         return _new_job(model, strategy, options, world, claim, analytic, node_rank or 0,
-                        rdzv_endpoint)
+                        rdzv_endpoint, graph)
 
 
 def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim: FolderClaim,
-             analytic: bool, node_rank: int, rdzv_endpoint: str | None) -> Job:
-    fixed = prepared_spec(options.dataset, DEFAULT_ROOT)
-    graph = build_graph(
-        model, batch=options.batch_per_device * world,
-        image_size=_given_or(options.image_size, fixed.image_size if fixed else None),
-        num_classes=_given_or(options.classes, fixed.classes if fixed else None),
-        in_channels=_given_or(options.in_channels, fixed.channels if fixed else None))
+             analytic: bool, node_rank: int, rdzv_endpoint: str | None,
+             built: LayerGraph | None) -> Job:
+    fixed = prepared_spec(options.dataset, PREPARED_DIR)
+    image_size = _given_or(options.image_size, fixed.image_size if fixed else None)
+    classes = _given_or(options.classes, fixed.classes if fixed else None)
+    in_channels = _given_or(options.in_channels, fixed.channels if fixed else None)
+    batch = options.batch_per_device * world
+    graph = built if built is not None else build_graph(
+        model, batch=batch, image_size=image_size, num_classes=classes,
+        in_channels=in_channels)
+    _check_graph_fits(graph, model, batch, image_size, in_channels)
     check_memory(training_bytes(graph, options.nnodes),
                  f"training {model} at a global batch of {graph.batch} "
                  f"({options.batch_per_device} per process, {world} "
@@ -115,7 +123,7 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
                              "with 2 or more outputs (--classes N)")
     chosen = _resolve_strategy(strategy, graph, world, options, analytic)
     settings = TrainSettings(
-        model=model, strategy=strategy, data_root=str(DEFAULT_ROOT.resolve()),
+        model=model, strategy=strategy, data_root=str(PREPARED_DIR.resolve()),
         image_size=graph.input_shape[2], in_channels=graph.input_shape[1], classes=classes,
         **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
@@ -123,6 +131,17 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
                rdzv_endpoint=rdzv_endpoint,
                warnings=(*_idle_warning(chosen, world),
                          *(f"held: {note}" for note in graph.held_notes)))
+
+
+def _check_graph_fits(graph: LayerGraph, model: str, batch: int, image_size: int | None,
+                      in_channels: int | None) -> None:
+    """A graph handed in must be the one these options build (a caller's mistake, not a
+    user's)."""
+    if graph.model != model or graph.batch != batch or (
+            image_size is not None and graph.input_shape[2] != image_size) or (
+            in_channels is not None and graph.input_shape[1] != in_channels):
+        raise ValueError(f"the graph of {graph.model} at batch {graph.batch}, input "
+                         f"{graph.input_shape}, is not {model}'s at batch {batch}")
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
@@ -154,9 +173,9 @@ def _resumed_job(settings: TrainSettings, claim: FolderClaim, node_rank: int,
     saved = Strategy.load(folder / STRATEGY_FILE)
     _check_strategy(saved, str(folder / STRATEGY_FILE), graph, settings.world)
     batches = _batches(settings)
-    point = resume_point(folder / CHECKPOINT_NAME)
+    point = resume_point(folder / CHECKPOINT_FILE)
     if point is None:
-        raise LayerwiseError(f"--resume {folder}: it holds no {CHECKPOINT_NAME} (the run "
+        raise LayerwiseError(f"--resume {folder}: it holds no {CHECKPOINT_FILE} (the run "
                              "stopped before its first checkpoint, every --checkpoint-every "
                              "steps); train it again with a new --out")
     point.check_weights(_trained_weights(settings), settings.model)
@@ -203,11 +222,11 @@ def _resolve_strategy(spec: str, graph: LayerGraph, world: int, options: TrainOp
             f"`layerwise calibrate --nproc {world}`)")
     profile = Path(options.profile) if options.profile else None
     cost = cost_model(graph, options.cluster, world, profile, analytic or profile is None)
-    if spec in strategy_names():
+    if spec in STRATEGY_NAMES:
         return strategy_by_name(spec, cost)
     if not Path(spec).is_file():
         raise LayerwiseError(f"--strategy {spec}: not a strategy name "
-                             f"({', '.join(strategy_names())}) nor a strategy file")
+                             f"({', '.join(STRATEGY_NAMES)}) nor a strategy file")
     loaded = Strategy.load(spec)
     _check_strategy(loaded, spec, graph, world)
     try:

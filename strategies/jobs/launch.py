@@ -6,12 +6,12 @@ A blocked read of torchrun's output never notices a deadline, and an orchestrato
 cannot interrupt it either, so a timer stops the process group itself. Rank 0's progress lines
 and every other output line go to callables: the CLI draws a progress bar, the flow's task logs.
 A launcher killed from outside (SIGKILL, the OOM killer) takes its workers with it
-(strategies/runtime/parent_death.py); the output is then no longer waited for.
+(strategies/processes/parent_death.py); the output is then no longer waited for.
 
 On one machine torchrun and its workers meet through files in a private temporary folder
-(strategies/rendezvous.py), so nothing of the run listens on the network; the nodes of a run on
-several machines meet at node 0's --rdzv-endpoint, which must listen where they reach it. Node
-0 writes the run folder they share; each node logs to its own torchrun log.
+(strategies/hardware/rendezvous.py), so nothing of the run listens on the network; the nodes of a
+run on several machines meet at node 0's --rdzv-endpoint, which must listen where they reach it.
+Node 0 writes the run folder they share; each node logs to its own torchrun log.
 """
 
 from __future__ import annotations
@@ -31,26 +31,34 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from layerwise.strategies.files import write_atomic
-from layerwise.strategies.jobs.job import Job
-from layerwise.strategies.jobs.run_folder import node_file_name
-from layerwise.strategies.jobs.tether import tethered
-from layerwise.strategies.rendezvous import loopback_environment
-from layerwise.strategies.runtime.huge_pages import with_huge_pages
-from layerwise.strategies.runtime.worker import (
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files.atomic import write_atomic
+from layerwise.strategies.files.locations import (
     ERRORS_DIR,
     GRAPH_FILE,
-    PROGRESS_PREFIX,
+    LOG_FILE,
+    RESULT_FILE,
     SETTINGS_FILE,
     STRATEGY_FILE,
 )
+from layerwise.strategies.hardware.rendezvous import loopback_environment
+from layerwise.strategies.jobs.failure import failure_line
+from layerwise.strategies.jobs.job import Job, total_steps
+from layerwise.strategies.jobs.run_folder import node_file_name
+from layerwise.strategies.jobs.tether import tethered
+from layerwise.strategies.processes.huge_pages import with_huge_pages
+from layerwise.strategies.runtime.worker import PROGRESS_PREFIX
+from layerwise.strategies.training_run import RunResult
 
-LOG_FILE = "torchrun.log"
 STOP_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
 # How long the output may stay open after torchrun is gone: its workers die with it at once,
 # so only workers stuck past their parent-death signal are left, and they are not waited for.
 ORPHANED_OUTPUT_SECONDS = 5.0
+
+
+class TrainingFailed(LayerwiseError):
+    """torchrun exited non-zero; the message names the rank that failed first and its error."""
 
 
 class StepProgress(NamedTuple):
@@ -143,6 +151,33 @@ def run_torchrun(command: list[str], job: Job,
         raise TimeoutError(f"training ran past its deadline of {deadline_s:g} s; torchrun and "
                            f"its workers were stopped (log: {log_path(job)})")
     return code
+
+
+def run_job(job: Job, steps: int | None, epochs: int | None, checkpoint_every: int | None,
+            timeout: float, *, on_warning: Callable[[str], None] = _ignore,
+            on_line: Callable[[str], None] = _ignore,
+            on_progress: Callable[[StepProgress], None] = _ignore,
+            deadline_s: float | None = None) -> RunResult:
+    """Train `job` (claimed and checked; held by the caller): its warnings to `on_warning`,
+    the run folder written, torchrun run to its end, and rank 0's RunResult read back. The one
+    launch of `layerwise train` and the flow's train task.
+
+    `steps` or `epochs` (one of them; a resumed job's own otherwise) bound the run, a
+    checkpoint every `checkpoint_every` steps (None: never), `timeout` seconds for a
+    collective; `on_line` and `on_progress` are `run_torchrun`'s, as is `deadline_s`.
+    TrainingFailed, naming the rank that failed first, when torchrun exits non-zero.
+    """
+    total = total_steps(job, steps, epochs)
+    command = torchrun_command(job, total, checkpoint_every, timeout)
+    for warning in job.warnings:
+        on_warning(warning)
+    write_run_folder(job)
+    code = run_torchrun(command, job, on_line=on_line, on_progress=on_progress,
+                        deadline_s=deadline_s)
+    if code != 0:
+        raise TrainingFailed(failure_line(job.out, code, job.settings.nproc,
+                                          job.settings.nnodes, job.node_rank))
+    return RunResult.load(job.out / RESULT_FILE)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.hyperparameters import (
     ClassCount,
@@ -24,7 +26,6 @@ from layerwise.strategies.learning_rate import (
     DEFAULT_WARMUP_STEPS,
     LrDecay,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # The order in which out-of-range options are reported (the first one found is named).
 _RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "classes", "lr", "seed",

@@ -29,8 +29,8 @@ from pathlib import Path
 from types import TracebackType
 
 from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files.locations import LOCK_FILE
 
-LOCK_FILE = "run.lock"
 _OTHER_NODES_FILE = re.compile(r"[^.]+\.node\d+\.\w+")  # node_file_name's, for nodes > 0
 
 
@@ -169,8 +169,12 @@ def _hold(lock: Path, subject: str, fix: str) -> int:
     """
     while True:
         try:
-            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            # never through a link: a planted run.lock symlink must not redirect the pid write
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise LayerwiseError(f"the lock file {lock} is a symbolic link; remove it "
+                                     "(layerwise writes its own)") from None
             raise LayerwiseError(f"cannot write the lock file {lock} "
                                  f"({error.strerror})") from None
         try:

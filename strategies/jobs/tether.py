@@ -29,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from layerwise.strategies.runtime.parent_death import LAUNCHER_PID_VARIABLE, parent_death_signal
+from layerwise.strategies.processes.parent_death import LAUNCHER_PID_VARIABLE, parent_death_signal
 
 STOP_GRACE_SECONDS = 5.0
 SUPPORTED = sys.platform.startswith("linux")

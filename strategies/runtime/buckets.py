@@ -1,17 +1,17 @@
 """Gradient all-reduces that start while the backward still runs (DDP's overlap), per group.
 
-A layer's weight gradients are final once that layer's own backward has run (every weight
-belongs to one layer), so they join the open bucket of the layer's replica group right then;
-a bucket that reaches `bucket_bytes` starts an asynchronous all-reduce at once and the backward
-goes on. Every member of a group meets the same layers in the same order with shards of the
-same sizes, so bucket boundaries, and the order of each group's collectives, agree on every
-rank. Bytes are counted per layer, as if each layer's gradients were reduced alone (the ring
-sends the same total either way). Each bucket's flat buffer is allocated once and reused every
-step, as DDP's are: a fresh buffer of 100+ MB page-faults on every step (filling AlexNet's
-151 MB bucket that way takes 63 ms here, more than its share of the backward).
-Small tensors that a group must sum at the end of the step anyway (the step's loss) ride in that
-group's last bucket instead of taking an all-reduce of their own: with gloo on CPUs a small
-all-reduce costs 1-3 ms after compute (DESIGN 3.7), a tenth of a LeNet-5 step.
+A layer's weight gradients are final once that layer's own backward has run (every weight belongs to
+one layer), so they join the open bucket of the layer's replica group right then; a bucket that
+reaches `bucket_bytes` starts an asynchronous all-reduce at once and the backward goes on. Every
+member of a group meets the same layers in the same order with shards of the same sizes, so bucket
+boundaries, and the order of each group's collectives, agree on every rank. Bytes are counted per
+layer, as if each layer's gradients were reduced alone (the ring sends the same total either way).
+Each bucket's flat buffer is allocated once and reused every step, as DDP's are: a fresh buffer of
+100+ MB page-faults on every step (filling AlexNet's 151 MB bucket that way takes 63 ms here, more
+than its share of the backward). Small tensors that a group must sum at the end of the step anyway
+(the step's loss) ride in that group's last bucket instead of taking an all-reduce of their own:
+with gloo on CPUs a small all-reduce costs 1-3 ms after compute (docs/research.md: measured
+behaviour), a tenth of a LeNet-5 step.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from layerwise.strategies.cluster import GRADIENT_BUCKET_BYTES
-from layerwise.strategies.runtime.comm import Communicator
 from torch import nn
+
+from layerwise.strategies.hardware.cluster import GRADIENT_BUCKET_BYTES
+from layerwise.strategies.runtime.comm import Communicator
 
 
 @dataclass

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from layerwise.strategies.errors import LayerwiseError, shown
-from layerwise.strategies.files import atomic_path, first_error
-from layerwise.strategies.run import StepRecord
-from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, Engine
 from pydantic import TypeAdapter, ValidationError
 
-CHECKPOINT_NAME = "checkpoint.pt"
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.files.atomic import atomic_path, first_error
+from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, Engine
+from layerwise.strategies.training_run import StepRecord
+
 PREVIOUS_SUFFIX = ".prev"  # checkpoint.pt.prev: the one before, to fall back to
 CORRUPT_SUFFIX = ".corrupt"  # a newest one that failed its check, kept for a look
 SCHEMA_VERSION = 3  # 3: the sha256 of the content

@@ -7,7 +7,7 @@ beyond init) and a `ByteCounter` keyed by (layer, category):
 - loss: per-sample scalars of the cross-entropy over channel-split scores, and the step's loss.
 All-reduces are counted as the ring algorithm (gloo's and NCCL's for large messages) sends
 them: the buffer cut in r chunks, every rank sends r-1 chunks to reduce-scatter and r-1 to
-all-gather, so a group sends 2(r-1) times the buffer in all (cost.py's t_s bytes).
+all-gather, so a group sends 2(r-1) times the buffer in all (cost_model.py's t_s bytes).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from layerwise.strategies.space import tile_range
+
+from layerwise.strategies.model.space import tile_range
 
 Category = str  # "transfer" | "sync" | "loss"
 

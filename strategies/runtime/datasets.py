@@ -1,12 +1,13 @@
 """Training data for `layerwise train`, and the global batches every rank draws alike.
 
 - digits: scikit-learn's handwritten digits as the DVC `prepare` stage wrote them
-  (data/prepared/digits/{train,val}.npz, `tasks/data.py`): 1 channel, 10 classes, the image
-  size params.yaml sets.
+  (data/prepared/digits/{train,val}.npz, `tasks/stages/prepare_data.py`): 1 channel, 10
+  classes, the image size params.yaml sets.
 - cifar10, imagefolder: the same stage's output for a local CIFAR-10 (python version) folder or
-  an ImageFolder tree (`python -m layerwise.tasks.data --dataset NAME --source PATH`); and any other folder
-  under data/prepared/ holding a meta.json (`--out data/prepared/flowers` trains as `flowers`).
-  A prepared dataset fixes the image size, channels and classes (meta.json).
+  an ImageFolder tree (`python -m layerwise.tasks.stages.prepare_data --dataset NAME --source
+  PATH`); and any other folder under data/prepared/ holding a meta.json (`--out
+  data/prepared/flowers` trains as `flowers`). A prepared dataset fixes the image size, channels and
+  classes (meta.json).
 - synthetic: a seeded image-classification task at any size, class count and channel count, so
   every zoo model can train anywhere without a download. Each class has one fixed smooth random
   prototype (low-resolution noise upsampled); a sample is its class's prototype shifted by a few
@@ -30,13 +31,14 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
-from layerwise.strategies.documents import read_json
+
 from layerwise.strategies.errors import LayerwiseError, shown
-from layerwise.strategies.memory import check_memory
+from layerwise.strategies.files.documents import read_json
+from layerwise.strategies.files.locations import PREPARED_DIR
+from layerwise.strategies.hardware.host_memory import check_memory
 
 DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "synthetic")
 _SOURCED = ("cifar10", "imagefolder")  # prepared from a local folder, not from params.yaml
-DEFAULT_ROOT = Path("data") / "prepared"
 SYNTHETIC_TRAIN_SAMPLES = 4096
 SYNTHETIC_VAL_SAMPLES = 1024
 _PROTOTYPE_GRID = 4  # prototypes are 4x4 noise upsampled: smooth, so shifts keep them close
@@ -109,7 +111,7 @@ class Dataset:
     val: Split
 
 
-def prepared_spec(name: str, root: Path = DEFAULT_ROOT) -> ImageSpec | None:
+def prepared_spec(name: str, root: Path = PREPARED_DIR) -> ImageSpec | None:
     """The input a prepared dataset fixes (None for synthetic, which fits any model)."""
     if name == "synthetic":
         return None
@@ -135,14 +137,17 @@ def prepared_spec(name: str, root: Path = DEFAULT_ROOT) -> ImageSpec | None:
     return spec
 
 
+PREPARE_MODULE = "layerwise.tasks.stages.prepare_data"  # the DVC stage's script
+
+
 def _prepare_fix(name: str, options: str = "") -> str:
     """The command that (re)builds prepared dataset `name`, with extra `options`: digits come
     from params.yaml, the others from a local source folder."""
     if name == "digits":
-        return "run `dvc repro prepare` (or `python -m layerwise.tasks.data`) from the project root"
+        return f"run `dvc repro prepare` (or `python -m {PREPARE_MODULE}`) from the project root"
     command = (f"--dataset {name} --source PATH" if name in _SOURCED
-               else f"--dataset cifar10|imagefolder --source PATH --out {DEFAULT_ROOT / name}")
-    return f"run `python -m layerwise.tasks.data {command}{options}` from the project root"
+               else f"--dataset cifar10|imagefolder --source PATH --out {PREPARED_DIR / name}")
+    return f"run `python -m {PREPARE_MODULE} {command}{options}` from the project root"
 
 
 def _resize_fix(name: str, image_size: int) -> str:
@@ -152,7 +157,7 @@ def _resize_fix(name: str, image_size: int) -> str:
 
 
 def load_dataset(name: str, image_size: int, num_classes: int, in_channels: int, seed: int,
-                 root: Path = DEFAULT_ROOT) -> Dataset:
+                 root: Path = PREPARED_DIR) -> Dataset:
     """The train and validation splits of `name` for a model with this input and class count."""
     wanted = ImageSpec(image_size=image_size, classes=num_classes, channels=in_channels)
     fixed = prepared_spec(name, root)

@@ -1,9 +1,9 @@
 """The cross-entropy over scores split by class: the same loss however the classes are split.
 
-`sharded_cross_entropy`: the loss over scores split by class across a channel group
-(log-sum-exp over the group), each device contributing 1/r of each sample's loss so the
-group's copies add up to one loss per sample; its backward is local. (The layer ops' own
-split-exact pieces, BatchNorm over a group and dropout masks, are in `layerwise.strategies.ops`.)
+`sharded_cross_entropy`: the loss over scores split by class across a channel group (log-sum-exp
+over the group), each device contributing 1/r of each sample's loss so the group's copies add up to
+one loss per sample; its backward is local. (The layer ops' own split-exact pieces, BatchNorm over a
+group and dropout masks, are in `layerwise.strategies.model.ops`.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from layerwise.strategies.ops import Reduce
+
+from layerwise.strategies.model.ops import Reduce
 
 
 class _ShardedCrossEntropy(torch.autograd.Function):

@@ -14,7 +14,7 @@ needs and which pieces of which producer tiles make it up; this module moves the
   gather is a scatter-add).
 
 Written here because no library moves arbitrary receptive-field boxes between arbitrary tilings
-(DTensor's halo path covers only the last dim on a 1-D mesh, DESIGN 3.6).
+(DTensor's halo path covers only the last dim on a 1-D mesh, docs/research.md: torch.distributed).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.plan import Box, InputPlan, local_slices, shape_of
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import Layer, LayerGraph
-from layerwise.strategies.space import ParallelConfig, check_config, tile_range
-from layerwise.strategies.tiles import Range, as_4d, needed_range
+from layerwise.strategies.model.graph import Layer, LayerGraph
+from layerwise.strategies.model.space import ParallelConfig, check_config, tile_range
+from layerwise.strategies.model.tiles import Range, as_4d, needed_range
 
 Box = tuple[Range, Range, Range, Range]
 TileIndex = tuple[int, int, int, int]

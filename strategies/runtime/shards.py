@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from layerwise.strategies.graph import Layer
+from torch import fx, nn
+
+from layerwise.strategies.model.graph import Layer
 from layerwise.strategies.runtime.comm import exchange_tagged
 from layerwise.strategies.runtime.plan import StrategyPlan
-from torch import fx, nn
 
 # module target -> parameter or buffer name -> this rank's shard of it
 ModuleShards = dict[str, dict[str, "Shard"]]

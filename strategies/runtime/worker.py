@@ -6,28 +6,28 @@
         [--reference reference.pt]
 
 `layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
-model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer
-graph it checked them against, so that no worker pays seconds to trace the model under fake
-tensors again), then starts exactly this command: on one machine in the environment of
-strategies/rendezvous.py (file stores, loopback only), on several with `--nnodes --node-rank
---rdzv-endpoint` (they share runs/RUN, which node 0 writes).
-Each rank builds the same module from the same seed, keeps its shards (`LayerwiseModel`) and
-trains on the same global batches with SGD at the schedule's learning rate of each step
-(strategies/learning_rate.py). A loss that diverges (strategies/runtime/divergence.py) stops
-every rank at that step: no checkpoint of it, result.json with the steps so far, and each
-rank's error file saying so. Rank 0 prints one line per step,
-`LAYERWISE_PROGRESS {"step": .., "steps": .., "loss": .., "seconds": ..}`, for the launcher;
-writes checkpoint.pt every `--checkpoint-every` steps and at the end (`--no-checkpoint`: never, for
-runs that are not resumed, such as `layerwise verify`'s); and finally writes model.pt (the plain
-module's state_dict) and result.json (`RunResult`). With `--reference` (`layerwise verify`: the
-plain module trained on the same batches, strategies/verify.py) rank 0 compares its final
-weights and losses with it and writes divergence.json instead of model.pt.
+model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer graph
+it checked them against, so that no worker pays seconds to trace the model under fake tensors
+again), then starts exactly this command: on one machine in the environment of
+strategies/hardware/rendezvous.py (file stores, loopback only), on several with
+`--nnodes --node-rank --rdzv-endpoint` (they share runs/RUN, which node 0 writes).
+Each rank builds the same module from the same seed, keeps its shards (`LayerwiseModel`) and trains
+on the same global batches with SGD at the schedule's learning rate of each step
+(strategies/learning_rate.py). A loss that diverges (strategies/runtime/divergence.py) stops every
+rank at that step: no checkpoint of it, result.json with the steps so far, and each rank's error
+file saying so. Rank 0 prints one line per step, `LAYERWISE_PROGRESS {"step": .., "steps": ..,
+"loss": .., "seconds": ..}`, for the launcher; writes checkpoint.pt every `--checkpoint-every` steps
+and at the end (`--no-checkpoint`: never, for runs that are not resumed, such as `layerwise
+verify`'s); and finally writes model.pt (the plain module's state_dict) and result.json
+(`RunResult`). With `--reference` (`layerwise verify`: the plain module trained on the same batches,
+strategies/exactness/reference.py) rank 0 compares its final weights and losses with it and writes
+divergence.json instead of model.pt.
 
 CPU processes use gloo; with a GPU per local process, rank r uses cuda:LOCAL_RANK and NCCL.
 Every collective times out after `--timeout` seconds, so a dead peer ends the run instead of
 hanging it. Any error writes runs/RUN/errors/rank{R}.json (rank, time, one-line error) before
 the process exits non-zero; the launcher reports the earliest one. A worker dies with its
-launcher (strategies/runtime/parent_death.py), so a killed torchrun leaves none training.
+launcher (strategies/processes/parent_death.py), so a killed torchrun leaves none training.
 
 Fault drill: LAYERWISE_FAULT="RANK:STEP" makes rank RANK raise RuntimeError("injected fault")
 right after step STEP (after that step's checkpoint, if any); "RANK:STEP:exit" makes it leave
@@ -51,14 +51,28 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.files import atomic_path, write_atomic
-from layerwise.strategies.graph import LayerGraph
-from layerwise.strategies.models import build_model
-from layerwise.strategies.rendezvous import RENDEZVOUS_VARIABLE
-from layerwise.strategies.run import ByteCounts, RunResult, StepRecord, TrainSettings
+from layerwise.strategies.exactness.reference import ReferenceRun, compare
+from layerwise.strategies.files.atomic import atomic_path, write_atomic
+from layerwise.strategies.files.locations import (
+    CHECKPOINT_FILE,
+    DIVERGENCE_FILE,
+    ERRORS_DIR,
+    GRAPH_FILE,
+    MODEL_FILE,
+    RESULT_FILE,
+    SETTINGS_FILE,
+    STRATEGY_FILE,
+)
+from layerwise.strategies.hardware.rendezvous import RENDEZVOUS_VARIABLE
+from layerwise.strategies.hardware.this_machine import device_name
+from layerwise.strategies.jobs.defaults import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_SECONDS
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.processes.huge_pages import huge_pages_in_use
+from layerwise.strategies.processes.parent_death import die_with_parent, launcher_pid
 from layerwise.strategies.runtime.checkpoint import (
-    CHECKPOINT_NAME,
     load_checkpoint,
     save_checkpoint,
     trained_weights,
@@ -66,26 +80,15 @@ from layerwise.strategies.runtime.checkpoint import (
 from layerwise.strategies.runtime.comm import Category, init_distributed
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
 from layerwise.strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
-from layerwise.strategies.runtime.engine import build_engine
-from layerwise.strategies.runtime.engine_base import Engine, EngineContext
-from layerwise.strategies.runtime.huge_pages import huge_pages_in_use
-from layerwise.strategies.runtime.parent_death import die_with_parent, launcher_pid
+from layerwise.strategies.runtime.engine_protocol import Engine, EngineContext
 from layerwise.strategies.schedules import is_exact
+from layerwise.strategies.schedules.loader import build_engine
 from layerwise.strategies.strategy import Strategy
-from layerwise.strategies.verify import ReferenceRun, compare
+from layerwise.strategies.training_run import ByteCounts, RunResult, StepRecord, TrainSettings
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
 FAULT_VARIABLE = "LAYERWISE_FAULT"
 KILLED_EXIT_CODE = 13
-STRATEGY_FILE = "strategy.json"
-SETTINGS_FILE = "train.json"
-GRAPH_FILE = "graph.json"
-MODEL_FILE = "model.pt"
-DIVERGENCE_FILE = "divergence.json"
-RESULT_FILE = "result.json"
-ERRORS_DIR = "errors"
-DEFAULT_TIMEOUT_SECONDS = 120.0
-DEFAULT_CHECKPOINT_EVERY = 100
 # Steps left out of the step-time statistics: the first ones allocate buffers and warm caches
 # (at most this many, and never more than half the steps)
 WARMUP_STEPS = 5
@@ -162,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
                         help="seconds a collective may wait for its peers")
     parser.add_argument("--resume", type=Path, metavar="CHECKPOINT",
-                        help=f"continue from this checkpoint (the run folder's {CHECKPOINT_NAME} "
+                        help=f"continue from this checkpoint (the run folder's {CHECKPOINT_FILE} "
                              "or the previous one the launcher fell back to)")
     parser.add_argument("--reference", type=Path, metavar="REFERENCE",
                         help="compare each run's final weights and losses with this plain-module "
@@ -220,7 +223,7 @@ class Process:
 
 def join(timeout: float) -> Process:
     """Pick this process's device and join the torchrun job (on one machine through the
-    launcher's file store, strategies/rendezvous.py)."""
+    launcher's file store, strategies/hardware/rendezvous.py)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
@@ -235,7 +238,7 @@ def train(out: Path, args: argparse.Namespace, process: Process,
     divergence from it) and result.json at the end."""
     fault = Fault.from_environment()
     run = start(out, process)
-    checkpoint = out / CHECKPOINT_NAME
+    checkpoint = out / CHECKPOINT_FILE
     done, records = (load_checkpoint(args.resume, run.engine) if args.resume is not None
                      else (0, []))
     if done >= args.steps:
@@ -396,10 +399,6 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
 def warmup_steps(steps: int) -> int:
     """How many of a run's first `steps` the step-time statistics leave out."""
     return min(WARMUP_STEPS, steps // 2)
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 if __name__ == "__main__":

@@ -1,1 +1,2 @@
-"""Local parallelism (Laskin et al. 2020, DESIGN 3.4): planner, engine, execution type."""
+"""Local parallelism (Laskin et al. 2020, docs/research.md: local parallelism): planner, engine,
+execution type."""

@@ -1,4 +1,5 @@
-"""Local parallelism executed (Laskin, Metz et al. 2020, DESIGN 3.4): one block per rank.
+"""Local parallelism executed (Laskin, Metz et al. 2020, docs/research.md: local parallelism): one
+block per rank.
 
 Rank k holds block k (contiguous layers, planner.py cuts them) and, except the last,
 an auxiliary head: global average pooling and one Linear to the classes. Each block learns
@@ -54,24 +55,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.fx_nodes import active_dropout
-from layerwise.strategies.graph import LayerGraph
-from layerwise.strategies.ops import dropout_mask
-from layerwise.strategies.runtime.comm import ByteCounter, gather_tensor_trees
-from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from layerwise.strategies.runtime.momentum import momentum_buffers
-from layerwise.strategies.schedules.local.execution import LocalExecution
-from layerwise.strategies.schedules.local.planner import Cut, block_cuts, output_classes
 from torch import fx, nn
 from torch.func import functional_call
+
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.runtime.comm import ByteCounter, gather_tensor_trees
+from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.runtime.replay import draw_masks, model_dropouts
+from layerwise.strategies.schedules.local.execution import LocalExecution
+from layerwise.strategies.schedules.local.planner import Cut, block_cuts, output_classes
 
 ACTIVATION_TAG = 1  # block k -> k+1: block k's output
 GRADIENT_TAG = 2  # block k+1 -> k (overlapping): dL_{k+1} / d(block k's output)
 LOSS_TAG = 3  # last block -> rank 0: the model's loss
 AUX_KEY = "aux."  # prefix of auxiliary-head entries in "momentum" and "pending"
 
-_Dropout = tuple[str, tuple[int, ...], float, bool]  # fx node, mask shape, p, per channel
 
 
 class AuxiliaryHead(nn.Module):
@@ -99,18 +99,6 @@ def auxiliary_heads(graph: LayerGraph, cuts: list[Cut], seed: int) -> list[Auxil
     classes = output_classes(graph)
     return [AuxiliaryHead(graph.by_name[cut.crossing].output_shape[1], classes, generator)
             for cut in cuts]
-
-
-def model_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
-    """Every active dropout of the model, in forward order, with its mask's shape."""
-    holders = {name: layer for layer in graph.layers
-               for name in layer.fx_nodes}
-    found = []
-    for node in traced.graph.nodes:
-        spec = active_dropout(node, traced)
-        if spec is not None:
-            found.append((node.name, holders[node.name].output_shape, *spec))
-    return found
 
 
 def block_module(traced: fx.GraphModule, graph: LayerGraph, layers: tuple[str, ...],
@@ -165,7 +153,7 @@ class LocalEngine:
                                else self.cuts[self.rank].crossing]
         self.block, self.mask_names = block_module(
             traced, graph, execution.blocks[self.rank].layers, source.value_node,
-            result.value_node, {name for name, *_ in self.dropouts})
+            result.value_node, {dropout.name for dropout in self.dropouts})
         heads = auxiliary_heads(graph, self.cuts, context.settings.seed)
         self.head = None if self.is_last else heads[self.rank].to(context.device)
         self.weights = dict(self.block.named_parameters())  # plain state-dict keys
@@ -216,8 +204,7 @@ class LocalEngine:
 
     def _draw_masks(self) -> list[torch.Tensor]:
         """Every dropout mask of the model, drawn in forward order; this block's, in order."""
-        drawn = {name: dropout_mask(shape, probability, channels, self.device, self.dtype)
-                 for name, shape, probability, channels in self.dropouts}
+        drawn = draw_masks(self.dropouts, self.device, self.dtype)
         return [drawn[name] for name in self.mask_names]
 
     def _block_input(self, inputs: torch.Tensor) -> torch.Tensor:

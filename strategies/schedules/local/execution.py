@@ -1,4 +1,5 @@
-"""Local parallelism's schedule (Laskin et al. 2020, DESIGN 3.4) in the Strategy contract."""
+"""Local parallelism's schedule (Laskin et al. 2020, docs/research.md: local parallelism) in the
+Strategy contract."""
 
 from __future__ import annotations
 

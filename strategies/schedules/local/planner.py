@@ -1,4 +1,5 @@
-"""Local parallelism (Laskin, Metz et al. 2020, DESIGN 3.4): blocks, their devices, their cost.
+"""Local parallelism (Laskin, Metz et al. 2020, docs/research.md: local parallelism): blocks, their
+devices, their cost.
 
 The network is cut into K = devices blocks of contiguous layers (graph order). A cut is legal
 only where exactly one tensor crosses it (never inside a residual block), because a block is
@@ -31,14 +32,14 @@ from dataclasses import dataclass
 from math import prod
 
 from layerwise.strategies.breakdown import Breakdown
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.tiles import TileWork
 from layerwise.strategies.schedules.local.execution import LocalBlock, LocalExecution
-from layerwise.strategies.space import ParallelConfig
 from layerwise.strategies.strategy import Strategy
-from layerwise.strategies.tiles import TileWork
 
 VARIANTS: dict[str, str] = {"local": "greedy", "local_overlap": "overlapping"}
 BACKWARD_SHARE = 2 / 3  # of a layer's forward + backward (backward ~ twice the forward)

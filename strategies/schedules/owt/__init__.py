@@ -1,1 +1,2 @@
-"""OWT, "One weird trick" (Krizhevsky 2014, DESIGN 3.2): planner, engine, execution type."""
+"""OWT, "One weird trick" (Krizhevsky 2014, docs/research.md: OWT): planner, engine, execution
+type."""

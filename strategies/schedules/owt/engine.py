@@ -1,4 +1,4 @@
-"""OWT (Krizhevsky 2014, DESIGN 3.2) on torch.distributed: one worker per rank.
+"""OWT (Krizhevsky 2014, docs/research.md: OWT) on torch.distributed: one worker per rank.
 
 Every worker keeps a full replica of the sample-parallel part (every layer up to the flatten,
 planner.py) and runs it on its own b = B/K rows of the global batch; it keeps rows
@@ -45,21 +45,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.fx_nodes import active_dropout
-from layerwise.strategies.graph import Layer, LayerGraph
-from layerwise.strategies.ops import dropout_mask, sync_batch_norm
-from layerwise.strategies.runtime.comm import ByteCounter, Communicator, ring_bytes
-from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
-from layerwise.strategies.runtime.functions import sharded_cross_entropy
-from layerwise.strategies.runtime.momentum import momentum_buffers
-from layerwise.strategies.schedules.owt.execution import OwtExecution
-from layerwise.strategies.schedules.owt.planner import OwtSplit, check_owt, owt_assignment
-from layerwise.strategies.space import tile_range
-from layerwise.strategies.strategy import Strategy
 from torch import fx, nn
 
-_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.model.graph import Layer, LayerGraph
+from layerwise.strategies.model.ops import sync_batch_norm
+from layerwise.strategies.model.space import tile_range
+from layerwise.strategies.runtime.comm import ByteCounter, Communicator, ring_bytes
+from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.runtime.functions import sharded_cross_entropy
+from layerwise.strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.runtime.replay import (
+    BATCH_NORMS,
+    batch_norm_momentum,
+    call_node,
+    draw_masks,
+    model_dropouts,
+)
+from layerwise.strategies.schedules.owt.execution import OwtExecution
+from layerwise.strategies.schedules.owt.planner import OwtSplit, check_owt, owt_assignment
+from layerwise.strategies.strategy import Strategy
 
 # torch 2.13 names these all_gather_single / reduce_scatter_single and warns on the older
 # names, which are the only ones of earlier releases
@@ -286,16 +291,13 @@ def _check_configs(strategy: Strategy, graph: LayerGraph, workers: int) -> None:
 
 def _call(node: fx.Node, graph_module: fx.GraphModule, args: tuple[Any, ...],
           kwargs: dict[str, Any]) -> torch.Tensor:
-    """The node's own operation on the given arguments."""
-    if node.op == "call_module":
-        return graph_module.get_submodule(str(node.target))(*args, **kwargs)
-    if node.op == "call_function":
-        return node.target(*args, **kwargs)  # type: ignore[operator]
-    return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    """The node's own operation on the given arguments (its module looked up here)."""
+    module = graph_module.get_submodule(str(node.target)) if node.op == "call_module" else None
+    return call_node(node, module, args, kwargs)
 
 
 class OwtEngine:
-    """One OWT worker: a replica of the conv part, 1/K of every FC layer (DESIGN 3.2)."""
+    """One OWT worker: a replica of the conv part, 1/K of every FC layer (docs/research.md: OWT)."""
 
     def __init__(self, context: EngineContext) -> None:
         execution = context.strategy.execution
@@ -346,9 +348,7 @@ class OwtEngine:
         flatten = graph.by_name[split.flatten]
         self.handoff_node = flatten.fused[-1].name if flatten.fused else flatten.name
         # (node, shape over the global batch, p, per channel), in forward order
-        self.dropouts = [(node.name, holders[node.name].output_shape, *found)
-                         for node in nodes
-                         if (found := active_dropout(node, self.graph_module)) is not None]
+        self.dropouts = model_dropouts(self.graph_module, graph, nodes)
         self.nodes = {node.name: node for node in nodes}
 
     def _build_fc(self, graph: LayerGraph, split: OwtSplit) -> list[_FcLayer]:
@@ -417,9 +417,7 @@ class OwtEngine:
 
     def _draw_dropout_masks(self) -> None:
         """Every dropout mask of the step over the global batch, in forward order."""
-        self._masks = {name: dropout_mask(shape, probability, features, self.device,
-                                          self.dtype)
-                       for name, shape, probability, features in self.dropouts}
+        self._masks = draw_masks(self.dropouts, self.device, self.dtype)
 
     def _sample_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The conv part on this worker's rows: the flatten's output (b x F)."""
@@ -439,16 +437,13 @@ class OwtEngine:
             return args[0] * self._masks[node.name][self.own_rows]
         if node.op == "call_module":
             module = self.graph_module.get_submodule(str(node.target))
-            if isinstance(module, _BATCH_NORMS):
+            if isinstance(module, BATCH_NORMS):
                 return self._batch_norm(module, args[0], self.holders[node.name].name)
         return _call(node, self.graph_module, args, kwargs)
 
     def _batch_norm(self, module: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
         """BatchNorm over the global batch: every worker's rows (SyncBatchNorm semantics)."""
-        assert isinstance(module, _BATCH_NORMS)
-        if module.momentum is None:
-            raise ConfigError(f"layer '{layer}': BatchNorm with momentum=None (cumulative "
-                              "average) is not supported; set a momentum")
+        momentum = batch_norm_momentum(module, layer)
         if module.num_batches_tracked is not None:
             module.num_batches_tracked.add_(1)
 
@@ -457,7 +452,7 @@ class OwtEngine:
 
         count = x.numel() // x.shape[1] * self.world
         return sync_batch_norm(x, module.weight, module.bias, module.running_mean,
-                               module.running_var, module.momentum, module.eps, count, reduce)
+                               module.running_var, momentum, module.eps, count, reduce)
 
     def _fc_passes(self, features: torch.Tensor,
                    targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -528,7 +523,8 @@ class OwtEngine:
 
     def _sync_conv_gradients(self) -> None:
         """Sum the conv replicas' gradients, every worker owning 1/K of the flat gradient:
-        reduce-scatter, then all-gather (DESIGN 3.2); the flat buffer is padded to K pieces."""
+        reduce-scatter, then all-gather (docs/research.md: OWT); the flat buffer is padded to K
+        pieces."""
         gradients = [parameter.grad for parameter in self.conv_parameters.values()
                      if parameter.grad is not None]
         if not gradients:

@@ -1,4 +1,4 @@
-"""OWT's schedule (Krizhevsky 2014, DESIGN 3.2) as the Strategy contract states it."""
+"""OWT's schedule (Krizhevsky 2014, docs/research.md: OWT) as the Strategy contract states it."""
 
 from __future__ import annotations
 

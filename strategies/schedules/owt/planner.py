@@ -1,4 +1,4 @@
-"""OWT, "One weird trick" (Krizhevsky 2014, DESIGN 3.2), as a strategy with its own cost.
+"""OWT, "One weird trick" (Krizhevsky 2014, docs/research.md: OWT), as a strategy with its own cost.
 
 K workers. The layers up to the flatten are sample-parallel: every worker holds all their
 weights and runs b = B/K samples of the global batch B. The fully connected (FC) layers after
@@ -37,18 +37,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from layerwise.strategies.baselines import baseline
-from layerwise.strategies.breakdown import Breakdown
-from layerwise.strategies.cluster import Link, load_cluster
-from layerwise.strategies.compute import AnalyticCompute
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
-from layerwise.strategies.schedules.owt.execution import OwtExecution
-from layerwise.strategies.space import ParallelConfig
-from layerwise.strategies.strategy import Strategy
-from layerwise.strategies.tiles import largest_tile
 from pydantic import BaseModel, ConfigDict
+
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.cost.compute_time import AnalyticCompute
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.hardware.cluster import Link, load_cluster
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer, LayerGraph, build_graph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.tiles import largest_tile
+from layerwise.strategies.schedules.owt.execution import OwtExecution
+from layerwise.strategies.search.baselines import baseline
+from layerwise.strategies.strategy import Strategy
 
 Scheme = Literal["a", "b", "c"]
 

@@ -1,4 +1,5 @@
-"""The 1F1B pipeline of Akintoye et al. (DESIGN 3.5) on torch.distributed: one rank's stage.
+"""The 1F1B pipeline of Akintoye et al. (docs/research.md: pipeline) on torch.distributed: one
+rank's stage.
 
     layerwise train lenet5 --strategy pipeline --nproc 2 --steps 100
 
@@ -36,14 +37,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
+
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.fx_nodes import active_dropout
-from layerwise.strategies.graph import LayerGraph
-from layerwise.strategies.ops import dropout_mask
+from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.runtime.buckets import flatten_into
 from layerwise.strategies.runtime.comm import ByteCounter, Communicator
-from layerwise.strategies.runtime.engine_base import MODEL_STATE_KEY, EngineContext
+from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
 from layerwise.strategies.runtime.momentum import momentum_buffers
+from layerwise.strategies.runtime.replay import Dropout, draw_masks, model_dropouts
 from layerwise.strategies.schedules.pipeline.execution import PipelineExecution
 from layerwise.strategies.schedules.pipeline.planner import (
     check_execution,
@@ -51,8 +54,6 @@ from layerwise.strategies.schedules.pipeline.planner import (
     row_pieces,
     stage_assignment,
 )
-from torch import fx, nn
-from torch.fx.passes.split_module import split_module
 
 _FORWARD, _BACKWARD = 0, 1
 _Sent = tuple[dist.Work, torch.Tensor]  # a send in progress and the piece it sends
@@ -69,16 +70,6 @@ class _MaskedDropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.mask is not None
         return x * self.mask
-
-
-@dataclass(frozen=True)
-class _Dropout:
-    """One active dropout of the plain forward: its mask's full shape and how to draw it."""
-
-    target: str  # the `_MaskedDropout` submodule that replaced it
-    shape: tuple[int, ...]  # of its input, at the global batch
-    probability: float
-    features: bool  # Dropout2d: one value per (sample, channel)
 
 
 @dataclass
@@ -137,7 +128,7 @@ class PipelineEngine:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        masks = [self._draw(dropout) for dropout in self._dropouts]  # on every rank, in order
+        masks = list(draw_masks(self._dropouts, self.device, self.dtype).values())  # in order
         loss = torch.zeros((), dtype=self.dtype, device=self.device)
         if self.stage is not None:
             loss = self._one_f_one_b(inputs, targets, masks)
@@ -145,10 +136,6 @@ class PipelineEngine:
             if self.optimizer is not None:
                 self.optimizer.step()
         return self._loss_on_rank0(loss)
-
-    def _draw(self, dropout: _Dropout) -> torch.Tensor:
-        return dropout_mask(dropout.shape, dropout.probability, dropout.features, self.device,
-                            self.dtype)
 
     def _one_f_one_b(self, inputs: torch.Tensor, targets: torch.Tensor,
                      masks: list[torch.Tensor]) -> torch.Tensor:
@@ -187,7 +174,7 @@ class PipelineEngine:
         assert self.module is not None and self.stage is not None
         rows = self._rows(index)
         for dropout, mask in zip(self._dropouts, masks, strict=True):
-            module = getattr(self.module, dropout.target, None)
+            module = getattr(self.module, f"pipeline_mask_{dropout.name}", None)
             if module is not None:
                 module.mask = mask[rows]
         received = None
@@ -382,20 +369,17 @@ def _check_configs(context: EngineContext, execution: PipelineExecution) -> None
                               f"stage runs {expected[name].text}")
 
 
-def _mask_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[_Dropout]:
-    """Replace every active dropout with a `_MaskedDropout`, in forward order."""
-    shapes = {name: layer.output_shape for layer in graph.layers
-              for name in layer.fx_nodes}
-    dropouts = []
-    for node in traced.graph.nodes:
-        found = active_dropout(node, traced)
-        if found is None:
-            continue
+def _mask_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[Dropout]:
+    """Replace every active dropout with a `_MaskedDropout` (submodule
+    `pipeline_mask_<node>`), in forward order; returns the dropouts it replaced."""
+    dropouts = model_dropouts(traced, graph)
+    nodes = {node.name: node for node in traced.graph.nodes}
+    for dropout in dropouts:
+        node = nodes[dropout.name]
         target = f"pipeline_mask_{node.name}"
         traced.add_submodule(target, _MaskedDropout())
         node.op, node.target = "call_module", target
         node.args, node.kwargs = (node.args[0],), {}
-        dropouts.append(_Dropout(target, shapes[node.name], *found))
     traced.recompile()
     return dropouts
 

@@ -1,14 +1,16 @@
-"""The 1F1B pipeline's schedule (Akintoye et al. 2023, DESIGN 3.5) in the Strategy contract."""
+"""The 1F1B pipeline's schedule (Akintoye et al. 2023, docs/research.md: pipeline) in the Strategy
+contract."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from layerwise.strategies.execution import ExecutionBase, FrozenModel
 from pydantic import Field
 
+from layerwise.strategies.execution import ExecutionBase, FrozenModel
+
 if TYPE_CHECKING:
-    from layerwise.strategies.graph import LayerGraph
+    from layerwise.strategies.model.graph import LayerGraph
 
 
 class PipelineStage(FrozenModel):

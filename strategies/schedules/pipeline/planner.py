@@ -1,9 +1,9 @@
 """Layer-wise partitioning and merging with forward/backward pass parallelism (Akintoye, Han,
-Lloyd et al., FGCS 2023; DESIGN 3.5): the network is cut layer-wise into S contiguous stages,
-stage s on its own d_s devices (sample-parallel inside the stage: every layer of it runs
-n{d_s}), and M micro-batches of the global batch flow through the stages one-forward-one-backward
-(1F1B), so different stages work on different micro-batches at once and no stage waits for the
-whole batch's backward before starting the next forward.
+Lloyd et al., FGCS 2023; docs/research.md: pipeline): the network is cut layer-wise into S
+contiguous stages, stage s on its own d_s devices (sample-parallel inside the stage: every layer of
+it runs n{d_s}), and M micro-batches of the global batch flow through the stages
+one-forward-one-backward (1F1B), so different stages work on different micro-batches at once and no
+stage waits for the whole batch's backward before starting the next forward.
 
 Where a stage may end (`legal_cuts`): only between two layers of the graph's topological order
 that exactly one tensor crosses, so a residual block or an Inception module is never split and a
@@ -17,15 +17,15 @@ The step time the search minimises (1F1B with a flush, as GPipe and PipeDream-fl
     sync_s = ring all-reduce of stage s's weight gradients over its d_s devices, once per step
     u_s = the SGD update of stage s's weights on each of its devices, once per step
 
-t_c is the cost model's forward + backward time of each layer's largest tile under n{d_s} at
-the global batch (`CostModel.pass_seconds`, profiled or analytic; u_s sums its
-`update_seconds`); a micro-batch takes 1/M of it (linear in the samples: the efficiency real
-devices lose on small micro-batches is not modelled, which is why M is searched only up to 4S,
-GPipe's point of a negligible bubble). t_x follows cost.py: every device receives its rows of
-the crossing tensor from each sender over the link between them, one message after another,
-paying that link's latency per message; forward the activation, backward its gradient. The
-network input is not sent (every rank holds the global batch). Stages take consecutive device
-blocks in stage order (stage 0 from device 0).
+t_c is the cost model's forward + backward time of each layer's largest tile under n{d_s} at the
+global batch (`CostModel.pass_seconds`, profiled or analytic; u_s sums its `update_seconds`); a
+micro-batch takes 1/M of it (linear in the samples: the efficiency real devices lose on small
+micro-batches is not modelled, which is why M is searched only up to 4S, GPipe's point of a
+negligible bubble). t_x follows cost/cost_model.py: every device receives its rows of the crossing
+tensor from each sender over the link between them, one message after another, paying that link's
+latency per message; forward the activation, backward its gradient. The network input is not sent
+(every rank holds the global batch). Stages take consecutive device blocks in stage order (stage 0
+from device 0).
 
 Merging: the search is an exact DP over the legal cuts, every S from 1 to min(devices, legal
 cuts + 1) and every power-of-two d_s (summing to the devices, dividing the micro-batch), for
@@ -48,15 +48,16 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
-from layerwise.strategies.breakdown import Breakdown
-from layerwise.strategies.cluster import Link
-from layerwise.strategies.cost import CostModel
-from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
-from layerwise.strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
-from layerwise.strategies.space import ParallelConfig
-from layerwise.strategies.strategy import Strategy
 from pydantic import BaseModel, ConfigDict
+
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.hardware.cluster import Link
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.schedules.pipeline.execution import PipelineExecution, PipelineStage
+from layerwise.strategies.strategy import Strategy
 
 MICRO_BATCHES_PER_STAGE = 4  # M <= 4 S: beyond it the bubble is already below 1/5 of a step
 
@@ -330,7 +331,7 @@ class PipelineCosts:
 
     def _receive_seconds(self, messages: list[tuple[int, int, int]], row_bytes: int) -> float:
         """The slowest receiver: each of its messages over the link it crosses, one after
-        another, plus that link's latency (as t_x prices a device's ingress, cost_tables.py)."""
+        another, plus that link's latency (as t_x prices a device's ingress, cost/tables.py)."""
         received = dict.fromkeys((receiver for receiver, _, _ in messages), 0.0)
         for receiver, sender, rows in messages:
             link = self.cost.cluster.link(sender, receiver)
@@ -526,15 +527,10 @@ def optimal_pipeline(cost: CostModel, stages: int | None = None,
     return evaluate(costs, boundaries, widths, best[2])
 
 
-def pipeline_report(cost: CostModel) -> PipelinePlan:
-    """The optimal pipeline under `cost`, for `layerwise search` to print."""
-    return optimal_pipeline(cost)
-
-
 def build_strategy(name: str, cost: CostModel) -> Strategy:
     """The `pipeline` strategy: per-layer n{d_s} on each stage's devices, 1F1B execution."""
     if name != "pipeline":
-        raise ConfigError(f"layerwise.strategies.schedules.pipeline builds 'pipeline', not '{name}'")
+        raise ConfigError(f"the pipeline planner builds 'pipeline', not '{name}'")
     return plan_strategy(optimal_pipeline(cost), cost.graph)
 
 
@@ -546,11 +542,10 @@ def plan_strategy(plan: PipelinePlan, graph: LayerGraph) -> Strategy:
         stage_assignment(graph, execution), plan.predicted, execution)
 
 
-def reprice(strategy: Strategy, cost: CostModel) -> Strategy:
-    """A saved pipeline checked against `cost`'s graph and devices, as the engine will check
-    it, and priced afresh by the 1F1B model (a file keeps the prediction of the batch and
-    cluster it was planned for). The model prices stages on consecutive device blocks from
-    device 0, which is how the planner lays them out."""
+def pipeline_report(strategy: Strategy, cost: CostModel) -> PipelinePlan:
+    """A pipeline strategy's stages, micro-batches and bubble priced by the 1F1B model on
+    `cost`, checked as the engine will check them. The model prices stages on consecutive
+    device blocks from device 0, which is how the planner lays them out."""
     execution = strategy.execution
     assert isinstance(execution, PipelineExecution)
     check_execution(cost.graph, execution, cost.devices)
@@ -565,5 +560,10 @@ def reprice(strategy: Strategy, cost: CostModel) -> Strategy:
     boundaries = list(accumulate((len(stage.layers) for stage in execution.stages),
                                  initial=0))
     widths = [len(stage.devices) for stage in execution.stages]
-    plan = evaluate(PipelineCosts(cost), boundaries, widths, execution.micro_batches)
-    return plan_strategy(plan, cost.graph)
+    return evaluate(PipelineCosts(cost), boundaries, widths, execution.micro_batches)
+
+
+def reprice(strategy: Strategy, cost: CostModel) -> Strategy:
+    """A saved pipeline checked against `cost`'s graph and devices and priced afresh by the
+    1F1B model (a file keeps the prediction of the batch and cluster it was planned for)."""
+    return plan_strategy(pipeline_report(strategy, cost), cost.graph)

@@ -1,0 +1,437 @@
+"""The cost model of Jia et al. 2018, Eq. 1: t_o = sum of (t_c + t_s) over layers + sum of t_x
+over edges, a plain sum with no overlap. Times and exact integer bytes are kept apart.
+
+- t_c(l, c): the compute one training step spends on the layer's largest tile (devices run
+  their tiles at once): its forward + backward and the SGD update of its weight shard. From a
+  measured `Profile` or from a roofline on the cluster's device (`--analytic`; the update
+  memory-bound): see compute_time.py.
+- t_x(e, c_i, c_j): every consumer tile needs a box of its input (model/tiles.py); the parts of that
+  box held by producer tiles on OTHER devices move. Bytes are counted exactly, forward
+  (activations) and backward (their gradients, the same regions the other way; the network
+  input has no gradient, so its edges move forward only). Devices
+  receive at once, each element over the link it crosses (`Cluster.link`): a device's time is
+  the sum over link classes (PCIe group, node, rack, beyond) of the elements it receives over
+  that class at the link's bandwidth plus the link's latency per sending device (backward: the
+  gradients each producer tile's device receives); t_x is the slowest device, forward plus
+  backward.
+- t_s(l, c): gradients of weights replicated by n/h/w splits are reduced within each replica
+  group (the tiles that share a channel index): ring all-reduce (alpha-beta; 2(r-1) chunks of
+  1/r of the shard per device) or the paper's parameter-server round trip (the group's first
+  device takes r-1 gradients in and sends r-1 updates out, each over its link to that replica),
+  as the cluster says. The groups of a config reduce at once: where they cross a port that
+  devices share (`Link.shared_by`), their rings split its bandwidth and their servers' messages
+  queue at it (ports.py).
+  With `sync: bucketed` (the runtime's pattern: a group's gradients all-reduced in buckets of
+  GRADIENT_BUCKET_BYTES) a layer's t_s carries the ring latencies in proportion to its share of
+  a bucket, so that t_s stays a sum over layers for the search; `evaluate` adds what that leaves
+  out, the rest of each group's last bucket's latency (ceil(G/B) buckets for G bytes).
+  A channel split shards the weights, which then need no sync. A BatchNorm under an n/h/w
+  split also reduces its batch statistics in the group (SyncBatchNorm semantics, so the result
+  does not depend on the split): an all-reduce of twice the group's channels each way per
+  step, which the paper's model leaves out and the runtime's byte count includes. The paper's
+  systems normalised each tile by its own statistics (FlexFlow's BatchNorm runs cuDNN's batch
+  norm on each partition's tile, src/ops/batch_norm.cu): `batch_norm_statistics="local"`
+  prices that, for replaying their experiments; the runtime always runs SyncBatchNorm.
+
+The search needs t_c + t_s of every config of a layer and t_x of every pair of configs of an
+edge; tables.py computes those vectorised over whole search spaces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+import numpy as np
+
+from layerwise.strategies.breakdown import Breakdown
+from layerwise.strategies.cost.compute_time import ComputeSource
+from layerwise.strategies.cost.tables import LayerTiles, TransferTables
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.hardware.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
+from layerwise.strategies.hardware.ports import ServerPorts, ring_links, shares_ports
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
+from layerwise.strategies.model.space import (
+    ParallelConfig,
+    check_config,
+    degree_choices,
+    dim_sizes,
+    enumerate_configs,
+    parallel_dims,
+    placements,
+)
+from layerwise.strategies.model.tiles import as_4d, output_ranges
+
+Placement = Literal["origin", "aligned"]
+BatchNormStatistics = Literal["synced", "local"]
+# How much of the edge tables' memory a CostModel has checked: nothing yet, the per-dimension
+# tables (any t_x), or the whole search spaces' tables too (the search)
+_UNCHECKED, _DIM_TABLES, _SEARCH_SPACES = 0, 1, 2
+
+
+def configs_for(layer: Layer, devices: int, placement: Placement) -> list[ParallelConfig]:
+    """The search space of one layer: every config, or only those starting at device 0."""
+    configs = enumerate_configs(layer, devices)
+    if placement == "origin":
+        return [config for config in configs if config.devices[0] == 0]
+    return configs
+
+
+class CostModel:
+    """Eq. 1 for one graph on `devices` devices of `cluster`, with t_c from `compute`."""
+
+    def __init__(self, graph: LayerGraph, cluster: Cluster, devices: int,
+                 compute: ComputeSource, placement: Placement = "aligned",
+                 placement_note: str | None = None,
+                 batch_norm_statistics: BatchNormStatistics = "synced") -> None:
+        if devices < 1:
+            raise ConfigError(f"the number of devices must be >= 1 (got {devices})")
+        if devices > cluster.num_devices:
+            raise ConfigError(
+                f"cluster '{cluster.name}' has {cluster.num_devices} devices, fewer than the "
+                f"{devices} asked for; use --devices {cluster.num_devices} or a larger cluster"
+            )
+        self.graph = graph
+        self.cluster = cluster
+        self.devices = devices
+        self.compute = compute
+        self.placement = placement
+        self.placement_note = placement_note  # why a default search took a smaller space
+        self.batch_norm_statistics = batch_norm_statistics
+        self._transfers = TransferTables(cluster, devices)
+        self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
+        self._built: dict[tuple[tuple[int, ...], tuple[int, ...]], ParallelConfig] = {}
+        self._tiles: dict[str, LayerTiles] = {}
+        self._nodes: dict[tuple[object, ...], np.ndarray] = {}
+        self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
+        self._shared_ports = shares_ports(cluster, devices)
+        self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
+        self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._link_ids: dict[GroupLinks, int] = {}
+        self._link_groups: list[GroupLinks] = []  # by id
+        self._group_seconds: dict[tuple[int, ...], float] = {}
+        self._memory_checked = _UNCHECKED
+
+    # ---- the search space --------------------------------------------------------------
+
+    @cached_property
+    def configs(self) -> dict[str, list[ParallelConfig]]:
+        return {layer.name: self._configs_for(layer) for layer in self.graph.layers}
+
+    def _configs_for(self, layer: Layer) -> list[ParallelConfig]:
+        """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
+        key = _space_key(layer)
+        if key not in self._spaces:
+            # as `configs_for`, built without re-validating configs legal by construction,
+            # each config once for every space that holds it
+            self._spaces[key] = [
+                self._config(degrees, block)
+                for degrees in degree_choices(layer, self.devices)
+                for block in placements(math.prod(degrees), self.devices)
+                if self.placement == "aligned" or block[0] == 0
+            ]
+        return list(self._spaces[key])
+
+    def _config(self, degrees: tuple[int, int, int, int],
+                block: tuple[int, ...]) -> ParallelConfig:
+        if (degrees, block) not in self._built:
+            n, c, h, w = degrees
+            self._built[(degrees, block)] = ParallelConfig.model_construct(
+                n=n, c=c, h=h, w=w, devices=block)
+        return self._built[(degrees, block)]
+
+    # ---- node cost: t_c + t_s ----------------------------------------------------------
+
+    def node_seconds(self, layer: Layer) -> np.ndarray:
+        """t_c + t_s of every config in the layer's search space (equal layers computed once,
+        unless t_c is looked up by layer name)."""
+        key = (_layer_key(layer), self.compute.by_layer_name and layer.name)
+        if key not in self._nodes:
+            configs = self.configs[layer.name]
+            self._nodes[key] = (self.compute_seconds(layer, configs)
+                                + self.sync(layer, configs)[0])
+        return self._nodes[key]
+
+    def compute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """t_c of each config: the tile's forward + backward and its weight update."""
+        return self.pass_seconds(layer, configs) + self.update_seconds(layer, configs)
+
+    def pass_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """Forward + backward of each config's largest tile."""
+        return self.compute.configs_seconds(layer, self.tiles(layer), configs)
+
+    def update_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """The SGD update of each config's largest weight shard (once per step)."""
+        if not layer.param_count:
+            return np.zeros(len(configs))
+        return self.compute.configs_update_seconds(layer, self.tiles(layer), configs)
+
+    def tiles(self, layer: Layer) -> LayerTiles:
+        """The layer's largest tile under any config (what t_c times), built once per layer."""
+        if layer.name not in self._tiles:
+            self._tiles[layer.name] = LayerTiles(layer)
+        return self._tiles[layer.name]
+
+    def sync(self, layer: Layer,
+             configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, bytes) of gradient and batch-statistics synchronisation for each config."""
+        seconds = np.zeros(len(configs))
+        total_bytes = np.zeros(len(configs), dtype=np.int64)
+        norms = _batch_norms(layer) if self.batch_norm_statistics == "synced" else 0
+        if not layer.param_count and not norms:
+            return seconds, total_bytes
+        out_channels = as_4d(layer.output_shape)[1]
+        param_count = layer.param_count
+        # SyncBatchNorm: per BatchNorm, one all-reduce of 2 C_shard values forward (sums of
+        # the tiles' means and second moments) and one backward (sums of dy and dy * x_hat)
+        statistics = 4 * norms
+        for row, config in enumerate(configs):
+            replicas = config.size // config.c
+            if replicas == 1:
+                continue
+            # every device of a ring sends 2(r-1) chunks of 1/r of its shard; the shards of
+            # all groups add up to the layer's weights; the parameter server moves as much
+            reduced = param_count + statistics * out_channels
+            total_bytes[row] = 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
+            worst = 0.0
+            ranges = output_ranges(layer, 1, config.c)
+            if self._shared_ports and self.cluster.sync == "parameter_server" and param_count:
+                worst = self._servers(config).seconds(
+                    [param_count * (stop - start) // out_channels * BYTES_PER_ELEMENT
+                     for start, stop in ranges])
+            for (c_start, c_stop), links in zip(ranges, self._group_link_ids(config),
+                                                strict=True):
+                # equal groups take equal time, in this layer and in every other
+                key = (c_stop - c_start, links, replicas, param_count, out_channels, norms)
+                if key not in self._group_seconds:
+                    self._group_seconds[key] = self._group_sync_seconds(
+                        param_count * (c_stop - c_start) // out_channels, c_stop - c_start,
+                        replicas, self._link_groups[links], norms)
+                worst = max(worst, self._group_seconds[key])
+            seconds[row] = worst
+        return seconds, total_bytes
+
+    def _group_sync_seconds(self, shard: int, channels: int, replicas: int,
+                            links: GroupLinks, norms: int) -> float:
+        """One replica group's sync: its BatchNorms' statistics (two all-reduces of 2
+        `channels` values each) and its `shard` of gradients."""
+        seconds = 2 * norms * self._sync_seconds(2 * channels, replicas, links)
+        if shard:
+            seconds += self._sync_seconds(shard, replicas, links, gradients=True)
+        return seconds
+
+    def _group_link_ids(self, config: ParallelConfig) -> tuple[int, ...]:
+        """`_group_links` as small integers (equal links, equal ids), cheap to hash."""
+        key = (config.degrees, config.devices)
+        if key not in self._replica_link_ids:
+            ids = []
+            for links in self._group_links(config):
+                if links not in self._link_ids:
+                    self._link_ids[links] = len(self._link_groups)
+                    self._link_groups.append(links)
+                ids.append(self._link_ids[links])
+            self._replica_link_ids[key] = tuple(ids)
+        return self._replica_link_ids[key]
+
+    def _replica_groups(self, config: ParallelConfig) -> list[list[int]]:
+        """The devices of each channel index: the replicas of one weight shard."""
+        n, c, h, w = config.degrees
+        devices = np.array(config.devices).reshape(n, c, h * w)
+        return [devices[:, c_index].ravel().tolist() for c_index in range(c)]
+
+    def _servers(self, config: ParallelConfig) -> ServerPorts:
+        """The parameter servers' messages through shared ports under `config`."""
+        key = (config.degrees, config.devices)
+        if key not in self._server_ports:
+            self._server_ports[key] = ServerPorts.of(self.cluster, self._replica_groups(config))
+        return self._server_ports[key]
+
+    def _group_links(self, config: ParallelConfig) -> list[GroupLinks]:
+        """The links of each replica group (the devices of one channel index): the link its
+        ring runs at (its slowest, a shared port's bandwidth split among the groups crossing
+        it; under a parameter server, where no ring runs, its slowest), and the links from its
+        first device (the parameter server) to each other."""
+        key = (config.degrees, config.devices)
+        if key not in self._replica_links:
+            groups = self._replica_groups(config)
+            rings = (ring_links(self.cluster, groups)
+                     if self._shared_ports and self.cluster.sync != "parameter_server"
+                     else [self.cluster.slowest_link(group) for group in groups])
+            links = []
+            for group, slowest in zip(groups, rings, strict=True):
+                assert slowest is not None  # a group of r > 1 devices has a slowest link
+                server = [self.cluster.link(group[0], member) for member in group[1:]]
+                links.append(GroupLinks(slowest, tuple(sorted(
+                    (link for link in server if link is not None),
+                    key=lambda link: (link.bandwidth, link.latency)))))
+            self._replica_links[key] = links
+        return self._replica_links[key]
+
+    def _sync_seconds(self, shard_elements: int, replicas: int, links: GroupLinks,
+                      gradients: bool = False) -> float:
+        """One all-reduce of a shard over its replica group (BatchNorm statistics are always
+        an all-reduce of their own; gradients share buckets under `sync: bucketed`)."""
+        shard_bytes = shard_elements * BYTES_PER_ELEMENT
+        link = links.slowest
+        if self.cluster.sync == "parameter_server":
+            # the server takes r-1 gradients in and sends r-1 updates out, one after another,
+            # each over the link between the server and that replica (Jia et al. 2018,
+            # section 3: devices send gradients to the server, which sends parameters back)
+            return sum(2 * (member.latency + shard_bytes / member.bandwidth)
+                       for member in links.server)
+        if gradients and self.cluster.sync == "bucketed":
+            chunk = -(-shard_bytes // replicas)
+            return 2 * (replicas - 1) * (
+                link.allreduce_latency * shard_bytes / GRADIENT_BUCKET_BYTES
+                + chunk / link.allreduce_bandwidth)
+        return link.allreduce_seconds(shard_bytes, replicas)
+
+    def bucket_latency_rest(self, assignment: dict[str, ParallelConfig]) -> float:
+        """Under `sync: bucketed`, the latencies a step pays beyond the layers' shares in t_s.
+
+        Each replica group (a set of devices) sums its layers' gradient shards, G bytes, in
+        ceil(G/B) bucket all-reduces of 2(r-1) ring steps each; t_s charged G/B of them. A
+        device waits for every group it belongs to, one after another: the slowest device's
+        sum is the step's. Zero for the other sync modes.
+        """
+        if self.cluster.sync != "bucketed":
+            return 0.0
+        group_bytes: dict[tuple[int, ...], int] = {}
+        group_latency: dict[tuple[int, ...], float] = {}
+        for layer in self.graph.layers:
+            config = assignment[layer.name]
+            replicas = config.size // config.c
+            if replicas == 1 or not layer.param_count:
+                continue
+            out_channels = as_4d(layer.output_shape)[1]
+            devices = np.array(config.devices).reshape(config.n, config.c, config.h * config.w)
+            for c_index, ((c_start, c_stop), link) in enumerate(zip(
+                    output_ranges(layer, 1, config.c), self._group_links(config), strict=True)):
+                group = tuple(sorted(devices[:, c_index].ravel().tolist()))
+                shard = layer.param_count * (c_stop - c_start) // out_channels
+                group_bytes[group] = group_bytes.get(group, 0) + shard * BYTES_PER_ELEMENT
+                group_latency[group] = max(group_latency.get(group, 0.0),
+                                           link.slowest.allreduce_latency)
+        waits = np.zeros(self.devices)
+        for group, nbytes in group_bytes.items():
+            buckets = nbytes / GRADIENT_BUCKET_BYTES
+            rest = -(-nbytes // GRADIENT_BUCKET_BYTES) - buckets
+            waits[list(group)] += 2 * (len(group) - 1) * group_latency[group] * rest
+        return float(waits.max())
+
+    # ---- edge cost: t_x ----------------------------------------------------------------
+
+    def edge(self, producer: Layer, consumer: Layer,
+             producer_configs: Sequence[ParallelConfig] | None = None,
+             consumer_configs: Sequence[ParallelConfig] | None = None,
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, bytes) of t_x for every pair of producer and consumer configs, by default
+        of the two layers' whole search spaces (then computed once per distinct edge)."""
+        whole = producer_configs is None and consumer_configs is None
+        self.check_memory(whole_spaces=whole)
+        if whole:
+            return self._transfers.matrices(
+                producer, consumer, self.configs[producer.name], self.configs[consumer.name],
+                spaces=(_space_key(producer), _space_key(consumer)))
+        return self._transfers.matrices(producer, consumer,
+                                       producer_configs or self.configs[producer.name],
+                                       consumer_configs or self.configs[consumer.name])
+
+    def edge_lower_bound(self, producer: Layer, consumer: Layer) -> np.ndarray:
+        """Seconds at most t_x for every pair of configs of the two layers' whole search
+        spaces, from each config's first and last devices only (the search's bounds need no
+        more; an eighth of the work on 64 devices)."""
+        self.check_memory(whole_spaces=True)
+        return self._transfers.lower_bounds(
+            producer, consumer, self.configs[producer.name], self.configs[consumer.name],
+            spaces=(_space_key(producer), _space_key(consumer)))
+
+    def kept_edge(self, producer: Layer, consumer: Layer, producer_kept: np.ndarray,
+                  consumer_kept: np.ndarray) -> np.ndarray:
+        """t_x seconds between the configs at indices `producer_kept` and `consumer_kept` of the
+        two layers' search spaces (equal edges with equal kept configs computed once)."""
+        spaces = ((_space_key(producer), producer_kept.tobytes()),
+                  (_space_key(consumer), consumer_kept.tobytes()))
+        return self._transfers.matrices(
+            producer, consumer, [self.configs[producer.name][i] for i in producer_kept],
+            [self.configs[consumer.name][i] for i in consumer_kept], spaces=spaces)[0]
+
+    def check_memory(self, whole_spaces: bool) -> None:
+        """Refuse (one line) before building any table of the edges that would not fit in
+        memory: the per-dimension tables every edge needs, then with `whole_spaces` (the
+        search) the tables of the whole search spaces too. Each is checked once."""
+        if self._memory_checked == _SEARCH_SPACES or (
+                not whole_spaces and self._memory_checked == _DIM_TABLES):
+            return
+        edges = [(self.graph.by_name[u], self.graph.by_name[v]) for u, v in self.graph.edges]
+        if self._memory_checked < _DIM_TABLES:
+            self._transfers.check_memory(edges)
+            self._memory_checked = _DIM_TABLES
+        if whole_spaces and self._memory_checked < _SEARCH_SPACES:
+            spaces = {_space_key(layer): len(self.configs[layer.name])
+                      for layer in self.graph.layers}
+            pairs = sum(len(self.configs[u.name]) * len(self.configs[v.name]) for u, v in edges)
+            self._transfers.check_memory(edges, list(spaces.values()), pairs)
+            self._memory_checked = _SEARCH_SPACES
+
+    # ---- a whole strategy --------------------------------------------------------------
+
+    def evaluate(self, assignment: dict[str, ParallelConfig]) -> Breakdown:
+        """Eq. 1 for one config per layer (configs outside the search space are fine)."""
+        compute = sync = transfer = 0.0
+        sync_bytes = transfer_bytes = 0
+        missing = [layer.name for layer in self.graph.layers if layer.name not in assignment]
+        if missing:
+            raise ConfigError(f"no config for layer(s) {', '.join(missing[:5])}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        for layer in self.graph.layers:
+            config = assignment[layer.name]
+            check_config(layer, config, self.devices)
+            compute += float(self.compute_seconds(layer, [config])[0])
+            seconds, moved = self.sync(layer, [config])
+            sync += float(seconds[0])
+            sync_bytes += int(moved[0])
+        for producer_name, consumer_name in self.graph.edges:
+            producer = self.graph.by_name[producer_name]
+            consumer = self.graph.by_name[consumer_name]
+            seconds, moved = self.edge(producer, consumer, [assignment[producer_name]],
+                                       [assignment[consumer_name]])
+            transfer += float(seconds[0, 0])
+            transfer_bytes += int(moved[0, 0])
+        sync += self.bucket_latency_rest(assignment)
+        return Breakdown(
+            step_seconds=compute + sync + transfer, compute_seconds=compute,
+            transfer_seconds=transfer, sync_seconds=sync, transfer_bytes=transfer_bytes,
+            sync_bytes=sync_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class GroupLinks:
+    """The links of one replica group: its slowest (a ring's bottleneck) and, in order, those
+    from its parameter server (its first device) to each other device."""
+
+    slowest: Link
+    server: tuple[Link, ...]
+
+
+def _batch_norms(layer: Layer) -> int:
+    """BatchNorms a layer runs (fused into it, or the layer itself)."""
+    ops = [layer.op, *(fused.op for fused in layer.fused)]
+    return sum(op.startswith("BatchNorm") for op in ops)
+
+
+def _layer_key(layer: Layer) -> tuple[object, ...]:
+    """What a layer's search space and analytic costs depend on (not its name)."""
+    return (layer.kind, layer.label, layer.output_shape, layer.input_shapes, layer.geometry,
+            layer.concat_dim, layer.flops, layer.param_count)
+
+
+def _space_key(layer: Layer) -> tuple[object, ...]:
+    """What a layer's search space depends on: its dimension sizes and which it may split,
+    and how far."""
+    return (tuple(dim_sizes(layer).values()), parallel_dims(layer),
+            tuple(sorted(layer.max_degrees.items())))

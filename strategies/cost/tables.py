@@ -1,0 +1,1016 @@
+"""The vectorised tables behind `CostModel` (cost_model.py): the terms of Jia et al. 2018, Eq. 1 for
+every config of a layer's search space at once, which the search needs whole.
+
+- `LayerTiles`: the largest tile of a layer under any config (as `tiles.largest_tile`), and
+  the element counts of many at once, from per-dimension parts computed once (t_c).
+- `TransferTables`: t_x of every pair of producer and consumer configs of an edge, each
+  element priced over the link it crosses: a receiving device's time is the sum over the
+  cluster's link classes of its elements from that class at the class's seconds per element
+  plus the class's latency per sending tile. Where a class's port is shared (`Link.shared_by`),
+  its seconds per element are multiplied by the receiving config's devices behind that port:
+  they take their data through it at once.
+
+Why our own code: the box overlaps factor per dimension (along each dim the needed range of a
+tile depends only on its index along that dim), so the whole C_i x C_j matrix of an edge is a
+few numpy gathers and products; no library computes this. The tiles a unit of the cluster
+(PCIe group, node, rack) holds form a few aligned runs of tile positions, each a box of the
+tile grid (`TierViews`), so what a device gets from within its unit factors the same way. The
+definition they equal, pair by pair and tile by tile (bytes bit for bit, seconds to rounding),
+is in tests/test_cost.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from layerwise.strategies.hardware.cluster import Cluster
+from layerwise.strategies.hardware.host_memory import check_memory, human_bytes
+from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer
+from layerwise.strategies.model.space import ParallelConfig, tile_range
+from layerwise.strategies.model.tiles import TileWork, as_4d, needed_range, output_ranges
+
+# Cap on elements of one (producer configs x devices x consumer configs) work array; small
+# enough that the passes over it stay in cache.
+_CHUNK_ELEMENTS = 1 << 17
+_INT32_LIMIT = 2**31
+# Bytes per (config, device) of a `ConfigTable` (tile indices twice, state keys and states of
+# two groups) and per pair of configs of an edge's matrices (seconds and bytes, and the sorted
+# copies `_pairs` returns).
+_CONFIG_TABLE_BYTES = 112
+_PAIR_BYTES = 32
+
+# Dimensions whose per-dim tables are multiplied into one table: (n, c) and (h, w).
+_GROUPS = ((0, 1), (2, 3))
+
+
+# ---- t_c: the largest tile of each config ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileDim:
+    """Along one dimension under one degree: the largest tile's output range (the first such)
+    and the length of the range it needs of each input (as `tiles.largest_tile`)."""
+
+    output: tuple[int, int]
+    needed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TileVolumes:
+    """Element counts of each config's largest tile (one entry per config): what its shapes
+    in `LayerTiles.largest` multiply out to."""
+
+    output: np.ndarray
+    inputs: np.ndarray  # summed over the layer's inputs
+    params: np.ndarray  # the weights the tile's device holds (a channel split shards them)
+
+
+class LayerTiles:
+    """A layer's largest tile under any config, from per-dimension parts computed once."""
+
+    def __init__(self, layer: Layer) -> None:
+        self.layer = layer
+        self._dims: dict[tuple[int, int], TileDim] = {}
+        self._largest: dict[tuple[int, ...], TileWork] = {}
+        self._volumes_of: Sequence[ParallelConfig] | None = None
+        self._volumes = TileVolumes(np.empty(0), np.empty(0), np.empty(0))
+
+    def along(self, dim: int, degree: int) -> TileDim:
+        """The largest tile's part along `dim` when the layer is split `degree` ways."""
+        key = (dim, degree)
+        if key not in self._dims:
+            layer = self.layer
+            ranges = output_ranges(layer, dim, degree)
+            largest = max(ranges, key=lambda r: r[1] - r[0])
+            lengths = []
+            for index in range(len(layer.input_shapes)):
+                start, stop = needed_range(layer, index, dim, largest)
+                lengths.append(max(stop - start, 0))
+            self._dims[key] = TileDim(output=largest, needed=tuple(lengths))
+        return self._dims[key]
+
+    def largest(self, config: ParallelConfig) -> TileWork:
+        """`tiles.largest_tile(layer, config)`."""
+        if config.degrees not in self._largest:
+            layer = self.layer
+            parts = [self.along(dim, degree) for dim, degree in enumerate(config.degrees)]
+            rank = len(layer.output_shape)
+            output_shape = tuple(part.output[1] - part.output[0] for part in parts)[:rank]
+            input_shapes = tuple(
+                tuple(part.needed[index] for part in parts)[: len(shape)]
+                for index, shape in enumerate(layer.input_shapes)
+            )
+            c_start, c_stop = parts[1].output
+            param_elements = layer.param_count * (c_stop - c_start) // as_4d(layer.output_shape)[1]
+            self._largest[config.degrees] = TileWork.model_construct(
+                output_shape=output_shape, input_shapes=input_shapes,
+                param_elements=param_elements)
+        return self._largest[config.degrees]
+
+    def volumes(self, configs: Sequence[ParallelConfig]) -> TileVolumes:
+        """Element counts of each config's largest tile, as products of per-dim lengths."""
+        if configs is self._volumes_of:  # t_c and the update read the same list in turn
+            return self._volumes
+        layer = self.layer
+        degrees = np.array([config.degrees for config in configs], dtype=np.int64)
+        exponents = np.frexp(degrees.reshape(-1, 4))[1].astype(np.int64) - 1  # 2^e = 0.5 * 2^(e+1)
+        out = np.ones(len(configs), dtype=np.int64)
+        inputs = np.ones((len(layer.input_shapes), len(configs)), dtype=np.int64)
+        out_lengths = []
+        for dim in range(4):
+            parts = [self.along(dim, 1 << level)
+                     for level in range(int(exponents[:, dim].max(initial=0)) + 1)]
+            out_lengths.append(
+                np.array([part.output[1] - part.output[0] for part in parts])[exponents[:, dim]])
+            out *= out_lengths[-1]
+            inputs *= np.array([part.needed for part in parts], dtype=np.int64).reshape(
+                len(parts), -1).T[:, exponents[:, dim]]
+        # a channel split shards the weights
+        params = layer.param_count * out_lengths[1] // as_4d(layer.output_shape)[1]
+        self._volumes_of = configs
+        self._volumes = TileVolumes(output=out, inputs=inputs.sum(axis=0), params=params)
+        return self._volumes
+
+
+# ---- t_x: per-config tables ------------------------------------------------------------------
+
+
+@cache
+def _tile_indices(degrees: tuple[int, int, int, int]) -> np.ndarray:
+    """(size, 4) tile index along (n, c, h, w) of each tile, in `ParallelConfig.tiles` order."""
+    size = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+    return np.stack(np.unravel_index(np.arange(size), degrees), axis=1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class GroupStates:
+    """For one group of two dims, the distinct (exponent, tile index) states a device can be in
+    under a list of configs, and the distinct exponent pairs of the configs."""
+
+    state: np.ndarray  # (C, D) state of each config's devices
+    state_exponents: np.ndarray  # (2, S) exponent along each of the two dims of each state
+    state_tiles: np.ndarray  # (2, S) tile index along each of the two dims of each state
+    pair: np.ndarray  # (C,) exponent pair of each config
+    pair_exponents: np.ndarray  # (2, A) the exponents of each pair
+    # along each of the two dims: the distinct tiles (exponent * width + index) and the
+    # tile of each state
+    dim_tiles: tuple[np.ndarray, ...]
+    dim_tile_of: tuple[np.ndarray, ...]
+
+
+@dataclass(frozen=True)
+class TierViews:
+    """What each device's unit of one tier of the cluster (the devices that share a link,
+    `Cluster.link_tiers`) holds of each config of a list: the config's tiles on the unit's
+    devices, as runs of tiles whose positions in `ParallelConfig.tiles` order are aligned
+    blocks of 2^m. Such a run is a box of the tile grid: along each dim the tiles
+    [i * 2^(a-k), (i + 1) * 2^(a-k)) of 2^a, the range of tile i of 2^k (the coarse tile). Per
+    group of two dims, the distinct (exponent, coarse exponent, coarse index) states; a slot
+    without a run reads the zero slot (coarse exponent a, index width - 1)."""
+
+    state: list[np.ndarray]  # per group: (C, M, D) state of each config's M slots per device
+    # per group, along each of its two dims: the distinct runs as (fine exponent, coarse
+    # exponent, coarse index, first tile, one past the last tile) arrays, and the run of
+    # each state
+    runs: list[tuple[tuple[np.ndarray, ...], ...]]
+    run_of: list[tuple[np.ndarray, ...]]
+
+
+def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:
+    """Tile positions [first, stop) as the fewest aligned blocks (start, log2 length)."""
+    runs = []
+    while first < stop:
+        step = (first & -first or 1 << 62).bit_length() - 1
+        while first + (1 << step) > stop:
+            step -= 1
+        runs.append((first, step))
+        first += 1 << step
+    return runs
+
+
+def _unit_runs(config: ParallelConfig, unit: int) -> dict[int, list[tuple[int, int]]]:
+    """The aligned runs of tile positions (start, log2 length) that each unit holds."""
+    block = config.devices
+    start = block[0]
+    if block == tuple(range(start, start + len(block))):
+        # a contiguous block: each unit holds one range of positions
+        return {index: _aligned_runs(max(index * unit, start) - start,
+                                     min((index + 1) * unit, start + len(block)) - start)
+                for index in range(start // unit, (start + len(block) - 1) // unit + 1)}
+    held: dict[int, list[int]] = {}
+    for position, device in enumerate(block):
+        held.setdefault(device // unit, []).append(position)
+    units = {}
+    for index, positions in held.items():
+        runs = units.setdefault(index, [])
+        at = 0
+        while at < len(positions):  # each stretch of consecutive positions
+            length = 1
+            while at + length < len(positions) and positions[at + length] == positions[at] + length:
+                length += 1
+            runs.extend(_aligned_runs(positions[at], positions[at] + length))
+            at += length
+    return units
+
+
+def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, devices: int,
+                unit: int) -> TierViews:
+    """`TierViews` of `configs` for units of `unit` consecutive devices."""
+    levels = devices.bit_length()
+    width = (1 << (levels - 1)) + 1
+    # one record per run: config, slot, the unit's devices, start position, log2 length
+    records = [(row, slot, index * unit, min((index + 1) * unit, devices), start, step)
+               for row, config in enumerate(configs)
+               for index, runs in _unit_runs(config, unit).items()
+               for slot, (start, step) in enumerate(runs)]
+    slots = 1 + max((record[1] for record in records), default=0)
+    coarse = np.broadcast_to(exponents[:, None, None, :],
+                             (len(configs), slots, devices, 4)).copy()
+    tiles = np.full((len(configs), slots, devices, 4), width - 1, dtype=np.int64)
+    if records:
+        row, slot, first, last, start, step = np.array(records, dtype=np.int64).T
+        fine = exponents[row]  # (R, 4)
+        # the low bits of a position are the last dims': a run of 2^step spreads over them
+        below = np.cumsum(fine[:, ::-1], axis=1)[:, ::-1] - fine  # exponents after each dim
+        spread = np.clip(step[:, None] - below, 0, fine)
+        index = (start[:, None] >> below) & ((1 << fine) - 1)
+        # every device of each run's unit
+        count = last - first
+        run = np.repeat(np.arange(len(records)), count)
+        device = first[run] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        coarse[row[run], slot[run], device] = (fine - spread)[run]
+        tiles[row[run], slot[run], device] = (index >> spread)[run]
+    states, runs, run_of = [], [], []
+    for d0, d1 in _GROUPS:
+        e0 = np.broadcast_to(exponents[:, None, None, d0], coarse.shape[:3])
+        e1 = np.broadcast_to(exponents[:, None, None, d1], coarse.shape[:3])
+        along0 = (e0 * levels + coarse[..., d0]) * width + tiles[..., d0]
+        along1 = (e1 * levels + coarse[..., d1]) * width + tiles[..., d1]
+        span = levels * levels * width
+        unique, state = np.unique(along0 * span + along1, return_inverse=True)
+        states.append(state.reshape(coarse.shape[:3]))
+        group_runs, group_run_of = [], []
+        for along in (unique // span, unique % span):
+            distinct, of = np.unique(along, return_inverse=True)
+            index, rest = distinct % width, distinct // width
+            rough, fine = rest % levels, rest // levels
+            low = index << (fine - rough)
+            group_runs.append((fine, rough, index, low, low + (1 << (fine - rough))))
+            group_run_of.append(of)
+        runs.append(tuple(group_runs))
+        run_of.append(tuple(group_run_of))
+    return TierViews(state=states, runs=runs, run_of=run_of)
+
+
+def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The configs grouped by their number of devices: each group's indices and its devices,
+    (configs, tiles)."""
+    sizes: dict[int, list[int]] = {}
+    for index, config in enumerate(configs):
+        sizes.setdefault(config.size, []).append(index)
+    return [(np.array(indices), np.array([configs[i].devices for i in indices]))
+            for _, indices in sorted(sizes.items())]
+
+
+def _ends(by_size: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`by_size` with each config's first and last devices only: the two ends of a block,
+    which cross its longest links (on 64 devices of p100x16 their t_x is 0.98-0.99 of all
+    devices' on average, at 1/8 of the work)."""
+    return [(indices, devices[:, sorted({0, devices.shape[1] - 1})])
+            for indices, devices in by_size]
+
+
+class ConfigTable:
+    """Per-config arrays of a list of configs: degree exponents, tile index per device, and
+    how each device is linked to the config's devices.
+
+    The list starts with the configs whose other devices all sit in one link class of each
+    device (`single`: their classes per device, (single, D)); what each tier's unit of each
+    device holds of the rest is in `tiers` (`TierViews`, one per unit size in `units`).
+    For each group of two dims it also numbers the distinct states and exponent pairs
+    (`GroupStates`), so that an edge's per-dim tables can be multiplied into one small table
+    per group. `sharing` (configs, D, link classes) holds, for each config's devices, how many
+    of its devices sit behind each class's port (`shared_by` devices per port; None where no
+    port is shared).
+    """
+
+    def __init__(self, configs: Sequence[ParallelConfig], devices: int, units: Sequence[int],
+                 single: np.ndarray, shared_by: Sequence[int]) -> None:
+        count = len(configs)
+        self.single = single
+        self.exponents = np.zeros((count, 4), dtype=np.int64)
+        # tile index along each dim of the tile held by each device; -1 where none
+        self.tile_of = np.full((count, devices, 4), -1, dtype=np.int64)
+        for row, config in enumerate(configs):
+            self.exponents[row] = [degree.bit_length() - 1 for degree in config.degrees]
+            self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
+        # one past the highest device of each config: devices beyond hold no tile
+        levels = devices.bit_length()
+        width = (1 << (levels - 1)) + 1
+        tile = np.where(self.tile_of < 0, width - 1, self.tile_of)  # -1 reads the zero slot
+        groups = []
+        for d0, d1 in _GROUPS:
+            e0, e1 = self.exponents[:, None, d0], self.exponents[:, None, d1]
+            key = ((e0 * width + tile[..., d0]) * levels + e1) * width + tile[..., d1]
+            unique, state = np.unique(key, return_inverse=True)
+            i1, rest = unique % width, unique // width
+            s1, rest = rest % levels, rest // levels
+            i0, s0 = rest % width, rest // width
+            pair_key = self.exponents[:, d0] * levels + self.exponents[:, d1]
+            pairs, pair = np.unique(pair_key, return_inverse=True)
+            along = [np.unique(exponent * width + index, return_inverse=True)
+                     for exponent, index in ((s0, i0), (s1, i1))]
+            groups.append(GroupStates(
+                state=state.reshape(count, devices), state_exponents=np.stack([s0, s1]),
+                state_tiles=np.stack([i0, i1]), pair=pair.reshape(count),
+                pair_exponents=np.stack([pairs // levels, pairs % levels]),
+                dim_tiles=tuple(tiles for tiles, _ in along),
+                dim_tile_of=tuple(tile_of for _, tile_of in along)))
+        self.groups: tuple[GroupStates, ...] = tuple(groups)
+        self.by_size = _by_size(configs)
+        self.ends = _ends(self.by_size)
+        first = len(single)
+        self.tiers = tuple(_tier_views(configs[first:], self.exponents[first:], devices, unit)
+                           for unit in units)
+        self.sharing = (None if all(size == 1 for size in shared_by)
+                        else _sharing(self.tile_of[..., 0] >= 0, shared_by))
+
+
+def _sharing(member: np.ndarray, shared_by: Sequence[int]) -> np.ndarray:
+    """(configs, D, link classes): for each config's devices, how many of its devices sit in
+    the device's run of `shared_by[k]` devices (class k's port); 1 where the port is its own.
+    Small counts: float32 holds them exactly, at half the memory of float64."""
+    count, devices = member.shape
+    sharing = np.ones((count, devices, len(shared_by)), dtype=np.float32)
+    for k, size in enumerate(shared_by):
+        if size > 1:
+            runs = -(-devices // size)
+            padded = np.zeros((count, runs * size), dtype=np.int16)  # size <= a node's devices
+            padded[:, :devices] = member
+            behind = padded.reshape(count, runs, size).sum(axis=2, dtype=np.int16)
+            sharing[..., k] = np.maximum(np.repeat(behind, size, axis=1)[:, :devices], 1)
+    return sharing
+
+
+# ---- t_x: per-edge tables --------------------------------------------------------------------
+
+
+class DimTable:
+    """Along one dimension, every pair of power-of-two degrees of the producer and consumer.
+
+    Rows number producer tiles as a * width + i (tile i of 2^a tiles), columns consumer tiles
+    as b * width + j; the last slot of i and j is all zeros so that a tile index of -1 (no tile
+    on that device) reads zero:
+    - pairs[(a, i), (b, j)]: elements shared by producer tile i and the range consumer tile j
+      needs (int32: at most the dimension's size);
+    - producers_touching[a, (b, j)]: producer tiles of 2^a that consumer tile j needs from;
+    - consumers_touching[(a, i), b] and row_sum[(a, i), b]: consumer tiles of 2^b that need
+      producer tile i, and the elements of i they need in total;
+    - need_len[b, j]: the length of the range consumer tile j needs.
+    """
+
+    def __init__(self, producer_size: int, starts: np.ndarray, stops: np.ndarray,
+                 levels: int) -> None:
+        width = (1 << (levels - 1)) + 1
+        # every (exponent, tile index) of one side, all exponents together
+        exponent = np.repeat(np.arange(levels), 1 << np.arange(levels))
+        index = np.concatenate([np.arange(1 << level) for level in range(levels)])
+        p_starts, p_stops = tile_range(producer_size, 1 << exponent, index)
+        self.need_len = np.zeros((levels, width), dtype=np.int64)
+        self.need_len[exponent, index] = np.maximum(stops - starts, 0)
+        shared = (np.minimum(p_stops[:, None], stops[None, :])
+                  - np.maximum(p_starts[:, None], starts[None, :]))
+        overlap = np.zeros((levels, width, levels, width), dtype=np.int32)
+        overlap[exponent[:, None], index[:, None], exponent[None, :],
+                index[None, :]] = np.maximum(shared, 0)
+        touching = overlap > 0
+        self.pairs = overlap.reshape(levels * width, levels * width)
+        self.producers_touching = touching.sum(axis=1, dtype=np.int32).reshape(levels, -1)
+        self.consumers_touching = touching.sum(axis=3, dtype=np.int32).reshape(-1, levels)
+        self.row_sum = overlap.sum(axis=3, dtype=np.int64).reshape(-1, levels)
+
+
+def dim_table_bytes(levels: int) -> int:
+    """Memory one `DimTable` on 2^(levels-1) devices takes while it is built: the int32
+    overlaps it keeps and their mask, over every (exponent, tile) pair, and the int64 shares
+    of every pair of tiles."""
+    width = (1 << (levels - 1)) + 1
+    tiles = (1 << levels) - 1
+    return levels * levels * width * width * (4 + 1) + tiles * tiles * 8
+
+
+@dataclass(frozen=True)
+class GroupTerms:
+    """An edge's per-dim tables of one group of two dims multiplied into one table, indexed by
+    the states and exponent pairs that the producer's and consumer's `ConfigTable` number."""
+
+    p_state: np.ndarray  # (P, D) state of each producer config's devices
+    q_state: np.ndarray  # (Q, D)
+    p_pair: np.ndarray  # (P,) exponent pair of each producer config
+    q_pair: np.ndarray  # (Q,)
+    same: np.ndarray  # (S, T) elements a device holds of what it needs
+    recv: np.ndarray  # (A, T) producer tiles a consumer tile needs
+    row: np.ndarray  # (S, B) elements of a producer tile needed in all
+    sent: np.ndarray  # (S, B) consumer tiles a producer tile feeds
+
+
+def _bound(groups: Sequence[GroupTerms]) -> int:
+    """An upper bound on every element count the pairs multiply out to."""
+    first, second = groups
+    return max(int(first.same.max(initial=0)) * int(second.same.max(initial=0)),
+               int(first.row.max(initial=0)) * int(second.row.max(initial=0)))
+
+
+def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """first * second of int32 element counts, in int64 where a product could reach 2^31."""
+    if int(first.max(initial=0)) * int(second.max(initial=0)) >= _INT32_LIMIT:
+        first = first.astype(np.int64)
+    return first * second
+
+
+@dataclass(frozen=True)
+class EdgeDims:
+    """The four per-dimension tables of one edge (n, c, h, w) and their ids: edges with equal
+    ids have equal tables."""
+
+    ids: tuple[int, ...]
+    dims: tuple[DimTable, ...]
+
+    def need(self, qtab: ConfigTable) -> np.ndarray:
+        """(Q, D) elements each consumer tile needs."""
+        product = np.ones(qtab.tile_of.shape[:2], dtype=np.int64)
+        for dim, table in enumerate(self.dims):
+            product *= table.need_len[qtab.exponents[:, dim, None], qtab.tile_of[:, :, dim]]
+        return product
+
+    def terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[GroupTerms, ...]:
+        """The per-dim tables of each group of two dims multiplied into one table."""
+        width = self.dims[0].need_len.shape[1]
+        groups = []
+        for group, dims in enumerate(_GROUPS):
+            p, q = ptab.groups[group], qtab.groups[group]
+            parts = []
+            for k, dim in enumerate(dims):
+                table = self.dims[dim]
+                # table row of each producer state (S,), column of each consumer state (T,)
+                p_at = p.state_exponents[k] * width + p.state_tiles[k]
+                q_at = q.state_exponents[k] * width + q.state_tiles[k]
+                parts.append((
+                    np.take(table.pairs[p_at], q_at, axis=1),  # (S, T)
+                    np.take(table.producers_touching[p.pair_exponents[k]], q_at,
+                            axis=1),  # (A, T)
+                    np.take(table.row_sum[p_at], q.pair_exponents[k], axis=1),  # (S, B)
+                    np.take(table.consumers_touching[p_at], q.pair_exponents[k],
+                            axis=1),  # (S, B)
+                ))
+            (same, recv, row, sent), (same_1, recv_1, row_1, sent_1) = parts
+            groups.append(GroupTerms(
+                p_state=p.state, q_state=q.state, p_pair=p.pair, q_pair=q.pair,
+                same=_product(same, same_1),
+                recv=recv * recv_1,  # at most the number of devices squared
+                row=row * row_1, sent=sent * sent_1))
+        return tuple(groups)
+
+    def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[TierTerms, ...]:
+        """Per tier of the cluster, the per-dim tables over the runs of tiles its units hold
+        (`TierViews`), multiplied into one table per group of two dims. Along one dim a run
+        is tiles [low, high) of 2^fine, the range of tile `tile` of 2^coarse; each table is
+        computed over the distinct runs and tiles of the dim, then spread over the states."""
+        levels, width = self.dims[0].need_len.shape
+        tiers = []
+        for p_view, q_view in zip(ptab.tiers, qtab.tiers, strict=True):
+            same, touch, row, sent = [], [], [], []
+            for group, dims in enumerate(_GROUPS):
+                p, q = ptab.groups[group], qtab.groups[group]
+                parts = []
+                for k, dim in enumerate(dims):
+                    table = self.dims[dim]
+                    # forward: a producer unit's run against each consumer tile; a run
+                    # covers the coarse tile's range, so its elements are one overlap
+                    columns = q.dim_tiles[k]
+                    fine, coarse, tile, low, high = p_view.runs[group][k]
+                    shared = table.pairs[coarse * width + tile][:, columns]
+                    touching = table.pairs[:, columns].reshape(levels, width, -1) > 0
+                    below = np.zeros((levels, width + 1, len(columns)), dtype=np.int32)
+                    np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
+                    touched = below[fine, high] - below[fine, low]
+                    # backward: each producer tile against a consumer unit's run
+                    overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)
+                    fine, _, _, low, high = q_view.runs[group][k]
+                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int64)
+                    np.cumsum(overlap, axis=2, dtype=np.int64, out=below[..., 1:])
+                    # int32: at most a run of tiles times the dimension
+                    rows = (below[:, fine, high] - below[:, fine, low]).astype(np.int32)
+                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int32)
+                    np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
+                    feeds = below[:, fine, high] - below[:, fine, low]
+                    # spread over the states: rows first (few columns), then columns
+                    forward = (p_view.run_of[group][k], q.dim_tile_of[k])
+                    backward = (p.dim_tile_of[k], q_view.run_of[group][k])
+                    parts.append(tuple(
+                        np.take(small.take(at_rows, axis=0), at_columns, axis=1)
+                        for small, (at_rows, at_columns) in (
+                            (shared, forward), (touched, forward), (rows, backward),
+                            (feeds, backward))))
+                (shared, touched, rows, feeds), (shared_1, touched_1, rows_1, feeds_1) = parts
+                same.append(_product(shared, shared_1))
+                touch.append(touched * touched_1)
+                row.append(_product(rows, rows_1))
+                sent.append(feeds * feeds_1)
+            tiers.append(TierTerms(same=same, touch=touch, row=row, sent=sent))
+        return tuple(tiers)
+
+
+@dataclass(frozen=True)
+class TierTerms:
+    """An edge's tables over one tier's `TierViews`, per group of two dims: forward, what a
+    consumer state gets from a producer unit's run (elements, and producer tiles that send:
+    (S, T) from the producer's run states S); backward, what consumer tiles of a consumer
+    unit's run need of a producer state (elements, and consumer tiles: (S, T) to the
+    consumer's run states T)."""
+
+    same: list[np.ndarray]
+    touch: list[np.ndarray]
+    row: list[np.ndarray]
+    sent: list[np.ndarray]
+
+
+# ---- t_x: pairs of configs, device by device -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkClass:
+    """Seconds per element and latency of one tier's link: what a device pays per element
+    and per message it gets from a device in its unit of this tier but not of the one
+    before (`Cluster.link_tiers`), through a port `shared_by` devices share."""
+
+    seconds_per_element: float
+    latency: float
+    shared_by: int = 1
+
+
+@dataclass(frozen=True)
+class TierSide:
+    """One side's per-device terms over one tier's unit runs (`TierViews`), per group."""
+
+    # per group: (M, D, configs) run state of each slot and device, as a row offset into the
+    # tables (state x columns: producer runs) or a column (consumer runs)
+    state: list[np.ndarray]
+    elements: list[np.ndarray]  # per group: `TierTerms.same` (forward) or `.row` (backward)
+    messages: list[np.ndarray]  # per group: `TierTerms.touch` or `.sent`
+
+
+@dataclass(frozen=True)
+class ProducerSide:
+    """The producer configs' per-device terms, (D, P) and per group: a device's terms of every
+    producer config are one contiguous row."""
+
+    state: list[np.ndarray]  # per group: (D, P) state of each device
+    same_at: list[np.ndarray]  # per group: (D, P) its row offset into `same` (state x T)
+    same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
+    recv: list[np.ndarray]  # per group: (T, P) producer tiles a consumer state needs
+    # the first configs' senders are all in one link class of each device: its figures,
+    # (D, single); the other configs' by the runs of producer tiles each device's units hold
+    seconds_per_element: np.ndarray
+    latency: np.ndarray
+    classes: np.ndarray  # (D, single): the link class of those figures
+    tiers: list[TierSide]
+    sharing: np.ndarray | None  # `ConfigTable.sharing`, in the table's order
+
+
+@dataclass(frozen=True)
+class ConsumerSide:
+    """The consumer configs' per-device terms, (D, Q) and per group."""
+
+    state: list[np.ndarray]  # per group: (D, Q) state of each device
+    row: list[np.ndarray]  # per group: (S, Q) elements of a producer state needed in all
+    sent: list[np.ndarray]  # per group: (S, Q) consumer tiles a producer state feeds
+    need: np.ndarray  # (D, Q) elements each device's consumer tile needs
+    seconds_per_element: np.ndarray  # (D, single) as `ProducerSide`'s
+    latency: np.ndarray
+    classes: np.ndarray
+    tiers: list[TierSide]
+    sharing: np.ndarray | None
+
+
+def _priced(own: np.ndarray, total: np.ndarray, own_messages: np.ndarray,
+            all_messages: np.ndarray, tiers: Sequence[tuple[np.ndarray, np.ndarray]],
+            links: Sequence[LinkClass], per_element: Sequence[float | np.ndarray]) -> np.ndarray:
+    """Seconds of one device's traffic, link class by link class: `own` of `total` elements
+    are on the device itself, `tiers[k]` the elements and messages within its unit of tier k
+    (its own included, nested, innermost first), the rest crosses the outermost link; each
+    class's elements at its `per_element` seconds (`_rates`) plus its messages at its
+    latency."""
+    held, messages = own, own_messages
+    seconds = scratch = None
+    for (inside, sending), link, rate in zip([*tiers, (total, all_messages)], links,
+                                             per_element, strict=True):
+        if seconds is None:
+            seconds = np.multiply(np.subtract(inside, held), rate)
+            scratch = np.empty_like(seconds)
+        else:
+            seconds += np.multiply(np.subtract(inside, held), rate, out=scratch)
+        seconds += np.multiply(np.subtract(sending, messages), link.latency, out=scratch)
+        held, messages = inside, sending
+    assert seconds is not None  # one link class at least
+    return seconds
+
+
+def _tier_sums(tier: TierSide, other: Sequence[np.ndarray],
+               devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Elements and messages within each device's unit of one tier, summed over its run
+    slots. `other`: per group, what the other side's state per device adds to the tier's
+    state to index the tables (a column, or a row offset), broadcastable to (configs, K,
+    other configs)."""
+    inside = sending = None
+    for slot in range(tier.state[0].shape[0]):
+        elements = messages = None
+        for group, (table, counts) in enumerate(zip(tier.elements, tier.messages,
+                                                    strict=True)):
+            at = np.add(tier.state[group][slot][devices], other[group])
+            part = table.ravel().take(at)
+            elements = part if elements is None else np.multiply(elements, part, out=elements)
+            part = counts.ravel().take(at)
+            messages = part if messages is None else np.multiply(messages, part, out=messages)
+        assert elements is not None and messages is not None  # two groups
+        inside = elements if inside is None else np.add(inside, elements, out=inside)
+        sending = messages if sending is None else np.add(sending, messages, out=sending)
+    assert inside is not None and sending is not None  # one slot at least
+    return inside, sending
+
+
+def _rates(links: Sequence[LinkClass],
+           sharing: np.ndarray | None) -> list[float | np.ndarray]:
+    """Each link class's seconds per element for the receiving devices of a block; `sharing`
+    (block configs, devices, classes) multiplies a shared port's by its receivers, as
+    (configs, devices, 1) to broadcast over the other side's configs."""
+    if sharing is None:
+        return [link.seconds_per_element for link in links]
+    return [np.float64(link.seconds_per_element) * sharing[..., k, None]  # in float64
+            if link.shared_by > 1 else link.seconds_per_element
+            for k, link in enumerate(links)]
+
+
+def _single_rates(per_element: np.ndarray, classes: np.ndarray,
+                  sharing: np.ndarray | None) -> np.ndarray:
+    """The single-class configs' seconds per element on a block's receiving devices
+    ((configs, devices, single)), their class's shared port priced as `_rates` does."""
+    if sharing is None:
+        return per_element
+    return per_element * np.take_along_axis(sharing, classes, axis=2)
+
+
+def _rows(table: np.ndarray, dtype: type) -> np.ndarray:
+    """`table` as `dtype`, row-major: the blocks gather its rows and its flat elements, which a
+    column-major table turns into strided reads (backward blocks 4x slower) or a copy per
+    call (`ravel`)."""
+    return np.ascontiguousarray(table, dtype=dtype)
+
+
+def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
+                   columns: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Forward t_x seconds and elements of consumer configs `columns`, all of one size, x every
+    producer config, as (columns, P), over the devices holding the consumer tiles (`devices`:
+    (len(columns), tiles)): a device without a consumer tile needs nothing, so its terms are
+    zero and leave the max and the sum unchanged."""
+    same = recv = None
+    q_states = []
+    for group in range(len(_GROUPS)):
+        table = producer.same[group]
+        q_state = consumer.state[group][devices, columns[:, None]]  # (C, K)
+        q_states.append(q_state[..., None])
+        part = table.ravel().take(producer.same_at[group][devices]
+                                  + q_state[..., None])  # (C, K, P)
+        same = part if same is None else np.multiply(same, part, out=same)
+        part = producer.recv[group][q_state]
+        recv = part if recv is None else np.multiply(recv, part, out=recv)
+    assert same is not None and recv is not None  # two groups
+    need = consumer.need[devices, columns[:, None]][..., None]
+    remote = np.subtract(need, same)
+    forward = np.empty((len(columns), same.shape[2]))
+    first = producer.seconds_per_element.shape[1]
+    sharing = (None if consumer.sharing is None
+               else consumer.sharing[columns[:, None], devices])  # the receivers' ports
+    if first:
+        one = remote[..., :first] * _single_rates(producer.seconds_per_element[devices],
+                                                  producer.classes[devices], sharing)
+        messages = np.subtract(recv[..., :first], same[..., :first] > 0)
+        one += messages * producer.latency[devices]
+        forward[:, :first] = one.max(axis=1)
+    if first < same.shape[2]:
+        same, recv = same[..., first:], recv[..., first:]
+        tiers = [_tier_sums(tier, q_states, devices) for tier in producer.tiers]
+        forward[:, first:] = _priced(same, need, same > 0, recv, tiers, links,
+                                     _rates(links, sharing)).max(axis=1)
+    return forward, remote.sum(axis=1, dtype=np.int64)
+
+
+def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequence[LinkClass],
+                    rows: np.ndarray, devices: np.ndarray) -> np.ndarray:
+    """Backward t_x seconds of producer configs `rows`, all of one size, x every consumer
+    config, over the devices holding their producer tiles (`devices`: (len(rows), tiles)):
+    elsewhere there is no gradient to send. Per device as `_pairs` describes."""
+    same = row_sum = sent = None
+    p_states = []
+    for group in range(len(_GROUPS)):
+        table = producer.same[group]
+        p_state = producer.state[group][devices, rows[:, None]]  # (R, K)
+        p_states.append(p_state[..., None])
+        q_state = consumer.state[group][devices]  # (R, K, Q)
+        part = table.ravel().take(p_state[..., None] * table.shape[1] + q_state)
+        same = part if same is None else np.multiply(same, part, out=same)
+        part = np.take(consumer.row[group], p_state, axis=0)
+        row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
+        part = np.take(consumer.sent[group], p_state, axis=0)
+        sent = part if sent is None else np.multiply(sent, part, out=sent)
+    assert same is not None and row_sum is not None and sent is not None  # two groups
+    back = np.empty((len(rows), same.shape[2]))
+    first = consumer.seconds_per_element.shape[1]
+    sharing = (None if producer.sharing is None
+               else producer.sharing[rows[:, None], devices])  # the receivers' ports
+    if first:
+        one = np.subtract(row_sum[..., :first], same[..., :first])
+        one = one * _single_rates(consumer.seconds_per_element[devices],
+                                  consumer.classes[devices], sharing)
+        messages = np.subtract(sent[..., :first], same[..., :first] > 0)
+        one += messages * consumer.latency[devices]
+        back[:, :first] = one.max(axis=1)
+    if first < same.shape[2]:
+        same, row_sum, sent = same[..., first:], row_sum[..., first:], sent[..., first:]
+        tiers = [_tier_sums(tier, [state * table.shape[1] for state, table in zip(
+            p_states, tier.elements, strict=True)], devices) for tier in consumer.tiers]
+        back[:, first:] = _priced(same, row_sum, same > 0, sent, tiers, links,
+                                  _rates(links, sharing)).max(axis=1)
+    return back
+
+
+class TransferTables:
+    """t_x of every pair of producer and consumer configs of an edge, on `devices` devices of
+    `cluster`; the tables it builds are shared by every edge and config list that can."""
+
+    def __init__(self, cluster: Cluster, devices: int) -> None:
+        self.cluster = cluster
+        self.devices = devices
+        self._levels = devices.bit_length()  # power-of-two degrees 2^0 .. 2^(levels-1)
+        # the tiers whose units split these devices, and a link class per tier up to the
+        # first whose unit holds them all; bytes per element folded into the seconds per
+        # byte (a power of two: exact)
+        self._units: list[int] = []
+        self._links: list[LinkClass] = []
+        for size, link in cluster.link_tiers():
+            self._links.append(LinkClass(
+                seconds_per_element=1.0 / link.bandwidth * BYTES_PER_ELEMENT,
+                latency=link.latency, shared_by=link.shared_by))
+            if size >= devices:
+                break
+            self._units.append(size)
+        if not self._links:  # a cluster of one device: nothing ever moves
+            self._links.append(LinkClass(seconds_per_element=0.0, latency=0.0))
+        self._config_tables: dict[tuple[object, ...], tuple[np.ndarray, ConfigTable]] = {}
+        self._classes: dict[tuple[int, ...], np.ndarray] = {}
+        self._needed: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._geometries: dict[tuple[object, ...], int] = {}  # equal layer geometries, one id
+        self._geometry_ids: dict[str, int] = {}  # by layer name
+        self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
+        self._space_ids: dict[Hashable, int] = {}
+        self._space_contents: dict[tuple[object, ...], int] = {}
+        self._matrices: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def matrices(self, producer: Layer, consumer: Layer,
+                 producer_configs: Sequence[ParallelConfig],
+                 consumer_configs: Sequence[ParallelConfig],
+                 spaces: tuple[Hashable, Hashable] | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, bytes) of t_x for every pair of producer and consumer configs.
+
+        `spaces` says that the configs are the two layers' whole search spaces and names them
+        (equal names, equal lists): edges whose four per-dimension tables and two search spaces
+        are equal have equal matrices, which are then computed once (repeated blocks, and
+        branches that read one tensor through layers of the same geometry).
+        """
+        seconds, moved = self._cached(producer, consumer, producer_configs, consumer_configs,
+                                      spaces, ends_only=False)
+        assert moved is not None  # counted for every exact matrix
+        return seconds, moved
+
+    def lower_bounds(self, producer: Layer, consumer: Layer,
+                     producer_configs: Sequence[ParallelConfig],
+                     consumer_configs: Sequence[ParallelConfig],
+                     spaces: tuple[Hashable, Hashable] | None = None) -> np.ndarray:
+        """A lower bound of t_x's seconds for every pair, at a fraction of its work: each pass's
+        slowest device sought among each config's first and last devices only (`_ends`), a
+        maximum over fewer devices. `spaces` as for `matrices`."""
+        return self._cached(producer, consumer, producer_configs, consumer_configs, spaces,
+                            ends_only=True)[0]
+
+    def _cached(self, producer: Layer, consumer: Layer,
+                producer_configs: Sequence[ParallelConfig],
+                consumer_configs: Sequence[ParallelConfig],
+                spaces: tuple[Hashable, Hashable] | None,
+                ends_only: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        dims = self._edge_dims(producer, consumer)
+        backward = producer.kind != "input"  # the network input needs no gradient
+        if spaces is None:
+            return self._pairs(dims, producer_configs, consumer_configs, backward, ends_only)
+        key = (dims.ids, self._space_id(spaces[0], producer_configs),
+               self._space_id(spaces[1], consumer_configs), backward, ends_only)
+        if key not in self._matrices:
+            self._matrices[key] = self._pairs(dims, producer_configs, consumer_configs,
+                                              backward, ends_only)
+        return self._matrices[key]
+
+    def _space_id(self, space: Hashable, configs: Sequence[ParallelConfig]) -> int:
+        """Equal search spaces (as lists of configs) get equal ids."""
+        if space not in self._space_ids:
+            content = tuple((config.degrees, config.devices) for config in configs)
+            self._space_ids[space] = self._space_contents.setdefault(content,
+                                                                     len(self._space_contents))
+        return self._space_ids[space]
+
+    def check_memory(self, edges: Sequence[tuple[Layer, Layer]], config_counts: Sequence[int] = (),
+                     pairs: int = 0) -> None:
+        """MemoryNeedError (one line) before any table is built when the tables of `edges`
+        (their per-dimension tables; with `config_counts`, the config tables of those search
+        spaces, and `pairs` producer x consumer configs in all) would not fit in memory. The
+        per-dimension tables grow as (log2 D x D)^2 on D devices: the search's limit."""
+        keys = {self._dim_key(producer, consumer, dim)
+                for producer, consumer in edges for dim in range(4)}
+        per_table = dim_table_bytes(self._levels)
+        per_config = _CONFIG_TABLE_BYTES + (  # and `ConfigTable.sharing` where a port is shared
+            4 * len(self._links) if any(link.shared_by > 1 for link in self._links) else 0)
+        needed = (len(keys) * per_table
+                  + sum(count * self.devices * per_config for count in config_counts)
+                  + pairs * _PAIR_BYTES)
+        check_memory(needed, f"the cost model on {self.devices} devices ({len(keys)} "
+                             f"per-dimension transfer tables of {human_bytes(per_table)} each)",
+                     "plan for fewer devices")
+
+    def _dim_key(self, producer: Layer, consumer: Layer, dim: int) -> tuple[int, bytes, bytes]:
+        """What the edge's table along `dim` depends on: equal keys share one table."""
+        starts, stops = self._needed_ranges(consumer, consumer.inputs.index(producer.name), dim)
+        return as_4d(producer.output_shape)[dim], starts.tobytes(), stops.tobytes()
+
+    def _edge_dims(self, producer: Layer, consumer: Layer) -> EdgeDims:
+        """The edge's per-dimension tables and their ids; equal ranges share one table."""
+        input_index = consumer.inputs.index(producer.name)
+        ids, dims = [], []
+        for dim, size in enumerate(as_4d(producer.output_shape)):
+            key = self._dim_key(producer, consumer, dim)
+            if key not in self._dim_tables:
+                starts, stops = self._needed_ranges(consumer, input_index, dim)
+                table = DimTable(size, starts, stops, self._levels)
+                self._dim_tables[key] = (len(self._dim_tables), table)
+            ident, table = self._dim_tables[key]
+            ids.append(ident)
+            dims.append(table)
+        return EdgeDims(ids=tuple(ids), dims=tuple(dims))
+
+    def _needed_ranges(self, consumer: Layer, input_index: int,
+                       dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, stops) of the input range each consumer tile needs along `dim`, for every
+        power-of-two degree in turn (the order of `DimTable`)."""
+        if consumer.name not in self._geometry_ids:  # what needed_range reads of the layer
+            geometry = (consumer.kind, consumer.output_shape, consumer.input_shapes,
+                        consumer.geometry, consumer.concat_dim)
+            self._geometry_ids[consumer.name] = self._geometries.setdefault(
+                geometry, len(self._geometries))
+        key = (self._geometry_ids[consumer.name], input_index, dim)
+        if key not in self._needed:
+            ranges = [needed_range(consumer, input_index, dim, out)
+                      for level in range(self._levels)
+                      for out in output_ranges(consumer, dim, 1 << level)]
+            starts, stops = np.array(ranges, dtype=np.int64).reshape(-1, 2).T
+            empty = stops <= starts  # needs nothing (concat): one form, so tables are shared
+            self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
+        return self._needed[key]
+
+    def _link_classes(self, block: tuple[int, ...]) -> np.ndarray:
+        """(D,) the link class (index into the tiers' links) over which each device talks to
+        every other device of `block`, or -1 where they span two classes."""
+        if block not in self._classes:
+            devices = np.arange(self.devices)[:, None]
+            held = np.array(block)[None, :]
+            classes = np.zeros((self.devices, len(block)), dtype=np.int64)
+            for unit in self._units:  # nested units: the class is how many differ
+                classes += devices // unit != held // unit
+            other = devices != held
+            low = np.where(other, classes, len(self._units)).min(axis=1)
+            high = np.where(other, classes, 0).max(axis=1)
+            self._classes[block] = np.where(high <= low, low, -1)
+        return self._classes[block]
+
+    def _config_table(self, configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, ConfigTable]:
+        """The config table of `configs` in its order (those in one link class of each device
+        first), and that order (cached: layers share search spaces)."""
+        key = tuple((config.degrees, config.devices) for config in configs)
+        if key not in self._config_tables:
+            classes = np.array([self._link_classes(config.devices)
+                                for config in configs]).reshape(len(configs), self.devices)
+            mixed = (classes < 0).any(axis=1)
+            order = np.argsort(mixed, kind="stable")
+            table = ConfigTable([configs[index] for index in order], self.devices,
+                                self._units, classes[order[:len(configs) - mixed.sum()]],
+                                [link.shared_by for link in self._links])
+            self._config_tables[key] = (order, table)
+        return self._config_tables[key]
+
+    def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
+               qconfs: Sequence[ParallelConfig], backward: bool,
+               ends_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """Every pair's t_x from per-device terms.
+
+        Per device: `same` elements it holds of what its consumer tile needs, the producer
+        tiles it receives from, and (backward) its producer tile's elements needed elsewhere
+        and the consumer tiles it sends to; and the same counts within each of its units of
+        the cluster's tiers. A device takes its data in one link class after another: forward
+        time is the slowest device's sum over link classes of the elements it receives over
+        that class's link at its seconds per element plus its latency per message; backward
+        likewise for the gradients each producer tile's device receives. A device without a
+        consumer tile receives nothing and one without a producer tile sends nothing, all
+        terms being >= 0: the forward pass runs over each consumer config's devices
+        (`_forward_block`, configs grouped by size), the backward over each producer
+        config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
+        `ends_only` runs each pass over the first and last devices of each config only: the
+        seconds become a lower bound, the elements are not counted (None).
+        """
+        (porder, ptab), (qorder, qtab) = self._config_table(pconfs), self._config_table(qconfs)
+        per_element = np.array([link.seconds_per_element for link in self._links])
+        latency = np.array([link.latency for link in self._links])
+        groups = dims.terms(ptab, qtab)
+        tiers = dims.tier_terms(ptab, qtab)
+        need = dims.need(qtab)  # (Q, D) needed elements of each consumer tile
+        # element counts in int32 where no product can reach 2^31 (counts of tiles always;
+        # a unit's elements are at most all of them)
+        bound = max(_bound(groups), int(need.max(initial=0)))
+        dtype = np.int32 if bound < _INT32_LIMIT else np.int64
+        # counts of tiles: at most the devices per group of dims, and in all
+        counts = np.int16 if self.devices <= np.iinfo(np.int16).max else np.int32
+        # producer side as (P, D), consumer side as (D, Q)
+        producer = ProducerSide(
+            state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
+            same_at=[np.ascontiguousarray(terms.p_state.T * terms.same.shape[1])
+                     for terms in groups],
+            same=[_rows(terms.same, dtype) for terms in groups],
+            recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T.astype(counts))
+                  for terms in groups],
+            seconds_per_element=np.ascontiguousarray(per_element[ptab.single].T),
+            latency=np.ascontiguousarray(latency[ptab.single].T),
+            classes=np.ascontiguousarray(ptab.single.T),
+            sharing=ptab.sharing,
+            tiers=[TierSide(
+                state=[np.ascontiguousarray(state.transpose(1, 2, 0) * same.shape[1])
+                       for state, same in zip(view.state, terms.same, strict=True)],
+                elements=[_rows(same, dtype) for same in terms.same],
+                messages=[_rows(touch, counts) for touch in terms.touch])
+                for view, terms in zip(ptab.tiers, tiers, strict=True)],
+        )
+        consumer = ConsumerSide(
+            state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
+            row=[_rows(terms.row[:, terms.q_pair], dtype) for terms in groups],
+            sent=[_rows(terms.sent[:, terms.q_pair], counts) for terms in groups],
+            need=np.ascontiguousarray(need.T.astype(dtype)),
+            seconds_per_element=np.ascontiguousarray(per_element[qtab.single].T),
+            latency=np.ascontiguousarray(latency[qtab.single].T),
+            classes=np.ascontiguousarray(qtab.single.T),
+            sharing=qtab.sharing,
+            tiers=[TierSide(
+                state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
+                elements=[_rows(row, dtype) for row in terms.row],
+                messages=[_rows(sent, counts) for sent in terms.sent])
+                for view, terms in zip(qtab.tiers, tiers, strict=True)],
+        )
+        # forward blocks are consumer configs x producer configs: kept that way (whole rows
+        # written) and transposed once; the elements only where they are counted
+        forward = np.empty((len(qconfs), len(pconfs)))
+        moved = None if ends_only else np.empty((len(qconfs), len(pconfs)), dtype=np.int64)
+        for columns_of_size, devices in qtab.ends if ends_only else qtab.by_size:
+            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
+            for start in range(0, len(columns_of_size), step):
+                columns = columns_of_size[start:start + step]
+                forward[columns], block_moved = _forward_block(
+                    producer, consumer, self._links, columns, devices[start:start + step])
+                if moved is not None:
+                    moved[columns] = block_moved
+        seconds = forward.T
+        if backward:
+            back = np.empty((len(pconfs), len(qconfs)))
+            for rows_of_size, devices in ptab.ends if ends_only else ptab.by_size:
+                step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(qconfs)))
+                for start in range(0, len(rows_of_size), step):
+                    rows = rows_of_size[start:start + step]
+                    back[rows] = _backward_block(producer, consumer, self._links, rows,
+                                                 devices[start:start + step])
+            seconds = seconds + back
+        ordered = np.ix_(porder, qorder)
+        in_order = np.empty((len(pconfs), len(qconfs)))
+        in_order[ordered] = seconds
+        if moved is None:
+            return in_order, None
+        passes = 2 if backward else 1  # forward, and backward unless input
+        elements = np.empty((len(pconfs), len(qconfs)), dtype=np.int64)
+        elements[ordered] = passes * moved.T * BYTES_PER_ELEMENT
+        return in_order, elements

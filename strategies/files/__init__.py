@@ -1,0 +1,1 @@
+"""Files: atomic writes, and bounded reading of what a user hands in."""

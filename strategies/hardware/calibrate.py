@@ -1,0 +1,426 @@
+"""Measure this machine's torch.distributed links and write a cluster spec from them.
+
+The cost model charges a transfer of m bytes alpha + m*beta (latency plus size over bandwidth) and a
+ring all-reduce 2(p-1)(alpha + m*beta/p) (docs/research.md: ParaDL, ParaDL). `calibrate` starts
+`nproc` local processes with the backend the runtime will use (gloo on CPU, NCCL on GPUs), measures
+  - point-to-point: ranks 0 and 1 exchange a message at once (each sends one and receives
+    one, with batch_isend_irecv), the pattern of the runtime's transfers between layers. On a
+    full-duplex link that takes one one-way time; on CPUs with gloo both directions share the
+    cores that copy them, and an exchange takes about twice an idle ping-pong's one-way time;
+  - all_reduce over all ranks,
+for message sizes from 4 B to 16 MiB, and fits alpha and beta by least squares on relative
+error (so that 4 B and 16 MiB count alike). Each timed message follows a few milliseconds of
+compute on every rank, as a message in a training step follows a layer's compute, and a point
+is the mean over its repeats, taken in rounds that visit every size in a new order (the
+machine's drift then falls on all sizes alike): a step pays the sum of its messages, slow ones
+included. With gloo on this project's 2-core machine that is what the runtime sees, and an idle
+message is not: a small exchange right after a barrier takes 0.3 ms (median), after 3 ms of
+compute 3.5 ms (median; mean 2.8 ms), and a small all-reduce's mean is 2-3x its median.
+`calibrated_cluster` puts the point-to-point fit into the `local` preset as its intra-node
+link, so a search can plan for this machine.
+
+Workers come from a fork server that has imported this module (and torch) once: starting them
+takes a fraction of a second instead of an import of torch per process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing
+import os
+import random
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+from pydantic import BaseModel, ConfigDict
+
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.files.atomic import writable_file, write_atomic
+from layerwise.strategies.files.locations import PROFILE_DIR, safe_name
+from layerwise.strategies.hardware.cluster import Cluster, Link, load_cluster
+from layerwise.strategies.hardware.rendezvous import local_rendezvous
+from layerwise.strategies.hardware.this_machine import device_name
+from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
+
+__all__ = [
+    "Calibration",
+    "CalibrationPoint",
+    "calibrate",
+    "calibrated_cluster",
+    "calibration_path",
+    "save_calibration",
+    "fit_alpha_beta",
+    "message_sizes",
+]
+
+SCHEMA_VERSION = 1
+BYTES_PER_ELEMENT = 4  # float32 messages, as the fp32 runtime sends
+TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of hanging
+COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
+
+Backend = Literal["gloo", "nccl"]
+
+
+class CalibrationPoint(BaseModel):
+    """One measured message: mean seconds of one exchange (p2p) or of one all_reduce."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["p2p", "allreduce"]
+    bytes: int
+    seconds: float
+
+
+class Calibration(BaseModel):
+    """Measured links between `nproc` local processes and the alpha-beta fits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    backend: Backend
+    nproc: int
+    host: str
+    torch_version: str
+    points: list[CalibrationPoint]
+    p2p_latency: float  # alpha, seconds
+    p2p_bandwidth: float  # 1/beta, bytes/s, one direction
+    allreduce_latency: float  # alpha of 2(p-1)(alpha + m*beta/p) fitted to the all_reduce times
+    allreduce_bandwidth: float  # 1/beta of the same fit
+    created: str
+
+    @property
+    def link(self) -> Link:
+        """The fitted point-to-point link with the fitted all-reduce as its ring figures,
+        rounded to 4 significant digits."""
+        return Link(bandwidth=_round(self.p2p_bandwidth), latency=_round(self.p2p_latency),
+                    ring_bandwidth=_round(self.allreduce_bandwidth),
+                    ring_latency=_round(self.allreduce_latency))
+
+    def p2p_seconds(self, nbytes: float) -> float:
+        return self.p2p_latency + nbytes / self.p2p_bandwidth
+
+    def allreduce_seconds(self, nbytes: float) -> float:
+        """The fitted ring model 2(p-1)(alpha + m*beta/p) (ParaDL, docs/research.md: ParaDL)."""
+        p = self.nproc
+        return 2 * (p - 1) * (self.allreduce_latency + nbytes / (self.allreduce_bandwidth * p))
+
+    def measured(self, kind: Literal["p2p", "allreduce"]) -> list[CalibrationPoint]:
+        return [point for point in self.points if point.kind == kind]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1) + "\n"
+
+
+def _round(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def message_sizes(quick: bool = False) -> list[int]:
+    """Message sizes in bytes: powers of 4 from 4 B to 16 MiB (quick: 4 B, 1 KiB, 64 KiB, 1 MiB)."""
+    if quick:
+        return [4, 1 << 10, 1 << 16, 1 << 20]
+    return [4 ** exponent for exponent in range(1, 13)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker processes
+# ---------------------------------------------------------------------------------------------
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _compute(device: torch.device, seconds: float = COMPUTE_SECONDS) -> None:
+    """Keep this rank computing for `seconds` of wall time, as a layer does before it sends."""
+    operand = torch.full((128, 128), 1.0 / 128, device=device)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        operand = operand @ operand
+        _synchronize(device)
+
+
+def _exchange(rank: int, buffer: torch.Tensor, incoming: torch.Tensor) -> float | None:
+    """Rank 0's time of one exchange with rank 1, started together after a barrier and a
+    stretch of compute: both send `buffer` and receive as much into `incoming` at once through
+    batch_isend_irecv, as the runtime's transfers between layers do. Ranks above 1 only join
+    the barrier (None)."""
+    dist.barrier()
+    if rank > 1:
+        return None
+    peer = 1 - rank
+    _compute(buffer.device)
+    start = time.perf_counter()
+    operations = [dist.P2POp(dist.isend, buffer, peer), dist.P2POp(dist.irecv, incoming, peer)]
+    for work in dist.batch_isend_irecv(operations):
+        work.wait()
+    _synchronize(buffer.device)
+    return time.perf_counter() - start
+
+
+def _all_reduce(buffer: torch.Tensor) -> float:
+    """This rank's time of one all_reduce, started together after a barrier and a stretch of
+    compute."""
+    dist.barrier()
+    _compute(buffer.device)
+    start = time.perf_counter()
+    dist.all_reduce(buffer)
+    _synchronize(buffer.device)
+    return time.perf_counter() - start
+
+
+def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Sequence[int],
+            warmup: int, repeats: int, result_path: str) -> None:
+    """One rank: measure every size; rank 0 writes [kind, bytes, mean seconds] rows as JSON."""
+    die_with_multiprocessing_parent()
+    torch.set_num_threads(1)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(backend, init_method=rendezvous, rank=rank,
+                                world_size=nproc, timeout=TIMEOUT)
+        rows = _measure(rank, device, sizes, warmup, repeats)
+    except BaseException as error:
+        # When one rank fails the others fail next (closed connections): the time of each
+        # failure lets the parent report the first, which is the cause.
+        failure = {"rank": rank, "time": time.time(),
+                   "error": f"{type(error).__name__}: {_last_line(str(error))}"}
+        write_atomic(f"{result_path}.rank{rank}.error", json.dumps(failure))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0:
+        write_atomic(result_path, json.dumps(rows))
+
+
+def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
+             repeats: int) -> list[tuple[str, int, float]]:
+    """[kind, bytes, mean seconds] rows of every size (rank 0's; other ranks: empty).
+
+    Each round times one exchange and one all_reduce of every size, the sizes in a new seeded
+    order per round (the same on every rank): the machine's drift over the seconds a
+    calibration takes then falls on all sizes alike; with each size's repeats in one block, a
+    quiet or busy stretch would land on a few sizes alone and bend the fit.
+    """
+    buffers = {size: torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
+               for size in sizes}
+    incoming = {size: torch.empty_like(buffer) for size, buffer in buffers.items()}
+    p2p: dict[int, list[float]] = {size: [] for size in sizes}
+    reduce: dict[int, list[float]] = {size: [] for size in sizes}
+    for index in range(warmup + repeats):
+        for size in random.Random(index).sample(list(sizes), len(sizes)):
+            exchanged = _exchange(rank, buffers[size], incoming[size])
+            reduced = _all_reduce(buffers[size])
+            if index < warmup:
+                continue
+            reduce[size].append(reduced)
+            if exchanged is not None:
+                p2p[size].append(exchanged)
+    dist.barrier()
+    if rank != 0:
+        return []
+    rows: list[tuple[str, int, float]] = []
+    for size in sizes:
+        nbytes = buffers[size].numel() * BYTES_PER_ELEMENT
+        rows.append(("p2p", nbytes, statistics.mean(p2p[size])))
+        rows.append(("allreduce", nbytes, statistics.mean(reduce[size])))
+    return rows
+
+
+def _start_method() -> str:
+    """forkserver (preloaded with torch and this module) where the platform has it."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
+    return "forkserver"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
+def _worker_error(error: torch_mp.ProcessException, folder: str, backend: Backend,
+                  nproc: int) -> LayerwiseError:
+    """One line naming the rank that failed first and its error."""
+    failures = [json.loads(path.read_text(encoding="utf-8"))
+                for path in Path(folder).glob("*.error")]
+    where = f"({backend}, {nproc} processes)"
+    if failures:
+        first = min(failures, key=lambda failure: failure["time"])
+        return LayerwiseError(
+            f"calibration worker rank {first['rank']} {where} failed: {first['error']}")
+    if isinstance(error, torch_mp.ProcessExitedException):
+        return LayerwiseError(f"calibration worker rank {error.error_index} {where} exited "
+                              f"with code {error.exit_code} before finishing")
+    return LayerwiseError(
+        f"calibration worker rank {error.error_index} {where} failed: {_last_line(str(error))}")
+
+
+def _run_workers(nproc: int, backend: Backend, sizes: Sequence[int], warmup: int,
+                 repeats: int) -> list[CalibrationPoint]:
+    with tempfile.TemporaryDirectory(prefix="layerwise-calibrate-") as folder:
+        result_path = os.path.join(folder, "points.json")
+        args = (nproc, local_rendezvous(folder), backend, list(sizes), warmup, repeats, result_path)
+        try:
+            torch_mp.start_processes(_worker, args=args, nprocs=nproc, join=True,
+                                     start_method=_start_method())
+        except (torch_mp.ProcessRaisedException, torch_mp.ProcessExitedException) as error:
+            raise _worker_error(error, folder, backend, nproc) from None
+        rows = json.loads(Path(result_path).read_text(encoding="utf-8"))
+    return [CalibrationPoint(kind=kind, bytes=nbytes, seconds=seconds)
+            for kind, nbytes, seconds in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fits
+# ---------------------------------------------------------------------------------------------
+
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float],
+                   latency_factor: float = 1.0, bytes_factor: float = 1.0,
+                   ) -> tuple[float, float]:
+    """(alpha, bandwidth = 1/beta) of t = latency_factor*alpha + bytes_factor*m*beta.
+
+    Least squares on relative error: each row is divided by its measured time, so small
+    messages (latency-bound) weigh as much as large ones (bandwidth-bound). A negative
+    intercept (latency lost in noise) becomes the smallest per-message time, a non-positive
+    slope the best measured bandwidth.
+    """
+    sizes = np.asarray(nbytes, dtype=float)
+    times = np.asarray(seconds, dtype=float)
+    if len(sizes) < 2 or np.any(times <= 0):
+        raise LayerwiseError("fitting latency and bandwidth needs two or more positive times")
+    design = np.stack([np.full_like(sizes, latency_factor), bytes_factor * sizes], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design / times[:, None], np.ones_like(times), rcond=None)
+    if alpha <= 0:
+        alpha = float(np.min(times)) / latency_factor
+    if beta <= 0:
+        beta = 1.0 / float(np.max(bytes_factor * sizes / times))
+    return float(alpha), float(1.0 / beta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolve_backend(backend: str | None, nproc: int) -> Backend:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend is None:
+        usable = gpus >= nproc and dist.is_nccl_available()
+        return "nccl" if usable else "gloo"
+    if backend == "gloo":
+        if not dist.is_gloo_available():
+            raise LayerwiseError("this torch build has no gloo backend; try --backend nccl")
+        return "gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available() or gpus == 0:
+            raise LayerwiseError(
+                f"--backend nccl needs CUDA GPUs and an NCCL build of torch; torch "
+                f"{torch.__version__} here sees {gpus} GPUs; use --backend gloo"
+            )
+        if gpus < nproc:
+            raise LayerwiseError(
+                f"--backend nccl runs one process per GPU: {nproc} processes need {nproc} GPUs, "
+                f"this machine has {gpus}; pass --nproc {gpus} or --backend gloo"
+            )
+        return "nccl"
+    raise LayerwiseError(f"unknown backend '{backend}': use gloo or nccl")
+
+
+def calibrate(nproc: int, backend: str | None = None, quick: bool = False) -> Calibration:
+    """Measure point-to-point and all_reduce times between `nproc` local processes and fit them.
+
+    `backend` None picks NCCL when there are `nproc` GPUs, else gloo. `quick` measures 4 sizes
+    with few repeats (seconds, for tests); the full run takes 12 sizes from 4 B to 16 MiB.
+    """
+    if nproc < 2:
+        raise LayerwiseError(
+            f"calibration needs at least 2 processes to measure links between them "
+            f"(got --nproc {nproc})"
+        )
+    chosen = _resolve_backend(backend, nproc)
+    warmup, repeats = (1, 5) if quick else (3, 40)
+    points = _run_workers(nproc, chosen, message_sizes(quick), warmup, repeats)
+    p2p = [point for point in points if point.kind == "p2p"]
+    reduce = [point for point in points if point.kind == "allreduce"]
+    p2p_latency, p2p_bandwidth = fit_alpha_beta(
+        [point.bytes for point in p2p], [point.seconds for point in p2p])
+    ring_latency, ring_bandwidth = fit_alpha_beta(
+        [point.bytes for point in reduce], [point.seconds for point in reduce],
+        latency_factor=2 * (nproc - 1), bytes_factor=2 * (nproc - 1) / nproc)
+    return Calibration(
+        backend=chosen,
+        nproc=nproc,
+        host=socket.gethostname(),
+        torch_version=torch.__version__,
+        points=points,
+        p2p_latency=p2p_latency,
+        p2p_bandwidth=p2p_bandwidth,
+        allreduce_latency=ring_latency,
+        allreduce_bandwidth=ring_bandwidth,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    )
+
+
+def calibrated_cluster(calibration: Calibration, base: str | os.PathLike[str] | Cluster = "local",
+                       ) -> Cluster:
+    """`base` (the `local` preset) with `nproc` devices joined by the measured link.
+
+    Only the intra-node link, the device count and the name change; device figures and the
+    inter-node link stay those of `base`.
+    """
+    cluster = load_cluster(base)
+    links = cluster.links.model_copy(update={"intra_node": calibration.link})
+    description = (
+        f"{calibration.nproc} {calibration.backend} processes on {calibration.host}, links "
+        f"measured by layerwise calibrate at {calibration.created} (torch "
+        f"{calibration.torch_version}); device figures from the '{cluster.name}' preset"
+    )
+    return cluster.model_copy(update={
+        "name": f"{cluster.name}-calibrated",
+        "description": description,
+        "nodes": 1,
+        "devices_per_node": calibration.nproc,
+        "groups": None,
+        "links": links,
+        "sync": "bucketed",  # the runtime it measures sums gradients in buckets
+    })
+
+
+def save_calibration(calibration: Calibration, out: str | os.PathLike[str]) -> Path:
+    """Write the calibrated cluster to `out` and the raw measurements next to it as
+    <stem>.calibration.json, both atomically; returns the measurements' path. The cluster file
+    comes last, so that a file there means a complete calibration (the flow reuses it)."""
+    cluster_path = writable_file(out)  # before the first file: both or neither
+    raw_path = cluster_path.with_name(f"{cluster_path.stem}.calibration.json")
+    write_atomic(raw_path, calibration.to_json())
+    write_atomic(cluster_path, calibrated_cluster(calibration).to_yaml())
+    return raw_path
+
+
+def calibration_path(nproc: int, backend: str | None = None,
+                     root: str | os.PathLike[str] | None = None) -> Path:
+    """data/profiles/cluster-<device>-<backend>-x<nproc>-torch<version>.yaml under `root` (default:
+    the current directory): where the benchmark flow keeps this machine's calibrated cluster.
+    As a profile's key, anything that changes the links' times (the device, the backend, the
+    process count, torch) gets its own file."""
+    chosen = _resolve_backend(backend, nproc)
+    device = device_name("cuda" if chosen == "nccl" else "cpu")
+    key = (f"cluster-{safe_name(device, 40)}-{chosen}-x{nproc}"
+           f"-torch{safe_name(torch.__version__, 24)}")
+    return Path(root if root is not None else ".") / PROFILE_DIR / f"{key}.yaml"

@@ -1,0 +1,920 @@
+"""nn.Module -> LayerGraph: the DAG of layers that search, cost model and runtime work on.
+
+torch.fx traces the module; shapes are propagated under FakeTensorMode (docs/research.md: measured
+behaviour: a real ShapeProp would run the forward and move BatchNorm's running stats). Each fx node
+becomes a layer with its kind, output shape, parameter shapes, forward FLOPs and, for conv/pool, the
+geometry the cost model and the halo exchange need.
+
+Fusion (Jia et al. 2018 treat these as part of the layer that produces their input): an
+elementwise op with one input (BatchNorm, GroupNorm, LayerNorm, ReLU and other activations, Dropout,
+Identity, scalar arithmetic) is fused into its producer when that producer has no other consumer
+and is not the network input. Fused ops keep their names and order in `Layer.fused`; the
+producer's output shape does not change. Everything else (conv, linear, pool, the mean over h
+and w, add, concat, flatten) is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`)
+is none, but runs with the layer that reads it (`Layer.reads`).
+
+LayerNorm over the channels alone, written as ConvNeXt does (`x.permute(0, 2, 3, 1)`, then
+`nn.LayerNorm(C)` or `F.layer_norm(..., (C,))`, then `.permute(0, 3, 1, 2)`), is one layer on the
+(N, C, H, W) tensor: the two permutes are layout (`Layer.layout`, `FusedOp.layout`), run with it,
+never layers of their own; any other permute is refused.
+
+Some ops limit the degree of their layer along some dims (`Layer.max_degrees`, 1: held whole,
+with the reason): GroupNorm's statistics span a group's channels and the whole plane (a channel
+split keeps whole groups), LayerNorm's span every value of a sample or, over the channels alone,
+every channel of a position; a reflect or replicate padding is applied by the tiles on the border,
+which must hold the rows it mirrors, and a circular one reads the opposite border (h, w whole).
+A module with weights called twice (shared weights) is refused here, so that every command
+refuses it before anything is priced or launched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import operator
+import traceback
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.shape_prop import ShapeProp
+
+from layerwise.strategies.errors import GraphError
+
+LayerKind = Literal[
+    "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten"
+]
+
+BYTES_PER_ELEMENT = 4  # fp32 training, the setting of every paper layerwise implements
+OVER_CHANNELS = "(channels)"  # the op name's suffix of a LayerNorm over the channels alone
+
+_ELEMENTWISE_MODULES: dict[type[nn.Module], float] = {
+    # module type -> forward FLOPs per output element (BatchNorm: normalise + affine)
+    nn.BatchNorm1d: 4.0,
+    nn.BatchNorm2d: 4.0,
+    nn.ReLU: 1.0,
+    nn.ReLU6: 1.0,
+    nn.LeakyReLU: 1.0,
+    nn.ELU: 1.0,
+    nn.GELU: 1.0,
+    nn.SiLU: 1.0,
+    nn.Sigmoid: 1.0,
+    nn.Tanh: 1.0,
+    nn.Hardswish: 1.0,
+    nn.Dropout: 1.0,
+    nn.Dropout2d: 1.0,
+    nn.Identity: 0.0,
+}
+_ELEMENTWISE_FUNCTIONS: dict[Any, str] = {
+    F.relu: "relu",
+    torch.relu: "relu",
+    F.relu6: "relu6",
+    F.leaky_relu: "leaky_relu",
+    F.gelu: "gelu",
+    F.silu: "silu",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    torch.tanh: "tanh",
+    F.dropout: "dropout",
+}
+_ELEMENTWISE_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous"}
+_BINARY_FUNCTIONS: dict[Any, str] = {
+    operator.add: "add",
+    operator.iadd: "add",
+    torch.add: "add",
+    operator.sub: "sub",
+    torch.sub: "sub",
+    operator.mul: "mul",
+    operator.imul: "mul",
+    torch.mul: "mul",
+}
+_BINARY_METHODS = {"add": "add", "add_": "add", "sub": "sub", "mul": "mul", "mul_": "mul"}
+_POOL_FUNCTIONS: dict[Any, str] = {F.max_pool2d: "max_pool2d", F.avg_pool2d: "avg_pool2d"}
+_ADAPTIVE_POOL_FUNCTIONS: dict[Any, str] = {
+    F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
+    F.adaptive_max_pool2d: "adaptive_max_pool2d",
+}
+
+
+class Geometry(BaseModel):
+    """Sliding-window geometry of a conv or pool layer: what an output tile needs of its input."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    ceil_mode: bool = False
+
+
+class FusedOp(BaseModel):
+    """An elementwise op executed as part of the layer it follows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    op: str
+    target: str
+    flops_per_element: float
+    layout: tuple[str, ...] = ()  # the permutes into channels-last and back, run around it
+
+    @property
+    def fx_nodes(self) -> tuple[str, ...]:
+        return _around(self.name, self.layout)
+
+
+def _around(name: str, layout: tuple[str, ...]) -> tuple[str, ...]:
+    """An op's fx node with the permutes of its layout before and after it."""
+    return (layout[0], name, layout[1]) if layout else (name,)
+
+
+class Layer(BaseModel):
+    """One node of the layer graph; shapes include the batch dimension."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: LayerKind
+    op: str
+    target: str
+    inputs: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shape: tuple[int, ...]
+    param_shapes: dict[str, tuple[int, ...]]
+    flops: int
+    geometry: Geometry | None = None
+    concat_dim: int | None = None
+    fused: tuple[FusedOp, ...] = ()
+    # dim -> the largest degree its ops allow along it (1: held whole); a dim not named is
+    # bounded by its size alone (space.py)
+    max_degrees: dict[str, int] = {}
+    held_reason: str = ""  # why its ops limit max_degrees
+    reads: tuple[str, ...] = ()  # fx nodes of the size queries its op reads
+    layout: tuple[str, ...] = ()  # the permutes into channels-last and back around its op
+
+    @property
+    def param_count(self) -> int:
+        return sum(_numel(shape) for shape in self.param_shapes.values())
+
+    @property
+    def fx_nodes(self) -> tuple[str, ...]:
+        """Every fx node this layer runs, in order: the size queries its op reads (`x.size(0)`
+        of `x.view(x.size(0), -1)`), its own node, then its fused ops', each op's layout
+        permutes around it."""
+        return (*self.reads, *_around(self.name, self.layout),
+                *(node for fused in self.fused for node in fused.fx_nodes))
+
+    @property
+    def value_node(self) -> str:
+        """The fx node whose value is the layer's output (what its consumers read)."""
+        return self.fx_nodes[-1]
+
+    @property
+    def label(self) -> str:
+        """Op name with fused ops, e.g. `Conv2d+BatchNorm2d+ReLU`."""
+        return "+".join([self.op, *(f.op for f in self.fused)])
+
+
+class LayerGraph(BaseModel):
+    """A CNN as a DAG of layers in topological order (inputs before consumers)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    input_shape: tuple[int, ...]
+    layers: tuple[Layer, ...]
+    outputs: tuple[str, ...]
+
+    @cached_property
+    def by_name(self) -> dict[str, Layer]:
+        return {layer.name: layer for layer in self.layers}
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[str, ...]]:
+        users: dict[str, list[str]] = {layer.name: [] for layer in self.layers}
+        for layer in self.layers:
+            for source in layer.inputs:
+                users[source].append(layer.name)
+        return {name: tuple(names) for name, names in users.items()}
+
+    @property
+    def edges(self) -> list[tuple[str, str]]:
+        """(producer, consumer) pairs; a layer reading the same tensor twice gives one edge."""
+        return [(src, layer.name) for layer in self.layers for src in dict.fromkeys(layer.inputs)]
+
+    @property
+    def param_count(self) -> int:
+        return sum(layer.param_count for layer in self.layers)
+
+    @property
+    def held_notes(self) -> list[str]:
+        """One line per layer whose ops limit its split, saying how and why."""
+        return [f"layer '{layer.name}' ({layer.label}) {_limits(layer)}: {layer.held_reason}"
+                for layer in self.layers if layer.held_reason]
+
+    @property
+    def flops(self) -> int:
+        return sum(layer.flops for layer in self.layers)
+
+    @property
+    def batch(self) -> int:
+        return self.input_shape[0]
+
+    @cached_property
+    def structure_hash(self) -> str:
+        """Identity of the network's structure, independent of batch size and weights.
+
+        Two models with the same hash have the same layers, shapes (per sample), geometry and
+        edges, so a profile or a strategy made for one applies to the other.
+        """
+        canonical = [
+            [
+                layer.name,
+                layer.kind,
+                layer.label,
+                list(layer.inputs),
+                [list(shape[1:]) for shape in layer.input_shapes],
+                list(layer.output_shape[1:]),
+                sorted((key, list(shape)) for key, shape in layer.param_shapes.items()),
+                layer.geometry.model_dump() if layer.geometry else None,
+                layer.concat_dim,
+            ]
+            for layer in self.layers
+        ]
+        text = json.dumps([canonical, list(self.outputs)], separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _limits(layer: Layer) -> str:
+    """'splits only along n, c (c at most 2 ways)': the dims its ops let it split and the
+    largest degree of those they limit."""
+    dims = ("n", "c", "h", "w")[:len(layer.output_shape)]
+    free = [dim for dim in dims if layer.max_degrees.get(dim, 2) > 1]
+    capped = [f"{dim} at most {layer.max_degrees[dim]} ways" for dim in free
+              if dim in layer.max_degrees]
+    text = f"splits {'only ' if len(free) < len(dims) else ''}along {', '.join(free)}"
+    return text + (f" ({', '.join(capped)})" if capped else "")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    if len(value) == 1:
+        return (value[0], value[0])
+    return (int(value[0]), int(value[1]))
+
+
+def _norm(common: dict[str, Any], op: str, target: str, params: dict[str, tuple[int, ...]],
+          max_degrees: dict[str, int], reason: str) -> _Raw:
+    """A normalisation with statistics per sample over several values (GroupNorm, LayerNorm):
+    an elementwise layer of ~5 flops per value, limited to the splits that keep each statistic
+    on one device."""
+    raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+               flops=5 * _numel(common["output_shape"]), elementwise_flops_per_element=5.0,
+               **common)
+    raw.limit(max_degrees, reason)
+    return raw
+
+
+def _mirrored_degree(geometry: Geometry, axis: int, in_size: int, out_size: int,
+                     mode: str) -> int:
+    """The largest power-of-two degree along h (axis 0) or w (axis 1) at which every tile of
+    a reflect- or replicate-padded conv can pad its own border.
+
+    A tile whose receptive field reaches past the border pads its needed input box as the whole
+    tensor is padded: reflect padding of t rows mirrors rows 1..t, which the box (it starts at
+    the border) holds when it has more than t rows; replicate repeats the border row, which any
+    box holds. Tile i covers output rows [i*O//d, (i+1)*O//d) (space.tile_range).
+    """
+    kernel, stride = geometry.kernel[axis], geometry.stride[axis]
+    padding, dilation = geometry.padding[axis], geometry.dilation[axis]
+
+    def pads_itself(degree: int) -> bool:
+        for index in range(degree):
+            start, stop = index * out_size // degree, (index + 1) * out_size // degree
+            first = start * stride - padding
+            last = (stop - 1) * stride - padding + dilation * (kernel - 1)
+            rows = min(last + 1, in_size) - max(first, 0)
+            for pad in (-first, last + 1 - in_size):
+                if pad > 0 and rows < (pad + 1 if mode == "reflect" else 1):
+                    return False
+        return True
+
+    degree = 1
+    while degree * 2 <= out_size:
+        if not pads_itself(degree * 2):
+            return degree
+        degree *= 2
+    return out_size  # every degree the size allows
+
+
+def _padding_limits(geometry: Geometry, mode: str, in_shape: tuple[int, ...],
+                    out_shape: tuple[int, ...]) -> tuple[dict[str, int], str]:
+    """The h and w degrees a conv padded by `mode` allows, and why: circular padding reads the
+    opposite border (h, w whole); reflect and replicate are padded by the border tiles."""
+    if mode == "circular":
+        return {"h": 1, "w": 1}, ("circular padding wraps around to the opposite border, so "
+                                  "h and w stay whole")
+    limits = {dim: _mirrored_degree(geometry, axis, in_shape[2 + axis], out_shape[2 + axis],
+                                    mode)
+              for axis, dim in enumerate(("h", "w"))}
+    copies = "mirrors" if mode == "reflect" else "repeats"
+    return limits, (f"{mode} padding {geometry.padding} is applied by the border tiles, which "
+                    f"must hold the rows and columns it {copies}")
+
+
+def _conv_padding(node: fx.Node, module: nn.Conv2d) -> tuple[int, int]:
+    """A Conv2d's padding per axis: numbers as given, "valid" none, "same" half the dilated
+    kernel on each side (torch pads the odd extra row of an even kernel on one side only, which
+    a symmetric window cannot express)."""
+    if module.padding == "valid":
+        return (0, 0)
+    if module.padding == "same":
+        reach = [d * (k - 1) for d, k in zip(_pair(module.dilation), _pair(module.kernel_size),
+                                              strict=True)]
+        if any(total % 2 for total in reach):
+            raise GraphError(
+                f"layer '{node.name}' ({node.target}): padding='same' with kernel "
+                f"{module.kernel_size} and dilation {module.dilation} pads one side more than "
+                "the other; use an odd kernel or give the padding as numbers"
+            )
+        return (reach[0] // 2, reach[1] // 2)
+    return _pair(module.padding)  # type: ignore[arg-type]
+
+
+def _call_arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _tensor_inputs(node: fx.Node) -> list[fx.Node]:
+    """The fx nodes whose tensors feed this node, in argument order, flattening lists (cat)."""
+    found: list[fx.Node] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, fx.Node):
+            if "tensor_meta" in value.meta:
+                found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    for arg in node.args:
+        visit(arg)
+    for arg in node.kwargs.values():
+        visit(arg)
+    return found
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    meta = node.meta.get("tensor_meta")
+    if meta is None or not hasattr(meta, "shape"):
+        raise GraphError(
+            f"fx node '{node.name}' ({node.format_node()}) does not produce one tensor; "
+            "layerwise supports modules whose layers each return a single tensor"
+        )
+    return tuple(int(size) for size in meta.shape)
+
+
+def _param_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in module.named_parameters(recurse=False)}
+
+
+class _Raw(BaseModel):
+    """A layer before fusion: mutable while the builder merges elementwise ops into it."""
+
+    name: str
+    kind: LayerKind
+    op: str
+    target: str
+    inputs: list[str]
+    input_shapes: list[tuple[int, ...]]
+    output_shape: tuple[int, ...]
+    param_shapes: dict[str, tuple[int, ...]]
+    flops: int
+    geometry: Geometry | None = None
+    concat_dim: int | None = None
+    fused: list[FusedOp] = []
+    elementwise_flops_per_element: float = 0.0
+    max_degrees: dict[str, int] = {}
+    held_reason: str = ""
+    reads: list[str] = []
+    layout: tuple[str, ...] = ()
+
+    def limit(self, max_degrees: dict[str, int], reason: str) -> None:
+        """Limit the degree along each dim of `max_degrees` (to less where a fused op already
+        limits it to less); a limit the dim's size already sets is no limit and no note."""
+        sizes = dict(zip(("n", "c", "h", "w"), self.output_shape, strict=False))
+        tighter = {dim: degree for dim, degree in max_degrees.items()
+                   if dim in sizes
+                   and degree < min(sizes[dim], self.max_degrees.get(dim, sizes[dim]))}
+        if not tighter:
+            return
+        self.max_degrees = {**self.max_degrees, **tighter}
+        self.held_reason = "; ".join(filter(None, (self.held_reason, reason)))
+
+
+_PERMUTE_REFUSAL = ("a permute other than the one around a LayerNorm over the channels "
+                    "(x.permute(0, 2, 3, 1), then nn.LayerNorm(C) or F.layer_norm(x, (C,)), "
+                    "then .permute(0, 3, 1, 2), each read by the next alone)")
+
+
+def _permutation(node: fx.Node) -> tuple[int, ...] | None:
+    """The dims of a `x.permute(...)` or `torch.permute(x, dims)` node; None for other nodes."""
+    if node.op == "call_method" and node.target == "permute":
+        dims: Any = node.args[1:] or node.kwargs.get("dims", ())
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = dims[0]
+    elif node.op == "call_function" and node.target is torch.permute:
+        dims = _call_arg(node, 1, "dims", ())
+    else:
+        return None
+    if not all(isinstance(dim, int) for dim in dims):
+        return None
+    return tuple(dim % len(dims) for dim in dims) if dims else ()
+
+
+def _channels_last(gm: fx.GraphModule) -> dict[str, tuple[str, str]]:
+    """LayerNorm node -> (permute into channels-last, permute back) of each LayerNorm over
+    the channels written as ConvNeXt writes it: (N, C, H, W) -> permute(0, 2, 3, 1) ->
+    LayerNorm -> permute(0, 3, 1, 2), each node read by the next alone."""
+    found: dict[str, tuple[str, str]] = {}
+    for node in gm.graph.nodes:
+        is_module = node.op == "call_module" and isinstance(
+            gm.get_submodule(str(node.target)), nn.LayerNorm)
+        if not (is_module or (node.op == "call_function" and node.target is F.layer_norm)):
+            continue
+        into, users = node.args[0], list(node.users)
+        if (isinstance(into, fx.Node) and _permutation(into) == (0, 2, 3, 1)
+                and len(into.users) == 1 and len(users) == 1
+                and _permutation(users[0]) == (0, 3, 1, 2)):
+            found[node.name] = (into.name, users[0].name)
+    return found
+
+
+class _Builder:
+    """Classifies traced fx nodes into layers and fuses elementwise ops into their producers."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.modules = dict(gm.named_modules())
+        self.nodes = {node.name: node for node in gm.graph.nodes}
+        self.layouts = _channels_last(gm)
+
+    def layer_for(self, node: fx.Node) -> _Raw:
+        shape = _shape(node)
+        sources = _tensor_inputs(node)
+        inputs = [s.name for s in sources]
+        input_shapes = [_shape(s) for s in sources]
+        common = {
+            "name": node.name,
+            "inputs": inputs,
+            "input_shapes": input_shapes,
+            "output_shape": shape,
+        }
+        if node.op == "placeholder":
+            return _Raw(kind="input", op="input", target=str(node.target), param_shapes={},
+                        flops=0, **common)
+        if node.op == "call_module":
+            return self._module_layer(node, common)
+        if node.op == "call_function":
+            return self._function_layer(node, common)
+        if node.op == "call_method":
+            return self._method_layer(node, common)
+        raise self._unsupported(node)
+
+    def _module_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
+        module = self.modules[str(node.target)]
+        target = str(node.target)
+        op = type(module).__name__
+        params = _param_shapes(module)
+        out = _numel(common["output_shape"])
+        if isinstance(module, nn.Conv2d):
+            geometry = Geometry(
+                kernel=_pair(module.kernel_size),
+                stride=_pair(module.stride),
+                padding=_conv_padding(node, module),
+                dilation=_pair(module.dilation),
+                groups=module.groups,
+            )
+            macs_per_output = (module.in_channels // module.groups) * _numel(geometry.kernel)
+            flops = 2 * out * macs_per_output + (out if module.bias is not None else 0)
+            if module.padding_mode != "zeros":
+                op = f"{op}(padding_mode={module.padding_mode})"
+            raw = _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
+                       geometry=geometry, **common)
+            if module.padding_mode != "zeros" and geometry.padding != (0, 0):
+                raw.limit(*_padding_limits(geometry, module.padding_mode,
+                                           common["input_shapes"][0], common["output_shape"]))
+            return raw
+        if isinstance(module, nn.GroupNorm):
+            return self._group_norm(common, op, target, params, module.num_groups)
+        if isinstance(module, nn.LayerNorm):
+            return self._layer_norm(node, common, op, target, params,
+                                    tuple(module.normalized_shape))
+        if isinstance(module, nn.Linear):
+            flops = 2 * out * module.in_features + (out if module.bias is not None else 0)
+            return _Raw(kind="linear", op=op, target=target, param_shapes=params, flops=flops,
+                        **common)
+        if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
+            dilation = module.dilation if isinstance(module, nn.MaxPool2d) else 1
+            if isinstance(module, nn.AvgPool2d) and not module.count_include_pad:
+                op = f"{op}(count_include_pad=False)"
+            geometry = Geometry(
+                kernel=_pair(module.kernel_size),
+                stride=_pair(module.stride or module.kernel_size),
+                padding=_pair(module.padding),
+                dilation=_pair(dilation),
+                ceil_mode=module.ceil_mode,
+            )
+            return _Raw(kind="pool", op=op, target=target, param_shapes={},
+                        flops=out * _numel(geometry.kernel), geometry=geometry, **common)
+        if isinstance(module, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+            return _Raw(kind="adaptive_pool", op=op, target=target, param_shapes={},
+                        flops=_numel(common["input_shapes"][0]), **common)
+        if isinstance(module, nn.Flatten):
+            return self._flatten(node, common, op, target, module.start_dim, module.end_dim)
+        for module_type, per_element in _ELEMENTWISE_MODULES.items():
+            if type(module) is module_type:
+                return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                            flops=int(per_element * out),
+                            elementwise_flops_per_element=per_element, **common)
+        raise self._unsupported(node, f"module type {op}")
+
+    def _function_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
+        fn = node.target
+        name = getattr(fn, "__name__", str(fn))
+        out = _numel(common["output_shape"])
+        if fn in _POOL_FUNCTIONS:
+            kernel = _pair(_call_arg(node, 1, "kernel_size", None))
+            stride = _call_arg(node, 2, "stride", None)
+            geometry = Geometry(
+                kernel=kernel,
+                stride=_pair(stride) if stride else kernel,
+                padding=_pair(_call_arg(node, 3, "padding", 0)),
+                dilation=_pair(_call_arg(node, 4, "dilation", 1))
+                if fn is F.max_pool2d else (1, 1),
+                ceil_mode=bool(_call_arg(node, 5 if fn is F.max_pool2d else 4, "ceil_mode",
+                                         False)),
+            )
+            return _Raw(kind="pool", op=_POOL_FUNCTIONS[fn], target=name, param_shapes={},
+                        flops=out * _numel(kernel), geometry=geometry, **common)
+        if fn in _ADAPTIVE_POOL_FUNCTIONS:
+            return _Raw(kind="adaptive_pool", op=_ADAPTIVE_POOL_FUNCTIONS[fn], target=name,
+                        param_shapes={}, flops=_numel(common["input_shapes"][0]), **common)
+        if fn is torch.mean:
+            return self._mean(node, common, name)
+        if fn is F.group_norm:
+            if len(common["inputs"]) != 1:
+                raise self._unsupported(node, "group_norm with weight or bias tensors (use "
+                                        "nn.GroupNorm)")
+            return self._group_norm(common, "group_norm", name, {},
+                                    int(_call_arg(node, 1, "num_groups", 1)))
+        if fn is F.layer_norm:
+            normalized = _call_arg(node, 1, "normalized_shape", ())
+            return self._layer_norm(node, common, "layer_norm", name, {},
+                                    (normalized,) if isinstance(normalized, int)
+                                    else tuple(normalized))
+        if fn is torch.permute:
+            raise self._unsupported(node, _PERMUTE_REFUSAL)
+        if fn is torch.flatten:
+            start = _call_arg(node, 1, "start_dim", 0)
+            end = _call_arg(node, 2, "end_dim", -1)
+            return self._flatten(node, common, "flatten", name, start, end)
+        if fn is torch.cat:
+            dim = _call_arg(node, 1, "dim", 0)
+            rank = len(common["output_shape"])
+            return _Raw(kind="concat", op="cat", target=name, param_shapes={}, flops=0,
+                        concat_dim=dim % rank, **common)
+        if fn in _BINARY_FUNCTIONS:
+            return self._binary_or_scalar(node, common, _BINARY_FUNCTIONS[fn], name)
+        if fn in _ELEMENTWISE_FUNCTIONS:
+            return _Raw(kind="elementwise", op=_ELEMENTWISE_FUNCTIONS[fn], target=name,
+                        param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
+        raise self._unsupported(node, f"function {name}")
+
+    def _method_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
+        method = str(node.target)
+        out = _numel(common["output_shape"])
+        if method == "flatten":
+            start = _call_arg(node, 1, "start_dim", 0)
+            end = _call_arg(node, 2, "end_dim", -1)
+            return self._flatten(node, common, "flatten", method, start, end)
+        if method == "mean":
+            return self._mean(node, common, method)
+        if method in ("view", "reshape"):
+            in_shape = common["input_shapes"][0]
+            out_shape = common["output_shape"]
+            if len(out_shape) == 2 and out_shape[0] == in_shape[0]:
+                return self._flatten(node, common, method, method, 1, -1)
+            raise self._unsupported(node, f"{method} to {out_shape} (only (N, -1) flattening)")
+        if method in _BINARY_METHODS:
+            return self._binary_or_scalar(node, common, _BINARY_METHODS[method], method)
+        if method in _ELEMENTWISE_METHODS:
+            return _Raw(kind="elementwise", op=method.rstrip("_"), target=method,
+                        param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
+        if method == "permute":
+            raise self._unsupported(node, _PERMUTE_REFUSAL)
+        raise self._unsupported(node, f"method .{method}()")
+
+    def _flatten(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
+                 start: int, end: int) -> _Raw:
+        in_rank = len(common["input_shapes"][0])
+        if start % in_rank != 1 or end % in_rank != in_rank - 1:
+            raise self._unsupported(node, f"{op}(start_dim={start}, end_dim={end}); only "
+                                    "flattening every dim after the batch is supported")
+        return _Raw(kind="flatten", op=op, target=target, param_shapes={}, flops=0, **common)
+
+    def _mean(self, node: fx.Node, common: dict[str, Any], target: str) -> _Raw:
+        """A mean over h and w (global average pooling written as `x.mean((2, 3))`): an
+        adaptive average pool to 1x1, keeping its (N, C, 1, 1) or (N, C) shape."""
+        dims = _call_arg(node, 1, "dim", None)
+        rank = len(common["input_shapes"][0])
+        chosen = (dims,) if isinstance(dims, int) else tuple(dims or ())
+        if rank != 4 or sorted(dim % rank for dim in chosen) != [2, 3]:
+            raise self._unsupported(node, f"mean over dims {dims} (only the mean over h and w, "
+                                    "x.mean((2, 3)), is a layer)")
+        return _Raw(kind="adaptive_pool", op="mean", target=target, param_shapes={},
+                    flops=_numel(common["input_shapes"][0]), **common)
+
+    def _group_norm(self, common: dict[str, Any], op: str, target: str,
+                    params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
+        """GroupNorm: per-sample statistics over each group's channels and the whole h/w
+        plane, so a split along n, or along c into tiles of whole groups, leaves every
+        statistic on one device."""
+        # degrees are powers of two: those dividing `groups` are those up to its largest
+        # power-of-two factor, and with C = groups * per_group they cut C on group boundaries
+        whole_groups = groups & -groups
+        channels = (f" and a channel split keeps whole groups (a degree dividing {groups})"
+                    if whole_groups > 1 else ", and so does c" + (
+                        f" (no power-of-two degree divides {groups})" if groups > 1 else ""))
+        return _norm(common, op, target, params, {"c": whole_groups, "h": 1, "w": 1},
+                     f"GroupNorm({groups}) takes its statistics over each group's channels and "
+                     f"the whole h/w plane, so h and w stay whole{channels}")
+
+    def _layer_norm(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
+                    params: dict[str, tuple[int, ...]], normalized: tuple[int, ...]) -> _Raw:
+        """LayerNorm over every value of a sample (after a conv, normalized_shape = (C, H, W);
+        after a linear layer, (F,)): like GroupNorm(1, C), only a sample split. Over the
+        channels alone (between the permutes of `_channels_last`): one statistic per
+        position, so any split but along c."""
+        if len(common["inputs"]) != 1:
+            raise self._unsupported(node, f"{op} with weight or bias tensors (use nn.LayerNorm)")
+        layout = self.layouts.get(node.name)
+        if layout is not None:
+            into, back = (self.nodes[name] for name in layout)
+            channels = common["output_shape"][-1]
+            if normalized != (channels,):
+                raise self._unsupported(into, _PERMUTE_REFUSAL)
+            raw = _norm({**common, "inputs": [into.args[0].name],
+                         "input_shapes": [_shape(into.args[0])], "output_shape": _shape(back)},
+                        f"{op}{OVER_CHANNELS}", target, params, {"c": 1},
+                        "LayerNorm over the channels takes one statistic per position over "
+                        "every channel, so c stays whole")
+            raw.layout = layout
+            return raw
+        if normalized != tuple(common["output_shape"][1:]):
+            raise self._unsupported(node, f"LayerNorm over {list(normalized)} of "
+                                    f"{common['output_shape']} (only over every dim after "
+                                    "the batch, or over the channels between permutes)")
+        return _norm(common, op, target, params, {"c": 1, "h": 1, "w": 1},
+                     "LayerNorm takes its statistics over every value of a sample, so only n "
+                     "splits")
+
+    def _binary_or_scalar(self, node: fx.Node, common: dict[str, Any], op: str,
+                          target: str) -> _Raw:
+        out = _numel(common["output_shape"])
+        if len(common["inputs"]) == 2:
+            if any(shape != common["output_shape"] for shape in common["input_shapes"]):
+                raise self._unsupported(node, f"{op} with broadcasting "
+                                        f"{common['input_shapes']} -> {common['output_shape']}")
+            return _Raw(kind="add", op=op, target=target, param_shapes={}, flops=out, **common)
+        if len(common["inputs"]) == 1:
+            return _Raw(kind="elementwise", op=f"{op}_scalar", target=target, param_shapes={},
+                        flops=out, elementwise_flops_per_element=1.0, **common)
+        raise self._unsupported(node, f"{op} of {len(common['inputs'])} tensors")
+
+    def _unsupported(self, node: fx.Node, what: str | None = None) -> GraphError:
+        described = what or f"{node.op} {node.target}"
+        return GraphError(
+            f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
+            "Conv2d, Linear, pooling, BatchNorm, GroupNorm, LayerNorm, activations, dropout, "
+            "add, cat, "
+            "flatten and the mean over h and w"
+        )
+
+
+def _fuse(raw_layers: list[_Raw], users: dict[str, int]) -> tuple[list[_Raw], dict[str, str]]:
+    """Merge single-input elementwise layers into a producer they alone consume.
+
+    Returns the kept layers and the map from each fused layer's name to the layer that holds it.
+    """
+    by_name = {layer.name: layer for layer in raw_layers}
+    holder: dict[str, str] = {}
+    kept: list[_Raw] = []
+    for layer in raw_layers:
+        inputs = [holder.get(name, name) for name in layer.inputs]
+        layer.inputs = inputs
+        if layer.kind == "elementwise" and len(inputs) == 1:
+            producer = by_name[inputs[0]]
+            original_input = layer.name
+            if producer.kind != "input" and users[producer.name] == 1:
+                producer.fused.append(
+                    FusedOp(name=layer.name, op=layer.op, target=layer.target,
+                            flops_per_element=layer.elementwise_flops_per_element,
+                            layout=layer.layout)
+                )
+                producer.flops += layer.flops
+                producer.reads.extend(layer.reads)
+                producer.limit(layer.max_degrees, layer.held_reason)
+                producer.param_shapes.update(
+                    {f"{layer.target}.{key}": shape for key, shape in layer.param_shapes.items()}
+                )
+                users[producer.name] = users[original_input]
+                holder[original_input] = producer.name
+                continue
+        kept.append(layer)
+    return kept, holder
+
+
+def _failing_call(error: BaseException) -> str:
+    """The innermost frame of the user's own code in a traceback (not torch's)."""
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith(torch_dir) and f.filename != __file__]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}: `{frame.line}`"
+
+
+def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = None) -> LayerGraph:
+    """Trace `model` in training mode and build its LayerGraph for one input of `input_shape`.
+
+    Works on modules whose parameters live on the meta device (planning big models without
+    allocating them) as well as on real ones; neither parameters nor buffers are changed.
+    """
+    label = name or type(model).__name__
+    was_training = model.training
+    model.train()
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as error:  # fx raises many types; all mean "not traceable"
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise GraphError(
+            f"torch.fx cannot trace model '{label}'{_failing_call(error)}: "
+            f"{type(error).__name__}: {first_line}; rewrite data-dependent Python control flow "
+            "or wrap that call with torch.fx.wrap"
+        ) from error
+    finally:
+        model.train(was_training)
+
+    _refuse_shared_modules(gm)
+    for node in gm.graph.nodes:  # before shapes: torch would warn of what is refused here
+        if node.op == "call_module" and isinstance(
+                conv := gm.get_submodule(str(node.target)), nn.Conv2d):
+            _conv_padding(node, conv)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    # Meta tensors carry shapes only, so a meta module propagates as is (about 3x faster);
+    # a real module runs on fake copies so its BatchNorm statistics stay untouched.
+    fake_mode = None if device.type == "meta" else FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # ShapeProp prints its own traceback
+            ShapeProp(gm, fake_mode=fake_mode).propagate(torch.empty(input_shape, device=device))
+    except Exception as error:
+        cause = error.__cause__ or error
+        raise GraphError(
+            f"model '{label}' fails on input {tuple(input_shape)}: {type(cause).__name__}: "
+            f"{str(cause).strip().splitlines()[0] if str(cause).strip() else ''}; check the "
+            "image size and channel count"
+        ) from error
+    return _build(gm, tuple(input_shape), label)
+
+
+def _is_shape_query(node: fx.Node, shape_queries: set[str]) -> bool:
+    """Whether `node` reads a tensor's sizes (`x.size(0)`, `x.shape[0]`, `x.dim()`) rather
+    than computing a tensor: such a node is an argument of a reshape, not a layer."""
+    if node.op == "call_method" and node.target in ("size", "dim"):
+        return True
+    if node.op == "call_function" and node.target is getattr:
+        return node.args[1] == "shape"
+    if node.op == "call_function" and node.target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, fx.Node) and source.name in shape_queries
+    return False
+
+
+def _shape_reads(node: fx.Node, shape_queries: set[str]) -> list[str]:
+    """The size queries `node` reads, directly or through others (x.size(0), then [0])."""
+    found: list[str] = []
+    pending = list(node.all_input_nodes)
+    while pending:
+        source = pending.pop()
+        if source.name in shape_queries and source.name not in found:
+            found.insert(0, source.name)
+            pending.extend(source.all_input_nodes)
+    return found
+
+
+def _refuse_shared_modules(gm: fx.GraphModule) -> None:
+    """A module with weights called twice shares them between two layers, which per-layer
+    splits and per-layer weight shards cannot express: refuse it before anything is priced."""
+    calls: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls.setdefault(str(node.target), []).append(node.name)
+    for target, names in calls.items():
+        module = gm.get_submodule(target)
+        stateful = next(module.parameters(recurse=False), None) is not None or next(
+            module.buffers(recurse=False), None) is not None
+        if len(names) > 1 and stateful:
+            raise GraphError(
+                f"module '{target}' ({type(module).__name__}) is called {len(names)} times "
+                f"(fx nodes {', '.join(names)}): shared weights are not supported, since each "
+                "layer is split and holds its weights on its own; give each call its own module"
+            )
+
+
+def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> LayerGraph:
+    builder = _Builder(gm)
+    raw_layers: list[_Raw] = []
+    output_nodes: list[str] = []
+    shape_queries: set[str] = set()
+    # the permutes around a LayerNorm over the channels run with it; its consumers read it
+    layout_nodes = {name for pair in builder.layouts.values() for name in pair}
+    read_as = {back: norm for norm, (_, back) in builder.layouts.items()}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            output_nodes = [read_as.get(s.name, s.name) for s in _tensor_inputs(node)]
+            continue
+        if node.name in layout_nodes:
+            continue
+        if node.op == "get_attr":
+            raise builder._unsupported(node, f"direct use of parameter or buffer {node.target}")
+        if "tensor_meta" not in node.meta:
+            if _is_shape_query(node, shape_queries):
+                shape_queries.add(node.name)  # x.size(0) in x.view(x.size(0), -1): no layer
+                continue
+            raise builder._unsupported(node)
+        raw = builder.layer_for(node)
+        raw.inputs = [read_as.get(name, name) for name in raw.inputs]
+        raw.reads = _shape_reads(node, shape_queries)
+        raw_layers.append(raw)
+    users = {layer.name: 0 for layer in raw_layers}
+    for layer in raw_layers:
+        for source in dict.fromkeys(layer.inputs):
+            users[source] += 1
+    for name in output_nodes:
+        users[name] += 1
+    kept, holder = _fuse(raw_layers, users)
+    layers = tuple(
+        Layer(
+            name=raw.name, kind=raw.kind, op=raw.op, target=raw.target,
+            inputs=tuple(raw.inputs), input_shapes=tuple(raw.input_shapes),
+            output_shape=raw.output_shape, param_shapes=raw.param_shapes, flops=raw.flops,
+            geometry=raw.geometry, concat_dim=raw.concat_dim, fused=tuple(raw.fused),
+            max_degrees=raw.max_degrees, held_reason=raw.held_reason, reads=tuple(raw.reads),
+            layout=raw.layout,
+        )
+        for raw in kept
+    )
+    outputs = tuple(dict.fromkeys(holder.get(name, name) for name in output_nodes))
+    return LayerGraph(model=label, input_shape=input_shape, layers=layers, outputs=outputs)
+
+
+def build_graph(
+    model: str,
+    batch: int = 1,
+    image_size: int | None = None,
+    num_classes: int | None = None,
+    in_channels: int | None = None,
+) -> LayerGraph:
+    """Build a zoo model (or `package.module:factory`) on the meta device and trace it."""
+    from layerwise.strategies.model.zoo import build_model, input_shape
+
+    if batch < 1:
+        raise GraphError(f"batch must be >= 1 (got {batch})")
+    module = build_model(
+        model, num_classes=num_classes, image_size=image_size, in_channels=in_channels,
+        device="meta",
+    )
+    shape = input_shape(model, batch, image_size, in_channels)
+    return trace(module, shape, name=model)
+

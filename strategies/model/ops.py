@@ -1,0 +1,442 @@
+"""One implementation of every layer op on one tile, run by the runtime and timed by the profiler.
+
+Jia et al. 2018 measure t_c (Eq. 1's compute term) by running each layer in each configuration;
+the runtime then runs the same layer on the same tiles. Both call the functions here, so the
+time the cost model is given is the time of the code that executes, not of a copy of it. Every
+function takes one device's tile and its geometry: the tile's output box, global sizes, and the
+needed input boxes (`layerwise.strategies.model.tiles.needed_range`) as tensors.
+
+Window ops (conv, pooling) receive only the input box the tile's receptive field covers,
+clipped at the tensor borders. Each re-creates the global padding where that box touches a
+border (zeros for conv and average pooling, or the conv's reflection or replication of the
+box, which starts at that border; -inf for max pooling) and then runs the torch op
+unpadded, so the tile equals the matching slice of the full-tensor op and autograd gives the
+matching slices of its gradients. Nothing is padded between tiles: there the box already holds
+the neighbours' rows (the halo). BatchNorm over a tile that holds part of its channels' batch
+takes its statistics over the whole group of such tiles (`sync_batch_norm`), and dropout
+multiplies by the tile's part of a mask drawn over the whole tensor, so no op's result depends
+on how its layer is split.
+
+Boxes are (start, stop) ranges over (n, c, h, w), as in `layerwise.strategies.model.tiles`.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.model.graph import OVER_CHANNELS, Geometry, Layer
+from layerwise.strategies.model.tiles import Box, Range, as_4d, needed_range
+
+PoolMode = Literal["max", "avg"]
+Reduce = Callable[[Tensor], Tensor]  # in-place sum over a group of tiles, returns it
+
+_BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul}
+
+
+def global_padding(start: int, stop: int, kernel: int, stride: int, padding: int,
+                   dilation: int, in_size: int) -> tuple[int, int]:
+    """Rows to add before and after the clipped needed range of output rows [start, stop).
+
+    The receptive field of those rows is [first, last]; the needed range clips it to
+    [0, in_size). What was clipped lies in the global padding (or, for the last window of a
+    ceil_mode pool, past it), so adding it back lets an unpadded sliding window yield exactly
+    stop - start rows, each equal to the full op's.
+    """
+    first = start * stride - padding
+    last = (stop - 1) * stride - padding + dilation * (kernel - 1)
+    return max(0, -first), max(0, last + 1 - in_size)
+
+
+def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry,
+                 value: float = 0.0, mode: str = "zeros") -> Tensor:
+    """The box's h/w extended to the tile's whole receptive field: with `value`, or by a
+    reflect, replicate or circular `mode`.
+
+    Only sides on the tensor's border are padded, and the box starts (ends) there, so a
+    reflection or replication of the box is that of the whole tensor wherever the box holds
+    the rows it mirrors (graph.py limits the degrees to those); circular padding pads a box
+    of the whole plane (its h and w stay whole).
+    """
+    top, bottom, left, right = (
+        side
+        for axis in (0, 1)
+        for side in global_padding(*out_box[2 + axis], geometry.kernel[axis],
+                                   geometry.stride[axis], geometry.padding[axis],
+                                   geometry.dilation[axis], in_size_hw[axis])
+    )
+    if mode != "zeros":
+        return F.pad(x, (left, right, top, bottom), mode=mode)
+    return F.pad(x, (left, right, top, bottom), value=value)
+
+
+def _whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
+    """Whether the tile holds every output row and column (a sample or channel split).
+
+    Then conv2d's own padding is the global padding, and rows past the last window that the
+    needed box leaves out (a strided 1x1 conv) would produce no output anyway: one call, no
+    padded copy of the input.
+    """
+    for axis in (0, 1):
+        size = in_size_hw[axis] + 2 * geometry.padding[axis]
+        reach = geometry.dilation[axis] * (geometry.kernel[axis] - 1) + 1
+        if out_box[2 + axis] != (0, (size - reach) // geometry.stride[axis] + 1):
+            return False
+    return True
+
+
+def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
+         bias: Tensor | None, geometry: Geometry, out_channels_total: int,
+         in_channel_start: int, padding_mode: str = "zeros") -> Tensor:
+    """Output channels out_box[1] = [c0, c1) over out_box's rows/cols of a zero-padded conv2d.
+
+    x is the needed input box; its first channel is global input channel `in_channel_start`
+    (0 for groups == 1, where it holds every input channel). weight and bias are the shard of
+    output channels [c0, c1). A shard whose ends fall on group boundaries is one grouped conv;
+    one that cuts a group is convolved group by group, each part with its group's input
+    channels, because conv2d's `groups` assumes every group is whole. A reflect or
+    replicate padding is applied by the tiles on the tensor's border to their own box
+    (`_pad_borders`); a circular one keeps h and w whole (graph.py), so its tile pads the
+    whole plane as nn.Conv2d does.
+    """
+    per_group_out = out_channels_total // geometry.groups
+    per_group_in = weight.shape[1]
+    c0, c1 = out_box[1]
+    first_group, last_group = c0 // per_group_out, (c1 - 1) // per_group_out
+    offset = first_group * per_group_in - in_channel_start
+    width = (last_group - first_group + 1) * per_group_in
+    if offset or width != x.shape[1]:  # a slice is an autograd node: only when it cuts
+        x = x[:, offset:offset + width]
+    if padding_mode != "zeros":
+        padded = _pad_borders(x, out_box, in_size_hw, geometry, mode=padding_mode)
+        padding = (0, 0)
+    elif _whole_rows_and_cols(out_box, in_size_hw, geometry):
+        padded, padding = x, geometry.padding  # conv2d pads the global border itself
+    else:
+        padded, padding = _pad_borders(x, out_box, in_size_hw, geometry, 0.0), (0, 0)
+    convolve = partial(F.conv2d, stride=geometry.stride, padding=padding,
+                       dilation=geometry.dilation)
+    if first_group == last_group or (c0 % per_group_out == 0 and c1 % per_group_out == 0):
+        return convolve(padded, weight, bias, groups=last_group - first_group + 1)
+    pieces = []
+    for group in range(first_group, last_group + 1):
+        lo = max(c0, group * per_group_out) - c0
+        hi = min(c1, (group + 1) * per_group_out) - c0
+        channel = (group - first_group) * per_group_in
+        pieces.append(convolve(padded[:, channel:channel + per_group_in], weight[lo:hi],
+                               None if bias is None else bias[lo:hi]))
+    return torch.cat(pieces, dim=1)
+
+
+def _avg_divisors(out: Range, kernel: int, stride: int, padding: int, in_size: int,
+                  count_include_pad: bool, like: Tensor) -> Tensor:
+    """torch's avg_pool2d divisor along one axis for output positions [start, stop).
+
+    As in aten's AvgPool2d: a window's size counts padding but stops at in_size + padding (only
+    a ceil_mode window runs past it); count_include_pad=False counts only in-bounds elements.
+    The 2-d divisor is the product of the two axes' divisors.
+    """
+    counts = []
+    for index in range(*out):
+        first = index * stride - padding
+        last = min(first + kernel, in_size + padding)
+        inside = min(last, in_size) - max(first, 0)
+        counts.append(last - first if count_include_pad else inside)
+    return torch.tensor(counts, dtype=like.dtype, device=like.device)
+
+
+def pool(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry,
+         mode: PoolMode, count_include_pad: bool = True) -> Tensor:
+    """Rows/cols out_box of max_pool2d or avg_pool2d (any ceil_mode) over the needed box x.
+
+    Max pooling pads with -inf, which never wins, so even a ceil_mode window that runs past the
+    padding takes the full op's maximum (and, on ties, the same first element). Average pooling
+    sums the zero-padded windows and divides by torch's own divisor for each output position,
+    which a plain avg_pool2d of the tile cannot know: it depends on where the window sits in the
+    whole tensor, not in the tile. A tile of whole rows and columns is the full op's own call.
+    """
+    if _whole_rows_and_cols(out_box, in_size_hw, geometry):  # the full op's own call
+        if mode == "max":
+            return F.max_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
+                                geometry.dilation)
+        return F.avg_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
+                            count_include_pad=count_include_pad)
+    if mode == "max":
+        padded = _pad_borders(x, out_box, in_size_hw, geometry, float("-inf"))
+        return F.max_pool2d(padded, geometry.kernel, geometry.stride, 0, geometry.dilation)
+    padded = _pad_borders(x, out_box, in_size_hw, geometry, 0.0)
+    sums = F.avg_pool2d(padded, geometry.kernel, geometry.stride, divisor_override=1)
+    rows, cols = (
+        _avg_divisors(out_box[2 + axis], geometry.kernel[axis], geometry.stride[axis],
+                      geometry.padding[axis], in_size_hw[axis], count_include_pad, sums)
+        for axis in (0, 1)
+    )
+    return sums / (rows[:, None] * cols[None, :])
+
+
+def _reduce(x: Tensor, dim: int, mode: PoolMode) -> Tensor:
+    """Max or mean over `dim`; max backpropagates to the first maximum only, as torch's pools."""
+    return x.max(dim=dim).values if mode == "max" else x.mean(dim=dim)
+
+
+def _adaptive_axis(x: Tensor, dim: int, out: Range, in_size: int, out_size: int,
+                   mode: PoolMode) -> Tensor:
+    """Pool dimension `dim` of the box down to adaptive output positions [start, stop).
+
+    Output i pools input [floor(i*S/O), ceil((i+1)*S/O)); the box starts at the tile's first
+    window, floor(start*S/O). Equal windows (S % O == 0) are one reshape.
+    """
+    start, stop = out
+    if in_size % out_size == 0:
+        return _reduce(x.unflatten(dim, (stop - start, in_size // out_size)), dim + 1, mode)
+    offset = start * in_size // out_size
+    windows = []
+    for index in range(start, stop):
+        first = index * in_size // out_size
+        last = -(-(index + 1) * in_size // out_size)
+        windows.append(_reduce(x.narrow(dim, first - offset, last - first), dim, mode))
+    return torch.stack(windows, dim=dim)
+
+
+def adaptive_pool(x: Tensor, out_box: Box, in_size_hw: tuple[int, int],
+                  out_size_hw: tuple[int, int], mode: PoolMode) -> Tensor:
+    """Rows/cols out_box of adaptive_max_pool2d or adaptive_avg_pool2d over the needed box x.
+
+    An adaptive window is a rectangle, so pooling cols then rows equals pooling it at once: the
+    mean of row means of equal-width rows, and the max of row maxima. Cols go first so that the
+    element a max picks on ties is the full op's first one in row-major order. A tile of every
+    output row and column is torch's own adaptive pool.
+    """
+    if (out_box[2], out_box[3]) == ((0, out_size_hw[0]), (0, out_size_hw[1])):
+        pool = F.adaptive_max_pool2d if mode == "max" else F.adaptive_avg_pool2d
+        return pool(x, out_size_hw)
+    cols = _adaptive_axis(x, 3, out_box[3], in_size_hw[1], out_size_hw[1], mode)
+    return _adaptive_axis(cols, 2, out_box[2], in_size_hw[0], out_size_hw[0], mode)
+
+
+def conv_padding_mode(op: str) -> str:
+    """A conv layer's padding mode, which graph.py writes into its op name unless zeros."""
+    for mode in ("reflect", "replicate", "circular"):
+        if f"padding_mode={mode}" in op:
+            return mode
+    return "zeros"
+
+
+def pool_mode(op: str) -> PoolMode:
+    """Whether a pooling layer's op (graph.py's name for it) takes the max or the mean."""
+    return "max" if "max" in op.lower() else "avg"
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Output features [c0, c1) of a linear layer: `weight` and `bias` hold those rows.
+
+    A 4-d input (a linear layer right after a conv) is flattened first, as a flatten between
+    them would do; the input holds every feature (`needed_range`), whatever the split.
+    """
+    flat = x if x.dim() == 2 else x.reshape(x.shape[0], -1)
+    return F.linear(flat, weight, bias)
+
+
+def flatten(x: Tensor) -> Tensor:
+    """(N, C, H, W) -> (N, C*H*W) of whole samples (a flatten splits only along n)."""
+    return x if x.dim() == 2 else x.reshape(x.shape[0], -1)
+
+
+def binary(op: str, first: Tensor, second: Tensor) -> Tensor:
+    """add, sub or mul of two same-shaped tiles (graph.py's kind "add")."""
+    combine = _BINARY.get(op)
+    if combine is None:
+        raise ConfigError(f"binary op '{op}' is not one of {sorted(_BINARY)}")
+    return combine(first, second)
+
+
+def concat(inputs: Sequence[Tensor | None], dim: int) -> Tensor:
+    """The tile's part of a concatenation; None for an input the tile needs nothing of."""
+    return torch.cat([x for x in inputs if x is not None], dim=dim)
+
+
+class _SyncBatchNorm(torch.autograd.Function):
+    """Training-mode BatchNorm over every tile of the group: one all-reduce each way.
+
+    Forward: each device takes its tile's per-channel mean and biased variance with torch's
+    BatchNorm statistics kernel and contributes n_i * mean_i and n_i * (var_i + mean_i^2);
+    their sums give the whole batch's mean and biased variance, and torch's fused eval-mode
+    kernel normalises with them. Backward: torch's eval-mode BatchNorm backward gives the
+    tile's sums of dy and dy * x_hat in one pass; their sums over the group give
+    dx = gamma * invstd * (dy - sum(dy)/N - x_hat * sum(dy x_hat)/N), written as
+    a * dy + b * x + c per channel (two fused passes). Native kernels because the same
+    formulas in elementwise ops cost 3x torch's BatchNorm on CPU.
+    The weight and bias gradients stay local sums: the replica group's gradient all-reduce
+    adds them up like any replicated weight's.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor | None, bias: Tensor | None, count: int,
+                eps: float, reduce: Reduce) -> tuple[Tensor, Tensor, Tensor]:
+        local_mean, local_var = torch.batch_norm_update_stats(x, None, None, 0.0)
+        local_count = x.numel() // x.shape[1]
+        sums = reduce(torch.cat([local_mean * local_count,
+                                 (local_var + local_mean * local_mean) * local_count]))
+        mean, squares = sums.split(x.shape[1])
+        mean = mean / count
+        var = (squares / count - mean * mean).clamp_min(0)
+        out = F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
+        ctx.save_for_backward(x, weight, mean, var)
+        ctx.count, ctx.eps, ctx.reduce = count, eps, reduce
+        ctx.has_bias = bias is not None
+        ctx.mark_non_differentiable(mean, var)
+        return out, mean, var
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, mean, var = ctx.saved_tensors
+        view = [1, -1] + [1] * (grad.dim() - 2)
+        _, local_dy_x_hat, local_dy = torch.ops.aten.native_batch_norm_backward(
+            grad, x, weight, mean, var, None, None, False, ctx.eps, [False, True, True])
+        sums = ctx.reduce(torch.cat([local_dy, local_dy_x_hat]))
+        sum_dy, sum_dy_x_hat = sums.split(grad.shape[1])
+        invstd = torch.rsqrt(var + ctx.eps)
+        scale = invstd if weight is None else weight * invstd
+        slope = -scale * invstd * sum_dy_x_hat / ctx.count  # b, the coefficient of x
+        offset = -scale * sum_dy / ctx.count - slope * mean  # c
+        grad_x = torch.addcmul(offset.view(view), x, slope.view(view))
+        grad_x.addcmul_(grad, scale.view(view))
+        grad_weight = local_dy_x_hat if weight is not None else None
+        grad_bias = local_dy if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None, None, None
+
+
+def sync_batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                    running_mean: Tensor | None, running_var: Tensor | None,
+                    momentum: float, eps: float, count: int, reduce: Reduce) -> Tensor:
+    """BatchNorm over the group's tiles of the same channels; `count` elements per channel.
+
+    SyncBatchNorm semantics: two all-reduces of 2 x C_shard values per step (one forward, one
+    backward), which the cost model counts as the layer's statistics sync. Running statistics
+    follow torch's update (exponential average, unbiased variance).
+    """
+    out, mean, var = _SyncBatchNorm.apply(x, weight, bias, count, eps, reduce)
+    if running_mean is not None and running_var is not None:
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
+            running_var.mul_(1 - momentum).add_(var * (count / (count - 1)), alpha=momentum)
+    return out
+
+
+def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
+               running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
+               eps: float, count: int, reduce: Reduce | None) -> Tensor:
+    """Training-mode BatchNorm of a tile of channels [c0, c1) (the parameters' and running
+    statistics' shards), over the `count` elements per channel of the whole layer.
+
+    `reduce` sums over the tiles holding the same channels (the replica group); None when
+    this tile holds every sample and position of its channels, where torch's own BatchNorm is
+    the whole story.
+    """
+    if reduce is None:
+        return F.batch_norm(x, running_mean, running_var, weight, bias, True, momentum, eps)
+    return sync_batch_norm(x, weight, bias, running_mean, running_var, momentum, eps, count,
+                           reduce)
+
+
+def group_norm(x: Tensor, groups: int, channels: int, weight: Tensor | None,
+               bias: Tensor | None, eps: float) -> Tensor:
+    """GroupNorm(`groups`) of a layer of `channels` channels on a tile of whole planes and
+    whole groups: graph.py keeps h and w whole and limits a channel split to degrees dividing
+    `groups`, so the tile's groups * x.shape[1] / channels groups take their statistics from
+    the tile alone; `weight` and `bias` are the tile's channels' shards."""
+    return F.group_norm(x, groups * x.shape[1] // channels, weight, bias, eps)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+               over_channels: bool = False) -> Tensor:
+    """LayerNorm over every value of each sample of a tile of whole samples, or, for a
+    LayerNorm over the channels alone, over every channel of each position of a tile of
+    whole channels (graph.py limits the splits to those): the permute into channels-last and
+    back that the model writes around it."""
+    if over_channels:
+        moved = F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], weight, bias, eps)
+        return moved.permute(0, 3, 1, 2)
+    return F.layer_norm(x, x.shape[1:], weight, bias, eps)
+
+
+def normalizes_channels(op: str) -> bool:
+    """Whether a LayerNorm layer's op (graph.py's name for it) is over the channels alone."""
+    return op.endswith(OVER_CHANNELS)
+
+
+def dropout_mask(shape: tuple[int, ...], p: float, per_channel: bool, device: torch.device,
+                 dtype: torch.dtype) -> Tensor:
+    """The scaled mask torch's dropout would draw next from the global generator.
+
+    F.dropout draws bernoulli(1 - p) over the input and multiplies by mask / (1 - p);
+    dropout2d draws one value per (sample, channel).
+    """
+    mask_shape = (*shape[:2], *([1] * (len(shape) - 2))) if per_channel else shape
+    return torch.empty(mask_shape, device=device, dtype=dtype).bernoulli_(1 - p) / (1 - p)
+
+
+def dropout(x: Tensor, mask: Tensor, box: Box, per_channel: bool) -> Tensor:
+    """The tile `box` of dropout: x times its part of `mask`, drawn over the whole tensor.
+
+    Every rank draws the same masks in the same order (`dropout_mask`) and applies its tile's
+    part, so a split layer drops what the unsplit one drops.
+    """
+    slices = tuple(slice(start, stop) for start, stop in box[: x.dim()])
+    return x * mask[slices[:2] if per_channel else slices]
+
+
+def activation(x: Tensor, function: Callable[[Tensor], Tensor], writes_input: bool) -> Tensor:
+    """A one-input elementwise function on a tile (ReLU, sigmoid, ...): the same on any split.
+
+    A function that writes into its input (inplace=True, `relu_`) runs on a copy: the input is
+    a producer's tile or an autograd leaf, which must keep its values.
+    """
+    return function(x.clone() if writes_input else x)
+
+
+def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | None,
+             bias: Tensor | None, box: Box, count_include_pad: bool = True) -> Tensor:
+    """The main op of `layer` (any kind but input and elementwise) on the tile `box`.
+
+    `inputs` are the tile's needed boxes of the layer's inputs (None where it needs nothing of
+    one, a concat's), `weight` and `bias` its shards of the layer's own parameters.
+    """
+    kind = layer.kind
+    first = inputs[0]
+    if kind == "concat":
+        return concat(inputs, layer.concat_dim or 0)
+    assert first is not None
+    if kind == "conv":
+        assert weight is not None and layer.geometry is not None
+        in_channel_start = needed_range(layer, 0, 1, box[1])[0]
+        return conv(first, box, as_4d(layer.input_shapes[0])[2:], weight, bias, layer.geometry,
+                    as_4d(layer.output_shape)[1], in_channel_start,
+                    conv_padding_mode(layer.op))
+    if kind == "linear":
+        assert weight is not None
+        return linear(first, weight, bias)
+    if kind == "pool":
+        assert layer.geometry is not None
+        return pool(first, box, as_4d(layer.input_shapes[0])[2:], layer.geometry,
+                    pool_mode(layer.op), count_include_pad)
+    if kind == "adaptive_pool":
+        pooled = adaptive_pool(first, box, as_4d(layer.input_shapes[0])[2:],
+                               as_4d(layer.output_shape)[2:], pool_mode(layer.op))
+        # x.mean((2, 3)) without keepdim: the (N, C) of a 1x1 pool
+        return pooled.flatten(1) if len(layer.output_shape) == 2 else pooled
+    if kind == "flatten":
+        return flatten(first)
+    if kind == "add":
+        second = inputs[1]
+        assert second is not None
+        return binary(layer.op, first, second)
+    raise ConfigError(f"layer '{layer.name}': no tile op for kind '{kind}'")

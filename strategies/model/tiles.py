@@ -1,0 +1,153 @@
+"""Tile geometry: what each tile of a layer owns and what it needs from each input.
+
+Every tensor is seen as 4-d (n, c, h, w); a 2-d (N, F) tensor is (N, F, 1, 1). A layer's output
+tile owns a box, one range per dimension (`space.tile_range`). To compute it, the tile needs a
+box of each input tensor (Jia et al. 2018, section 4: t_x counts exactly these regions):
+- n: the same samples (every layer is per-sample);
+- conv/pool h, w: the receptive field of its rows/columns (kernel, stride, padding, dilation),
+  clipped at the borders; adaptive pooling: the union of its adaptive windows;
+- conv c: all input channels, or only its groups' channels for a grouped/depthwise conv;
+  pooling, elementwise and add: the same channels; concat: its channels shifted into each
+  input (possibly none of an input);
+- linear and flatten: every feature of the input (a channel split of an FC layer needs the
+  whole input).
+Along each dimension the needed range depends only on the tile's index along that dimension,
+so box volumes and overlaps factor into per-dimension terms; cost/cost_model.py relies on this.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.model.graph import Layer
+from layerwise.strategies.model.space import DIMS, ParallelConfig, tile_range
+
+Range = tuple[int, int]
+Box = tuple[Range, Range, Range, Range]  # one range per dimension of the 4-d view (n, c, h, w)
+
+
+def as_4d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(N, C, H, W), or (N, F, 1, 1) for a 2-d tensor."""
+    padded = (*shape, 1, 1)[:4]
+    return (padded[0], padded[1], padded[2], padded[3])
+
+
+def output_ranges(layer: Layer, dim: int, degree: int) -> list[Range]:
+    """The output range of each tile index along dimension `dim` (0..3 for n, c, h, w)."""
+    size = as_4d(layer.output_shape)[dim]
+    return [tile_range(size, degree, index) for index in range(degree)]
+
+
+def _window(start: int, stop: int, kernel: int, stride: int, padding: int, dilation: int,
+            size: int) -> Range:
+    """Input rows read by output rows [start, stop) of a sliding window, clipped to [0, size)."""
+    first = start * stride - padding
+    last = (stop - 1) * stride - padding + dilation * (kernel - 1)
+    return (max(first, 0), min(last + 1, size))
+
+
+def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
+    """The range along `dim` of input `input_index` that output range `out` needs.
+
+    An empty range (start >= stop) means the tile needs nothing of that input (concat).
+    """
+    in_size = as_4d(layer.input_shapes[input_index])[dim]
+    start, stop = out
+    if dim == 0:
+        return out
+    kind = layer.kind
+    if kind in ("linear", "flatten"):
+        return (0, in_size)
+    if kind == "concat":
+        if dim != layer.concat_dim:
+            return out
+        offset = sum(as_4d(shape)[dim] for shape in layer.input_shapes[:input_index])
+        return (max(start - offset, 0), min(stop - offset, in_size))
+    geometry = layer.geometry
+    if dim == 1:
+        if kind == "conv" and geometry is not None:
+            if geometry.groups == 1:
+                return (0, in_size)
+            out_per_group = as_4d(layer.output_shape)[1] // geometry.groups
+            in_per_group = in_size // geometry.groups
+            return (start // out_per_group * in_per_group,
+                    ((stop - 1) // out_per_group + 1) * in_per_group)
+        return out
+    if kind in ("conv", "pool") and geometry is not None:
+        axis = dim - 2
+        return _window(start, stop, geometry.kernel[axis], geometry.stride[axis],
+                       geometry.padding[axis], geometry.dilation[axis], in_size)
+    if kind == "adaptive_pool":
+        out_size = as_4d(layer.output_shape)[dim]
+        return (start * in_size // out_size, -(-stop * in_size // out_size))
+    return out
+
+
+class TileWork(BaseModel):
+    """The work of a layer's largest tile under a config: what one device computes.
+
+    Devices run their tiles at once, so the largest tile sets the layer's compute time.
+    `input_shapes` are the needed boxes (halos included); `param_elements` the weights the
+    tile's device holds (a channel split shards them).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    output_shape: tuple[int, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    param_elements: int
+
+    @property
+    def key(self) -> str:
+        """Identity of the measurement: tiles with equal keys take equal time."""
+        inputs = ";".join("x".join(map(str, shape)) for shape in self.input_shapes)
+        return f"{'x'.join(map(str, self.output_shape))}<{inputs}"
+
+
+def largest_tile(layer: Layer, config: ParallelConfig) -> TileWork:
+    """Shapes of the tile with the most output elements (the first such tile along each dim)."""
+    per_dim = []
+    for dim, degree in enumerate(config.degrees):
+        ranges = output_ranges(layer, dim, degree)
+        per_dim.append(max(ranges, key=lambda r: r[1] - r[0]))
+    rank = len(layer.output_shape)
+    output_shape = tuple(stop - start for start, stop in per_dim)[:rank]
+    input_shapes = []
+    for index, shape in enumerate(layer.input_shapes):
+        needed = [needed_range(layer, index, dim, per_dim[dim]) for dim in range(4)]
+        lengths = tuple(max(stop - start, 0) for start, stop in needed)
+        input_shapes.append(lengths[: len(shape)])
+    out_channels = as_4d(layer.output_shape)[1]
+    c_start, c_stop = per_dim[DIMS.index("c")]
+    param_elements = layer.param_count * (c_stop - c_start) // out_channels
+    return TileWork(output_shape=output_shape, input_shapes=tuple(input_shapes),
+                    param_elements=param_elements)
+
+
+def tile_box(layer: Layer, tile: TileWork) -> Box:
+    """An output box of `layer` with `tile`'s shapes: along each dimension, the first place
+    where the output range has the tile's length and its needed input ranges the tile's.
+
+    A TileWork keeps shapes only (tiles of equal shapes take equal time, `TileWork.key`), but
+    a tile op also reads where its box lies: which borders it pads, which groups of a grouped
+    conv it spans. Any place with these shapes pads as much and spans as many groups, so the
+    profiler times the tile at this one.
+    """
+    out = as_4d(tile.output_shape)
+    sizes = as_4d(layer.output_shape)
+    inputs = [as_4d(shape) for shape in tile.input_shapes]
+    box: list[Range] = []
+    for dim in range(4):
+        length = out[dim]
+        for start in range(sizes[dim] - length + 1):
+            needed = [needed_range(layer, index, dim, (start, start + length))
+                      for index in range(len(inputs))]
+            if all(max(stop - first, 0) == shape[dim]
+                   for (first, stop), shape in zip(needed, inputs, strict=True)):
+                box.append((start, start + length))
+                break
+        else:
+            raise ConfigError(f"layer '{layer.name}' has no tile of shape {tile.output_shape} "
+                              f"needing {tile.input_shapes}")
+    return (box[0], box[1], box[2], box[3])

@@ -1,0 +1,360 @@
+"""Train one model under a Strategy: each rank computes exactly its tiles of every layer.
+
+The step runs the layers in the graph's topological order on every rank, in phases all ranks share:
+for each layer, one redistribution phase per input (point-to-point pieces of producer tiles into
+each consumer tile's needed box, `plan.py`), then the tile computation (with BatchNorm statistics
+reduced in the layer's replica group). The backward walks the same phases in reverse: each layer's
+local autograd graph (needed boxes as leaves) is differentiated on its own, and the gradients of the
+needed boxes go back to the producers' devices, where overlapping halos add up (the gradient of a
+gather is a scatter-add). Because every rank meets the phases in one global order and a phase waits
+only on ranks that reach it, nothing can deadlock. Weight gradients replicated by n/h/w splits are
+summed in each replica group by bucketed all-reduces that start as soon as their layers' backward is
+done (buckets.py), and the optimizer steps on each rank's own shards (which rows of which weights a
+rank holds, and checkpoints of them: shards.py). Each tile runs the layer's own op from
+`layerwise.strategies.model.ops`, the code the profiler times.
+
+Why our own engine: DTensor computes conv correctly only with the batch sharded (docs/research.md:
+torch.distributed), and no library moves arbitrary receptive-field boxes between arbitrary
+tilings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import fx, nn
+
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.model import ops
+from layerwise.strategies.model.fx_nodes import argument, count_include_pad
+from layerwise.strategies.model.graph import Layer
+from layerwise.strategies.model.tiles import as_4d
+from layerwise.strategies.runtime.buckets import GradientBuckets
+from layerwise.strategies.runtime.comm import Communicator
+from layerwise.strategies.runtime.functions import sharded_cross_entropy
+from layerwise.strategies.runtime.halo_exchange import HaloExchange, tile_part
+from layerwise.strategies.runtime.plan import (
+    Box,
+    InputPlan,
+    LayerPlan,
+    StrategyPlan,
+)
+from layerwise.strategies.runtime.replay import (
+    BATCH_NORMS,
+    batch_norm_momentum,
+    call_node,
+    draw_masks,
+    model_dropouts,
+)
+from layerwise.strategies.runtime.shards import ModuleShards, ShardedModel
+
+
+@dataclass
+class _LayerState:
+    """This rank's part of one layer: its tile, its shards, and the autograd of the step."""
+
+    plan: LayerPlan
+    box: Box
+    modules: ModuleShards  # its modules' shards, by module target
+    leaves: list[torch.Tensor | None] = field(default_factory=list)
+    output: torch.Tensor | None = None
+
+
+def _weights(state: _LayerState) -> list[nn.Parameter]:
+    return [shard.tensor for shards in state.modules.values() for shard in shards.values()
+            if isinstance(shard.tensor, nn.Parameter)]
+
+
+class LayerwiseModel(ShardedModel):
+    """One rank's share of a model under a StrategyPlan: its shards (shards.py) and the
+    phases of a training step on its tiles.
+
+    Build it on every rank from the same full module (same seed, same weights); it consumes
+    `module` (see ShardedModel).
+    """
+
+    def __init__(self, module: nn.Module, plan: StrategyPlan, comm: Communicator) -> None:
+        super().__init__(module, plan, comm.rank)
+        self.comm = comm
+        self.halo = HaloExchange(comm, self.device, self.dtype)
+        # resolved once here: get_submodule on every op of every step costs ~0.3 ms of a 7 ms
+        # LeNet-5 step
+        self._submodules = {node.name: self.graph_module.get_submodule(str(node.target))
+                            for node in self.nodes.values() if node.op == "call_module"}
+        self.batch = plan.graph.batch
+        self.states: dict[str, _LayerState] = {}
+        for name, modules in self.layer_shards.items():
+            layer_plan = plan.by_name[name]
+            self.states[name] = _LayerState(plan=layer_plan, modules=modules,
+                                            box=layer_plan.tiles[self.rank].box)
+        self._dropouts = model_dropouts(self.graph_module, plan.graph)
+        # active dropout node -> whether its mask is per channel (dropout2d)
+        self._active_dropouts = {dropout.name: dropout.per_channel for dropout in self._dropouts}
+        self._in_place = {name for name, node in self.nodes.items() if self._writes_input(node)}
+        self._masks: dict[str, torch.Tensor] = {}
+        self._buckets = GradientBuckets(comm, plan.groups())
+        # consumer -> producer of every chained edge (see _chained_edges); and its producers
+        self._chained = _chained_edges(plan)
+        self._feeds_chain = set(self._chained.values())
+
+    def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, device=self.device, dtype=self.dtype)
+
+    # ---- one training step -----------------------------------------------------------------
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Run the forward and backward of one step on the global batch; returns the loss.
+
+        Every rank passes the same global batch (it slices its own tiles). Gradients of this
+        rank's shards are complete and synchronised on return. The loss is the global batch's
+        mean cross-entropy on every rank.
+        """
+        if inputs.shape[0] != self.batch:
+            raise ConfigError(f"the plan is for a global batch of {self.batch}, "
+                              f"got {inputs.shape[0]} samples")
+        self._draw_dropout_masks()
+        for index, layer_plan in enumerate(self.plan.layers):
+            self._forward_layer(index, layer_plan, inputs)
+        loss_share = self._loss_share(targets)
+        loss = loss_share.detach().reshape(1).clone()
+        gradients: dict[str, torch.Tensor] = {}
+        for index in reversed(range(len(self.plan.layers))):
+            self._backward_layer(index, self.plan.layers[index], gradients, loss_share)
+        # the global loss is summed in the last gradient bucket of all ranks where there is one
+        everyone = tuple(range(self.comm.world))
+        self._buckets.finish(riders={everyone: loss})
+        self.comm.count_ring("loss", "loss", loss.numel(), loss.element_size(), everyone)
+        for state in self.states.values():
+            state.leaves, state.output = [], None
+        return loss[0]
+
+    def _draw_dropout_masks(self) -> None:
+        """Draw every dropout mask of the step, in the forward order of the plain module."""
+        self._masks = draw_masks(self._dropouts, self.device, self.dtype)
+
+    # ---- forward -------------------------------------------------------------------------
+
+    def _forward_layer(self, index: int, layer_plan: LayerPlan, inputs: torch.Tensor) -> None:
+        layer = layer_plan.layer
+        state = self.states.get(layer.name)
+        if layer.kind == "input":
+            if state is not None:
+                state.output = tile_part(inputs, state.box, _full_box(layer))
+            return
+        if layer.name in self._chained:  # the producer's tile, still in its autograd graph
+            if state is not None:
+                producer = self.states[layer_plan.inputs[0].producer]
+                state.leaves = [None]
+                state.output = self._finish(layer, state, [producer.output])
+            return
+        boxes = [self._redistribute(index, input_plan) for input_plan in layer_plan.inputs]
+        if state is None:
+            return
+        leaves: list[torch.Tensor | None] = []
+        for input_plan, box in zip(layer_plan.inputs, boxes, strict=True):
+            if box is None:
+                leaves.append(None)
+                continue
+            needs_grad = self.plan.by_name[input_plan.producer].layer.kind != "input"
+            leaves.append(box.detach().requires_grad_(needs_grad))
+        state.leaves = leaves
+        state.output = self._finish(layer, state, leaves)
+
+    def _finish(self, layer: Layer, state: _LayerState,
+                inputs: list[torch.Tensor | None]) -> torch.Tensor:
+        """The layer's op and the elementwise ops fused into it, on its input boxes."""
+        out = self._compute(layer, state, inputs)
+        for fused in layer.fused:
+            out = self._elementwise(self.nodes[fused.name], fused.op, out, layer, state)
+        return out
+
+    def _redistribute(self, index: int, input_plan: InputPlan) -> torch.Tensor | None:
+        """Assemble this rank's needed box of one input from the producer tiles (forward)."""
+        producer = self.states.get(input_plan.producer)
+        return self.halo.gather(
+            index, input_plan, producer.output if producer is not None else None,
+            producer.box if producer is not None else None,
+            len(self.plan.by_name[input_plan.producer].layer.output_shape),
+            self.plan.layers[index].layer.name)
+
+    def _compute(self, layer: Layer, state: _LayerState,
+                 leaves: list[torch.Tensor | None]) -> torch.Tensor:
+        """The layer's main op on this rank's needed boxes: its output tile, in the layer's
+        own rank."""
+        node = self.nodes[layer.name]
+        if layer.kind == "elementwise":
+            first = leaves[0]
+            assert first is not None
+            return self._elementwise(node, layer.op, first, layer, state)
+        shards = state.modules.get(layer.target, {})
+        weight, bias = shards.get("weight"), shards.get("bias")
+        return ops.layer_op(layer, leaves, weight.tensor if weight is not None else None,
+                            bias.tensor if bias is not None else None, state.box,
+                            count_include_pad(layer.op, node))
+
+    def _elementwise(self, node: fx.Node, op: str, tile: torch.Tensor, layer: Layer,
+                     state: _LayerState) -> torch.Tensor:
+        """A one-input elementwise op (graph.py's `op` name) on a tile (BatchNorm, GroupNorm,
+        LayerNorm and dropout made split-exact)."""
+        if node.name in self._active_dropouts:
+            return ops.dropout(tile, self._masks[node.name], state.box,
+                               self._active_dropouts[node.name])
+        module = self._submodules.get(node.name)
+        if isinstance(module, BATCH_NORMS):
+            return self._batch_norm(module, tile, layer, state, str(node.target))
+        if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
+            shards = state.modules.get(str(node.target), {})
+            weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None
+                            for key in ("weight", "bias"))
+            if isinstance(module, nn.GroupNorm):
+                return ops.group_norm(tile, module.num_groups, module.num_channels, weight,
+                                      bias, module.eps)
+            return ops.layer_norm(tile, weight, bias, module.eps, ops.normalizes_channels(op))
+        if node.target is F.group_norm:  # no weights: graph.py refuses them as tensors
+            return ops.group_norm(tile, int(argument(node, 1, "num_groups", 1)),
+                                  as_4d(layer.output_shape)[1], None, None,
+                                  float(argument(node, 4, "eps", 1e-5)))
+        if node.target is F.layer_norm and ops.normalizes_channels(op):
+            return ops.layer_norm(tile, None, None, float(argument(node, 4, "eps", 1e-5)),
+                                  over_channels=True)
+        return ops.activation(tile, lambda x: call_node(
+            node, module, fx.node.map_arg(node.args, lambda _: x),
+            fx.node.map_arg(node.kwargs, lambda _: x)), node.name in self._in_place)
+
+    def _batch_norm(self, module: nn.Module, x: torch.Tensor, layer: Layer,
+                    state: _LayerState, target: str) -> torch.Tensor:
+        momentum = batch_norm_momentum(module, layer.name)
+        shards = state.modules.get(target, {})
+
+        def tensor(name: str) -> torch.Tensor | None:
+            shard = shards.get(name)
+            return shard.tensor if shard is not None else None
+
+        tracked = shards.get("num_batches_tracked")
+        if tracked is not None:
+            tracked.tensor.add_(1)
+        group = state.plan.replica_group(self.rank)
+        sizes = as_4d(layer.output_shape)
+
+        def reduce(values: torch.Tensor) -> torch.Tensor:
+            return self.comm.all_reduce(values, group, (layer.name, "sync"))
+
+        return ops.batch_norm(x, tensor("weight"), tensor("bias"), tensor("running_mean"),
+                              tensor("running_var"), momentum, module.eps,
+                              sizes[0] * sizes[2] * sizes[3], reduce if len(group) > 1 else None)
+
+    def _writes_input(self, node: fx.Node) -> bool:
+        """Whether an elementwise node writes into its input (inplace=True or a `method_`)."""
+        if node.op == "call_module":
+            return bool(getattr(self._submodules[node.name], "inplace", False))
+        if node.op == "call_method":
+            return str(node.target).endswith("_")
+        return bool(node.kwargs.get("inplace", False))
+
+    # ---- loss and backward ---------------------------------------------------------------
+
+    def _loss_share(self, targets: torch.Tensor) -> torch.Tensor:
+        output = self.plan.output
+        state = self.states.get(output.layer.name)
+        if state is None:
+            return self._empty(()).zero_()
+        assert state.output is not None
+        (n0, n1), (c0, _), _, _ = state.box
+        scores = state.output
+        group = output.channel_group(self.rank)
+
+        def group_reduce(op: dist.ReduceOp.RedOpType):  # noqa: ANN202
+            def reduce(values: torch.Tensor) -> torch.Tensor:
+                return self.comm.all_reduce(values, group, ("loss", "loss"), op=op)
+            return reduce
+
+        return sharded_cross_entropy(scores, targets[n0:n1], c0, len(group), self.batch,
+                                     group_reduce(dist.ReduceOp.MAX),
+                                     group_reduce(dist.ReduceOp.SUM))
+
+    def _backward_layer(self, index: int, layer_plan: LayerPlan,
+                        gradients: dict[str, torch.Tensor], loss_share: torch.Tensor) -> None:
+        layer = layer_plan.layer
+        if layer.kind == "input":
+            return
+        state = self.states.get(layer.name)
+        if layer.name in self._feeds_chain:  # its consumer's backward ran through it
+            if state is not None:
+                self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
+                                  _weights(state))
+        elif state is not None and state.output is not None and state.output.requires_grad:
+            roots, root_gradients = [], []
+            gradient = gradients.pop(layer.name, None)
+            if gradient is not None:  # from its consumers
+                roots.append(state.output)
+                root_gradients.append(gradient.view(state.output.shape))
+            if layer.name == self.plan.output.layer.name and loss_share.requires_grad:
+                # the loss's backward runs on through this layer's tile in the same call: one
+                # autograd call per step, where the loss's gradient by the tile followed by the
+                # tile's backward would take two
+                roots.append(loss_share)
+                root_gradients.append(torch.ones_like(loss_share))
+            if not roots:  # nothing reached this tile: its weights' gradients are zero
+                roots, root_gradients = [state.output], [torch.zeros_like(state.output)]
+            torch.autograd.backward(roots, root_gradients)
+            self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
+                              _weights(state))
+        if layer.name in self._chained:
+            return
+        for input_plan in layer_plan.inputs:
+            if self.plan.by_name[input_plan.producer].layer.kind == "input":
+                continue
+            self._redistribute_gradient(index, input_plan, state, gradients)
+
+    def _redistribute_gradient(self, index: int, input_plan: InputPlan,
+                               state: _LayerState | None,
+                               gradients: dict[str, torch.Tensor]) -> None:
+        """Send the needed box's gradient back to the producer tiles; add what arrives."""
+        needed_gradient = None
+        if state is not None and self.rank in input_plan.needed:
+            leaf = state.leaves[input_plan.index]
+            assert leaf is not None
+            needed_gradient = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        producer = self.states.get(input_plan.producer)
+        total = self.halo.return_gradient(
+            index, input_plan, needed_gradient, producer.box if producer is not None else None,
+            gradients.get(input_plan.producer), self.plan.layers[index].layer.name)
+        if total is not None:
+            gradients[input_plan.producer] = total
+
+
+def _chained_edges(plan: StrategyPlan) -> dict[str, str]:
+    """Consumer -> producer of every chained edge.
+
+    An edge is chained when its producer feeds only this consumer, the consumer reads only it,
+    and on every device the consumer needs exactly the producer's tile there: nothing moves.
+    The consumer then computes on the producer's output tensor itself, so one autograd graph
+    spans the chain and one backward call runs it (no leaf, no copied gradient, no empty
+    exchange phase per layer). Every rank derives the same chains from the same plan.
+    """
+    consumers = plan.graph.consumers
+    chained: dict[str, str] = {}
+    for layer_plan in plan.layers:
+        if len(layer_plan.inputs) != 1:
+            continue
+        input_plan = layer_plan.inputs[0]
+        producer = plan.by_name[input_plan.producer]
+        if (producer.layer.kind == "input" or consumers[producer.layer.name] != (
+                layer_plan.layer.name,) or producer.layer.name in plan.graph.outputs):
+            continue
+        devices = set(producer.tiles)
+        if set(input_plan.needed) != devices or set(layer_plan.tiles) != devices or any(
+                piece.remote for piece in input_plan.pieces):
+            continue
+        if all(input_plan.needed[device] == tile.box
+               for device, tile in producer.tiles.items()):
+            chained[layer_plan.layer.name] = producer.layer.name
+    return chained
+
+
+def _full_box(layer: Layer) -> Box:
+    n, c, h, w = ((0, size) for size in as_4d(layer.output_shape))
+    return (n, c, h, w)

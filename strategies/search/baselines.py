@@ -1,0 +1,47 @@
+"""The strategies layer-wise parallelism is compared with, in the same representation.
+
+Each names a preferred split dimension per kind of layer and gives it as many devices as the
+dimension allows (a power of two, at most the device count), starting at device 0:
+- data: every layer split along samples;
+- model: every layer split along channels (its parameters sharded over all devices); layers
+  without channels (flatten) and the network input stay sample-split;
+- owt (Krizhevsky 2014): conv/pool layers split along samples, fully connected layers along
+  channels;
+- spatial_h / spatial_w: 4-d layers split along height / width, 2-d layers along samples.
+"""
+
+from __future__ import annotations
+
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.model.graph import Layer, LayerGraph
+from layerwise.strategies.model.space import DIMS, ParallelConfig, max_degree, parallel_dims
+
+BASELINES: tuple[str, ...] = ("data", "model", "owt", "spatial_h", "spatial_w")
+
+
+def _preferred_dim(strategy: str, layer: Layer) -> str:
+    dims = parallel_dims(layer)
+    two_d = len(layer.output_shape) == 2
+    if strategy == "data" or layer.kind == "input" and strategy == "model":
+        wanted = "n"
+    elif strategy == "model":
+        wanted = "c"
+    elif strategy == "owt":
+        wanted = "c" if two_d else "n"
+    elif strategy in ("spatial_h", "spatial_w"):
+        wanted = strategy[-1] if not two_d else "n"
+    else:
+        raise ConfigError(f"unknown baseline '{strategy}'; choose from {', '.join(BASELINES)}")
+    return wanted if wanted in dims else "n"
+
+
+def baseline(strategy: str, graph: LayerGraph, devices: int) -> dict[str, ParallelConfig]:
+    """One config per layer for the named baseline on `devices` devices."""
+    assignment = {}
+    for layer in graph.layers:
+        dim = _preferred_dim(strategy, layer)
+        limit = min(devices, max_degree(layer, dim))
+        degree = 1 << (limit.bit_length() - 1)
+        degrees = {name: degree if name == dim else 1 for name in DIMS}
+        assignment[layer.name] = ParallelConfig(**degrees, devices=tuple(range(degree)))
+    return assignment

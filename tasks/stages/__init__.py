@@ -1,0 +1,1 @@
+"""Pipeline stages run outside Prefect: the DVC `prepare` stage's script."""

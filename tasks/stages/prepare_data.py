@@ -1,0 +1,461 @@
+"""Dataset preparation: the `prepare` stage of dvc.yaml.
+
+    python -m layerwise.tasks.stages.prepare_data    # params.yaml -> data/prepared/digits
+    dvc repro prepare                                # the same, tracked by DVC
+    python -m layerwise.tasks.stages.prepare_data --dataset cifar10 \
+        --source ~/data/cifar-10-batches-py
+    python -m layerwise.tasks.stages.prepare_data --dataset imagefolder \
+        --source ~/data/flowers --out data/prepared/flowers
+
+`prepare.dataset` names the source:
+
+- digits (default): scikit-learn ships the UCI handwritten digits (1,797 8x8 grayscale images,
+  10 classes), so the default needs no download.
+- cifar10: the python version of CIFAR-10 in a local folder (`data_batch_1..5`, `test_batch`,
+  `batches.meta`, as `cifar-10-batches-py` unpacks; `fine_labels` as CIFAR-100 has them work
+  too). Its official split: the data batches train, the test batch validates.
+- imagefolder: ROOT/<class>/<images> (png, jpg, jpeg, bmp, ppm); the class index follows the
+  sorted folder names, as torchvision's ImageFolder does.
+
+Every source is scaled to [0, 1] and resized to the model's input size; digits and imagefolder
+are split into train and validation per class with a seeded permutation (so every class keeps
+its share). The training split's per-channel mean and standard deviation normalise both splits,
+written as `train.npz` / `val.npz` (x: float32 N x C x S x S, y: int64) plus `meta.json`. Nothing
+is written before the whole source has been read, so a bad file leaves the folder as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.files.atomic import atomic_path, write_atomic
+from layerwise.strategies.files.documents import read_yaml
+from layerwise.strategies.files.locations import PREPARED_DIR
+from layerwise.strategies.hardware.host_memory import check_memory
+
+PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
+
+SOURCES = ("digits", "cifar10", "imagefolder")
+PARAMETERS = ("dataset", "source", "image_size", "channels", "val_fraction", "seed", "out")
+SCHEMA_VERSION = 2  # 2: mean and std per channel, class_names
+DIGITS_MAX_VALUE = 16.0  # pixel values of the UCI digits run from 0 to 16
+PIXEL_MAX_VALUE = 255.0  # 8-bit images
+FIXED_CHANNELS = {"digits": 1, "cifar10": 3}
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm"})
+_RESIZE_CHUNK = 1024  # images resized at once: bounds the float copy of a large uint8 source
+_CIFAR_SHAPE = (3, 32, 32)  # each row of b"data": the R, G and B planes of a 32x32 image
+_CIFAR_TRAIN = re.compile(r"data_batch_(\d+)")
+_CIFAR_TRAIN_BATCHES = 5
+_CIFAR_FIX = ("point prepare.source (--source) at the folder the python version of CIFAR-10 "
+              "unpacks to (cifar-10-batches-py)")
+_FOLDER_FIX = "arrange --source as ROOT/<class name>/<images> (png, jpg, jpeg, bmp or ppm)"
+# What a CIFAR batch may reference: numpy's array reconstruction (numpy 1 and 2 module names)
+# and Python 3's bytes decoding. Anything else could run code while unpickling.
+_CIFAR_GLOBALS = frozenset({
+    *((module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+      for name in ("_reconstruct", "scalar")),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+Split = tuple[np.ndarray, np.ndarray]  # images (float32 N x C x S x S) and labels (int64 N)
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """The `prepare` parameters, typed and checked before any file is read or written."""
+
+    dataset: str
+    source: Path | None
+    image_size: int
+    channels: int | None
+    val_fraction: float
+    seed: int
+    out: Path
+
+
+def split_indices(labels: np.ndarray, val_fraction: float,
+                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class seeded split: the same seed always gives the same train/validation sets."""
+    if not 0.0 < val_fraction < 1.0:
+        raise LayerwiseError(f"val_fraction must be between 0 and 1 (got {val_fraction})")
+    rng = np.random.default_rng(seed)
+    train, val = [], []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        cut = max(1, round(len(members) * val_fraction))
+        val.append(members[:cut])
+        train.append(members[cut:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
+
+
+def _check_image_size(image_size: int) -> None:
+    if image_size < 1:
+        raise LayerwiseError(f"image_size must be >= 1 (got {image_size})")
+
+
+def _check_memory(count: int, channels: int, image_size: int) -> None:
+    """MemoryNeedError (one line) before `count` float32 images of this size are allocated."""
+    check_memory(count * channels * image_size * image_size * 4,
+                 f"{count:,} images at {image_size}x{image_size}",
+                 "set a smaller prepare.image_size (or --image-size)")
+
+
+def resize(images: np.ndarray, image_size: int, max_value: float = 1.0) -> np.ndarray:
+    """N x C x H x W images divided by `max_value` to float32 N x C x S x S (bilinear).
+
+    A chunk at a time: a 50,000-image uint8 source never exists as floats at full size twice.
+    """
+    _check_image_size(image_size)
+    _check_memory(len(images), images.shape[1], image_size)
+    resized = np.empty((len(images), images.shape[1], image_size, image_size), dtype=np.float32)
+    for start in range(0, len(images), _RESIZE_CHUNK):
+        chunk = images[start:start + _RESIZE_CHUNK].astype(np.float32) / max_value
+        resized[start:start + len(chunk)] = F.interpolate(
+            torch.from_numpy(chunk), size=(image_size, image_size), mode="bilinear",
+            align_corners=False).numpy()
+    return resized
+
+
+def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
+    """Per-channel mean and standard deviation of N x C x S x S images, summed in float64 (a
+    float32 sum over millions of pixels drifts). A constant channel gets std 1, so it
+    normalises to zeros rather than NaNs."""
+    channels = range(images.shape[1])
+    mean = [float(images[:, c].mean(dtype=np.float64)) for c in channels]
+    std = [float(images[:, c].std(dtype=np.float64)) or 1.0 for c in channels]
+    return mean, std
+
+
+def _normalise(images: np.ndarray, mean: list[float], std: list[float]) -> None:
+    """In place, so the largest array is never copied."""
+    images -= np.asarray(mean, dtype=np.float32)[:, None, None]
+    images /= np.asarray(std, dtype=np.float32)[:, None, None]
+
+
+def _save_npz(path: Path, **arrays: np.ndarray) -> None:
+    with atomic_path(path) as temporary:
+        np.savez(temporary, **arrays)
+
+
+def _write_prepared(out_dir: Path, train: Split, val: Split, meta: dict[str, Any]) -> dict:
+    """Normalise both splits with the training split's statistics and write them, meta.json
+    last (readers start from it). `meta` names the dataset, its source, classes and split."""
+    mean, std = channel_stats(train[0])
+    for images, _ in (train, val):
+        _normalise(images, mean, std)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _save_npz(out_dir / "train.npz", x=train[0], y=train[1])
+    _save_npz(out_dir / "val.npz", x=val[0], y=val[1])
+    _, channels, image_size, _ = train[0].shape
+    full = {"schema_version": SCHEMA_VERSION, **meta, "image_size": image_size,
+            "channels": channels, "classes": len(meta["class_names"]), "train": len(train[1]),
+            "val": len(val[1]), "mean": mean, "std": std}
+    write_atomic(out_dir / "meta.json", json.dumps(full, indent=2) + "\n")
+    return full
+
+
+def prepare_digits(out_dir: Path, image_size: int, val_fraction: float, seed: int) -> dict:
+    """Write the prepared digits to `out_dir`; returns the metadata written to meta.json."""
+    digits = load_digits()
+    images = resize(digits.images[:, None], image_size, DIGITS_MAX_VALUE)
+    labels = digits.target.astype(np.int64)
+    train, val = split_indices(labels, val_fraction, seed)
+    return _write_prepared(out_dir, (images[train], labels[train]), (images[val], labels[val]), {
+        "dataset": "digits", "source": "sklearn.datasets.load_digits",
+        "class_names": [str(digit) for digit in range(10)], "seed": seed,
+        "val_fraction": val_fraction})
+
+
+def _source_folder(source: Path, fix: str) -> Path:
+    if not source.is_dir():
+        state = "is not a folder" if source.exists() else "does not exist"
+        raise LayerwiseError(f"{source} {state}; {fix}")
+    return source.resolve()  # meta.json records where the data came from, wherever it ran
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles arrays, lists and dicts only: a file that names any other global is refused
+    before it can run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _cifar_values(path: Path, keys: tuple[tuple[bytes, ...], ...]) -> list[Any]:
+    """The values of the pickled dict in `path`, one per entry of `keys`: the first key of each
+    entry's alternatives that the dict has (b"fine_labels" before b"labels")."""
+    if not path.is_file():
+        raise LayerwiseError(f"{path} is missing; {_CIFAR_FIX}")
+    expected = " and ".join(" or ".join(map(repr, choice)) for choice in keys)
+    try:
+        with path.open("rb") as stream:
+            content = _CifarUnpickler(stream, encoding="bytes").load()
+    except Exception as error:  # a damaged pickle fails in many ways; each means the same here
+        raise LayerwiseError(f"{path} is not a CIFAR python file (a pickled dict with "
+                             f"{expected}): {error}; {_CIFAR_FIX}") from None
+    present = content if isinstance(content, dict) else {}
+    found = [next((key for key in choice if key in present), None) for choice in keys]
+    if None in found:
+        raise LayerwiseError(f"{path} is not a CIFAR python file (a pickled dict with "
+                             f"{expected}); {_CIFAR_FIX}")
+    return [present[key] for key in found]
+
+
+def _cifar_class_names(path: Path) -> list[str]:
+    (names,) = _cifar_values(path, ((b"fine_label_names", b"label_names"),))
+    if not isinstance(names, list | tuple) or not names:
+        raise LayerwiseError(f"{path}: the label names are not a non-empty list; {_CIFAR_FIX}")
+    return [name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+            for name in names]
+
+
+def _array(value: Any) -> np.ndarray:
+    """`value` as an array for the shape checks; a ragged list becomes an object scalar, which
+    they reject like any other wrong shape."""
+    try:
+        return np.asarray(value)
+    except ValueError:
+        return np.array(None, dtype=object)
+
+
+def _cifar_batch(path: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 N x 3 x 32 x 32 images and int64 labels of one batch file, shape-checked."""
+    data, labels = (_array(value) for value in
+                    _cifar_values(path, ((b"data",), (b"fine_labels", b"labels"))))
+    pixels = int(np.prod(_CIFAR_SHAPE))
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != pixels or not len(data):
+        raise LayerwiseError(f"{path}: b'data' is {data.dtype} {data.shape}, not N x {pixels} "
+                             f"uint8 (32x32 RGB images, channel-major); {_CIFAR_FIX}")
+    if (labels.shape != (len(data),) or labels.dtype.kind not in "iu"
+            or labels.min() < 0 or labels.max() >= classes):
+        raise LayerwiseError(f"{path}: expected {len(data)} integer labels in 0..{classes - 1} "
+                             f"(one per image, {classes} classes in batches.meta); {_CIFAR_FIX}")
+    return data.reshape(-1, *_CIFAR_SHAPE), labels.astype(np.int64)
+
+
+def _cifar_split(files: list[Path], classes: int, image_size: int) -> Split:
+    batches = [_cifar_batch(path, classes) for path in files]
+    images = np.concatenate([images for images, _ in batches])
+    return (resize(images, image_size, PIXEL_MAX_VALUE),
+            np.concatenate([labels for _, labels in batches]))
+
+
+def _cifar_train_files(folder: Path) -> list[Path]:
+    """data_batch_1..5, every one: a partial download would train on part of CIFAR-10 and
+    call it CIFAR-10."""
+    numbered = {int(match[1]): path for path in folder.iterdir()
+                if (match := _CIFAR_TRAIN.fullmatch(path.name))}
+    if not numbered:
+        raise LayerwiseError(f"{folder} has no data_batch_1..5 files; {_CIFAR_FIX}")
+    missing = [f"data_batch_{number}" for number in range(1, _CIFAR_TRAIN_BATCHES + 1)
+               if number not in numbered]
+    if missing:
+        raise LayerwiseError(f"{folder} lacks {', '.join(missing)} of CIFAR-10's "
+                             f"{_CIFAR_TRAIN_BATCHES} training batches (an interrupted "
+                             f"download or copy?); {_CIFAR_FIX}")
+    return [numbered[number] for number in sorted(numbered)]
+
+
+def prepare_cifar(source: Path, out_dir: Path, image_size: int) -> dict:
+    """Write CIFAR-10 (python version) from `source` to `out_dir` with the official split:
+    data_batch_* train, test_batch validation. Only those files and batches.meta are read."""
+    _check_image_size(image_size)
+    folder = _source_folder(source, _CIFAR_FIX)
+    names = _cifar_class_names(folder / "batches.meta")
+    train = _cifar_split(_cifar_train_files(folder), len(names), image_size)
+    val = _cifar_split([folder / "test_batch"], len(names), image_size)
+    return _write_prepared(out_dir, train, val, {
+        "dataset": "cifar10", "source": str(folder), "class_names": names,
+        "split": "official: data_batch_* train, test_batch validation"})
+
+
+def _class_files(folder: Path) -> list[Path]:
+    """The images of one class folder (any depth), hidden files left out, in a stable order."""
+    return sorted(path for path in folder.rglob("*")
+                  if path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
+                  and path.is_file())
+
+
+def _image_files(root: Path) -> tuple[list[str], list[Path], np.ndarray]:
+    """Class names (sorted folder names: their order is the class index), files, labels."""
+    names = sorted(path.name for path in root.iterdir()
+                   if path.is_dir() and not path.name.startswith("."))
+    if len(names) < 2:
+        found = f"only one class folder ({names[0]})" if names else "no class folders"
+        raise LayerwiseError(f"{root} has {found}; a classifier needs 2 or more classes; "
+                             f"{_FOLDER_FIX}")
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(names):
+        found = _class_files(root / name)
+        if len(found) < 2:
+            raise LayerwiseError(f"{root / name} holds {len(found)} image(s); every class needs "
+                                 f"2 or more (training and validation); {_FOLDER_FIX}")
+        files += found
+        labels += [label] * len(found)
+    return names, files, np.array(labels, dtype=np.int64)
+
+
+def _read_image(path: Path, mode: str, image_size: int) -> np.ndarray:
+    """One image as float32 C x S x S in [0, 1]. Pillow's bilinear filter widens when it
+    shrinks, so a large photo is averaged down rather than sampled."""
+    try:
+        with Image.open(path) as image:
+            small = image.convert(mode).resize((image_size, image_size),
+                                               Image.Resampling.BILINEAR)
+    except (OSError, ValueError, EOFError, Image.DecompressionBombError) as error:
+        raise LayerwiseError(f"cannot read image {path} ({error}); replace or remove it, or "
+                             "move it out of the class folders") from None
+    pixels = np.asarray(small, dtype=np.float32) / PIXEL_MAX_VALUE
+    return pixels.reshape(image_size, image_size, -1).transpose(2, 0, 1)
+
+
+def prepare_imagefolder(source: Path, out_dir: Path, image_size: int, channels: int,
+                        val_fraction: float, seed: int) -> dict:
+    """Write an ImageFolder tree (ROOT/<class>/<images>) to `out_dir`, converted to RGB
+    (channels 3) or grayscale (1), split per class with the seeded permutation."""
+    _check_image_size(image_size)
+    if channels not in (1, 3):
+        raise LayerwiseError(f"channels must be 1 (grayscale) or 3 (RGB) (got {channels})")
+    folder = _source_folder(source, _FOLDER_FIX)
+    names, files, labels = _image_files(folder)
+    train, val = split_indices(labels, val_fraction, seed)  # checked before the slow part
+    _check_memory(len(files), channels, image_size)
+    images = np.empty((len(files), channels, image_size, image_size), dtype=np.float32)
+    for index, path in enumerate(files):
+        images[index] = _read_image(path, "RGB" if channels == 3 else "L", image_size)
+    return _write_prepared(out_dir, (images[train], labels[train]), (images[val], labels[val]), {
+        "dataset": "imagefolder", "source": str(folder), "class_names": names, "seed": seed,
+        "val_fraction": val_fraction})
+
+
+def _number(params: dict, key: str, kind: type[int] | type[float], default: float) -> Any:
+    value = params.get(key, default)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise LayerwiseError(f"prepare.{key}: {shown(value)} is not a number") from None
+
+
+def settings_from(params: dict) -> PrepareSettings:
+    """Typed settings from a `prepare` section; the output defaults to data/prepared/DATASET."""
+    dataset = params.get("dataset", "digits")
+    if dataset not in SOURCES:
+        raise LayerwiseError(f"prepare.dataset: unknown dataset {shown(dataset)}; "
+                             f"available: {', '.join(SOURCES)}")
+    source, channels = params.get("source"), params.get("channels")
+    settings = PrepareSettings(
+        dataset=dataset, source=None if source is None else Path(str(source)).expanduser(),
+        image_size=_number(params, "image_size", int, 32),
+        channels=None if channels is None else _number(params, "channels", int, 3),
+        val_fraction=_number(params, "val_fraction", float, 0.2),
+        seed=_number(params, "seed", int, 0),
+        out=Path(str(params.get("out") or PREPARED_DIR / dataset)))
+    _check_settings(settings)
+    return settings
+
+
+def _check_settings(settings: PrepareSettings) -> None:
+    """What is wrong before anything is read: channels a source cannot give, an output folder
+    that training would read as another built-in dataset."""
+    fixed = FIXED_CHANNELS.get(settings.dataset)
+    if settings.channels is not None and fixed is not None and settings.channels != fixed:
+        raise LayerwiseError(f"prepare.channels: {settings.dataset} has {fixed} channel(s); "
+                             "channels applies to imagefolder")
+    if settings.out.name in SOURCES and settings.out.name != settings.dataset:
+        raise LayerwiseError(f"prepare.out: training reads {settings.out} as the "
+                             f"{settings.out.name} dataset; write {settings.dataset} to "
+                             f"{settings.out.parent / settings.dataset}")
+
+
+def prepare(settings: PrepareSettings) -> dict:
+    """Prepare the dataset `settings` names; returns the metadata written to meta.json."""
+    if settings.dataset == "digits":
+        return prepare_digits(settings.out, settings.image_size, settings.val_fraction,
+                              settings.seed)
+    if settings.source is None:
+        raise LayerwiseError(f"{settings.dataset} is read from a local folder; set "
+                             "prepare.source in params.yaml or pass --source PATH")
+    if settings.dataset == "cifar10":
+        return prepare_cifar(settings.source, settings.out, settings.image_size)
+    return prepare_imagefolder(settings.source, settings.out, settings.image_size,
+                               settings.channels or 3, settings.val_fraction, settings.seed)
+
+
+def load_params(path: Path) -> dict:
+    if not path.exists():
+        raise LayerwiseError(f"{path} does not exist; run from the project root")
+    params = read_yaml(path, str(path))
+    if not isinstance(params, dict):
+        raise LayerwiseError(f"{path}: the top level must be a mapping with a 'prepare' "
+                             f"section (got {type(params).__name__})")
+    section = params.get("prepare")
+    if not isinstance(section, dict):
+        raise LayerwiseError(f"{path} has no 'prepare' section")
+    unknown = sorted(set(section) - set(PARAMETERS))
+    if unknown:
+        raise LayerwiseError(f"{path}: prepare.{unknown[0]}: unknown parameter")
+    return section
+
+
+def _with_overrides(params: dict, args: argparse.Namespace) -> dict:
+    """params.yaml's section with the options given on the command line. Another --dataset
+    than params.yaml's also moves the default output to data/prepared/DATASET: params.yaml's
+    `out` belongs to its own dataset."""
+    given = {key: value for key, value in vars(args).items()
+             if key in PARAMETERS and value is not None}
+    default = params.get("dataset", "digits")
+    if given.get("dataset", default) != default and "out" not in given:
+        given["out"] = PREPARED_DIR / given["dataset"]
+    return {**params, **given}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Prepare the dataset params.yaml's `prepare` section names; the options "
+                    "override its fields.")
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE)
+    parser.add_argument("--dataset", choices=SOURCES)
+    parser.add_argument("--source", help="cifar10: the cifar-10-batches-py folder; "
+                                         "imagefolder: ROOT holding one folder per class")
+    parser.add_argument("--image-size", type=int)
+    parser.add_argument("--channels", type=int, help="imagefolder: 3 (RGB, default) or 1")
+    parser.add_argument("--val-fraction", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--out", help="default: params.yaml's out, data/prepared/DATASET for "
+                                      "another --dataset")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = settings_from(_with_overrides(load_params(args.params), args))
+        meta = prepare(settings)
+    except LayerwiseError as error:
+        print(f"error: {error}")
+        return 2
+    print(f"prepared {meta['dataset']}: {meta['train']} train / {meta['val']} validation images "
+          f"at {meta['image_size']}x{meta['image_size']}, {meta['channels']} channel(s), "
+          f"{meta['classes']} classes in {settings.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
