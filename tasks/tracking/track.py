@@ -3,13 +3,13 @@
 One experiment per benchmark name, tagged as MLflow's custom model development kind so the UI opens
 on its runs; one parent run per flow run; one nested run per (model version, strategy)
 (`mlflow.start_run(parent_run_id=...)`, with MLflow's system metrics) holding the params, metrics
-(names below are a contract: dashboards and checks read them), train_loss and the step time per step
-as training runs (rank 0's progress lines, read by the train task in this process), the strategy
-JSON, the RunResult, the per-layer table and a heat map of the per-layer degrees. What the run was
-made from is recorded by layerwise.tasks.tracking.provenance, its trained model by
-layerwise.tasks.tracking.model_registry. The store is created and the runs are opened here, before
-any worker starts: two processes creating one SQLite store at once corrupt it; only this process
-writes to it.
+(their names are a contract that dashboards read; tests/test_benchmark_flow.py checks them),
+train_loss and the step time per step as training runs (rank 0's progress lines, read by the train
+task in this process), the strategy JSON, the RunResult, the per-layer table and a heat map of the
+per-layer degrees. What the run was made from is recorded by layerwise.tasks.tracking.provenance,
+its trained model by layerwise.tasks.tracking.model_registry. The store is created and the runs are
+opened here, before any worker starts: two processes creating one SQLite store at once corrupt it;
+only this process writes to it.
 
 No run stays RUNNING once its flow is gone: an error or an interruption closes it as FAILED or
 KILLED (`closed_on_exit`), and since a SIGKILL leaves nothing to do that, every run names the
@@ -50,13 +50,6 @@ from layerwise.tasks.tracking.owner import orphan_reason, owner_gone
 from layerwise.tasks.tracking.provenance import log_sources
 
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
-METRIC_NAMES = (
-    "predicted_step_seconds", "predicted_compute_seconds", "predicted_transfer_seconds",
-    "predicted_sync_seconds", "step_seconds", "throughput_samples_per_s",
-    "transfer_bytes_per_step", "sync_bytes_per_step", "predicted_transfer_bytes_per_step",
-    "predicted_sync_bytes_per_step", "cost_model_error", "train_loss", "val_accuracy",
-    "baseline_val_accuracy", "accuracy_gap",
-)
 _MAX_PARAM_LENGTH = 500
 ORPHAN_TAG = "killed_because"
 # the tag MLflow's UI reads to open an experiment on its runs (not on the GenAI overview)
