@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import zipfile
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -25,6 +26,7 @@ from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
 from layerwise.strategies.files.locations import CHECKPOINT_FILE, LOCK_FILE, SETTINGS_FILE
 from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.hardware.host_memory import MAX_PROCESSES_PER_CORE
 from layerwise.strategies.jobs.job import new_job
 from layerwise.strategies.jobs.launch import write_run_folder
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
@@ -51,6 +53,7 @@ INLINE_BOMB = "[" + ", ".join(  # the same bomb as one YAML flow value
 TRAIN = ("train", "tiny_cnn", "--strategy", "data", "--nproc", "1")
 SEARCH = ("search", "tiny_cnn", "--devices", "2", "--analytic")
 PREPARE = "layerwise.tasks.stages.prepare_data"
+TOO_MANY = str(MAX_PROCESSES_PER_CORE * (os.cpu_count() or 1) + 1)  # processes no run may start
 PRESETS = Path(__file__).resolve().parents[1] / "strategies" / "hardware" / "clusters"
 TRAIN_8 = ("train", "tiny_cnn", "--image-size", "8", "--batch-per-device", "8")
 
@@ -170,6 +173,9 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
         preset.read_text().replace("name: local", 'name: "\\e]0;pwned\\a\\e[31mlocal"', 1))
     (root / "twice.yaml").write_text(preset.read_text() + "name: another\n")  # kept the last
     (root / "kept.json").write_text("{}")  # what a --save through a link would replace
+    (root / "exiting_factory.py").write_text("import sys\n\ndef make(**kwargs):\n"
+                                             "    sys.exit(3)\n")
+    (root / "exiting_module.py").write_text("import sys\n\nsys.exit(0)\n")
     (root / "link.json").symlink_to(root / "kept.json")
     _run_folder(root, "deep-settings", None)
     (root / "runs" / "deep-settings" / SETTINGS_FILE).write_text(_nested(DEEP))
@@ -272,6 +278,10 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*TRAIN, "--cluster", "escape.yaml"), "holds control characters"),
     (("train", "tiny_cnn", "--strategy", "escape.json", "--nproc", "2", "--image-size", "8",
       "--batch-per-device", "8"), "\\x1b]0;pwned\\x07data' holds control characters"),
+    # a model that calls sys.exit: one line, not a silent exit 0 or its own code
+    (("graph", "exiting_factory:make"), "model factory 'exiting_factory:make' called sys.exit(3)"),
+    (("graph", "exiting_module:make"), "importing module 'exiting_module' of model "
+                                       "'exiting_module:make' called sys.exit(0)"),
     # a key given twice in a YAML file: YAML keeps the last one silently
     (("graph", "tiny_cnn", "--cluster", "twice.yaml"), "key 'name' is given twice (lines 5 and"),
     # a model version names folders and runs: never a path out of the project
@@ -283,6 +293,13 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*SEARCH, "--cluster", "local", "--save", "/dev/null"),
      "/dev/null: it is not a regular file"),
     (("profile", "tiny_cnn", "--devices", "1", "--out", "link.json"), "it is a symbolic link"),
+    # process counts this machine cannot run: refused before any process starts
+    (("profile", "tiny_cnn", "--devices", "2", "--processes", TOO_MANY),
+     f"profiling would start {int(TOO_MANY) + 1} processes on this machine's"),
+    (("train", "tiny_cnn", "--strategy", "data", "--nproc", TOO_MANY),
+     f"training would start {TOO_MANY} processes on this machine's"),
+    (("calibrate", "--nproc", TOO_MANY, "--out", "c.yaml"),
+     f"calibrating would start {TOO_MANY} processes"),
     # numbers that would need more memory than there is, refused with what they would need
     (("profile", "tiny_cnn", "--devices", "1", "--batch-per-device", "100000000"),
      "profiling tiny_cnn at a global batch of 100000000"),
@@ -323,6 +340,8 @@ def _invoke(argv: tuple[str, ...]) -> tuple[int, str]:
                          ids=[" ".join(argv)[:70] for argv, _ in CASES])
 def test_bad_input_is_one_line_and_exit_code_2(workspace, monkeypatch, argv, fragment):
     monkeypatch.chdir(workspace)
+    monkeypatch.syspath_prepend(str(workspace))  # its model modules, as PYTHONPATH gives them
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ in the workspace
     for name, value in embedded_environment(workspace).items():  # what `run` would set
         monkeypatch.setenv(name, os.environ.get(name, value))
     before = _files(workspace)

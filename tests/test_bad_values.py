@@ -84,6 +84,13 @@ REFUSED = [
     (("train", *TINY, "--strategy", "data", "--warmup-steps", "-1"),
      "--warmup-steps must be >= 0"),
     (("train", *TINY, "--strategy", "data", "--lr-decay", "cosine"), "--lr-decay"),
+    # values that passed the checks and failed only inside the workers, leaving a run folder
+    (("train", *TINY, "--strategy", "data", "--timeout", "nan"),
+     "--timeout must be a finite number > 0 (got nan)"),
+    (("train", *TINY, "--strategy", "data", "--timeout", "inf"),
+     "--timeout must be a finite number > 0 (got inf)"),
+    (("train", *TINY, "--strategy", "data", "--seed", "12345678901234567890123"),
+     "--seed must be < 9.22337e+18"),
     (("train", *TINY, "--strategy", "{twice}"), "layer 'x' is listed more than once"),
     (("train", "tiny_cnn", "--resume", "{started}", "--steps", "4"),
      "holds no checkpoint.pt"),

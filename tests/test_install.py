@@ -3,6 +3,7 @@ that a user's own `strategies/`, `tasks/` or `flows/` packages never shadow laye
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -42,14 +43,19 @@ def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
     assert any(name.endswith("/clusters/p100x16.yaml") for name in names)  # the presets too
 
 
-def test_train_runs_from_a_project_with_packages_of_the_same_names(tmp_path: Path) -> None:
+def test_train_from_a_project_with_packages_of_those_names_runs_and_leaves_no_temp(
+        tmp_path: Path) -> None:
     for package in ("strategies", "tasks", "flows"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text(
             f"raise ImportError('the user project\\'s own {package} package was imported')\n")
+    temporary = tmp_path / "tmp"  # the launch's TMPDIR: whatever it leaves there stays in sight
+    temporary.mkdir()
     result = subprocess.run(
         [str(LAYERWISE), "train", "tiny_cnn", "--strategy", "data", "--nproc", "2",
          "--steps", "1", "--image-size", "8", "--batch-per-device", "2", "--out", "run"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False)
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+        env={**os.environ, "TMPDIR": str(temporary)})
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run" / "result.json").is_file()
+    assert list(temporary.iterdir()) == []  # no torchelastic_* nor rendezvous folder left

@@ -99,7 +99,11 @@ def profile(
     from layerwise.strategies.cost.profile import concurrent_threads, total_seconds
     from layerwise.strategies.errors import ConfigError, LayerwiseError
     from layerwise.strategies.files.atomic import writable_file
-    from layerwise.strategies.hardware.host_memory import check_memory, largest_layer_bytes
+    from layerwise.strategies.hardware.host_memory import (
+        check_memory,
+        check_processes,
+        largest_layer_bytes,
+    )
     from layerwise.strategies.hardware.this_machine import resolve_device
     from layerwise.strategies.jobs.profiling import (
         ProfileMismatchError,
@@ -120,6 +124,7 @@ def profile(
     if processes > 1 and target.type != "cpu":
         raise ConfigError(f"--processes {processes} is for CPUs, where the ranks of a run share "
                           "one machine; each GPU rank has its own device: use --processes 1")
+    check_processes(processes + 1, "profiling", "--processes")  # the profilers and this one
     if processes > 1 and threads is None:
         threads = concurrent_threads(processes)
     graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
@@ -244,8 +249,10 @@ def calibrate(
     from layerwise.strategies.files.atomic import writable_file
     from layerwise.strategies.hardware.calibrate import calibrate as measure
     from layerwise.strategies.hardware.calibrate import calibrated_cluster, save_calibration
+    from layerwise.strategies.hardware.host_memory import check_processes
 
     writable_file(out, "--out")
+    check_processes(nproc, "calibrating", "--nproc")
     calibration = measure(nproc, backend=backend, quick=quick)
     raw_path = save_calibration(calibration, out)
     cluster = calibrated_cluster(calibration)

@@ -61,3 +61,23 @@ def largest_layer_bytes(graph: LayerGraph) -> int:
         values = inputs + _elements(layer.output_shape) + layer.param_count
         return 2 * values * BYTES_PER_ELEMENT
     return max(layer_bytes(layer) for layer in graph.layers)
+
+
+# A torch process's own resident memory before it holds a tensor (torch and its libraries):
+# 190-230 MB per torchrun worker measured here; the lower bound keeps a refusal certain.
+PROCESS_BYTES = 150 * 2**20
+# Processes per core a local run or profile may start: past this each gets under a quarter of
+# a core, and what it measures is the scheduler, not the strategy.
+MAX_PROCESSES_PER_CORE = 4
+
+
+def check_processes(count: int, what: str, option: str) -> None:
+    """LayerwiseError (one line) when `count` local processes for `what` exceed what this
+    machine's cores and memory can run; `option` names the setting to lower."""
+    cores = os.cpu_count() or 1
+    if count > MAX_PROCESSES_PER_CORE * cores:
+        raise LayerwiseError(
+            f"{what} would start {count} processes on this machine's {cores} core(s), more "
+            f"than {MAX_PROCESSES_PER_CORE} per core; use a smaller {option}")
+    check_memory(count * PROCESS_BYTES, f"{what} ({count} processes)",
+                 f"use a smaller {option}")

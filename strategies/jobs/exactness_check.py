@@ -73,7 +73,8 @@ def requested_strategies(spec: str) -> tuple[list[str], bool]:
     """The names in `spec` (comma-separated, or `all`) and whether `all` asked for them."""
     if spec.strip() == ALL:
         return list(STRATEGY_NAMES), True
-    names = [name.strip() for name in spec.split(",") if name.strip()]
+    # each once: two runs of one name would claim one folder
+    names = list(dict.fromkeys(name.strip() for name in spec.split(",") if name.strip()))
     if not names:
         raise LayerwiseError(f"--strategy: name one or more of {', '.join(STRATEGY_NAMES)} "
                              f"(comma-separated), a strategy file, or {ALL}")

@@ -26,7 +26,11 @@ from layerwise.strategies.files.locations import (
     STRATEGY_FILE,
 )
 from layerwise.strategies.hardware.cluster import load_cluster
-from layerwise.strategies.hardware.host_memory import check_memory, training_bytes
+from layerwise.strategies.hardware.host_memory import (
+    check_memory,
+    check_processes,
+    training_bytes,
+)
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions, check_nodes
 from layerwise.strategies.jobs.pricing import cost_model
@@ -90,6 +94,7 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
     if options.nproc is None:
         raise LayerwiseError("pass --nproc N, the number of processes per node")
     check_nodes(options.nnodes, node_rank, rdzv_endpoint)
+    check_processes(options.nproc, "training", "--nproc")
     if options.nnodes > 1 and out is None:
         raise LayerwiseError("several nodes share one run folder: pass --out DIR on a "
                              "filesystem every node sees")

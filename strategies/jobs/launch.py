@@ -182,15 +182,18 @@ def run_job(job: Job, steps: int | None, epochs: int | None, checkpoint_every: i
 
 @contextlib.contextmanager
 def _rendezvous(job: Job) -> Iterator[dict[str, str]]:
-    """The environment that makes a one-machine launch meet through files in a private
-    temporary folder (removed after it) instead of TCP stores on every interface; nothing
-    for a run on several machines, whose nodes meet at node 0's --rdzv-endpoint."""
-    if job.settings.nnodes > 1:
-        yield {}
-        return
+    """The environment of a launch: a private temporary folder, removed after it, as the
+    TMPDIR of torchrun and its workers (torchrun leaves a torchelastic_* folder in TMPDIR at
+    every launch); on one machine also the file stores there that make the processes meet
+    without TCP stores on every interface. The nodes of a run on several machines meet at
+    node 0's --rdzv-endpoint."""
     with tempfile.TemporaryDirectory(prefix="layerwise-rendezvous-",
                                      ignore_cleanup_errors=True) as folder:
-        yield loopback_environment(Path(folder))
+        private = {"TMPDIR": folder}
+        if job.settings.nnodes > 1:
+            yield private
+        else:
+            yield {**private, **loopback_environment(Path(folder))}
 
 
 def _follow(process: subprocess.Popen[bytes], on_line: Callable[[str], None],

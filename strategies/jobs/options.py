@@ -7,6 +7,7 @@ sees the same line whichever way the run was asked for.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,7 +55,7 @@ class TrainOptions(BaseModel):
     lr: LearningRate = DEFAULT_LR
     momentum: Momentum = 0.9
     weight_decay: WeightDecay = 1e-4
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, lt=2**63)  # torch's generators take 64-bit seeds
     warmup_steps: WarmupSteps = DEFAULT_WARMUP_STEPS
     lr_decay: LrDecay = DEFAULT_LR_DECAY
 
@@ -80,8 +81,8 @@ def check_launch_numbers(steps: int | None, epochs: int | None, checkpoint_every
         raise LayerwiseError("give --steps or --epochs, not both")
     for name, value in {"steps": steps, "epochs": epochs, "checkpoint_every": checkpoint_every,
                         "timeout": timeout}.items():
-        if value is not None and value <= 0:
-            raise LayerwiseError(f"{_flag(name)} must be > 0 (got {value})")
+        if value is not None and not (0 < value < math.inf):  # nan and inf too
+            raise LayerwiseError(f"{_flag(name)} must be a finite number > 0 (got {value})")
 
 
 def check_nodes(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:

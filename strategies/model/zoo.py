@@ -781,6 +781,11 @@ def _resolve_reference(ref: str) -> Callable[..., Any]:
             f"cannot import module {module_name!r} of model {ref!r} ({_one_line(exc)}): "
             "check the name, install the package or add its folder to PYTHONPATH"
         ) from exc
+    except SystemExit as exc:  # sys.exit in a module is its author's, not ours to obey
+        raise UnknownModelError(
+            f"importing module {module_name!r} of model {ref!r} called sys.exit({exc.code!r}); "
+            "a module that defines a model must not exit"
+        ) from None
     except Exception as exc:
         raise UnknownModelError(
             f"importing module {module_name!r} of model {ref!r} failed with "
@@ -845,6 +850,11 @@ def build_model(name: str, num_classes: int | None = None, image_size: int | Non
                 model = factory(**kwargs)
         except LayerwiseError:
             raise
+        except SystemExit as exc:
+            raise UnknownModelError(
+                f"model factory {name!r} called sys.exit({exc.code!r}); a factory must return "
+                "the network"
+            ) from None
         except Exception as exc:
             raise UnknownModelError(
                 f"model factory {name!r} raised {type(exc).__name__}: {_one_line(exc)}; fix "
