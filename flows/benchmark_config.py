@@ -80,28 +80,28 @@ class BenchmarkConfig(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field(min_length=1)
     models: tuple[ModelVersion, ...] = Field(min_length=1)
-    nproc: int = Field(ge=1)
+    nproc: int = Field(ge=1, strict=True)
     strategies: tuple[StrategyName, ...] = Field(min_length=1)
     dataset: Literal["digits", "synthetic", "cifar10", "imagefolder"]
-    image_size: int = Field(ge=1)
-    classes: int = Field(ge=2)
-    batch_per_device: int = Field(ge=1)
-    steps: int = Field(ge=1)
+    image_size: int = Field(ge=1, strict=True)
+    classes: int = Field(ge=2, strict=True)
+    batch_per_device: int = Field(ge=1, strict=True)
+    steps: int = Field(ge=1, strict=True)  # `steps: true` is not 1 step
     lr: LearningRate  # the peak, after the warm-up
     momentum: Momentum
     weight_decay: WeightDecay
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, lt=2**63, strict=True)
     warmup_steps: WarmupSteps = DEFAULT_WARMUP_STEPS
     lr_decay: LrDecay = DEFAULT_LR_DECAY
     cluster: str = CALIBRATED  # or a preset or a cluster YAML (tasks/calibrate.py)
     # share of the validation split an fp32 run may differ from one process by; None: a
     # binomial bound in images (strategies/exactness/accuracy.py); exactness is verified in float64
-    tolerance: float | None = Field(default=None, ge=0)
-    inexact_tolerance: float = Field(default=0.1, ge=0)  # for strategies that are not exact
+    tolerance: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    inexact_tolerance: float = Field(default=0.1, ge=0, allow_inf_nan=False)  # not exact ones
     profile: bool = True
     # float64 steps per strategy in the verify stage (exactness against one process); 0 skips it
-    verify_steps: int = Field(default=DEFAULT_VERIFY_STEPS, ge=0)
-    train_deadline_s: float = Field(default=600.0, gt=0)
+    verify_steps: int = Field(default=DEFAULT_VERIFY_STEPS, ge=0, strict=True)
+    train_deadline_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     # each run's trained model becomes a version of the model's name in MLflow's registry,
     # tagged with its version label and strategy and aliased `<version>-<strategy>`
     register_model: bool = False

@@ -103,6 +103,10 @@ REFUSED = [
     (("run", "--set", "momentum=5"), "momentum: Input should be less than 1"),
     (("run", "--set", "lr=.nan"), "lr: Input should be a finite number"),
     (("run", "--set", "classes=1"), "classes: Input should be greater than or equal to 2"),
+    # a boolean is not a count; infinities trained and then failed, or overflowed a timer
+    (("run", "--set", "steps=true"), "steps: Input should be a valid integer"),
+    (("run", "--set", "tolerance=inf"), "tolerance: Input should be a finite number"),
+    (("run", "--set", "train_deadline_s=.inf"), "train_deadline_s: Input should be a finite"),
 ]
 
 
