@@ -354,3 +354,24 @@ def _multiprocessing_children(process: psutil.Process) -> list[psutil.Process]:
             if "multiprocessing" in " ".join(child.cmdline()):
                 found.append(child)
     return found
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_run_stopped_while_its_prefect_server_starts_leaves_no_listener(flow_project, stop):
+    """`timeout` sends SIGTERM, often in the seconds Prefect's server takes to start: the guard
+    is armed when the server's process exists, not when it first answers."""
+    server = "prefect.server.api.server:create_app"
+    launcher = subprocess.Popen(
+        [str(LAYERWISE), *FLOW_RUN, "--set", "name=stopped-at-start"], cwd=flow_project,
+        preexec_fn=as_from_a_terminal, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ,
+             track.TRACKING_VARIABLE: f"sqlite:///{flow_project / 'mlflow.db'}"})
+    try:
+        _wait_for(lambda: processes_mentioning(server, flow_project)
+                  or launcher.poll() is not None, "Prefect's server process to start")
+        launcher.send_signal(stop)
+        launcher.wait(WAIT_SECONDS)
+        _wait_for(lambda: not processes_mentioning(server, flow_project),
+                  "the server to be stopped with its run")
+    finally:
+        _stop_leftovers(launcher, flow_project)

@@ -16,9 +16,10 @@ command however it ends, SIGKILL included (start_local_api, layerwise.strategies
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -63,9 +64,10 @@ def start_local_api() -> None:
     it ends; nothing when PREFECT_API_URL names a server.
 
     Prefect starts that server (uvicorn, a subprocess) when a flow first needs it and stops it
-    at exit, which a SIGKILL skips: the server would go on listening on 127.0.0.1. Started
-    here, it is the one the flow's client uses (Prefect keeps one per process), and a guard
-    (layerwise.strategies.jobs.tether) stops it when this process dies.
+    at exit, which a SIGKILL or a SIGTERM (`timeout`) skips: the server would go on listening
+    on 127.0.0.1. Started here, it is the one the flow's client uses (Prefect keeps one per
+    process), and a guard (strategies/jobs/tether.py) that stops it when this process dies is
+    armed the moment its process exists, not after its seconds of start-up.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -75,10 +77,15 @@ def start_local_api() -> None:
 
     from layerwise.strategies.jobs.tether import guard
 
-    server = SubprocessASGIServer()
-    server.start()
-    if server.server_process is not None:
-        guard(server.server_process.pid)
+    class GuardedServer(SubprocessASGIServer):
+        """Prefect's temporary server, each process it starts guarded at once."""
+
+        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+            process = super()._run_uvicorn_command()
+            guard(process.pid)
+            return process
+
+    GuardedServer().start()
 
 
 def check_before_start(config: BenchmarkConfig) -> None:
