@@ -173,6 +173,9 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
         preset.read_text().replace("name: local", 'name: "\\e]0;pwned\\a\\e[31mlocal"', 1))
     (root / "twice.yaml").write_text(preset.read_text() + "name: another\n")  # kept the last
     (root / "kept.json").write_text("{}")  # what a --save through a link would replace
+    (root / "huge-number.yaml").write_text(preset.read_text().replace(
+        "nodes: 1", f"nodes: {'9' * 5000}", 1))
+    (root / "huge-number.json").write_text(f'{{"schema_version": {"9" * 5000}}}')
     (root / "exiting_factory.py").write_text("import sys\n\ndef make(**kwargs):\n"
                                              "    sys.exit(3)\n")
     (root / "exiting_module.py").write_text("import sys\n\nsys.exit(0)\n")
@@ -282,6 +285,11 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("graph", "exiting_factory:make"), "model factory 'exiting_factory:make' called sys.exit(3)"),
     (("graph", "exiting_module:make"), "importing module 'exiting_module' of model "
                                        "'exiting_module:make' called sys.exit(0)"),
+    # numbers Python will not read from text (4,300 digits), in YAML and in JSON
+    (("run", "--set", f"steps={'9' * 5000}"), "more digits than layerwise reads (4,300)"),
+    (("graph", "tiny_cnn", "--cluster", "huge-number.yaml"), "more digits than layerwise reads"),
+    (("train", "tiny_cnn", "--strategy", "huge-number.json", "--nproc", "1"),
+     "more digits than layerwise reads"),
     # a key given twice in a YAML file: YAML keeps the last one silently
     (("graph", "tiny_cnn", "--cluster", "twice.yaml"), "key 'name' is given twice (lines 5 and"),
     # a model version names folders and runs: never a path out of the project
@@ -378,3 +386,11 @@ def test_what_the_bounds_leave_alone_still_reads(tmp_path):
     for _ in range(MAX_DEPTH - 1):
         expected = [expected]
     assert read_json(tmp_path / "deep.json", "deep.json") == expected
+
+
+def test_date_shaped_yaml_values_stay_text():
+    """PyYAML reads 2001-13-45 as a date and fails inside the loader; no field is a date."""
+    from layerwise.strategies.files.documents import parse_yaml
+
+    assert parse_yaml("name: 2001-13-45\nday: 2001-01-01\n", "config c.yaml") == {
+        "name": "2001-13-45", "day": "2001-01-01"}

@@ -68,6 +68,14 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth -= 1
         return node
 
+    def construct_yaml_int(self, node: Any) -> int:
+        """An integer within Python's 4,300-digit limit for text, else refused in one line."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise _Refused(f"the number at line {node.start_mark.line + 1} has more digits "
+                           "than layerwise reads (4,300)") from None
+
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         """A mapping whose keys are each given once: YAML keeps the last of two silently, so
         `nodes: 4` then `nodes: 1` further down would price a cluster nobody meant (a `<<`
@@ -96,6 +104,15 @@ class _BoundedLoader(yaml.SafeLoader):
             raise _Refused(f"its aliases expand to more than {MAX_YAML_VALUES:,} values (line "
                            f"{mark.line + 1}); write the values out instead of repeating "
                            "anchors")
+
+
+# Dates stay text: no field layerwise reads is a date, and PyYAML's safe loader turns a
+# date-shaped value such as 2001-13-45 into a ValueError inside the loader.
+_BoundedLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers
+            if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def _line(what: str, problem: str, fix: str) -> str:
@@ -159,6 +176,9 @@ def parse_json(text: str, what: str, error: type[LayerwiseError] = LayerwiseErro
                                 f"{problem.colno}: {problem.msg})", fix)) from None
     except RecursionError:
         raise error(deep) from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise error(_line(what, "is refused: a number has more digits than layerwise reads "
+                                "(4,300)", fix)) from None
     if _depth(document) > MAX_DEPTH:
         raise error(deep)
     return document
