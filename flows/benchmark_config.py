@@ -162,18 +162,27 @@ def _apply_override(document: dict[str, Any], override: str) -> None:
     _assign(container, parts[-1], value, key.strip())
 
 
+def _index(container: list[Any], part: str) -> int | None:
+    """`part` as an index into `container`: ASCII digits only ('²' passes str.isdigit) and no
+    longer than the list's length could need (a 5,000-digit index cannot be read)."""
+    if part.isascii() and part.isdigit() and len(part) <= len(str(len(container))):
+        index = int(part)
+        return index if index < len(container) else None
+    return None
+
+
 def _child(container: Any, part: str, where: str) -> Any:
     if isinstance(container, dict):
         return container.setdefault(part, {})
-    if isinstance(container, list) and part.isdigit() and int(part) < len(container):
-        return container[int(part)]
+    if isinstance(container, list) and (index := _index(container, part)) is not None:
+        return container[index]
     raise LayerwiseError(f"--set: {shown(where)}: no such field to set")
 
 
 def _assign(container: Any, part: str, value: Any, where: str) -> None:
     if isinstance(container, dict):
         container[part] = value
-    elif isinstance(container, list) and part.isdigit() and int(part) < len(container):
-        container[int(part)] = value
+    elif isinstance(container, list) and (index := _index(container, part)) is not None:
+        container[index] = value
     else:
         raise LayerwiseError(f"--set: {shown(where)}: no such field to set")

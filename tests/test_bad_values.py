@@ -105,6 +105,8 @@ REFUSED = [
     (("run", "--set", "classes=1"), "classes: Input should be greater than or equal to 2"),
     # a boolean is not a count; infinities trained and then failed, or overflowed a timer
     (("run", "--set", "steps=true"), "steps: Input should be a valid integer"),
+    (("run", "--set", "models.\u00b2.name=x"), "'models.\u00b2': no such field to set"),
+    (("run", "--set", f"models.{'1' * 5000}.name=x"), "no such field to set"),
     (("run", "--set", "tolerance=inf"), "tolerance: Input should be a finite number"),
     (("run", "--set", "train_deadline_s=.inf"), "train_deadline_s: Input should be a finite"),
 ]
