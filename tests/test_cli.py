@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -152,3 +154,23 @@ def test_installed_entry_point_exits_2_on_bad_input():
     assert failed.returncode == 2
     assert failed.stderr.strip().startswith("error: unknown cluster 'nope'")
     assert "Traceback" not in failed.stderr
+
+
+def _close_stdout() -> None:
+    os.close(1)
+
+
+@pytest.mark.parametrize(("arguments", "fragment", "code"), [
+    ({"stdout": "/dev/full"}, "error: cannot write the output: No space left on device", 1),
+    ({"preexec_fn": _close_stdout}, "error: standard output is closed", 2),
+], ids=["full-disk", "closed"])
+def test_output_that_cannot_be_written_is_one_line(arguments, fragment, code):
+    """`layerwise models > /dev/full` and `layerwise models >&-` printed tracebacks."""
+    with contextlib.ExitStack() as stack:
+        if "stdout" in arguments:
+            arguments = {"stdout": stack.enter_context(open(arguments["stdout"], "w"))}
+        result = subprocess.run([str(Path(sys.executable).parent / "layerwise"), "models"],
+                                stderr=subprocess.PIPE, text=True, check=False, **arguments)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == code and len(lines) == 1, result.stderr
+    assert lines[0].startswith(fragment)

@@ -30,6 +30,10 @@ options and draws on the terminal.
 
 from __future__ import annotations
 
+import errno
+import os
+import sys
+
 import typer
 
 from layerwise.flows.cli import (
@@ -43,6 +47,7 @@ from layerwise.flows.cli import (
     train,
     verify,
 )
+from layerwise.flows.cli.console import print_error
 from layerwise.strategies.processes.huge_pages import use_huge_pages
 
 app = typer.Typer(
@@ -65,4 +70,29 @@ oracle.register(app)
 
 def main() -> None:
     use_huge_pages()  # before anything imports torch (strategies/processes/huge_pages.py)
-    app()
+    if sys.stdout is None:  # `layerwise ... >&-`: nowhere to write what was asked for
+        print_error("standard output is closed; run the command with it open, or send it "
+                    "to a file or /dev/null")
+        sys.exit(2)
+    try:
+        app()
+    except OSError as problem:
+        if problem.errno not in _OUTPUT_ERRORS:
+            raise
+        _stop_writing()
+        if problem.errno != errno.EPIPE:  # a reader that stopped reading is not an error
+            print_error(f"cannot write the output: {problem.strerror}")
+        sys.exit(1)
+
+
+# Writing the output failed: a full disk (`> /dev/full`), a closed pipe (`| head`), a bad
+# descriptor. One line, not a traceback.
+_OUTPUT_ERRORS = frozenset({errno.ENOSPC, errno.EPIPE, errno.EBADF, errno.EIO})
+
+
+def _stop_writing() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush of what could
+    not be written raises nothing more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

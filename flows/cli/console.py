@@ -15,11 +15,17 @@ from rich.text import Text
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.text import printable
 
+
 # Printed text is never markup or emoji codes: model names, paths and messages come from the
 # user ("[/foo]" would stop Rich, "a:b:c" would print an emoji); style with Text instead.
-console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
-error_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200, markup=False,
-                        emoji=False)
+def _is_terminal(stream: Any) -> bool:
+    """Whether `stream` is a terminal; a closed standard stream (`>&-`) is None, and not."""
+    return stream is not None and stream.isatty()
+
+
+console = Console(width=None if _is_terminal(sys.stdout) else 160, markup=False, emoji=False)
+error_console = Console(stderr=True, width=None if _is_terminal(sys.stderr) else 200,
+                        markup=False, emoji=False)
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 
