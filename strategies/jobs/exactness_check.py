@@ -24,7 +24,7 @@ from layerwise.strategies.exactness.reference import Divergence, reference_run
 from layerwise.strategies.files.locations import DIVERGENCE_FILE, ERRORS_DIR, REFERENCE_FILE
 from layerwise.strategies.jobs.defaults import DEFAULT_TIMEOUT_SECONDS
 from layerwise.strategies.jobs.failure import failure_line
-from layerwise.strategies.jobs.job import Job, new_job
+from layerwise.strategies.jobs.job import Job, job_graph, new_job
 from layerwise.strategies.jobs.launch import (
     StepProgress,
     run_torchrun,
@@ -92,6 +92,8 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
     these options when the caller built it already."""
     if steps < 1:
         raise LayerwiseError(f"--steps must be >= 1 (got {steps})")
+    if graph is None:  # one trace for all the strategies' jobs (seconds each for AlexNet)
+        graph = job_graph(model, options)
     with contextlib.ExitStack() as claims:  # each run folder is held until the runs end
         jobs, skipped = _float64_jobs(model, strategies, options, out, skip_inapplicable,
                                       claims, graph)

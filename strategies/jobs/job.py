@@ -104,18 +104,30 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
                         rdzv_endpoint, graph)
 
 
+def _graph_arguments(options: TrainOptions) -> dict[str, int | None]:
+    """The input size, classes and channels a run's graph is built at: the options given, else
+    the prepared dataset's, else the model's own."""
+    fixed = prepared_spec(options.dataset, PREPARED_DIR)
+    return {"image_size": _given_or(options.image_size, fixed.image_size if fixed else None),
+            "num_classes": _given_or(options.classes, fixed.classes if fixed else None),
+            "in_channels": _given_or(options.in_channels, fixed.channels if fixed else None)}
+
+
+def job_graph(model: str, options: TrainOptions) -> LayerGraph:
+    """The layer graph a new job of `model` with `options` trains (tracing a model takes
+    seconds: a caller running several jobs of one model builds it once and passes it)."""
+    world = (options.nproc or 1) * options.nnodes
+    return build_graph(model, batch=options.batch_per_device * world,
+                       **_graph_arguments(options))
+
+
 def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim: FolderClaim,
              analytic: bool, node_rank: int, rdzv_endpoint: str | None,
              built: LayerGraph | None) -> Job:
-    fixed = prepared_spec(options.dataset, PREPARED_DIR)
-    image_size = _given_or(options.image_size, fixed.image_size if fixed else None)
-    classes = _given_or(options.classes, fixed.classes if fixed else None)
-    in_channels = _given_or(options.in_channels, fixed.channels if fixed else None)
+    arguments = _graph_arguments(options)
     batch = options.batch_per_device * world
-    graph = built if built is not None else build_graph(
-        model, batch=batch, image_size=image_size, num_classes=classes,
-        in_channels=in_channels)
-    _check_graph_fits(graph, model, batch, image_size, in_channels)
+    graph = built if built is not None else build_graph(model, batch=batch, **arguments)
+    _check_graph_fits(graph, model, batch, arguments["image_size"], arguments["in_channels"])
     check_memory(training_bytes(graph, options.nnodes),
                  f"training {model} at a global batch of {graph.batch} "
                  f"({options.batch_per_device} per process, {world} "
