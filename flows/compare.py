@@ -110,7 +110,8 @@ def compare(experiment: str, all_runs: bool = False, log: bool = False) -> Compa
     client = MlflowClient(tracking_uri=uri)
     mlflow.set_tracking_uri(uri)
     found = track.find_experiment(client, experiment)
-    track.close_orphaned_runs(client, found.experiment_id)  # a killed flow's runs: KILLED
+    if log:  # only a compare asked to write closes a killed flow's runs (KILLED)
+        track.close_orphaned_runs(client, found.experiment_id)
     parents = _parent_runs(found.experiment_id, all_runs)
     if not parents:
         raise LayerwiseError(f"experiment '{experiment}' has no benchmark runs yet: "

@@ -137,6 +137,7 @@ def test_a_query_without_log_writes_nothing_to_mlflow(compared):
 
 
 def test_a_run_a_killed_flow_left_running_is_marked_killed(compared):
+    """By the compare asked to write (--log); a query alone writes nothing."""
     client, *_ = compared
     experiment = client.get_experiment_by_name(EXPERIMENT)
     [orphan] = client.search_runs([experiment.experiment_id], "attributes.run_name = 'orphan'")

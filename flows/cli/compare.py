@@ -70,7 +70,10 @@ def _check_experiment(name: str) -> None:
     from layerwise.tasks.tracking.track import TRACKING_VARIABLE, find_experiment
 
     uri = os.environ[TRACKING_VARIABLE]
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+    store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    # an empty file too: opening it would write MLflow's tables into it, and compare writes
+    # nothing unless asked (--log)
+    if store is not None and (not store.is_file() or store.stat().st_size == 0):
         raise LayerwiseError(f"no MLflow store at {uri}: run `layerwise run` first, or set "
                              f"{TRACKING_VARIABLE} to your tracking server")
     from mlflow import MlflowClient
