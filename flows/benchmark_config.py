@@ -36,7 +36,7 @@ from layerwise.strategies.schedules import STRATEGY_NAMES
 from layerwise.strategies.text import printable
 
 SCHEMA_VERSION = 1
-MODEL_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?")
+MODEL_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?")
 VERSION_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # `cluster: calibrated`: the flow measures this machine's links between its nproc ranks first
 CALIBRATED = "calibrated"

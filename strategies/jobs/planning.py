@@ -101,11 +101,12 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
         if name == PARADL:
             continue
         try:
-            strategies[name] = strategy_by_name(name, cost)
-            report = schedule_report(strategies[name], cost)
+            strategy = strategy_by_name(name, cost)
+            report = schedule_report(strategy, cost)
         except LayerwiseError as error:  # one strategy that cannot run this model
             skipped[name] = str(error)
             continue
+        strategies[name] = strategy
         if report is not None:
             reports[name] = report
     return Plan(graph=graph, cluster=cost.cluster.name, devices=devices,
