@@ -85,7 +85,10 @@ def start_local_api() -> None:
             guard(process.pid)
             return process
 
-    GuardedServer().start()
+    server = GuardedServer()  # Prefect's one server of this process, if one was made before
+    server.start()
+    if not isinstance(server, GuardedServer) and server.server_process is not None:
+        guard(server.server_process.pid)
 
 
 def check_before_start(config: BenchmarkConfig) -> None:
