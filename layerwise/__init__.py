@@ -78,8 +78,9 @@ def train(model: str, strategy: str, *, nproc: int, steps: int, out: str | Path 
     )
     from layerwise.strategies.jobs.job import new_job
     from layerwise.strategies.jobs.launch import run_job
-    from layerwise.strategies.jobs.options import TrainOptions
+    from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers
 
+    check_launch_numbers(steps, None, DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_SECONDS)
     settings = TrainOptions.given(nproc=nproc, **options)
     with new_job(model, strategy, settings, Path(out) if out is not None else None,
                  analytic=settings.profile is None) as job:
