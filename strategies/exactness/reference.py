@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.files.atomic import atomic_path
-from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
+from layerwise.strategies.runtime.initial_module import build_seeded
 from layerwise.strategies.training_run import RunResult, TrainSettings
 
 # Relative difference an exact strategy stays under. float64 rounding over a few steps gives
@@ -85,16 +85,14 @@ def reference_run(settings: TrainSettings, steps: int) -> ReferenceRun:
     """`steps` SGD steps of the plain module on the run's settings and batches, in its dtype
     (float64 for an exactness check).
 
-    Seeding, building the module and loading the data happen in the torchrun worker's order,
-    so the weights and the dropout masks the runtime replays are the same draws.
+    Seeding, building the module and loading the data happen as in the torchrun worker (the
+    same `build_seeded`), so the weights and the dropout masks the runtime replays are the same
+    draws.
     """
     dtype = getattr(torch, settings.dtype)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
     try:
-        torch.manual_seed(settings.seed)
-        module = build_model(settings.model, num_classes=settings.classes,
-                             image_size=settings.image_size, in_channels=settings.in_channels)
+        module = build_seeded(settings)
         data = load_dataset(settings.dataset, settings.image_size, settings.classes,
                             settings.in_channels, settings.seed, Path(settings.data_root))
         batches = GlobalBatches(data.train, settings.global_batch, settings.seed)

@@ -69,7 +69,6 @@ from layerwise.strategies.hardware.rendezvous import RENDEZVOUS_VARIABLE
 from layerwise.strategies.hardware.this_machine import device_name
 from layerwise.strategies.jobs.defaults import DEFAULT_CHECKPOINT_EVERY, DEFAULT_TIMEOUT_SECONDS
 from layerwise.strategies.model.graph import LayerGraph
-from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
 from layerwise.strategies.processes.parent_death import die_with_parent, launcher_pid
 from layerwise.strategies.runtime.checkpoint import (
@@ -81,6 +80,7 @@ from layerwise.strategies.runtime.comm import Category, init_distributed
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
 from layerwise.strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
 from layerwise.strategies.runtime.engine_protocol import Engine, EngineContext
+from layerwise.strategies.runtime.initial_module import InitialModules, build_seeded
 from layerwise.strategies.schedules import is_exact
 from layerwise.strategies.schedules.loader import build_engine
 from layerwise.strategies.strategy import Strategy
@@ -195,8 +195,9 @@ def main(argv: list[str] | None = None) -> None:
         process = join(args.timeout)
         reference = (ReferenceRun.load(args.reference)
                      if args.reference is not None and rank == 0 else None)
+        modules = InitialModules() if len(args.out) > 1 else None  # verify's strategies
         for out in args.out:
-            train(out, args, process, reference)
+            train(out, args, process, reference, modules)
     except BaseException as error:
         record_failure(out, rank, error)
         raise
@@ -233,11 +234,11 @@ def join(timeout: float) -> Process:
 
 
 def train(out: Path, args: argparse.Namespace, process: Process,
-          reference: ReferenceRun | None = None) -> None:
+          reference: ReferenceRun | None = None, modules: InitialModules | None = None) -> None:
     """Train until --steps, checkpointing; rank 0 writes model.pt (with a `reference`, its
     divergence from it) and result.json at the end."""
     fault = Fault.from_environment()
-    run = start(out, process)
+    run = start(out, process, modules)
     checkpoint = out / CHECKPOINT_FILE
     done, records = (load_checkpoint(args.resume, run.engine) if args.resume is not None
                      else (0, []))
@@ -279,8 +280,9 @@ def train(out: Path, args: argparse.Namespace, process: Process,
         result.save(out / RESULT_FILE)
 
 
-def start(out: Path, process: Process) -> Run:
-    """Build this rank's engine (its model parts and optimizer) and batches for one run."""
+def start(out: Path, process: Process, modules: InitialModules | None = None) -> Run:
+    """Build this rank's engine (its model parts and optimizer) and batches for one run;
+    `modules` holds the seeded module of an earlier run of the same launch."""
     settings = TrainSettings.load(out / SETTINGS_FILE)
     strategy = Strategy.load(out / STRATEGY_FILE)
     rank, world, device = process.rank, process.world, process.device
@@ -288,10 +290,7 @@ def start(out: Path, process: Process) -> Run:
         raise LayerwiseError(f"{out / SETTINGS_FILE} is for {settings.world} processes, "
                              f"torchrun started {world}")
     graph = LayerGraph.model_validate_json((out / GRAPH_FILE).read_text(encoding="utf-8"))
-    torch.set_default_dtype(getattr(torch, settings.dtype))  # weights, buffers, activations
-    torch.manual_seed(settings.seed)  # same weights on every rank; dropout draws follow
-    module = build_model(settings.model, num_classes=settings.classes,
-                         image_size=settings.image_size, in_channels=settings.in_channels)
+    module = modules.build(settings) if modules is not None else build_seeded(settings)
     context = EngineContext(settings=settings, strategy=strategy, graph=graph,
                             module=module.to(device), rank=rank, world=world, device=device)
     engine = build_engine(context)
