@@ -21,10 +21,11 @@ def as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def listening_addresses(root: psutil.Process) -> set[tuple[str, int]]:
-    """The (address, port) pairs `root` and its descendants listen on."""
+def listening_addresses(root: psutil.Process,
+                        children: bool = True) -> set[tuple[str, int]]:
+    """The (address, port) pairs `root` and (with `children`) its descendants listen on."""
     found = set()
-    for process in [root, *root.children(recursive=True)]:
+    for process in [root, *(root.children(recursive=True) if children else [])]:
         with contextlib.suppress(psutil.NoSuchProcess):
             found |= {(connection.laddr.ip, connection.laddr.port)
                       for connection in process.net_connections(kind="inet")
@@ -32,9 +33,10 @@ def listening_addresses(root: psutil.Process) -> set[tuple[str, int]]:
     return found
 
 
-def only_child(process: subprocess.Popen[str]) -> psutil.Process:
-    """The one process `process` started (the CLI's torchrun)."""
-    [child] = psutil.Process(process.pid).children()
+def torchrun_child(process: subprocess.Popen[str]) -> psutil.Process:
+    """The torchrun `process` started (the CLI's other child sweeps its temporary folder)."""
+    [child] = [child for child in psutil.Process(process.pid).children()
+               if "torch.distributed.run" in " ".join(child.cmdline())]
     return child
 
 

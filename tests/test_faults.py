@@ -35,8 +35,8 @@ from tests.processes import (
     as_from_a_terminal,
     kill_tree,
     listening_addresses,
-    only_child,
     processes_mentioning,
+    torchrun_child,
 )
 
 pytestmark = pytest.mark.slow
@@ -109,16 +109,16 @@ def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, target, stop_si
     """Also: the run listens on the loopback only (torchrun's rendezvous and the workers' gloo
     pairs), and a torchrun killed outright takes its workers with it (killed: no rank records
     an error) while the CLI ends with one line."""
-    out = tmp_path / "run"
+    out, temporary = tmp_path / "run", _private_temporary_folder(tmp_path)
     launcher = subprocess.Popen([str(LAYERWISE), "train", *LONG_RUN, "--checkpoint-every", "5",
                                  "--out", str(out)], preexec_fn=as_from_a_terminal,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                cwd=tmp_path)
+                                cwd=tmp_path, env={**os.environ, "TMPDIR": str(temporary)})
     try:
         _wait_for(lambda: (out / "checkpoint.pt").exists() or launcher.poll() is not None,
                   "the workers to train")
         assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
-        torchrun = only_child(launcher)
+        torchrun = torchrun_child(launcher)
         listening = listening_addresses(torchrun)
         assert len(listening) >= 2  # a gloo pair per worker at least
         assert {address for address, _ in listening} <= LOOPBACK, listening
@@ -127,6 +127,7 @@ def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, target, stop_si
         _, stderr = launcher.communicate(timeout=WAIT_SECONDS)
         assert launcher.returncode != 0
         _wait_for(lambda: not processes_mentioning(str(out)), "the workers to stop")
+        _wait_for_no_leftovers(temporary)
         if target == "torchrun":
             lines = [line for line in stderr.splitlines() if line.strip()]
             assert len(lines) == 1 and "torchrun was killed (SIGKILL)" in lines[0], stderr
@@ -182,13 +183,36 @@ def flow_project(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("project").resolve()
 
 
-def _start_flow(project: Path, experiment: str) -> subprocess.Popen[bytes]:
-    """`layerwise run` (FLOW_RUN) tracking into `experiment`, started training in `project`."""
+def _private_temporary_folder(parent: Path) -> Path:
+    """A TMPDIR of the test's own, to see what a stopped command leaves in it."""
+    folder = parent / "tmp"
+    folder.mkdir()
+    return folder
+
+
+def _wait_for_no_leftovers(temporary: Path) -> None:
+    """Wait until `temporary` holds nothing a command made for itself. torch's compile cache
+    (torchinductor_USER, made when torch.optim first loads) is kept by design, for every later
+    torch process to share."""
+    def leftovers() -> list[str]:
+        return [path.name for path in temporary.iterdir()
+                if not path.name.startswith("torchinductor_")]
+    deadline = time.monotonic() + STOP_SECONDS
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not leftovers(), f"left in TMPDIR: {leftovers()}"
+
+
+def _start_flow(project: Path, experiment: str,
+                temporary: Path | None = None) -> subprocess.Popen[bytes]:
+    """`layerwise run` (FLOW_RUN) tracking into `experiment`, started training in `project`
+    (with `temporary` as its TMPDIR when given)."""
     launcher = subprocess.Popen(
         [str(LAYERWISE), *FLOW_RUN, "--set", f"name={experiment}"], cwd=project,
         preexec_fn=as_from_a_terminal,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, track.TRACKING_VARIABLE: f"sqlite:///{project / 'mlflow.db'}"})
+        env={**os.environ, track.TRACKING_VARIABLE: f"sqlite:///{project / 'mlflow.db'}",
+             **({"TMPDIR": str(temporary)} if temporary is not None else {})})
     _wait_for(lambda: processes_mentioning("layerwise.strategies.runtime.worker", project)
               or launcher.poll() is not None, "the one-process reference to start training")
     assert launcher.poll() is None
@@ -260,19 +284,21 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the processes in /proc")
 def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_killed(
-        flow_project):
+        flow_project, tmp_path):
     """SIGKILL runs no handler: Prefect's server, torchrun and its workers go because they are
     tied to the flow's process (layerwise.strategies.jobs.tether); the Prefect flow and task runs it
     left Running are marked Crashed by the next command's start (crash_orphaned_flow_runs), and
     the MLflow run it left RUNNING is marked KILLED by the next flow's start
     (close_orphaned_runs), as their writer is gone."""
-    launcher = _start_flow(flow_project, "killed")
+    temporary = _private_temporary_folder(tmp_path)
+    launcher = _start_flow(flow_project, "killed", temporary)
     try:
         assert processes_mentioning("prefect.server.api.server:create_app", flow_project)
         launcher.kill()
         launcher.wait(WAIT_SECONDS)
         _wait_for(lambda: not processes_mentioning("", flow_project), "every process to stop",
                   STOP_SECONDS)
+        _wait_for_no_leftovers(temporary)
     finally:
         _stop_leftovers(launcher, flow_project)
     before, after = _prefect_states_around_cleanup(flow_project, launcher.pid)
@@ -326,9 +352,11 @@ def test_a_killed_concurrent_profile_leaves_no_process(tmp_path):
     whole calibration ends in less time than this test would wait for them.)"""
     command = ("profile", "vgg16", "--devices", "4", "--processes", "2", "--image-size", "64",
                "--batch-per-device", "8", "--out", "profile.json")
+    temporary = _private_temporary_folder(tmp_path)
     launcher = subprocess.Popen([str(LAYERWISE), *command], cwd=tmp_path,
                                 preexec_fn=as_from_a_terminal,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "TMPDIR": str(temporary)})
     cli, started = psutil.Process(launcher.pid), []
     try:
         # two profilers and Python's resource tracker
@@ -340,6 +368,7 @@ def test_a_killed_concurrent_profile_leaves_no_process(tmp_path):
         launcher.wait(WAIT_SECONDS)
         _, alive = psutil.wait_procs(started, timeout=STOP_SECONDS)
         assert not alive, [process.cmdline() for process in alive]
+        _wait_for_no_leftovers(temporary)
     finally:
         kill_tree(launcher)
         for process in started:

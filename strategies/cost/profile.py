@@ -34,7 +34,6 @@ import math
 import os
 import queue
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +58,7 @@ from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.model.tiles import TileWork, as_4d, largest_tile, tile_box
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
+from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
 
 __all__ = [
@@ -784,7 +784,7 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
                              processes=processes, **options)
     context = torch_mp.get_context("spawn")
     barrier, layers_done = context.Barrier(processes), context.Queue()
-    with tempfile.TemporaryDirectory(prefix="layerwise-profile-") as folder:
+    with owned_folder("layerwise-profile-") as folder:
         workers = torch_mp.start_processes(
             _profile_worker, args=(graph, devices, options, processes, barrier, layers_done,
                                    folder),
@@ -818,7 +818,7 @@ def _report(layers_done: object, progress: ProgressCallback | None) -> None:
 
 
 def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[str, object],
-                    processes: int, barrier: object, layers_done: object, folder: str) -> None:
+                    processes: int, barrier: object, layers_done: object, folder: Path) -> None:
     die_with_multiprocessing_parent()
     def layer_done(done: int, total: int, name: str) -> None:
         if rank == 0:
@@ -827,7 +827,7 @@ def _profile_worker(rank: int, graph: LayerGraph, devices: int, options: dict[st
     profile = profile_graph(graph, devices, progress=layer_done,  # type: ignore[arg-type]
                             processes=processes, lockstep=barrier.wait,  # type: ignore[attr-defined]
                             **options)
-    write_atomic(Path(folder, f"{rank}.json"), profile.model_dump_json())
+    write_atomic(Path(folder, f"{rank}.json"), profile.model_dump_json(), make_folder=False)
 
 
 def total_seconds(profile: Profile, layer_name: str) -> float:

@@ -67,12 +67,15 @@ def _cannot_write(target: Path, problem: OSError) -> LayerwiseError:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, make_folder: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path` in one rename.
-    A path that cannot be written is a one-line LayerwiseError before anything is written."""
+    A path that cannot be written is a one-line LayerwiseError before anything is written.
+    `make_folder=False` writes only into a folder that exists: a worker writing into its
+    launcher's temporary folder must not make it again after the launcher removed it."""
     target = writable_file(path)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if make_folder:
+            target.parent.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
                                         suffix=target.suffix or ".tmp")
     except OSError as problem:
@@ -92,9 +95,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
 
 
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` atomically (fsynced before the rename)."""
-    with atomic_path(path) as temporary:
+def write_atomic(path: str | Path, text: str, make_folder: bool = True) -> Path:
+    """Write `text` to `path` atomically (fsynced before the rename); `make_folder` as in
+    `atomic_path`."""
+    with atomic_path(path, make_folder) as temporary:
         try:
             with open(temporary, "w", encoding="utf-8") as stream:
                 stream.write(text)

@@ -32,7 +32,6 @@ import os
 import random
 import socket
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +49,7 @@ from layerwise.strategies.files.locations import PROFILE_DIR, safe_name
 from layerwise.strategies.hardware.cluster import Cluster, Link, load_cluster
 from layerwise.strategies.hardware.rendezvous import local_rendezvous
 from layerwise.strategies.hardware.this_machine import device_name
+from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
 
 __all__ = [
@@ -197,13 +197,13 @@ def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Seq
         # failure lets the parent report the first, which is the cause.
         failure = {"rank": rank, "time": time.time(),
                    "error": f"{type(error).__name__}: {_last_line(str(error))}"}
-        write_atomic(f"{result_path}.rank{rank}.error", json.dumps(failure))
+        write_atomic(f"{result_path}.rank{rank}.error", json.dumps(failure), make_folder=False)
         raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     if rank == 0:
-        write_atomic(result_path, json.dumps(rows))
+        write_atomic(result_path, json.dumps(rows), make_folder=False)
 
 
 def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
@@ -253,7 +253,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
-def _worker_error(error: torch_mp.ProcessException, folder: str, backend: Backend,
+def _worker_error(error: torch_mp.ProcessException, folder: Path, backend: Backend,
                   nproc: int) -> LayerwiseError:
     """One line naming the rank that failed first and its error."""
     failures = [json.loads(path.read_text(encoding="utf-8"))
@@ -272,8 +272,8 @@ def _worker_error(error: torch_mp.ProcessException, folder: str, backend: Backen
 
 def _run_workers(nproc: int, backend: Backend, sizes: Sequence[int], warmup: int,
                  repeats: int) -> list[CalibrationPoint]:
-    with tempfile.TemporaryDirectory(prefix="layerwise-calibrate-") as folder:
-        result_path = os.path.join(folder, "points.json")
+    with owned_folder("layerwise-calibrate-") as folder:
+        result_path = str(folder / "points.json")
         args = (nproc, local_rendezvous(folder), backend, list(sizes), warmup, repeats, result_path)
         try:
             torch_mp.start_processes(_worker, args=args, nprocs=nproc, join=True,

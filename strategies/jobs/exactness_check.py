@@ -33,6 +33,7 @@ from layerwise.strategies.jobs.launch import (
 )
 from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.schedules import STRATEGY_NAMES
 
 ALL = "all"
@@ -103,9 +104,9 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
                                  + "; ".join(f"{s.strategy}: {s.reason}" for s in skipped))
         for job in jobs:
             write_run_folder(job)
-        reference = out / REFERENCE_FILE
+        # gigabytes for VGG-16: removed after the runs, or by the folder's sweeper if killed
+        reference = claims.enter_context(owned_folder(".reference-", out)) / REFERENCE_FILE
         reference_run(jobs[0].settings, steps).save(reference)
-        claims.callback(reference.unlink, missing_ok=True)  # gigabytes for VGG-16
         command = torchrun_command(jobs[0], steps, None, DEFAULT_TIMEOUT_SECONDS,
                                    also=[job.out for job in jobs[1:]], reference=reference)
         names = iter([job.strategy.name for job in jobs])

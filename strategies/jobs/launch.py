@@ -10,7 +10,7 @@ A launcher killed from outside (SIGKILL, the OOM killer) takes its workers with 
 
 On one machine torchrun and its workers meet through files in a private temporary folder
 (strategies/hardware/rendezvous.py), so nothing of the run listens on the network; the nodes of a
-run on several machines meet at node 0's --rdzv-endpoint, which must listen where they reach it.
+run on several machines meet at node 0's --rdzv-endpoint, listening at that address alone.
 Node 0 writes the run folder they share; each node logs to its own torchrun log.
 """
 
@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,12 +40,18 @@ from layerwise.strategies.files.locations import (
     SETTINGS_FILE,
     STRATEGY_FILE,
 )
-from layerwise.strategies.hardware.rendezvous import loopback_environment
+from layerwise.strategies.hardware.rendezvous import (
+    JOIN_TIMEOUT_SECONDS,
+    hosted_store,
+    loopback_environment,
+    node_environment,
+)
 from layerwise.strategies.jobs.failure import failure_line
 from layerwise.strategies.jobs.job import Job, total_steps
 from layerwise.strategies.jobs.run_folder import node_file_name
 from layerwise.strategies.jobs.tether import tethered
 from layerwise.strategies.processes.huge_pages import with_huge_pages
+from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.runtime.worker import PROGRESS_PREFIX
 from layerwise.strategies.training_run import RunResult
 
@@ -132,6 +137,10 @@ def run_torchrun(command: list[str], job: Job,
           _rendezvous(job) as rendezvous):
         log.write(f"$ {' '.join([*(f'{k}={v}' for k, v in rendezvous.items()), *command])}\n")
         log.flush()
+        if job.settings.nnodes > 1:
+            on_line(f"node {job.node_rank} of {job.settings.nnodes}: meeting the other nodes "
+                    f"at {job.rdzv_endpoint} (every node must join within "
+                    f"{JOIN_TIMEOUT_SECONDS} s)")
         process = subprocess.Popen(tethered(command), stdout=subprocess.PIPE, stderr=log,
                                    env={**with_huge_pages(os.environ), "PYTHONUNBUFFERED": "1",
                                         **rendezvous},
@@ -182,18 +191,21 @@ def run_job(job: Job, steps: int | None, epochs: int | None, checkpoint_every: i
 
 @contextlib.contextmanager
 def _rendezvous(job: Job) -> Iterator[dict[str, str]]:
-    """The environment of a launch: a private temporary folder, removed after it, as the
-    TMPDIR of torchrun and its workers (torchrun leaves a torchelastic_* folder in TMPDIR at
-    every launch); on one machine also the file stores there that make the processes meet
-    without TCP stores on every interface. The nodes of a run on several machines meet at
-    node 0's --rdzv-endpoint."""
-    with tempfile.TemporaryDirectory(prefix="layerwise-rendezvous-",
-                                     ignore_cleanup_errors=True) as folder:
-        private = {"TMPDIR": folder}
-        if job.settings.nnodes > 1:
-            yield private
-        else:
-            yield {**private, **loopback_environment(Path(folder))}
+    """The environment of a launch: a private temporary folder, removed after it however it
+    ends (strategies/processes/owned_folder.py), as the TMPDIR of torchrun and its workers
+    (torchrun leaves a torchelastic_* folder in TMPDIR at every launch); on one machine also
+    the file stores there that make the processes meet without TCP stores on every interface.
+    The nodes of a run on several machines meet at node 0's --rdzv-endpoint, in a store node
+    0's launcher holds bound to that address alone."""
+    with owned_folder("layerwise-rendezvous-") as folder:
+        private = {"TMPDIR": str(folder)}
+        if job.settings.nnodes == 1:
+            yield {**private, **loopback_environment(folder)}
+            return
+        endpoint = str(job.rdzv_endpoint)
+        with (hosted_store(endpoint, JOIN_TIMEOUT_SECONDS) if job.node_rank == 0
+              else contextlib.nullcontext()):
+            yield {**private, **node_environment(endpoint)}
 
 
 def _follow(process: subprocess.Popen[bytes], on_line: Callable[[str], None],
