@@ -42,11 +42,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prefect_server() -> Iterator[None]:
-    """Prefect's test harness (a temporary API server on a fresh database) for one module's
-    flows, stopped when the module is done. Its first start migrates that database: ~20 s on
-    2 cores, 35-45 s while the other tests load them, past the harness's default 30 s."""
+    """Prefect's test harness (a temporary API server on a fresh database) for the flows of
+    every module a test worker runs, stopped at its end. Each start migrates that database:
+    ~20 s on 2 cores, 35-45 s while the other tests load them, past the harness's default
+    30 s, so it starts once per worker, not once per module."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):

@@ -31,7 +31,7 @@ STRING_PATH = re.compile(rf"{NAMESPACE}\.[\w.]+:\w+")
 # longest pattern naming it or its package, `*` standing for one name.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("errors", "text", "files", "processes", "hyperparameters", "learning_rate",
-                "jobs.defaults")),
+                "sgd", "jobs.defaults")),
     ("model", ("model",)),
     ("contracts", ("execution", "schedules", "schedules.*.execution", "breakdown", "strategy",
                    "training_run")),

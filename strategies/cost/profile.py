@@ -60,6 +60,7 @@ from layerwise.strategies.model.tiles import TileWork, as_4d, largest_tile, tile
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
 from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
+from layerwise.strategies.sgd import Sgd
 
 __all__ = [
     "DEFAULT_BUDGET_S",
@@ -604,8 +605,8 @@ def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu
     grad_output = grad_output.to(target)
     parts = [partial(_passes, program, grad_output)]
     if program.params:
-        optimizer = torch.optim.SGD(list(program.params.values()), lr=UPDATE_LR,
-                                    momentum=SGD_MOMENTUM, weight_decay=SGD_WEIGHT_DECAY)
+        optimizer = Sgd(program.params.values(), lr=UPDATE_LR, momentum=SGD_MOMENTUM,
+                        weight_decay=SGD_WEIGHT_DECAY)  # the runtime's step
         parts.append(optimizer.step)
 
     with _threads(threads):

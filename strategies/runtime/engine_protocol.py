@@ -16,6 +16,7 @@ from torch import nn
 
 from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.runtime.comm import ByteCounter
+from layerwise.strategies.sgd import Sgd
 from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.training_run import TrainSettings
 
@@ -64,16 +65,15 @@ class EngineContext:
     world: int
     device: torch.device
     # every optimizer `sgd` built, so that the worker sets each step's learning rate on all
-    optimizers: list[torch.optim.SGD] = field(default_factory=list, compare=False)
+    optimizers: list[Sgd] = field(default_factory=list, compare=False)
 
-    def sgd(self, parameters: list[nn.Parameter]) -> torch.optim.SGD | None:
+    def sgd(self, parameters: list[nn.Parameter]) -> Sgd | None:
         """The run's optimizer over `parameters` (None when this rank holds none), at the
         schedule's peak rate until `start_step` sets a step's."""
         if not parameters:
             return None
-        optimizer = torch.optim.SGD(parameters, lr=self.settings.lr,
-                                    momentum=self.settings.momentum,
-                                    weight_decay=self.settings.weight_decay)
+        optimizer = Sgd(parameters, lr=self.settings.lr, momentum=self.settings.momentum,
+                        weight_decay=self.settings.weight_decay)
         self.optimizers.append(optimizer)
         return optimizer
 

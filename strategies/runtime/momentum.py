@@ -13,8 +13,10 @@ from collections.abc import Iterable
 
 import torch
 
+from layerwise.strategies.sgd import Sgd
 
-def momentum_buffers(optimizer: torch.optim.Optimizer | None,
+
+def momentum_buffers(optimizer: Sgd | None,
                      weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """State-dict key -> SGD's momentum buffer of each of `weights` (key, parameter): zeros
     where `optimizer` (None: this rank holds no weights to step) has none."""
