@@ -209,3 +209,14 @@ class EvenSame(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.conv(x).mean((2, 3)))
 
+
+
+class ScoreMaps(nn.Module):
+    """A fully convolutional net: per-pixel scores (N, classes, H, W), no classifier."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, num_classes, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)

@@ -193,6 +193,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("graph", "[/foo]"), "model '[/foo]'"),
     (("graph", "a:b:c"), "'a:b:c'"),
     (("graph", "tiny_cnn", "--cluster", "[bold]x.yaml"), "cluster file [bold]x.yaml"),
+    # an empty name is no name, not the default
+    (("reproduce", "optcnn", "--cluster", ""), "unknown cluster ''"),
+    (("reproduce", "optcnn", "--batch-norm", ""), "--batch-norm"),
     # a YAML alias bomb wherever a YAML file or value is read
     (("clusters", "show", "bomb.yaml"), "aliases expand to more than 1,000,000 values"),
     (("graph", "tiny_cnn", "--cluster", "bomb.yaml"), "cluster file bomb.yaml is refused"),
@@ -264,6 +267,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("train", "tests.idiom_models:SharedConv", "--strategy", "data", "--nproc", "1"),
      "give each call its own module"),
     (("graph", "tests.idiom_models:EvenSame"), "padding='same' with kernel (2, 2)"),
+    # cross-entropy needs (batch, classes): this failed only inside the workers
+    (("train", "tests.idiom_models:ScoreMaps", "--strategy", "data", "--nproc", "1",
+      "--image-size", "8"), "training needs one (batch, classes) tensor of class scores"),
     (("search", "tests.idiom_models:ChannelsLastLinear", "--devices", "2", "--cluster", "local",
       "--analytic"),
      "fx node 'permute': a permute other than the one around a LayerNorm over the channels"),

@@ -352,8 +352,8 @@ def test_format_round_trips_exactly(value, kind):
 @given(
     bandwidth=st.floats(min_value=1.0, max_value=1e15),
     latency=st.floats(min_value=0.0, max_value=1.0),
-    flops=st.floats(min_value=1.0, max_value=1e18),
-    memory=st.integers(min_value=1, max_value=2**52),
+    flops=st.floats(min_value=1.0, max_value=5e17),  # bf16 at twice it: the largest allowed
+    memory=st.integers(min_value=1, max_value=2**50),
     efficiency=st.floats(min_value=1e-6, max_value=1.0),
 )
 def test_cluster_round_trips_exactly(
@@ -550,6 +550,10 @@ def test_a_port_shared_by_devices_of_two_nodes_is_refused(tmp_path):
     (("links", "intra_node", "bandwidth"), 1e-320, "is below the smallest normal number"),
     (("links", "intra_node", "latency"), "1e-320 s", "is below the smallest normal number"),
     (("device", "peak_flops_fp32"), 5e-324, "is below the smallest normal number"),
+    # a latency of 1e308 s priced every step as inf
+    (("links", "intra_node", "latency"), 1e308, "is above any real latency (10 s)"),
+    (("links", "inter_node", "bandwidth"), "1e10 GB/s", "is above any real bandwidth"),
+    (("device", "peak_flops_fp32"), 1e300, "is above any real flops"),
     # YAML booleans are not counts: `nodes: true` was one node
     (("nodes",), True, "nodes: input should be a valid integer (got True)"),
     (("devices_per_node",), False, "devices_per_node: input should be a valid integer (got False)"),

@@ -341,6 +341,20 @@ def test_bad_profile_files_give_one_line_errors(tmp_path, content, fragment):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("seconds", [1e308, 3601.0, -1.0])
+def test_a_tile_time_no_measurement_gives_is_one_line(tiny_profile, tmp_path, seconds):
+    """1e308 s made every step inf and still chose a strategy."""
+    profile, _ = tiny_profile
+    data = json.loads(profile.model_dump_json())
+    layer = next(iter(data["seconds"]))
+    data["seconds"][layer][next(iter(data["seconds"][layer]))] = seconds
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(LayerwiseError) as error:
+        Profile.load(path)
+    assert f"seconds.{layer}." in str(error.value) and "\n" not in str(error.value)
+
+
 def test_missing_profile_file(tmp_path):
     with pytest.raises(LayerwiseError, match="does not exist"):
         Profile.load(tmp_path / "nothing.json")

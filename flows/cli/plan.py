@@ -125,8 +125,8 @@ def register(app: typer.Typer) -> None:
             raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn, owt")
         from layerwise.flows.cli.reproduce_optcnn import reproduce_optcnn
 
-        reproduce_optcnn(cluster or "p100x16", profile, batch_per_device, batch_norm or "local",
-                         as_json)
+        reproduce_optcnn("p100x16" if cluster is None else cluster, profile, batch_per_device,
+                         "local" if batch_norm is None else batch_norm, as_json)
 
 
 def _status(message: str, quiet: bool) -> contextlib.AbstractContextManager[Any]:

@@ -118,7 +118,8 @@ ProgressCallback = Callable[[int, int, str], None]
 
 # A measured time: a negative or NaN one (a hand-edited or damaged file) would price Eq. 1
 # with nonsense, printed as -998.66 ms or nanx and searched as a saving
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# a tile measured above an hour is not a measurement (and 1e308 makes every step inf)
+Seconds = Annotated[float, Field(ge=0, le=3600.0, allow_inf_nan=False)]
 
 
 class Profile(BaseModel):

@@ -219,6 +219,11 @@ def format_quantity(value: float, kind: str) -> str | float:
     return best[1] if best is not None else value
 
 
+# Far above any real device or link (HBM moves ~5e12 B/s, a GPU does ~1e15 FLOP/s, a WAN
+# answers in ~0.1 s); a larger number is a typo, and a huge latency makes every time inf.
+_LARGEST = {"bandwidth": 1e15, "latency": 10.0, "flops": 1e18, "memory": float(2**50)}
+
+
 def _quantity(kind: str, *, allow_zero: bool = False, integer: bool = False):
     def validate(value: Any) -> float | int:
         result = parse_quantity(value, kind)
@@ -227,6 +232,9 @@ def _quantity(kind: str, *, allow_zero: bool = False, integer: bool = False):
         if 0 < result < sys.float_info.min:  # a denormal: every time priced from it is nan
             raise ValueError(f"{shown(value)} is below the smallest normal number "
                              f"({sys.float_info.min:.3g}); give a real {kind}")
+        if result > _LARGEST[kind]:
+            raise ValueError(f"{shown(value)} is above any real {kind} "
+                             f"({format_quantity(_LARGEST[kind], kind)}); give a real {kind}")
         if integer:
             if not result.is_integer():
                 raise ValueError(f"must be a whole number of bytes (got {shown(value)})")

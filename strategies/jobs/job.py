@@ -133,6 +133,7 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
                  f"({options.batch_per_device} per process, {world} "
                  f"process{'es' if world > 1 else ''})",
                  "use a smaller --batch-per-device or --image-size, or more machines")
+    _check_class_scores(graph, model)
     classes = graph.by_name[graph.outputs[0]].output_shape[1]
     if classes < 2:  # --classes is checked; a model of one's own may still output one score
         raise LayerwiseError(f"{model} outputs {classes} class score(s): cross-entropy over "
@@ -159,6 +160,17 @@ def _check_graph_fits(graph: LayerGraph, model: str, batch: int, image_size: int
             in_channels is not None and graph.input_shape[1] != in_channels):
         raise ValueError(f"the graph of {graph.model} at batch {graph.batch}, input "
                          f"{graph.input_shape}, is not {model}'s at batch {batch}")
+
+
+def _check_class_scores(graph: LayerGraph, model: str) -> None:
+    """Training takes cross-entropy of one (batch, classes) output: anything else would fail
+    only inside the workers, after the run folder is written."""
+    shapes = [graph.by_name[name].output_shape for name in graph.outputs]
+    if len(shapes) != 1 or len(shapes[0]) != 2 or shapes[0][0] != graph.batch:
+        shown = ", ".join(str(tuple(shape)) for shape in shapes)
+        raise LayerwiseError(f"{model} returns {shown} at a batch of {graph.batch}: training "
+                             "needs one (batch, classes) tensor of class scores; end the model "
+                             "in a classifier (e.g. flatten and nn.Linear)")
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,
