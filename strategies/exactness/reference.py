@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
-from layerwise.strategies.files.atomic import atomic_path
+from layerwise.strategies.files.atomic import atomic_path, save_tensors
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
 from layerwise.strategies.runtime.initial_module import build_seeded
 from layerwise.strategies.training_run import RunResult, TrainSettings
@@ -47,7 +47,7 @@ class ReferenceRun:
     def save(self, path: Path) -> None:
         """Written atomically: the workers read it while the launcher waits on them."""
         with atomic_path(path) as temporary:
-            torch.save({"losses": list(self.losses), "state": self.state}, temporary)
+            save_tensors({"losses": list(self.losses), "state": self.state}, temporary, path)
 
     @classmethod
     def load(cls, path: Path) -> ReferenceRun:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -99,14 +100,48 @@ def write_atomic(path: str | Path, text: str, make_folder: bool = True) -> Path:
     """Write `text` to `path` atomically (fsynced before the rename); `make_folder` as in
     `atomic_path`."""
     with atomic_path(path, make_folder) as temporary:
-        try:
-            with open(temporary, "w", encoding="utf-8") as stream:
-                stream.write(text)
-                stream.flush()
-                os.fsync(stream.fileno())
-        except OSError as problem:
-            raise _cannot_write(Path(path), problem) from None
+        _write_text(temporary, text, Path(path))
     return Path(path)
+
+
+def write_atomic_together(texts: Mapping[Path, str]) -> None:
+    """Write every file or none: all texts go to temporaries first, so a full disk leaves none
+    of them; then the renames, the first file named last (the one whose presence says the
+    others are there)."""
+    with contextlib.ExitStack() as renames:  # exits last-entered first
+        temporaries = [(renames.enter_context(atomic_path(path)), text, path)
+                       for path, text in texts.items()]
+        for temporary, text, path in temporaries:
+            _write_text(temporary, text, path)
+
+
+def _write_text(temporary: Path, text: str, target: Path) -> None:
+    try:
+        with open(temporary, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+    except OSError as problem:
+        raise _cannot_write(target, problem) from None
+
+
+# free bytes below which a failed write is the disk's being full
+FULL_DISK_BYTES = 1 << 20
+
+
+def save_tensors(payload: object, temporary: Path, target: Path) -> None:
+    """torch.save `payload` into `temporary` (an `atomic_path`'s) for `target`. torch says a
+    write that failed on a full disk as "unexpected pos N vs M"; that becomes one line
+    saying so."""
+    import torch
+
+    try:
+        torch.save(payload, temporary)
+    except RuntimeError as problem:
+        free = shutil.disk_usage(temporary.parent).free
+        lines = str(problem).strip().splitlines() or ["no message"]
+        reason = "No space left on device" if free < FULL_DISK_BYTES else lines[-1]
+        raise LayerwiseError(f"cannot write {target}: {reason}") from None
 
 
 def read_json_model(model: type[Model], path: str | Path, what: str, fix: str,

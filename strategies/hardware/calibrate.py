@@ -44,7 +44,7 @@ import torch.multiprocessing as torch_mp
 from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.files.atomic import writable_file, write_atomic
+from layerwise.strategies.files.atomic import writable_file, write_atomic, write_atomic_together
 from layerwise.strategies.files.locations import PROFILE_DIR, safe_name
 from layerwise.strategies.hardware.cluster import Cluster, Link, load_cluster
 from layerwise.strategies.hardware.rendezvous import local_rendezvous
@@ -405,11 +405,12 @@ def calibrated_cluster(calibration: Calibration, base: str | os.PathLike[str] | 
 def save_calibration(calibration: Calibration, out: str | os.PathLike[str]) -> Path:
     """Write the calibrated cluster to `out` and the raw measurements next to it as
     <stem>.calibration.json, both atomically; returns the measurements' path. The cluster file
-    comes last, so that a file there means a complete calibration (the flow reuses it)."""
-    cluster_path = writable_file(out)  # before the first file: both or neither
+    comes last, so that a file there means a complete calibration (the flow reuses it); a
+    disk that fills up leaves neither."""
+    cluster_path = writable_file(out)
     raw_path = cluster_path.with_name(f"{cluster_path.stem}.calibration.json")
-    write_atomic(raw_path, calibration.to_json())
-    write_atomic(cluster_path, calibrated_cluster(calibration).to_yaml())
+    write_atomic_together({cluster_path: calibrated_cluster(calibration).to_yaml(),
+                           raw_path: calibration.to_json()})
     return raw_path
 
 

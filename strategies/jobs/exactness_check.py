@@ -23,7 +23,7 @@ from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.exactness.reference import Divergence, reference_run
 from layerwise.strategies.files.locations import DIVERGENCE_FILE, ERRORS_DIR, REFERENCE_FILE
 from layerwise.strategies.jobs.defaults import DEFAULT_TIMEOUT_SECONDS
-from layerwise.strategies.jobs.failure import failure_line
+from layerwise.strategies.jobs.failure import RankFailure, failure_line
 from layerwise.strategies.jobs.job import Job, job_graph, new_job
 from layerwise.strategies.jobs.launch import (
     StepProgress,
@@ -118,11 +118,14 @@ def verify_strategies(model: str, strategies: Sequence[str], options: TrainOptio
             if step.step == step.steps:
                 current[0] = next(names, current[0])
 
-        code = run_torchrun(command, jobs[0], on_progress=progress, deadline_s=deadline_s)
+        unwritten: list[RankFailure] = []
+        code = run_torchrun(command, jobs[0], on_progress=progress, deadline_s=deadline_s,
+                            on_failure=unwritten.append)
     if code != 0:
         failed = next((job for job in jobs if (job.out / ERRORS_DIR).is_dir()), jobs[0])
         raise VerifyFailed(f"verify {failed.settings.strategy}: "
-                           + failure_line(failed.out, code, failed.settings.nproc))
+                           + failure_line(failed.out, code, failed.settings.nproc,
+                                          unwritten=unwritten))
     divergences = tuple(Divergence.model_validate_json(
         (job.out / DIVERGENCE_FILE).read_text(encoding="utf-8")) for job in jobs)
     return VerifyReport(model=model, nproc=jobs[0].settings.world, steps=steps,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import re
 import signal
+from collections.abc import Sequence
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 from layerwise.strategies.files.locations import ERRORS_DIR, LOG_FILE
 from layerwise.strategies.jobs.run_folder import node_file_name
@@ -29,21 +31,26 @@ _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(
                          r"\(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
+# a rank's error as it records it: {"rank": R, "time": seconds since the epoch, "error": line}
+RankFailure = dict[str, Any]
+
+
 def failure_line(out: Path, code: int, nproc: int, nnodes: int = 1,
-                 node_rank: int = 0) -> str:
+                 node_rank: int = 0, unwritten: Sequence[RankFailure] = ()) -> str:
     """The rank whose error came first (the cause; the others fail after it) and its error,
     for node `node_rank` of a run of `nnodes` x `nproc` processes in `out` whose torchrun
     exited with `code`.
 
     A rank that was killed records nothing, and its peers then fail on the lost connection;
-    then the silent ranks are named as the likely cause.
+    then the silent ranks are named as the likely cause. `unwritten` are the errors ranks could
+    not write to the run folder (a full disk) and said to the launcher instead.
     """
     log = out / node_file_name(LOG_FILE, node_rank)
     where = f"torchrun exit code {code}; log: {log}"
     if code < 0:
         return (f"training failed: torchrun was killed ({_signal_name(-code)}), and its "
                 f"workers with it ({where})")
-    failures = []
+    failures = list(unwritten)
     for path in sorted((out / ERRORS_DIR).glob("rank*.json")):
         try:
             failures.append(json.loads(path.read_text(encoding="utf-8")))

@@ -46,13 +46,13 @@ from layerwise.strategies.hardware.rendezvous import (
     loopback_environment,
     node_environment,
 )
-from layerwise.strategies.jobs.failure import failure_line
+from layerwise.strategies.jobs.failure import RankFailure, failure_line
 from layerwise.strategies.jobs.job import Job, total_steps
 from layerwise.strategies.jobs.run_folder import node_file_name
 from layerwise.strategies.jobs.tether import tethered
 from layerwise.strategies.processes.huge_pages import with_huge_pages
 from layerwise.strategies.processes.owned_folder import owned_folder
-from layerwise.strategies.runtime.worker import PROGRESS_PREFIX
+from layerwise.strategies.runtime.worker import ERROR_PREFIX, PROGRESS_PREFIX
 from layerwise.strategies.training_run import RunResult
 
 STOP_GRACE_SECONDS = 10.0
@@ -122,12 +122,14 @@ def _ignore(_: object) -> None:
 def run_torchrun(command: list[str], job: Job,
                  on_line: Callable[[str], None] = _ignore,
                  on_progress: Callable[[StepProgress], None] = _ignore,
-                 deadline_s: float | None = None) -> int:
+                 deadline_s: float | None = None,
+                 on_failure: Callable[[RankFailure], None] = _ignore) -> int:
     """Run torchrun in its own process group; returns its exit code.
 
     Its stderr (torchrun's and the workers' logs and tracebacks) goes to this node's torchrun
-    log in the run folder; its stdout goes to `on_progress` (rank 0's progress lines) and
-    `on_line` (everything else, without the newline). If the launcher is stopped (Ctrl-C, or
+    log in the run folder; its stdout goes to `on_progress` (rank 0's progress lines),
+    `on_failure` (a rank's error it could not write to the run folder) and `on_line`
+    (everything else, without the newline). If the launcher is stopped (Ctrl-C, or
     SIGTERM from a scheduler), the whole group is stopped with it. With `deadline_s`, a timer
     stops the group when it runs longer and TimeoutError is raised. If the launcher is killed
     outright (SIGKILL), torchrun gets SIGTERM and stops its workers; torchrun killed from
@@ -148,7 +150,7 @@ def run_torchrun(command: list[str], job: Job,
         expired = threading.Event()
         timer = _deadline_timer(process, expired, deadline_s)
         try:
-            _follow(process, on_line, on_progress)
+            _follow(process, on_line, on_progress, on_failure)
             code = process.wait()
         except BaseException:
             _stop(process)
@@ -181,11 +183,12 @@ def run_job(job: Job, steps: int | None, epochs: int | None, checkpoint_every: i
     for warning in job.warnings:
         on_warning(warning)
     write_run_folder(job)
+    unwritten: list[RankFailure] = []
     code = run_torchrun(command, job, on_line=on_line, on_progress=on_progress,
-                        deadline_s=deadline_s)
+                        deadline_s=deadline_s, on_failure=unwritten.append)
     if code != 0:
         raise TrainingFailed(failure_line(job.out, code, job.settings.nproc,
-                                          job.settings.nnodes, job.node_rank))
+                                          job.settings.nnodes, job.node_rank, unwritten))
     return RunResult.load(job.out / RESULT_FILE)
 
 
@@ -209,7 +212,8 @@ def _rendezvous(job: Job) -> Iterator[dict[str, str]]:
 
 
 def _follow(process: subprocess.Popen[bytes], on_line: Callable[[str], None],
-            on_progress: Callable[[StepProgress], None]) -> None:
+            on_progress: Callable[[StepProgress], None],
+            on_failure: Callable[[RankFailure], None]) -> None:
     """Hand each of rank 0's progress lines to `on_progress`, every other line to `on_line`,
     until the output closes, or until torchrun has been gone ORPHANED_OUTPUT_SECONDS while
     something still holds it open. The pipe is closed then: a rank 0 that outlived its
@@ -225,22 +229,25 @@ def _follow(process: subprocess.Popen[bytes], on_line: Callable[[str], None],
                     break
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
-                    _hand_on(line, on_line, on_progress)
+                    _hand_on(line, on_line, on_progress, on_failure)
             if process.poll() is not None:
                 gone_since = gone_since or time.monotonic()
                 if time.monotonic() - gone_since > ORPHANED_OUTPUT_SECONDS:
                     break
     if pending:
-        _hand_on(pending, on_line, on_progress)
+        _hand_on(pending, on_line, on_progress, on_failure)
 
 
 def _hand_on(line: bytes, on_line: Callable[[str], None],
-             on_progress: Callable[[StepProgress], None]) -> None:
+             on_progress: Callable[[StepProgress], None],
+             on_failure: Callable[[RankFailure], None]) -> None:
     text = line.decode("utf-8", errors="replace").rstrip("\r")
     if text.startswith(PROGRESS_PREFIX):
         progress = json.loads(text[len(PROGRESS_PREFIX):])
         on_progress(StepProgress(progress["step"], progress["steps"], progress["loss"],
                                  progress["seconds"]))
+    elif text.startswith(ERROR_PREFIX):
+        on_failure(json.loads(text[len(ERROR_PREFIX):]))
     else:
         on_line(text)
 

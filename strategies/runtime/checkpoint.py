@@ -33,7 +33,7 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from layerwise.strategies.errors import LayerwiseError, shown
-from layerwise.strategies.files.atomic import atomic_path, first_error
+from layerwise.strategies.files.atomic import atomic_path, first_error, save_tensors
 from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, Engine
 from layerwise.strategies.training_run import StepRecord
 
@@ -102,7 +102,7 @@ def save_checkpoint(path: Path, engine: Engine, step: int,
             "steps": [record.model_dump() for record in records],
         }
         with atomic_path(path) as temporary:
-            torch.save(sealed(payload), temporary)
+            save_tensors(sealed(payload), temporary, path)
             if path.is_file():  # a crash between the two renames leaves .prev: still resumable
                 os.replace(path, _previous(path))
     engine.barrier()

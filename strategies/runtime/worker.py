@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.exactness.reference import ReferenceRun, compare
-from layerwise.strategies.files.atomic import atomic_path, write_atomic
+from layerwise.strategies.files.atomic import atomic_path, save_tensors, write_atomic
 from layerwise.strategies.files.locations import (
     CHECKPOINT_FILE,
     DIVERGENCE_FILE,
@@ -87,6 +87,8 @@ from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.training_run import ByteCounts, RunResult, StepRecord, TrainSettings
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
+# an error no file could hold (a full disk), said to the launcher on stdout instead
+ERROR_PREFIX = "LAYERWISE_ERROR "
 FAULT_VARIABLE = "LAYERWISE_FAULT"
 KILLED_EXIT_CODE = 13
 # Steps left out of the step-time statistics: the first ones allocate buffers and warm caches
@@ -205,11 +207,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def record_failure(out: Path, rank: int, error: BaseException) -> None:
-    """errors/rank{R}.json: the launcher names the rank whose error came first (the cause)."""
+    """errors/rank{R}.json: the launcher names the rank whose error came first (the cause).
+    Where that cannot be written (the error may be the full disk itself), the launcher hears
+    it on stdout."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     message = _SOURCE_LOCATION.sub("", lines[0]) if lines else "no message"
     failure = {"rank": rank, "time": time.time(), "error": f"{type(error).__name__}: {message}"}
-    write_atomic(out / ERRORS_DIR / f"rank{rank}.json", json.dumps(failure) + "\n")
+    try:
+        write_atomic(out / ERRORS_DIR / f"rank{rank}.json", json.dumps(failure) + "\n")
+    except LayerwiseError:
+        print(ERROR_PREFIX + json.dumps(failure), flush=True)
 
 
 @dataclass(frozen=True)
@@ -276,7 +283,7 @@ def train(out: Path, args: argparse.Namespace, process: Process,
             write_atomic(out / DIVERGENCE_FILE, divergence.model_dump_json() + "\n")
         else:
             with atomic_path(out / MODEL_FILE) as temporary:
-                torch.save(state, temporary)
+                save_tensors(state, temporary, out / MODEL_FILE)
         result.save(out / RESULT_FILE)
 
 
