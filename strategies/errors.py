@@ -1,15 +1,25 @@
 """Errors a user can fix, raised by the domain core.
 
 Every message is one line that says what is wrong and how to fix it; the CLI prints it without
-a traceback and exits with code 2. Anything that is not a `LayerwiseError` is a bug.
+a traceback and exits with the error's `exit_code`: 2 for bad input, 1 when the input was fine
+and the machine or a store failed it. Anything that is not a `LayerwiseError` is a bug.
 """
 
 import math
 import reprlib
+from typing import ClassVar
 
 
 class LayerwiseError(ValueError):
     """Bad input from the user: unknown name, malformed file, impossible request."""
+
+    exit_code: ClassVar[int] = 2
+
+
+class FailedError(LayerwiseError):
+    """Sound input that the machine or a store failed: a full disk, a damaged database."""
+
+    exit_code: ClassVar[int] = 1
 
 
 class UnknownModelError(LayerwiseError):

@@ -8,10 +8,13 @@ workspace, which must be exactly as it was afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import sqlite3
 import sys
+import tempfile
 import zipfile
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -180,6 +183,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                              "    sys.exit(3)\n")
     (root / "exiting_module.py").write_text("import sys\n\nsys.exit(0)\n")
     (root / "link.json").symlink_to(root / "kept.json")
+    os.mkfifo(root / "fifo.yaml")  # no writer ever comes: a read of it waited for good
     _run_folder(root, "deep-settings", None)
     (root / "runs" / "deep-settings" / SETTINGS_FILE).write_text(_nested(DEEP))
     assert len(BOMB.encode()) < 400 and load_cluster("local")  # the bomb is a small file
@@ -199,6 +203,8 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     # a YAML alias bomb wherever a YAML file or value is read
     (("clusters", "show", "bomb.yaml"), "aliases expand to more than 1,000,000 values"),
     (("graph", "tiny_cnn", "--cluster", "bomb.yaml"), "cluster file bomb.yaml is refused"),
+    (("graph", "tiny_cnn", "--cluster", "fifo.yaml"), "is not a regular file (a pipe"),
+    (("run", "--config", "fifo.yaml"), "is not a regular file (a pipe"),
     ((*SEARCH, "--cluster", "bomb.yaml"), "aliases expand"),
     (("oracle", "tiny_cnn", "--platform", "bomb.yaml"), "aliases expand"),
     ((*TRAIN, "--cluster", "bomb.yaml"), "aliases expand"),
@@ -366,6 +372,54 @@ def test_bad_input_is_one_line_and_exit_code_2(workspace, monkeypatch, argv, fra
     assert fragment in lines[0], lines[0]
     assert _files(workspace) == before  # nothing half-written, nothing stray
     assert len(lines[0]) < 400
+
+
+def _truncated_store() -> bytes:
+    """The first pages of a SQLite file whose schema runs past them (as a copy cut short)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "store.db")
+        with contextlib.closing(sqlite3.connect(path)) as database:
+            for table in range(200):
+                database.execute(f"CREATE TABLE t{table} (a INTEGER, b TEXT, c REAL)")
+            database.commit()
+        return path.read_bytes()[: 2 * 4096]
+
+
+_TRUNCATED_STORE = _truncated_store()
+
+
+# (variable, value, command line, fragment, exit code): a store or service the environment
+# names that MLflow or Prefect cannot use; {workspace} stands for the workspace's path
+ENVIRONMENT_CASES = [
+    ("MLFLOW_TRACKING_URI", "sqlite:///{workspace}/garbage.db", ("compare",),
+     "is not a SQLite database, or a damaged one", 1),
+    ("MLFLOW_TRACKING_URI", "sqlite:///{workspace}/truncated.db", ("compare",),
+     "is not a SQLite database, or a damaged one", 1),
+    ("MLFLOW_TRACKING_URI", "bogus://x", ("compare",), "names no store MLflow can open", 2),
+    ("MLFLOW_TRACKING_URI", "bogus://x", ("run", "--set", "steps=1"),
+     "names no store MLflow can open", 2),
+    ("PREFECT_API_URL", "http://[::1", ("run", "--set", "steps=1"),
+     "PREFECT_API_URL=http://[::1 is not an http(s) URL", 2),
+    ("PREFECT_API_URL", "http://[::1", ("serve", "--cron", "0 2 * * *"),
+     "is not an http(s) URL", 2),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "argv", "fragment", "code"), ENVIRONMENT_CASES,
+                         ids=[f"{case[0]}={case[1]} {case[2][0]}" for case in ENVIRONMENT_CASES])
+def test_a_broken_store_or_service_is_one_line_naming_it(workspace, monkeypatch, variable,
+                                                         value, argv, fragment, code):
+    monkeypatch.chdir(workspace)
+    (workspace / "garbage.db").write_bytes(b"not a database\n" * 64)
+    (workspace / "truncated.db").write_bytes(_TRUNCATED_STORE)
+    for name, default in embedded_environment(workspace).items():
+        monkeypatch.setenv(name, os.environ.get(name, default))
+    monkeypatch.setenv(variable, value.format(workspace=workspace))
+    before = _files(workspace)
+    exit_code, output = _invoke(argv)
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert exit_code == code and len(lines) == 1 and fragment in lines[0], output
+    assert _files(workspace) == before
 
 
 def test_the_bomb_is_a_real_one():

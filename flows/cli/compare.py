@@ -13,7 +13,6 @@ checked before Prefect starts, so a wrong name costs a second and prints one lin
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -22,7 +21,8 @@ from rich.table import Table
 
 from layerwise.flows.cli.console import console, print_json, user_errors
 from layerwise.flows.cli.run import start_local_api, use_embedded_environment
-from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.errors import FailedError, LayerwiseError
+from layerwise.strategies.text import printable
 
 if TYPE_CHECKING:
     from layerwise.flows.compare import Comparison, StrategyRow
@@ -67,10 +67,11 @@ def compare(
 def _check_experiment(name: str) -> None:
     """One line, before Prefect starts, when there is no store, no such experiment or no run
     in it (inside the flow the same errors would come with Prefect's traceback)."""
-    from layerwise.tasks.tracking.track import TRACKING_VARIABLE, find_experiment
+    from layerwise.tasks.tracking.store_uri import TRACKING_VARIABLE, sqlite_path
+    from layerwise.tasks.tracking.track import find_experiment
 
     uri = os.environ[TRACKING_VARIABLE]
-    store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    store = sqlite_path(uri)
     # an empty file too: opening it would write MLflow's tables into it, and compare writes
     # nothing unless asked (--log)
     if store is not None and (not store.is_file() or store.stat().st_size == 0):
@@ -78,9 +79,18 @@ def _check_experiment(name: str) -> None:
                              f"{TRACKING_VARIABLE} to your tracking server")
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    experiment = find_experiment(client, name)
-    if not client.search_runs([experiment.experiment_id], max_results=1):
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        experiment = find_experiment(client, name)
+        runs = client.search_runs([experiment.experiment_id], max_results=1)
+    except LayerwiseError:
+        raise
+    except Exception as error:  # the store's own failure (a damaged file, a server's error)
+        raise FailedError(f"cannot read the MLflow store {uri} ({TRACKING_VARIABLE}): "
+                             f"{type(error).__name__}: "
+                             f"{printable((str(error).strip().splitlines() or [''])[0])}"
+                             ) from None
+    if not runs:
         raise LayerwiseError(f"experiment '{name}' has no benchmark runs yet: "
                              "run `layerwise run` first")
 

@@ -31,7 +31,8 @@ Command = TypeVar("Command", bound=Callable[..., Any])
 
 
 def user_errors(command: Command) -> Command:
-    """Turn a LayerwiseError into one line on stderr and exit code 2 (no traceback)."""
+    """Turn a LayerwiseError into one line on stderr and its exit code (2 for bad input, 1
+    for a failure of the machine or a store; no traceback)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -39,7 +40,7 @@ def user_errors(command: Command) -> Command:
             return command(*args, **kwargs)
         except LayerwiseError as error:
             print_error(str(error))
-            raise typer.Exit(code=2) from None
+            raise typer.Exit(code=error.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from layerwise.flows.cli.console import console, print_error, user_errors
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.text import printable
 
 if TYPE_CHECKING:
     from layerwise.flows.benchmark_config import BenchmarkConfig
@@ -54,9 +56,31 @@ def use_embedded_environment() -> None:
     """Set the embedded defaults for the project in the current directory, keeping whatever
     the user set. Every command that starts Prefect or opens MLflow calls this first: Prefect
     reads all its settings (home, startup timeout) once, when it is first imported, so
-    nothing may import it before."""
+    nothing may import it before. A variable Prefect or MLflow could not read is one line
+    here, naming it, instead of their tracebacks later."""
     for name, value in embedded_environment(Path.cwd().resolve()).items():
         os.environ.setdefault(name, value)
+    _check_prefect_api_url(os.environ.get("PREFECT_API_URL", ""))
+    from layerwise.tasks.tracking.store_uri import TRACKING_VARIABLE, check_tracking_uri
+
+    check_tracking_uri(os.environ[TRACKING_VARIABLE])
+
+
+def _check_prefect_api_url(url: str) -> None:
+    """An http(s) URL with a host, or unset (Prefect's own local API)."""
+    from urllib.parse import urlsplit
+
+    if not url:
+        return
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise LayerwiseError(f"PREFECT_API_URL={printable(url)} is not an http(s) URL of a "
+                             "server (e.g. http://127.0.0.1:4200/api); fix or unset it")
 
 
 def start_local_api() -> None:

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from layerwise.strategies.errors import LayerwiseError, shown
+from layerwise.strategies.errors import FailedError, LayerwiseError, shown
 from layerwise.strategies.files.documents import read_json
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -63,8 +63,8 @@ def _check_ancestor(folder: Path, name: str) -> None:
         raise LayerwiseError(f"cannot write {name}: no permission to write in {ancestor}")
 
 
-def _cannot_write(target: Path, problem: OSError) -> LayerwiseError:
-    return LayerwiseError(f"cannot write {target}: {problem.strerror or problem}")
+def _cannot_write(target: Path, problem: OSError) -> FailedError:
+    return FailedError(f"cannot write {target}: {problem.strerror or problem}")
 
 
 @contextlib.contextmanager
@@ -141,7 +141,7 @@ def save_tensors(payload: object, temporary: Path, target: Path) -> None:
         free = shutil.disk_usage(temporary.parent).free
         lines = str(problem).strip().splitlines() or ["no message"]
         reason = "No space left on device" if free < FULL_DISK_BYTES else lines[-1]
-        raise LayerwiseError(f"cannot write {target}: {reason}") from None
+        raise FailedError(f"cannot write {target}: {reason}") from None
 
 
 def read_json_model(model: type[Model], path: str | Path, what: str, fix: str,

@@ -128,6 +128,8 @@ def read_text(path: str | Path, what: str, max_bytes: int,
         raise error(_line(what, "is a directory, not a file", fix))
     if not source.exists():
         raise error(_line(what, "does not exist", fix))
+    if not source.is_file():  # a FIFO without a writer would wait for one for good
+        raise error(_line(what, "is not a regular file (a pipe, a device or a socket)", fix))
     try:
         with open(source, "rb") as stream:
             data = stream.read(max_bytes + 1)

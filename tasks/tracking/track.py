@@ -48,8 +48,8 @@ from layerwise.strategies.training_run import RunResult
 from layerwise.tasks.tracking.figures import degrees_figure
 from layerwise.tasks.tracking.owner import orphan_reason, owner_gone
 from layerwise.tasks.tracking.provenance import log_sources
+from layerwise.tasks.tracking.store_uri import TRACKING_VARIABLE, sqlite_path
 
-TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
 _MAX_PARAM_LENGTH = 500
 ORPHAN_TAG = "killed_because"
 # the tag MLflow's UI reads to open an experiment on its runs (not on the GenAI overview)
@@ -65,10 +65,8 @@ def default_tracking_uri(project: Path) -> str:
 
 def artifact_root(tracking_uri: str) -> str | None:
     """Artifacts next to a SQLite store (`mlartifacts/` beside the file), else the server's."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    return (Path(tracking_uri[len(prefix):]).parent / "mlartifacts").as_uri()
+    database = sqlite_path(tracking_uri)
+    return None if database is None else (database.parent / "mlartifacts").as_uri()
 
 
 def open_experiment(name: str) -> tuple[MlflowClient, str]:
@@ -97,11 +95,10 @@ def open_experiment(name: str) -> tuple[MlflowClient, str]:
 @contextlib.contextmanager
 def _store_lock(tracking_uri: str) -> Iterator[None]:
     """An exclusive lock on `<database>.lock` for a SQLite store; nothing for a server."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
+    database = sqlite_path(tracking_uri)
+    if database is None:
         yield
         return
-    database = Path(tracking_uri[len(prefix):])
     database.parent.mkdir(parents=True, exist_ok=True)
     with open(database.with_name(database.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
