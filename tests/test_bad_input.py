@@ -16,7 +16,7 @@ import sqlite3
 import sys
 import tempfile
 import zipfile
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +136,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "deep.json": _nested(DEEP),
         "deep-params.yaml": f"prepare: {_nested(DEEP)}\n",
         "params-list.yaml": "- prepare\n- dataset: digits\n",
+        "params-digits.yaml": "prepare: {dataset: digits, image_size: 8}\n",
         "params-huge.yaml": "prepare: {dataset: digits, image_size: 100000}\n",
         "afile": "a file, not a folder\n",
     }
@@ -263,6 +264,8 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*TRAIN, "--dataset", "labels"), "has labels 0..15, outside the 10 classes of meta.json"),
     # params.yaml
     ((PREPARE, "--params", "params-list.yaml"), "the top level must be a mapping"),
+    ((PREPARE, "--params", "params-digits.yaml", "--seed", "-1"), "prepare.seed: numpy's generator takes 0 <= seed < 2^63"),
+    ((PREPARE, "--params", "params-digits.yaml", "--out", "afile"), "cannot write in prepare.out afile: it is a file"),
     ((PREPARE, "--params", "params-huge.yaml"),
      "1,797 images at 100000x100000 would need at least 65.4 TiB of memory"),
     # a module called twice shares its weights between layers: refused by every command
@@ -347,9 +350,10 @@ def _files(root: Path) -> dict[str, tuple[int, int] | None]:
 def _invoke(argv: tuple[str, ...]) -> tuple[int, str]:
     """(exit code, what the user reads on the error stream) of one command line."""
     if argv[0] == PREPARE:
-        with redirect_stdout(io.StringIO()) as printed:  # it prints its errors to stdout
+        with redirect_stdout(io.StringIO()) as printed, redirect_stderr(io.StringIO()) as said:
             code = prepare_data.main(list(argv[1:]))
-        return code, printed.getvalue()
+        assert not printed.getvalue()  # errors go to stderr
+        return code, said.getvalue()
     result = CliRunner().invoke(app, list(argv))
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         result.exception)

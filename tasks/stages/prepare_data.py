@@ -30,6 +30,7 @@ import argparse
 import json
 import pickle
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,12 @@ import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from layerwise.strategies.errors import LayerwiseError, shown
-from layerwise.strategies.files.atomic import atomic_path, write_atomic
+from layerwise.strategies.errors import FailedError, LayerwiseError, shown
+from layerwise.strategies.files.atomic import atomic_path, creatable_folder, write_atomic
 from layerwise.strategies.files.documents import read_yaml
 from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.hardware.host_memory import check_memory
+from layerwise.strategies.text import printable
 
 PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
 
@@ -148,7 +150,10 @@ def _normalise(images: np.ndarray, mean: list[float], std: list[float]) -> None:
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     with atomic_path(path) as temporary:
-        np.savez(temporary, **arrays)
+        try:
+            np.savez(temporary, **arrays)
+        except OSError as problem:  # a full disk
+            raise FailedError(f"cannot write {path}: {problem.strerror or problem}") from None
 
 
 def _write_prepared(out_dir: Path, train: Split, val: Split, meta: dict[str, Any]) -> dict:
@@ -157,7 +162,10 @@ def _write_prepared(out_dir: Path, train: Split, val: Split, meta: dict[str, Any
     mean, std = channel_stats(train[0])
     for images, _ in (train, val):
         _normalise(images, mean, std)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as problem:  # a read-only file system
+        raise FailedError(f"cannot make {out_dir}: {problem.strerror or problem}") from None
     _save_npz(out_dir / "train.npz", x=train[0], y=train[1])
     _save_npz(out_dir / "val.npz", x=val[0], y=val[1])
     _, channels, image_size, _ = train[0].shape
@@ -374,6 +382,10 @@ def settings_from(params: dict) -> PrepareSettings:
 def _check_settings(settings: PrepareSettings) -> None:
     """What is wrong before anything is read: channels a source cannot give, an output folder
     that training would read as another built-in dataset."""
+    if not 0 <= settings.seed < 2**63:
+        raise LayerwiseError(f"prepare.seed: numpy's generator takes 0 <= seed < 2^63 (got "
+                             f"{settings.seed})")
+    creatable_folder(settings.out, "prepare.out")
     fixed = FIXED_CHANNELS.get(settings.dataset)
     if settings.channels is not None and fixed is not None and settings.channels != fixed:
         raise LayerwiseError(f"prepare.channels: {settings.dataset} has {fixed} channel(s); "
@@ -449,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from(_with_overrides(load_params(args.params), args))
         meta = prepare(settings)
     except LayerwiseError as error:
-        print(f"error: {error}")
-        return 2
+        print(f"error: {printable(str(error))}", file=sys.stderr)
+        return error.exit_code
     print(f"prepared {meta['dataset']}: {meta['train']} train / {meta['val']} validation images "
           f"at {meta['image_size']}x{meta['image_size']}, {meta['channels']} channel(s), "
           f"{meta['classes']} classes in {settings.out}")
