@@ -264,8 +264,10 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*TRAIN, "--dataset", "labels"), "has labels 0..15, outside the 10 classes of meta.json"),
     # params.yaml
     ((PREPARE, "--params", "params-list.yaml"), "the top level must be a mapping"),
-    ((PREPARE, "--params", "params-digits.yaml", "--seed", "-1"), "prepare.seed: numpy's generator takes 0 <= seed < 2^63"),
-    ((PREPARE, "--params", "params-digits.yaml", "--out", "afile"), "cannot write in prepare.out afile: it is a file"),
+    ((PREPARE, "--params", "params-digits.yaml", "--seed", "-1"),
+     "prepare.seed: numpy's generator takes 0 <= seed < 2^63"),
+    ((PREPARE, "--params", "params-digits.yaml", "--out", "afile"),
+     "cannot write in prepare.out afile: it is a file"),
     ((PREPARE, "--params", "params-huge.yaml"),
      "1,797 images at 100000x100000 would need at least 65.4 TiB of memory"),
     # a module called twice shares its weights between layers: refused by every command

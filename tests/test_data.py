@@ -114,7 +114,7 @@ def test_bad_params_are_one_clear_line(tmp_path, capsys):
         load_params(bad)
     bad.write_text("prepare: [unclosed\n")
     assert main(["--params", str(bad)]) == 2
-    assert capsys.readouterr().out.startswith("error:")
+    assert capsys.readouterr().err.startswith("error:")
     assert main(["--params", str(tmp_path / "missing.yaml")]) == 2
 
 
@@ -274,7 +274,7 @@ def test_the_command_line_overrides_params_yaml(tmp_path, monkeypatch, capsys):
                            (["--channels", "3"], "digits has 1 channel"),
                            (["--image-size", "0"], "image_size must be >= 1")):
         assert main([*base, *wrong]) == 2
-        assert message in capsys.readouterr().out
+        assert message in capsys.readouterr().err
 
 
 def test_the_committed_lock_matches_the_code_that_prepares_the_data():

@@ -48,7 +48,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_naming_it(full_disk):
         "--image-size", "16", "--steps", "3", "--checkpoint-every", "1", "--out", str(run)])
     lines = [line for line in finished.stderr.splitlines() if line.strip()]
     assert finished.returncode == 1 and len(lines) == 1, finished.stderr
-    assert (f"rank 0 failed first: LayerwiseError: cannot write {run / 'checkpoint.pt'}: No "
+    assert (f"rank 0 failed first: FailedError: cannot write {run / 'checkpoint.pt'}: No "
             "space left on device") in lines[0], lines[0]
 
 

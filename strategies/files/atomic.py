@@ -63,8 +63,11 @@ def _check_ancestor(folder: Path, name: str) -> None:
         raise LayerwiseError(f"cannot write {name}: no permission to write in {ancestor}")
 
 
-def _cannot_write(target: Path, problem: OSError) -> FailedError:
-    return FailedError(f"cannot write {target}: {problem.strerror or problem}")
+def _cannot_write(target: Path, problem: OSError,
+                  error: type[LayerwiseError] = FailedError) -> LayerwiseError:
+    """A write that failed (a full disk: FailedError) or a path that cannot be created
+    (bad input: LayerwiseError)."""
+    return error(f"cannot write {target}: {problem.strerror or problem}")
 
 
 @contextlib.contextmanager
@@ -80,7 +83,7 @@ def atomic_path(path: str | Path, make_folder: bool = True) -> Iterator[Path]:
         handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
                                         suffix=target.suffix or ".tmp")
     except OSError as problem:
-        raise _cannot_write(target, problem) from None
+        raise _cannot_write(target, problem, LayerwiseError) from None
     os.close(handle)
     temporary = Path(name)
     try:
