@@ -174,3 +174,17 @@ def test_output_that_cannot_be_written_is_one_line(arguments, fragment, code):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == code and len(lines) == 1, result.stderr
     assert lines[0].startswith(fragment)
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["train"], "error: Missing argument 'model'; see `layerwise train --help`"),
+    (["train", "tiny_cnn", "--nproc", "x"], "error: Invalid value for '--nproc'"),
+    (["verify", "tiny_cnn", "--timeout", "nan"], "error: No such option: --timeout"),
+], ids=["missing", "wrong-type", "unknown-option"])
+def test_a_usage_error_is_one_line_as_every_other_error(argv, fragment):
+    """Typer drew these as a box of five lines; the command a user runs says them in one."""
+    result = subprocess.run([str(Path(sys.executable).parent / "layerwise"), *argv],
+                            capture_output=True, text=True, check=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(fragment) and not result.stdout, lines[0]

@@ -75,7 +75,11 @@ def main() -> None:
                     "to a file or /dev/null")
         sys.exit(2)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _CLICK_ERROR as usage:  # a missing argument, an unknown option, a wrong type
+        sys.exit(_usage_error(usage))
+    except typer.Abort:
+        sys.exit(1)
     except OSError as problem:
         if problem.errno not in _OUTPUT_ERRORS:
             raise
@@ -83,6 +87,24 @@ def main() -> None:
         if problem.errno != errno.EPIPE:  # a reader that stopped reading is not an error
             print_error(f"cannot write the output: {problem.strerror}")
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+# click's base of every usage error, from the class Typer exports (Typer >= 0.22 carries its own
+# click, older ones use the click package: this finds whichever it is)
+_CLICK_ERROR: type[Exception] = next(
+    base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException")
+
+
+def _usage_error(usage: Exception) -> int:
+    """Typer's usage errors (a missing argument, an unknown option, a value of the wrong type)
+    as one line, like every other error, not a box of five; their exit code."""
+    if type(usage).__name__ != "NoArgsIsHelpError":  # the help is the answer
+        context = getattr(usage, "ctx", None)
+        where = f"; see `{context.command_path} --help`" if context is not None else ""
+        message = " ".join(usage.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+        print_error(message + where)
+    return int(usage.exit_code)  # type: ignore[attr-defined]
 
 
 # Writing the output failed: a full disk (`> /dev/full`), a closed pipe (`| head`), a bad
