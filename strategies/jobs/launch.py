@@ -52,6 +52,7 @@ from layerwise.strategies.jobs.run_folder import node_file_name
 from layerwise.strategies.jobs.tether import tethered
 from layerwise.strategies.processes.huge_pages import with_huge_pages
 from layerwise.strategies.processes.owned_folder import owned_folder
+from layerwise.strategies.processes.terminate import terminate_as_exit
 from layerwise.strategies.runtime.worker import ERROR_PREFIX, PROGRESS_PREFIX
 from layerwise.strategies.training_run import RunResult
 
@@ -135,7 +136,7 @@ def run_torchrun(command: list[str], job: Job,
     outright (SIGKILL), torchrun gets SIGTERM and stops its workers; torchrun killed from
     outside returns its negative exit code (its workers die with it).
     """
-    with (open(log_path(job), "a", encoding="utf-8") as log, _terminate_as_exit(),
+    with (open(log_path(job), "a", encoding="utf-8") as log, terminate_as_exit(),
           _rendezvous(job) as rendezvous):
         log.write(f"$ {' '.join([*(f'{k}={v}' for k, v in rendezvous.items()), *command])}\n")
         log.flush()
@@ -266,24 +267,6 @@ def _deadline_timer(process: subprocess.Popen[bytes], expired: threading.Event,
     timer.daemon = True
     timer.start()
     return timer
-
-
-@contextlib.contextmanager
-def _terminate_as_exit() -> Iterator[None]:
-    """Let SIGTERM unwind the launcher like Ctrl-C does (main thread only, where Python allows
-    handlers), so that the torchrun group it started is stopped rather than orphaned."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def exit_on_terminate(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, exit_on_terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
