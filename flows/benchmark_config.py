@@ -30,7 +30,7 @@ from layerwise.strategies.errors import LayerwiseError, shown
 from layerwise.strategies.files.atomic import first_error
 from layerwise.strategies.files.documents import parse_yaml, read_yaml
 from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
-from layerwise.strategies.jobs.defaults import DEFAULT_VERIFY_STEPS
+from layerwise.strategies.jobs.defaults import DEFAULT_VERIFY_STEPS, MAX_WAIT_SECONDS
 from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 from layerwise.strategies.schedules import STRATEGY_NAMES
 from layerwise.strategies.text import printable
@@ -101,7 +101,8 @@ class BenchmarkConfig(BaseModel):
     profile: bool = True
     # float64 steps per strategy in the verify stage (exactness against one process); 0 skips it
     verify_steps: int = Field(default=DEFAULT_VERIFY_STEPS, ge=0, strict=True)
-    train_deadline_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    train_deadline_s: float = Field(default=600.0, gt=0, le=MAX_WAIT_SECONDS,
+                                    allow_inf_nan=False)
     # each run's trained model becomes a version of the model's name in MLflow's registry,
     # tagged with its version label and strategy and aliased `<version>-<strategy>`
     register_model: bool = False

@@ -109,6 +109,11 @@ REFUSED = [
     (("run", "--set", f"models.{'1' * 5000}.name=x"), "no such field to set"),
     (("run", "--set", "tolerance=inf"), "tolerance: Input should be a finite number"),
     (("run", "--set", "train_deadline_s=.inf"), "train_deadline_s: Input should be a finite"),
+    # finite, yet past what a timer or gloo's C int of milliseconds holds
+    (("run", "--set", "train_deadline_s=1e300"),
+     "train_deadline_s: Input should be less than or equal to 604800"),
+    (("train", *TINY, "--strategy", "data", "--timeout", "1e300"),
+     "--timeout must be at most 604800 s"),
 ]
 
 

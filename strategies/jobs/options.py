@@ -20,7 +20,7 @@ from layerwise.strategies.hyperparameters import (
     WarmupSteps,
     WeightDecay,
 )
-from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE, MAX_WAIT_SECONDS
 from layerwise.strategies.learning_rate import (
     DEFAULT_LR,
     DEFAULT_LR_DECAY,
@@ -83,6 +83,9 @@ def check_launch_numbers(steps: int | None, epochs: int | None, checkpoint_every
                         "timeout": timeout}.items():
         if value is not None and not (0 < value < math.inf):  # nan and inf too
             raise LayerwiseError(f"{_flag(name)} must be a finite number > 0 (got {value})")
+    if timeout > MAX_WAIT_SECONDS:
+        raise LayerwiseError(f"--timeout must be at most {MAX_WAIT_SECONDS:.0f} s (a week; got "
+                             f"{timeout:g})")
 
 
 def check_nodes(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:
