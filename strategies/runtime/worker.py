@@ -26,8 +26,10 @@ divergence.json instead of model.pt.
 CPU processes use gloo; with a GPU per local process, rank r uses cuda:LOCAL_RANK and NCCL.
 Every collective times out after `--timeout` seconds, so a dead peer ends the run instead of
 hanging it. Any error writes runs/RUN/errors/rank{R}.json (rank, time, one-line error) before
-the process exits non-zero; the launcher reports the earliest one. A worker dies with its
-launcher (strategies/processes/parent_death.py), so a killed torchrun leaves none training.
+the process exits non-zero, or, when no file can be written (a full disk), prints
+`LAYERWISE_ERROR {json}` for the launcher; the launcher reports the earliest one. A worker dies
+with its launcher (strategies/processes/parent_death.py), so a killed torchrun leaves none
+training.
 
 Fault drill: LAYERWISE_FAULT="RANK:STEP" makes rank RANK raise RuntimeError("injected fault")
 right after step STEP (after that step's checkpoint, if any); "RANK:STEP:exit" makes it leave
