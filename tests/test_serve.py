@@ -65,9 +65,11 @@ def test_prefect_yaml_deploys_the_benchmark_flow_with_the_embedded_config():
     assert deployment["parameters"]["config"] == load_config(None).model_dump(mode="json")
 
 
+# the shortest flow that still trains, validates and tracks: the verify stage is the benchmark
+# flow test's (tests/test_benchmark_flow.py), not what a deployment adds
 SERVED = ("name=served", "models.0.name=tiny_cnn", "dataset=synthetic", "image_size=8",
           "batch_per_device=4", "steps=2", "strategies=[data]", "profile=false",
-          "cluster=local", "train_deadline_s=240")
+          "cluster=local", "train_deadline_s=240", "verify_steps=0")
 SERVE_LIMIT_SECONDS = 600  # far above a served run's ~60 s: reached only if it never fires
 
 
