@@ -86,10 +86,9 @@ def _check_experiment(name: str) -> None:
     except LayerwiseError:
         raise
     except Exception as error:  # the store's own failure (a damaged file, a server's error)
+        first = (str(error).strip().splitlines() or [""])[0]
         raise FailedError(f"cannot read the MLflow store {uri} ({TRACKING_VARIABLE}): "
-                             f"{type(error).__name__}: "
-                             f"{printable((str(error).strip().splitlines() or [''])[0])}"
-                             ) from None
+                          f"{type(error).__name__}: {printable(first)}") from None
     if not runs:
         raise LayerwiseError(f"experiment '{name}' has no benchmark runs yet: "
                              "run `layerwise run` first")

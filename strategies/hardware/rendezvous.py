@@ -51,7 +51,8 @@ def loopback_environment(folder: Path) -> dict[str, str]:
     torchrun's c10d rendezvous runs on a file store (its documented `store_type=file`) and
     does not share a TCP store with the workers (TORCH_DISABLE_SHARE_RDZV_TCP_STORE); the
     workers join through `local_rendezvous` instead of torchrun's MASTER_ADDR and PORT, read
-    from RENDEZVOUS_VARIABLE. A TCP store cannot be bound to one address: it listens on all.
+    from RENDEZVOUS_VARIABLE. A TCP store listens on every interface unless handed a socket
+    bound to one; on one machine, file stores need no socket at all.
     """
     environment = {
         "PET_RDZV_BACKEND": "c10d",  # torchrun's --rdzv-backend, and so on

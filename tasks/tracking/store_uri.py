@@ -12,16 +12,16 @@ from layerwise.strategies.text import printable
 TRACKING_VARIABLE = "MLFLOW_TRACKING_URI"
 # the stores MLflow opens by URI scheme (mlflow.tracking._tracking_service.utils)
 _STORE_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql",
-                  "databricks")
+                  "databricks", "databricks-uc", "uc")
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def check_tracking_uri(uri: str) -> None:
-    """A tracking URI MLflow can open, and a SQLite file there that is a database (an empty
-    or missing one is made): else one line naming MLFLOW_TRACKING_URI, not MLflow's or
-    SQLAlchemy's traceback later."""
+    """A tracking URI MLflow can open (a scheme it knows, or a plain local path), and a SQLite
+    file there that is a database (an empty or missing one is made): else one line naming
+    MLFLOW_TRACKING_URI, not MLflow's or SQLAlchemy's traceback later."""
     scheme = uri.partition(":")[0].partition("+")[0].lower()
-    if ":" not in uri or scheme not in _STORE_SCHEMES:
+    if ":" in uri and scheme not in _STORE_SCHEMES:  # a plain path is a local file store
         raise LayerwiseError(f"{TRACKING_VARIABLE}={printable(uri)} names no store MLflow can "
                              "open: use sqlite:///PATH, http(s)://HOST:PORT or a database URL")
     store = sqlite_path(uri)
