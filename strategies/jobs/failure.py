@@ -22,7 +22,6 @@ from layerwise.strategies.jobs.run_folder import node_file_name
 from layerwise.strategies.runtime.divergence import LossDiverged
 
 _DIVERGED = f"{LossDiverged.__name__}: "  # how a rank records the divergence it stopped on
-_RENDEZVOUS_TIMEOUT = "RendezvousTimeoutError"  # torchrun's agents gave up waiting for nodes
 
 # How gloo and NCCL report a peer that went away: a consequence, not a cause.
 _PEER_LOST = re.compile(r"closed by peer|reset by peer|remote (worker|process)", re.IGNORECASE)
@@ -96,10 +95,6 @@ def _unrecorded_failure(log: Path, where: str) -> str:
         text = log.read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
-    if _RENDEZVOUS_TIMEOUT in text:
-        return ("training failed: not every node joined the rendezvous in time; start each "
-                "node with the same --nnodes and --rdzv-endpoint, and a --node-rank of its "
-                f"own ({where})")
     causes = _ROOT_CAUSE.findall(text)
     if not causes:
         return f"training failed: no rank recorded an error (a process was killed?) ({where})"

@@ -10,7 +10,7 @@ A launcher killed from outside (SIGKILL, the OOM killer) takes its workers with 
 
 On one machine torchrun and its workers meet through files in a private temporary folder
 (strategies/hardware/rendezvous.py), so nothing of the run listens on the network; the nodes of a
-run on several machines meet at node 0's --rdzv-endpoint, listening at that address alone.
+run on several machines meet at node 0's --rdzv-endpoint, which must listen where they reach it.
 Node 0 writes the run folder they share; each node logs to its own torchrun log.
 """
 
@@ -40,12 +40,7 @@ from layerwise.strategies.files.locations import (
     SETTINGS_FILE,
     STRATEGY_FILE,
 )
-from layerwise.strategies.hardware.rendezvous import (
-    JOIN_TIMEOUT_SECONDS,
-    hosted_store,
-    loopback_environment,
-    node_environment,
-)
+from layerwise.strategies.hardware.rendezvous import loopback_environment
 from layerwise.strategies.jobs.failure import RankFailure, failure_line
 from layerwise.strategies.jobs.job import Job, total_steps
 from layerwise.strategies.jobs.run_folder import node_file_name
@@ -140,10 +135,6 @@ def run_torchrun(command: list[str], job: Job,
           _rendezvous(job) as rendezvous):
         log.write(f"$ {' '.join([*(f'{k}={v}' for k, v in rendezvous.items()), *command])}\n")
         log.flush()
-        if job.settings.nnodes > 1:
-            on_line(f"node {job.node_rank} of {job.settings.nnodes}: meeting the other nodes "
-                    f"at {job.rdzv_endpoint} (every node must join within "
-                    f"{JOIN_TIMEOUT_SECONDS} s)")
         process = subprocess.Popen(tethered(command), stdout=subprocess.PIPE, stderr=log,
                                    env={**with_huge_pages(os.environ), "PYTHONUNBUFFERED": "1",
                                         **rendezvous},
@@ -199,17 +190,13 @@ def _rendezvous(job: Job) -> Iterator[dict[str, str]]:
     ends (strategies/processes/owned_folder.py), as the TMPDIR of torchrun and its workers
     (torchrun leaves a torchelastic_* folder in TMPDIR at every launch); on one machine also
     the file stores there that make the processes meet without TCP stores on every interface.
-    The nodes of a run on several machines meet at node 0's --rdzv-endpoint, in a store node
-    0's launcher holds bound to that address alone."""
+    The nodes of a run on several machines meet at node 0's --rdzv-endpoint."""
     with owned_folder("layerwise-rendezvous-") as folder:
         private = {"TMPDIR": str(folder)}
-        if job.settings.nnodes == 1:
+        if job.settings.nnodes > 1:
+            yield private
+        else:
             yield {**private, **loopback_environment(folder)}
-            return
-        endpoint = str(job.rdzv_endpoint)
-        with (hosted_store(endpoint, JOIN_TIMEOUT_SECONDS) if job.node_rank == 0
-              else contextlib.nullcontext()):
-            yield {**private, **node_environment(endpoint)}
 
 
 def _follow(process: subprocess.Popen[bytes], on_line: Callable[[str], None],

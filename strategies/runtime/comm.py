@@ -21,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from layerwise.strategies.hardware.rendezvous import NODE_STORE_SCHEME, joined_store
 from layerwise.strategies.model.space import tile_range
 
 Category = str  # "transfer" | "sync" | "loss"
@@ -174,16 +173,11 @@ def gather_tensor_trees(part: TensorTree, rank: int, world: int,
 
 def init_distributed(backend: str, timeout_seconds: float,
                      init_method: str | None = None) -> tuple[int, int]:
-    """Join the torchrun job, through `init_method` (a file store on one machine, node 0's
-    store on several; rank and world size from torchrun's environment) or else torchrun's own
-    store; returns (rank, world size)."""
+    """Join the torchrun job, through `init_method` (rank and world size from torchrun's
+    environment) or else torchrun's own store; returns (rank, world size)."""
     timeout = timedelta(seconds=timeout_seconds)
     if init_method is None:
         dist.init_process_group(backend, timeout=timeout)
-    elif init_method.startswith(f"{NODE_STORE_SCHEME}://"):  # several machines
-        dist.init_process_group(backend, store=joined_store(init_method, timeout_seconds),
-                                timeout=timeout, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]))
     else:
         dist.init_process_group(backend, init_method=init_method, timeout=timeout,
                                 rank=int(os.environ["RANK"]),
