@@ -21,11 +21,10 @@ def as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def listening_addresses(root: psutil.Process,
-                        children: bool = True) -> set[tuple[str, int]]:
-    """The (address, port) pairs `root` and (with `children`) its descendants listen on."""
+def listening_addresses(root: psutil.Process) -> set[tuple[str, int]]:
+    """The (address, port) pairs `root` and its descendants listen on."""
     found = set()
-    for process in [root, *(root.children(recursive=True) if children else [])]:
+    for process in [root, *root.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess):
             found |= {(connection.laddr.ip, connection.laddr.port)
                       for connection in process.net_connections(kind="inet")
