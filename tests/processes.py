@@ -35,7 +35,7 @@ def listening_addresses(root: psutil.Process) -> set[tuple[str, int]]:
 def torchrun_child(process: subprocess.Popen[str]) -> psutil.Process:
     """The torchrun `process` started (the CLI's other child sweeps its temporary folder)."""
     [child] = [child for child in psutil.Process(process.pid).children()
-               if "torch.distributed.run" in " ".join(child.cmdline())]
+               if "--nproc-per-node" in child.cmdline()]
     return child
 
 

@@ -3,8 +3,8 @@
 
 The run equals one process's training on the same global batches; a node that dies ends the
 other as soon as gloo sees the connection closed (long before the collective timeout), with
-the dead node named. Node 0's rendezvous store is the one listener that must be reachable from
-other machines, so it is the one not held to the loopback. A node's place given wrong is one
+the dead node named. Node 0's launcher listens for the others on the endpoint's address alone;
+a node waiting for the others says so. A node's place or node 0's address given wrong is one
 line before anything is written.
 """
 
@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -25,7 +26,7 @@ from layerwise.flows.cli import app
 from layerwise.strategies.exactness.reference import compare, reference_run
 from layerwise.strategies.training_run import RunResult, TrainSettings
 from tests.processes import (
-    LOOPBACK,
+    as_from_a_terminal,
     kill_tree,
     listening_addresses,
     processes_mentioning,
@@ -71,6 +72,10 @@ def _finish(nodes: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
     (("--nnodes", "2", "--node-rank", "0"), "several nodes need --node-rank"),
     (("--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"),
      "--node-rank must be 0..1 for --nnodes 2 (got 2)"),
+    (("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "nosuch.invalid:29500"),
+     "--rdzv-endpoint nosuch.invalid:29500: 'nosuch.invalid' does not resolve"),
+    (("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1"),
+     "--rdzv-endpoint '127.0.0.1' is not HOST:PORT"),
     (("--node-rank", "0", "--rdzv-endpoint", "h:1"), "are for --nnodes > 1"),
 ])
 def test_a_node_misplaced_is_one_line_and_no_folder(tmp_path, args, message):
@@ -84,7 +89,7 @@ def test_a_node_misplaced_is_one_line_and_no_folder(tmp_path, args, message):
 def test_nodes_without_a_shared_folder_are_refused():
     result = CliRunner().invoke(app, ["train", "tiny_cnn", "--strategy", "data", "--nproc", "1",
                                       "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint",
-                                      "h:1"])
+                                      "127.0.0.1:1"])
     assert result.exit_code == 2 and "pass --out DIR" in _one_line(result.stderr)
 
 
@@ -122,9 +127,10 @@ def test_a_node_that_dies_ends_the_other_naming_it(tmp_path):
             assert time.monotonic() < deadline, "the nodes never started training"
             time.sleep(0.2)
         rendezvous = int(endpoint.rpartition(":")[2])
-        node0 = {address for address, port in listening_addresses(torchrun_child(nodes[0]))
-                 if port == rendezvous}
-        assert node0 and not node0 & LOOPBACK, node0  # reachable from the other machines
+        listeners = {address for node in nodes
+                     for address, port in listening_addresses(psutil.Process(node.pid))
+                     if port == rendezvous}
+        assert listeners == {"127.0.0.1"}, listeners  # where the user said, and only there
         torchrun_child(nodes[1]).send_signal(signal.SIGKILL)  # node 1's machine goes
         outcomes = _finish(nodes)
     finally:
@@ -139,6 +145,33 @@ def test_a_node_that_dies_ends_the_other_naming_it(tmp_path):
     while processes_mentioning(str(out)):
         assert time.monotonic() < deadline, processes_mentioning(str(out))
         time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_node_alone_says_whom_it_waits_for_and_stops_when_told(tmp_path):
+    """Node 0 alone (its endpoint bound where the user said, and only there) and node 1 alone
+    (nothing listens at its endpoint) each say what they wait for; Ctrl-C ends them."""
+    alone = {rank: (tmp_path / f"run{rank}", f"127.0.0.1:{_free_port()}") for rank in (0, 1)}
+    nodes = {rank: subprocess.Popen([str(LAYERWISE), *_node(rank, endpoint, out, "--steps", "1")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    preexec_fn=as_from_a_terminal)
+             for rank, (out, endpoint) in alone.items()}
+    try:
+        lines = {rank: node.stdout.readline() for rank, node in nodes.items() if node.stdout}
+        port = int(alone[0][1].rpartition(":")[2])
+        listeners = {address for address, bound in listening_addresses(psutil.Process(nodes[0].pid))
+                     if bound == port}
+        for node in nodes.values():
+            node.send_signal(signal.SIGINT)
+            node.wait(timeout=WAIT_SECONDS)
+    finally:
+        for node in nodes.values():
+            kill_tree(node)
+    assert lines[0].startswith(f"waiting for the nodes at {alone[0][1]}: 1 of 2 joined ("), lines
+    assert lines[1].startswith(f"waiting for node 0 at {alone[1][1]} ("), lines
+    assert listeners == {"127.0.0.1"}, listeners
+    assert all(node.returncode != 0 for node in nodes.values())
+    assert not any(processes_mentioning(str(out)) for out, _ in alone.values())
 
 
 def _one_line(stderr: str) -> str:

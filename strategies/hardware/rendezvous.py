@@ -33,7 +33,7 @@ def loopback_environment(folder: Path) -> dict[str, str]:
     torchrun's c10d rendezvous runs on a file store (its documented `store_type=file`) and
     does not share a TCP store with the workers (TORCH_DISABLE_SHARE_RDZV_TCP_STORE); the
     workers join through `local_rendezvous` instead of torchrun's MASTER_ADDR and PORT, read
-    from RENDEZVOUS_VARIABLE. A TCP store cannot be bound to one address: it listens on all.
+    from RENDEZVOUS_VARIABLE. A TCP store binding its own address listens on every interface.
     """
     environment = {
         "PET_RDZV_BACKEND": "c10d",  # torchrun's --rdzv-backend, and so on

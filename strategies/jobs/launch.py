@@ -10,8 +10,10 @@ A launcher killed from outside (SIGKILL, the OOM killer) takes its workers with 
 
 On one machine torchrun and its workers meet through files in a private temporary folder
 (strategies/hardware/rendezvous.py), so nothing of the run listens on the network; the nodes of a
-run on several machines meet at node 0's --rdzv-endpoint, which must listen where they reach it.
-Node 0 writes the run folder they share; each node logs to its own torchrun log.
+run on several machines meet at node 0's --rdzv-endpoint, where node 0's launcher listens on
+that address alone, and each launcher says which nodes it is waiting for
+(strategies/hardware/node_rendezvous.py). Node 0 writes the run folder they share; each node
+logs to its own torchrun log.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ from layerwise.strategies.files.locations import (
     SETTINGS_FILE,
     STRATEGY_FILE,
 )
+from layerwise.strategies.hardware.node_rendezvous import (
+    BACKEND,
+    JOIN_SECONDS,
+    NODE_RANK_CONFIG,
+    JoinWatch,
+    hosted_store,
+    parse_endpoint,
+)
 from layerwise.strategies.hardware.rendezvous import loopback_environment
 from layerwise.strategies.jobs.failure import RankFailure, failure_line
 from layerwise.strategies.jobs.job import Job, total_steps
@@ -53,6 +63,7 @@ from layerwise.strategies.training_run import RunResult
 
 STOP_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
+WATCH_SECONDS = 10.0  # how often a launcher says which nodes it still waits for
 # How long the output may stay open after torchrun is gone: its workers die with it at once,
 # so only workers stuck past their parent-death signal are left, and they are not waited for.
 ORPHANED_OUTPUT_SECONDS = 5.0
@@ -79,11 +90,14 @@ def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout
     (written like the job's, same processes) train after it in the same workers; with a
     `reference` (a saved `ReferenceRun`) each run writes its divergence from it, not its
     weights."""
-    command = [sys.executable, "-m", "torch.distributed.run",
-               "--nproc-per-node", str(job.settings.nproc), "--max-restarts", "0"]
     if job.settings.nnodes > 1:
-        command += ["--nnodes", str(job.settings.nnodes), "--node-rank", str(job.node_rank),
-                    "--rdzv-endpoint", str(job.rdzv_endpoint)]
+        command = [sys.executable, "-m", "layerwise.strategies.hardware.node_rendezvous",
+                   "--nnodes", str(job.settings.nnodes), "--rdzv-backend", BACKEND,
+                   "--rdzv-endpoint", str(job.rdzv_endpoint),
+                   "--rdzv-conf", f"{NODE_RANK_CONFIG}={job.node_rank}"]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run"]
+    command += ["--nproc-per-node", str(job.settings.nproc), "--max-restarts", "0"]
     command += ["-m", "layerwise.strategies.runtime.worker", "--out", str(job.out), *map(str, also),
                 "--steps", str(total), "--timeout", str(timeout)]
     command += (["--no-checkpoint"] if checkpoint_every is None
@@ -132,15 +146,17 @@ def run_torchrun(command: list[str], job: Job,
     outside returns its negative exit code (its workers die with it).
     """
     with (open(log_path(job), "a", encoding="utf-8") as log, terminate_as_exit(),
-          _rendezvous(job) as rendezvous):
-        log.write(f"$ {' '.join([*(f'{k}={v}' for k, v in rendezvous.items()), *command])}\n")
+          _rendezvous(job) as launch):
+        environment = launch.environment
+        log.write(f"$ {' '.join([*(f'{k}={v}' for k, v in environment.items()), *command])}\n")
         log.flush()
         process = subprocess.Popen(tethered(command), stdout=subprocess.PIPE, stderr=log,
                                    env={**with_huge_pages(os.environ), "PYTHONUNBUFFERED": "1",
-                                        **rendezvous},
+                                        **environment},
                                    start_new_session=True)
-        expired = threading.Event()
+        expired, ended, stalled = threading.Event(), threading.Event(), []
         timer = _deadline_timer(process, expired, deadline_s)
+        _watch_joining(process, launch.watch, ended, on_line, stalled)
         try:
             _follow(process, on_line, on_progress, on_failure)
             code = process.wait()
@@ -148,11 +164,16 @@ def run_torchrun(command: list[str], job: Job,
             _stop(process)
             raise
         finally:
+            ended.set()
             if timer is not None:
                 timer.cancel()
     if expired.is_set():
         raise TimeoutError(f"training ran past its deadline of {deadline_s:g} s; torchrun and "
                            f"its workers were stopped (log: {log_path(job)})")
+    if stalled:
+        raise TrainingFailed(f"the nodes did not all join within {JOIN_SECONDS:g} s, so this "
+                             f"node stopped: {stalled[0]}; start every node's `layerwise train` "
+                             f"with its own --node-rank")
     return code
 
 
@@ -184,19 +205,55 @@ def run_job(job: Job, steps: int | None, epochs: int | None, checkpoint_every: i
     return RunResult.load(job.out / RESULT_FILE)
 
 
+class Launch(NamedTuple):
+    """What a launch runs in: torchrun's environment, and on several machines how the nodes'
+    gathering is watched."""
+
+    environment: dict[str, str]
+    watch: JoinWatch | None
+
+
 @contextlib.contextmanager
-def _rendezvous(job: Job) -> Iterator[dict[str, str]]:
+def _rendezvous(job: Job) -> Iterator[Launch]:
     """The environment of a launch: a private temporary folder, removed after it however it
     ends (strategies/processes/owned_folder.py), as the TMPDIR of torchrun and its workers
     (torchrun leaves a torchelastic_* folder in TMPDIR at every launch); on one machine also
     the file stores there that make the processes meet without TCP stores on every interface.
-    The nodes of a run on several machines meet at node 0's --rdzv-endpoint."""
+    The nodes of a run on several machines meet at the store node 0's launcher hosts on its
+    --rdzv-endpoint for as long as the launch lasts."""
     with owned_folder("layerwise-rendezvous-") as folder:
         private = {"TMPDIR": str(folder)}
-        if job.settings.nnodes > 1:
-            yield private
-        else:
-            yield {**private, **loopback_environment(folder)}
+        if job.settings.nnodes == 1:
+            yield Launch({**private, **loopback_environment(folder)}, None)
+            return
+        endpoint = parse_endpoint(str(job.rdzv_endpoint))
+        with (hosted_store(endpoint) if job.node_rank == 0
+              else contextlib.nullcontext()) as store:
+            yield Launch(private, JoinWatch(endpoint, job.settings.nnodes, store))
+
+
+def _watch_joining(process: subprocess.Popen[bytes], watch: JoinWatch | None,
+                   ended: threading.Event, on_line: Callable[[str], None],
+                   stalled: list[str]) -> None:
+    """Every WATCH_SECONDS until all nodes have joined (or `ended`), the line saying which
+    are missing to `on_line`; past JOIN_SECONDS that line goes to `stalled` and the launch
+    is stopped. Nothing to watch on one machine."""
+    if watch is None:
+        return
+
+    def follow() -> None:
+        deadline = time.monotonic() + JOIN_SECONDS
+        while not ended.wait(WATCH_SECONDS):
+            missing = watch.missing()
+            if missing is None:
+                return
+            on_line(missing)
+            if time.monotonic() > deadline:
+                stalled.append(missing)
+                _stop(process)
+                return
+
+    threading.Thread(target=follow, name="layerwise-join-watch", daemon=True).start()
 
 
 def _follow(process: subprocess.Popen[bytes], on_line: Callable[[str], None],
