@@ -33,8 +33,8 @@ t_c comes from profiles of this machine taken with one profiler per rank at once
 (`profile_graph_concurrently`: ranks share the cores' caches and memory bandwidth), and the links
 from a calibration, which also sets the runtime's bucketed gradient sync. Printed per run: median
 step time, samples/s, the paired ratios to DDP, the cost model's predicted step time (profile +
-calibration), measured/predicted and its range over the trials, and the peak RSS (CPU) or peak
-allocated memory (CUDA) per rank; then each prediction's parts: compute (forward, backward and
+calibration), measured/predicted and its range over the trials, and the peak of the tensors of
+one more step per rank (strategies/runtime/memory_peak.py); then each prediction's parts: compute (forward, backward and
 weight update), transfer and sync, and each strategy's speed-up over data parallelism, predicted
 and measured.
 """
@@ -79,8 +79,9 @@ from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.layerwise_executor import LayerwiseModel
+from layerwise.strategies.runtime.memory_peak import measured_peak
 from layerwise.strategies.runtime.plan import build_plan
-from layerwise.strategies.runtime.worker import peak_memory_bytes, synchronize
+from layerwise.strategies.runtime.worker import synchronize
 from layerwise.strategies.search.baselines import baseline
 from layerwise.strategies.search.elimination import optimal_strategy
 
@@ -224,8 +225,10 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
             # a new order per batch, the same on every rank: no run always follows the same one
             for turn in random.Random(index).sample(range(len(steps)), len(steps)):
                 times[turn].append(_timed(steps[turn], batch, device))
+        with measured_peak(device) as peak:  # one more step of the first run, untimed
+            _timed(steps[0], batches[0], device)
         memories: list[int | None] = [None] * world
-        dist.all_gather_object(memories, peak_memory_bytes(device))
+        dist.all_gather_object(memories, peak.bytes)
         result = {"memory": memories,
                   "seconds": {run.name: seconds
                               for run, seconds in zip(job.runs, times, strict=True) if seconds}}

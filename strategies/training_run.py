@@ -89,6 +89,9 @@ class StepRecord(BaseModel):
     step: int  # 1-based
     loss: float  # mean cross-entropy over the global batch
     seconds: float  # forward, backward and optimizer step
+    # the step ran with its peak memory measured (on the CPU under torch's profiler, which
+    # slows it): left out of the step-time statistics when others remain
+    memory_measured: bool = False
 
 
 class ByteCounts(BaseModel):
@@ -117,6 +120,8 @@ class RunResult(BaseModel):
     bytes_per_step: ByteCounts
     predicted_bytes_per_step: ByteCounts
     predicted_step_seconds: float
+    # the most bytes of tensors each rank held during one measured step (its second, or its
+    # only; strategies/runtime/memory_peak.py); empty when no step was measured (verify)
     peak_memory_bytes_per_rank: tuple[int, ...]
     # beyond the contract of issue 4
     loss_bytes_per_step: int  # the cross-entropy's all-reduces, which Eq. 1 does not count

@@ -92,6 +92,25 @@ def flip_a_bit_in_the_largest_tensor(checkpoint: Path) -> None:
     assert torch.load(checkpoint, weights_only=True)["step"] == 4  # loads as if sound
 
 
+def test_the_peak_memory_per_rank_counts_the_tensors_of_its_shard(tmp_path):
+    """wide_fc's 8.4M weights split over 2 ranks by channel (`model`): during the measured
+    second step each rank holds half the weights, their gradients and momentum, so its peak
+    is above 3 half-shards and below 3 whole copies (which the process's resident set, with
+    the interpreter and torch in it, would exceed many times over)."""
+    out = tmp_path / "run"
+    result = train("wide_fc", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4",
+                   "--strategy", "model", "--steps", "3", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run = RunResult.load(out / "result.json")
+    weights = sum(parameter.numel() for parameter in
+                  build_model("wide_fc", num_classes=10, image_size=8).parameters()) * 4
+    assert len(run.peak_memory_bytes_per_rank) == 2
+    for peak in run.peak_memory_bytes_per_rank:
+        assert 3 * weights / 2 < peak < 3 * weights, (peak, weights)
+    assert [step.memory_measured for step in run.steps] == [False, True, False]
+    assert run.step_seconds_median == run.steps[2].seconds  # the profiled step is left out
+
+
 def test_a_killed_run_resumes_to_the_parameters_of_an_uninterrupted_one(tmp_path):
     """Also: a checkpoint whose tensor data changed is caught by its checksum, and the run
     resumes from the one before it, still bit for bit."""

@@ -43,10 +43,8 @@ import datetime
 import json
 import os
 import re
-import resource
 import socket
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +81,7 @@ from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
 from layerwise.strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
 from layerwise.strategies.runtime.engine_protocol import Engine, EngineContext
 from layerwise.strategies.runtime.initial_module import InitialModules, build_seeded
+from layerwise.strategies.runtime.memory_peak import measured_peak
 from layerwise.strategies.schedules import is_exact
 from layerwise.strategies.schedules.loader import build_engine
 from layerwise.strategies.strategy import Strategy
@@ -257,8 +256,17 @@ def train(out: Path, args: argparse.Namespace, process: Process,
     state = None
     watch = LossWatch(record.loss for record in records)
     stopped: str | None = None  # why the loss diverged, at the last step trained
+    # the second step of the launch, when the optimizer's state exists; verify's float64
+    # runs are not measured
+    measured = min(done + 2, args.steps) if reference is None else None
+    peak: int | None = None
     for step in range(done + 1, args.steps + 1):
-        record, step_bytes = train_step(run, step)
+        if step == measured:
+            with measured_peak(run.device) as memory:
+                record, step_bytes = train_step(run, step)
+            record, peak = record.model_copy(update={"memory_measured": True}), memory.bytes
+        else:
+            record, step_bytes = train_step(run, step)
         records.append(record)
         if run.rank == 0:
             report_progress(record, args.steps)
@@ -272,7 +280,7 @@ def train(out: Path, args: argparse.Namespace, process: Process,
         if fault is not None:
             fault.fire(run.rank, step)
     last = records[-1].step
-    result = gather_result(run, records, step_bytes, done,
+    result = gather_result(run, records, step_bytes, done, peak,
                            diverged_at=last if stopped is not None else None)
     if stopped is not None:
         if result is not None:
@@ -355,19 +363,13 @@ def report_progress(record: StepRecord, total: int) -> None:
     print(PROGRESS_PREFIX + json.dumps(line), flush=True)
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """This process's peak: allocated GPU memory on CUDA, resident set size on the CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
-
-
 def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
-                  resumed_from: int, diverged_at: int | None = None) -> RunResult | None:
-    """Sum every rank's bytes of a step and collect peaks (collective); the result on rank 0."""
-    gathered: list[tuple[StepBytes, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (step_bytes, peak_memory_bytes(run.device)))
+                  resumed_from: int, peak: int | None,
+                  diverged_at: int | None = None) -> RunResult | None:
+    """Sum every rank's bytes of a step and collect each rank's measured peak memory (None:
+    not measured) (collective); the result on rank 0."""
+    gathered: list[tuple[StepBytes, int | None] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (step_bytes, peak))
     if run.rank != 0:
         return None
     by_layer: dict[str, dict[str, int]] = {}
@@ -380,7 +382,9 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         return sum(layer.get(category, 0) for layer in by_layer.values())
 
     warmup = warmup_steps(len(records))
-    timed = [record.seconds for record in records[warmup:]]
+    after_warmup = records[warmup:]
+    timed = ([record.seconds for record in after_warmup if not record.memory_measured]
+             or [record.seconds for record in after_warmup])
     median = statistics.median(timed)
     quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
     predicted = run.strategy.predicted
@@ -393,7 +397,8 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         predicted_bytes_per_step=ByteCounts(transfer=predicted.transfer_bytes,
                                             sync=predicted.sync_bytes),
         predicted_step_seconds=predicted.step_seconds,
-        peak_memory_bytes_per_rank=tuple(peak for _, peak in filter(None, gathered)),
+        peak_memory_bytes_per_rank=tuple(peak for _, peak in filter(None, gathered)
+                                         if peak is not None),
         loss_bytes_per_step=total("loss"), bytes_per_step_by_layer=by_layer,
         global_batch=run.settings.global_batch, nnodes=run.settings.nnodes,
         resumed_from_step=resumed_from, diverged_at_step=diverged_at, settings=run.settings,

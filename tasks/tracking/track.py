@@ -240,7 +240,8 @@ def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
                 divergence: Divergence | None,
                 oracle_seconds: float | None = None) -> list[Metric]:
     """The contract's metrics but train_loss (logged per step as it comes: LiveSteps), each
-    once. With the ParaDL
+    once; the measured peak memory as its largest over the ranks and per rank (the rank as
+    the metric's step). With the ParaDL
     oracle's step time, also it and its accuracy (predicted / measured, as Kahira et al.);
     with the float64 verify stage's divergence, its largest relative difference."""
     now = get_current_time_millis()
@@ -274,7 +275,11 @@ def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
     if oracle_seconds is not None:
         values["oracle_step_seconds"] = oracle_seconds
         values["oracle_accuracy"] = oracle_seconds / result.step_seconds_median
-    return [Metric(key, float(value), now, 0) for key, value in values.items()]
+    if result.peak_memory_bytes_per_rank:
+        values["peak_memory_bytes"] = max(result.peak_memory_bytes_per_rank)
+    per_rank = [Metric("peak_memory_bytes_per_rank", float(peak), now, rank)
+                for rank, peak in enumerate(result.peak_memory_bytes_per_rank)]
+    return [Metric(key, float(value), now, 0) for key, value in values.items()] + per_rank
 
 
 class LiveSteps:
