@@ -34,9 +34,9 @@ t_c comes from profiles of this machine taken with one profiler per rank at once
 from a calibration, which also sets the runtime's bucketed gradient sync. Printed per run: median
 step time, samples/s, the paired ratios to DDP, the cost model's predicted step time (profile +
 calibration), measured/predicted and its range over the trials, and the peak of the tensors of
-one more step per rank (strategies/runtime/memory_peak.py); then each prediction's parts: compute (forward, backward and
-weight update), transfer and sync, and each strategy's speed-up over data parallelism, predicted
-and measured.
+one more step per rank (strategies/runtime/memory_peak.py); then each prediction's parts:
+compute (forward, backward and weight update), transfer and sync, and each strategy's speed-up
+over data parallelism, predicted and measured.
 """
 
 from __future__ import annotations

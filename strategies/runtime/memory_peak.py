@@ -4,21 +4,23 @@ at once (weights, gradients, optimizer state, activations, received tiles and bu
 On CUDA the caching allocator keeps that peak (`torch.cuda.max_memory_allocated`, reset before
 the step). The CPU allocator keeps none, and the process's resident set would count the
 interpreter, torch's libraries and pages the allocator has freed but not returned. So on the
-CPU the step runs under torch's profiler with memory recording on, and its memory timeline
-(each tensor allocation and free, tensors alive before the step included) gives the peak of
-the live bytes. The profiler slows the step (about 1.6x for ResNet-50 on this CPU) and reading
-the timeline takes seconds for a deep network, so one step of a run is measured.
+CPU the step runs under torch's profiler with memory recording on, which reports every tensor
+allocation and free made while it runs, in order: their running sum is the live bytes relative
+to the step's start, up to blocks allocated before it and freed during it, which it cannot
+size (the last step's gradients, dropped first thing). The level is pinned at the step's end
+instead, where every live tensor is reachable from Python (weights with their gradients,
+optimizer state, gradient buckets): peak = live at the end + (highest running sum - running
+sum at the end), exact as long as those earlier blocks are freed before the peak (at the
+step's start they are). The profiler slows the step (about 1.6x for ResNet-50 on this CPU), so
+one step of a run is measured.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import tempfile
-import warnings
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -26,9 +28,9 @@ from torch.profiler import ProfilerActivity, profile
 
 @dataclass
 class PeakMemory:
-    """Filled in when the measured step ends: its peak in bytes."""
+    """Filled in when the measured step ends: its peak in bytes (None: not measurable here)."""
 
-    bytes: int = 0
+    bytes: int | None = None
 
 
 @contextlib.contextmanager
@@ -42,20 +44,46 @@ def measured_peak(device: torch.device) -> Iterator[PeakMemory]:
         torch.cuda.synchronize(device)
         peak.bytes = int(torch.cuda.max_memory_allocated(device))
         return
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                 with_stack=True) as profiler:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         yield peak
-    peak.bytes = _timeline_peak(profiler)
+    changes = _allocation_changes(profiler)
+    if changes is not None:
+        highest = running = 0
+        for change in changes:
+            running += change
+            highest = max(highest, running)
+        peak.bytes = live_tensor_bytes(device) + highest - running
 
 
-def _timeline_peak(profiler: profile) -> int:
-    """The largest total of the profiler's CPU memory timeline (bytes per category at each
-    allocation or free). torch marks `export_memory_timeline` deprecated in favour of a
-    CUDA-only recorder; on the CPU it is the one record of tensor allocations it keeps."""
-    with tempfile.TemporaryDirectory(prefix="layerwise-memory-") as folder, \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        path = Path(folder, "timeline.json")
-        profiler.export_memory_timeline(str(path), device="cpu")
-        _, sizes = json.loads(path.read_text(encoding="utf-8"))
-    return max((sum(point) for point in sizes), default=0)
+def _allocation_changes(profiler: profile) -> list[int] | None:
+    """Every allocation (+bytes) and free (-bytes) the profiler recorded, in time order; None
+    where this torch's profiler does not expose its event tree."""
+    try:
+        roots = profiler.profiler.kineto_results.experimental_event_tree()
+        from torch._C._profiler import _EventType
+    except (AttributeError, ImportError):
+        return None
+    found: list[tuple[int, int]] = []
+    pending = list(roots)
+    while pending:
+        event = pending.pop()
+        if event.tag == _EventType.Allocation:
+            found.append((event.start_time_ns, int(event.extra_fields.alloc_size)))
+        pending.extend(event.children)
+    return [size for _, size in sorted(found)]
+
+
+def live_tensor_bytes(device: torch.device) -> int:
+    """The bytes of the distinct storages of every tensor on `device` reachable from Python,
+    each leaf's gradient included."""
+    storages: dict[int, int] = {}
+    for thing in gc.get_objects():
+        if not isinstance(thing, torch.Tensor):
+            continue
+        for tensor in (thing, thing.grad if thing.is_leaf else None):
+            if tensor is None or tensor.device != device or tensor.is_meta:
+                continue
+            storage = tensor.untyped_storage()
+            if storage.data_ptr():
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())

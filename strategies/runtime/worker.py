@@ -397,8 +397,7 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         predicted_bytes_per_step=ByteCounts(transfer=predicted.transfer_bytes,
                                             sync=predicted.sync_bytes),
         predicted_step_seconds=predicted.step_seconds,
-        peak_memory_bytes_per_rank=tuple(peak for _, peak in filter(None, gathered)
-                                         if peak is not None),
+        peak_memory_bytes_per_rank=_every_peak([peak for _, peak in filter(None, gathered)]),
         loss_bytes_per_step=total("loss"), bytes_per_step_by_layer=by_layer,
         global_batch=run.settings.global_batch, nnodes=run.settings.nnodes,
         resumed_from_step=resumed_from, diverged_at_step=diverged_at, settings=run.settings,
@@ -407,6 +406,11 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         huge_pages=huge_pages_in_use(), host=socket.gethostname(),
         finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
+
+
+def _every_peak(peaks: list[int | None]) -> tuple[int, ...]:
+    """Each rank's measured peak, or none when a rank could not measure its own."""
+    return () if any(peak is None for peak in peaks) else tuple(peaks)  # type: ignore[arg-type]
 
 
 def warmup_steps(steps: int) -> int:

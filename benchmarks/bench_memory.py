@@ -1,0 +1,86 @@
+"""Predicted peak memory per rank (strategies/cost/memory.py) against the peak each rank measured.
+
+    .venv/bin/python benchmarks/bench_memory.py                       # every zoo model
+    .venv/bin/python benchmarks/bench_memory.py --models lenet5 alexnet --strategies data owt
+
+Each row is one `layerwise train` on 2 processes (3 steps, float32, small inputs): its
+result.json holds the peak each rank measured during its second step (on the CPU the tensors'
+peak from torch's profiler, strategies/runtime/memory_peak.py), and the run folder's
+strategy.json and graph.json give the prediction. Printed: per row the largest rank's
+measured and predicted MB, their ratio, and the predicted terms of that rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from layerwise.strategies.cost.memory import predicted_memory
+from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.model.zoo import ZOO
+from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.training_run import RunResult
+
+LAYERWISE = Path(sys.executable).parent / "layerwise"
+# small inputs each zoo model takes (its pools need some size)
+IMAGE_SIZE = {"tiny_cnn": 16, "lenet5": 32, "wide_fc": 16, "alexnet": 64, "vgg16": 32,
+              "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
+              "inception_v3": 75}
+STRATEGIES = ("data", "owt", "spatial_h", "layerwise")
+
+
+def measure(model: str, strategy: str, folder: Path) -> tuple[RunResult, Path] | str:
+    """One 3-step run on 2 processes; its result and folder, or the error line."""
+    out = folder / f"{model}-{strategy}"
+    finished = subprocess.run(
+        [str(LAYERWISE), "train", model, "--strategy", strategy, "--nproc", "2",
+         "--image-size", str(IMAGE_SIZE[model]), "--batch-per-device", "4", "--steps", "3",
+         "--out", str(out), "--json"], capture_output=True, text=True, check=False)
+    if finished.returncode != 0:
+        return finished.stderr.strip().splitlines()[-1] if finished.stderr.strip() else "failed"
+    return RunResult.load(out / "result.json"), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(ZOO))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+    args = parser.parse_args()
+    console = Console(width=200)
+    table = Table(title="peak memory per rank, 2 processes, float32: measured against "
+                        "predicted (the largest rank)")
+    for column in ("model", "strategy", "measured MB", "predicted MB", "measured / predicted",
+                   "weights", "grads", "momentum", "buckets", "kept", "saved", "inputs",
+                   "workspace"):
+        table.add_column(column, justify="left" if column in ("model", "strategy") else "right")
+    with tempfile.TemporaryDirectory(prefix="layerwise-bench-memory-") as folder:
+        for model in args.models:
+            for strategy in args.strategies:
+                console.print(f"{model} {strategy} ...")
+                outcome = measure(model, strategy, Path(folder))
+                if isinstance(outcome, str):
+                    table.add_row(model, strategy, "-", "-", outcome)
+                    continue
+                result, out = outcome
+                graph = LayerGraph.model_validate_json((out / "graph.json").read_text())
+                plan = Strategy.load(out / "strategy.json")
+                predicted = predicted_memory(graph, plan.assignment(), result.nproc, 4,
+                                             momentum=result.settings.momentum != 0)
+                rank = max(range(result.nproc), key=lambda r: result.peak_memory_bytes_per_rank[r])
+                measured, device = result.peak_memory_bytes_per_rank[rank], predicted[rank]
+                table.add_row(model, strategy, f"{measured / 1e6:.1f}",
+                              f"{device.peak / 1e6:.1f}", f"{measured / device.peak:.2f}",
+                              *(f"{getattr(device, term) / 1e6:.1f}" for term in (
+                                  "weights", "gradients", "momentum", "buckets", "kept",
+                                  "saved", "inputs", "workspace")))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

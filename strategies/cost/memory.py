@@ -1,0 +1,174 @@
+"""The memory a strategy needs on each device: what the layer-wise runtime holds, term by term.
+
+A rank's tensors during a step (docs/cost-model.md, "Memory"), for every layer it holds a tile
+of, with the tile's exact box (`space.tile_range`):
+- weights: its shard of the layer's parameters (a channel split shards them; n, h and w splits
+  replicate them), and BatchNorm's running statistics for its channels;
+- gradients of those weights, from the backward until the next step's start;
+- momentum: SGD's buffer per weight, from the first update on;
+- buckets: the flat buffer each replicated weight's gradient is copied into for its
+  all-reduce, kept from step to step (runtime/buckets.py);
+- kept activations: the output tile and each needed input box (halos included) that is not
+  simply the rank's own producer tile, held until the step's backward is done;
+- saved: what the tile's ops save for their backward beyond those: a normalisation's input
+  (BatchNorm, GroupNorm, LayerNorm fused after the op), max pooling's indices (int64);
+  freed as each layer's backward runs;
+- the step's inputs: the global batch and its labels (every rank reads the whole batch and
+  slices its tiles) and every dropout mask, drawn at the layer's full shape;
+- workspace: the most one layer's backward adds at once (the gradients of its output tile and
+  of its input boxes), and the update's weight-decay temporary (the largest weight shard).
+The peak is the largest of three moments: the forward's end (kept + saved, no gradients yet),
+the backward's end (kept + gradients + buckets + the last workspace) and the update (gradients,
+the replicated ones now views into their buckets, and the temporary; activations gone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from layerwise.strategies.model.graph import Layer, LayerGraph
+from layerwise.strategies.model.space import ParallelConfig, tile_range
+from layerwise.strategies.model.tiles import Box, as_4d, needed_range
+
+INDEX_BYTES = 8  # max pooling's int64 indices
+NORMALIZATIONS = ("BatchNorm", "GroupNorm", "LayerNorm", "batch_norm", "group_norm",
+                  "layer_norm")
+
+
+class DeviceMemory(BaseModel):
+    """One device's predicted bytes, by what holds them, and its peak."""
+
+    model_config = ConfigDict(frozen=True)
+
+    device: int
+    weights: int
+    gradients: int
+    momentum: int
+    buckets: int
+    kept: int
+    saved: int
+    inputs: int
+    workspace: int
+    update_workspace: int
+
+    @property
+    def forward_end(self) -> int:
+        return self.weights + self.momentum + self.buckets + self.inputs + self.kept + self.saved
+
+    @property
+    def backward_end(self) -> int:
+        return (self.weights + self.momentum + self.buckets + self.inputs + self.kept
+                + self.gradients + self.workspace)
+
+    @property
+    def update(self) -> int:
+        """The replicated weights' gradients are views into their buckets by then."""
+        return (self.weights + self.momentum + self.inputs + self.gradients
+                + self.update_workspace)
+
+    @property
+    def peak(self) -> int:
+        return max(self.forward_end, self.backward_end, self.update)
+
+
+def _volume(box: Box) -> int:
+    volume = 1
+    for start, stop in box:
+        volume *= max(stop - start, 0)
+    return volume
+
+
+def _tiles(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
+    """Each device's output box of `layer` under `config`."""
+    sizes = as_4d(layer.output_shape)
+    boxes = {}
+    for index, device in config.tiles():
+        ranges = tuple(tile_range(size, degree, position)
+                       for size, degree, position in zip(sizes, config.degrees, index,
+                                                         strict=True))
+        boxes[device] = (ranges[0], ranges[1], ranges[2], ranges[3])
+    return boxes
+
+
+def _needed(layer: Layer, input_index: int, box: Box) -> Box:
+    ranges = tuple(needed_range(layer, input_index, dim, box[dim]) for dim in range(4))
+    return (ranges[0], ranges[1], ranges[2], ranges[3])
+
+
+def _weight_elements(layer: Layer, box: Box) -> int:
+    """The tile's shard of the layer's weights: its share of the output channels."""
+    channels = as_4d(layer.output_shape)[1]
+    return layer.param_count * (box[1][1] - box[1][0]) // channels
+
+
+def _running_statistics(layer: Layer, box: Box) -> int:
+    """BatchNorm's running mean and variance for the tile's channels."""
+    norms = sum(1 for fused in layer.fused if fused.op.startswith("BatchNorm"))
+    return 2 * norms * (box[1][1] - box[1][0])
+
+
+def _saved_elements(layer: Layer, box: Box) -> tuple[int, int]:
+    """(elements in the layer's element type, int64 elements) its ops save beyond the kept
+    tensors: each fused normalisation's input, max pooling's indices."""
+    out = _volume(box)
+    norms = sum(1 for fused in layer.fused if fused.op.startswith(NORMALIZATIONS))
+    indices = out if layer.kind == "pool" and "Max" in layer.op else 0
+    return norms * out, indices
+
+
+def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig],
+                     devices: int, element_bytes: int, momentum: bool = True
+                     ) -> tuple[DeviceMemory, ...]:
+    """Each device's predicted bytes under `assignment` (one config per layer), with weights
+    and activations of `element_bytes` each (4 for float32, 8 for float64)."""
+    terms = {device: dict.fromkeys(("weights", "gradients", "momentum", "buckets", "kept",
+                                    "saved", "workspace", "update_workspace"), 0)
+             for device in range(devices)}
+    tiles = {layer.name: _tiles(layer, assignment[layer.name]) for layer in graph.layers}
+    by_name = {layer.name: layer for layer in graph.layers}
+    for layer in graph.layers:
+        config = assignment[layer.name]
+        replicated = config.size // config.c > 1
+        for device, box in tiles[layer.name].items():
+            held = terms[device]
+            if layer.kind == "input":
+                continue
+            weights = _weight_elements(layer, box)
+            held["weights"] += (weights + _running_statistics(layer, box)) * element_bytes
+            held["gradients"] += weights * element_bytes
+            held["momentum"] += weights * element_bytes if momentum else 0
+            held["buckets"] += weights * element_bytes if replicated else 0
+            held["update_workspace"] = max(held["update_workspace"], weights * element_bytes)
+            copies = 0
+            for index, producer in enumerate(layer.inputs):
+                needed = _needed(layer, index, box)
+                own = tiles[producer].get(device)
+                if by_name[producer].kind != "input" and own != needed:
+                    copies += _volume(needed)
+            saved, indices = _saved_elements(layer, box)
+            out = _volume(box)
+            held["kept"] += (out + copies) * element_bytes
+            held["saved"] += saved * element_bytes + indices * INDEX_BYTES
+            inputs = sum(_volume(_needed(layer, index, box)) for index in range(len(layer.inputs)))
+            held["workspace"] = max(held["workspace"], (out + inputs) * element_bytes)
+    batch = graph.layers[0]
+    step_inputs = (_volume(tuple((0, size) for size in as_4d(batch.output_shape)))  # type: ignore[arg-type]
+                   * element_bytes + as_4d(batch.output_shape)[0] * INDEX_BYTES
+                   + _dropout_masks(graph) * element_bytes)
+    return tuple(DeviceMemory(device=device, inputs=step_inputs, **held)
+                 for device, held in terms.items())
+
+
+def _dropout_masks(graph: LayerGraph) -> int:
+    """Elements of every dropout mask of a step (each at its layer's full output shape)."""
+    total = 0
+    for layer in graph.layers:
+        for fused in layer.fused:
+            if fused.op.startswith("Dropout") or fused.op == "dropout":
+                size = 1
+                for extent in layer.output_shape:
+                    size *= extent
+                total += size
+    return total
