@@ -35,12 +35,13 @@ IMAGE_SIZE = {"tiny_cnn": 16, "lenet5": 32, "wide_fc": 16, "alexnet": 64, "vgg16
 STRATEGIES = ("data", "owt", "spatial_h", "layerwise")
 
 
-def measure(model: str, strategy: str, folder: Path) -> tuple[RunResult, Path] | str:
+def measure(model: str, strategy: str, image_size: int,
+            folder: Path) -> tuple[RunResult, Path] | str:
     """One 3-step run on 2 processes; its result and folder, or the error line."""
-    out = folder / f"{model}-{strategy}"
+    out = folder / f"{model}-{strategy}-{image_size}"
     finished = subprocess.run(
         [str(LAYERWISE), "train", model, "--strategy", strategy, "--nproc", "2",
-         "--image-size", str(IMAGE_SIZE[model]), "--batch-per-device", "4", "--steps", "3",
+         "--image-size", str(image_size), "--batch-per-device", "4", "--steps", "3",
          "--out", str(out), "--json"], capture_output=True, text=True, check=False)
     if finished.returncode != 0:
         return finished.stderr.strip().splitlines()[-1] if finished.stderr.strip() else "failed"
@@ -51,21 +52,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(ZOO))
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="one input size for every model (default: each model's small one)")
     args = parser.parse_args()
     console = Console(width=200)
     table = Table(title="peak memory per rank, 2 processes, float32: measured against "
                         "predicted (the largest rank)")
-    for column in ("model", "strategy", "measured MB", "predicted MB", "measured / predicted",
-                   "weights", "grads", "momentum", "buckets", "kept", "saved", "inputs",
-                   "workspace"):
+    for column in ("model", "strategy", "input", "measured MB", "predicted MB",
+                   "measured / predicted", "weights", "grads", "momentum", "buckets", "kept",
+                   "input grads", "saved", "inputs", "workspace"):
         table.add_column(column, justify="left" if column in ("model", "strategy") else "right")
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-memory-") as folder:
         for model in args.models:
             for strategy in args.strategies:
                 console.print(f"{model} {strategy} ...")
-                outcome = measure(model, strategy, Path(folder))
+                size = args.image_size or IMAGE_SIZE[model]
+                outcome = measure(model, strategy, size, Path(folder))
                 if isinstance(outcome, str):
-                    table.add_row(model, strategy, "-", "-", outcome)
+                    table.add_row(model, strategy, str(size), "-", "-", outcome)
                     continue
                 result, out = outcome
                 graph = LayerGraph.model_validate_json((out / "graph.json").read_text())
@@ -74,11 +78,11 @@ def main() -> None:
                                              momentum=result.settings.momentum != 0)
                 rank = max(range(result.nproc), key=lambda r: result.peak_memory_bytes_per_rank[r])
                 measured, device = result.peak_memory_bytes_per_rank[rank], predicted[rank]
-                table.add_row(model, strategy, f"{measured / 1e6:.1f}",
+                table.add_row(model, strategy, str(size), f"{measured / 1e6:.1f}",
                               f"{device.peak / 1e6:.1f}", f"{measured / device.peak:.2f}",
                               *(f"{getattr(device, term) / 1e6:.1f}" for term in (
                                   "weights", "gradients", "momentum", "buckets", "kept",
-                                  "saved", "inputs", "workspace")))
+                                  "input_gradients", "saved", "inputs", "workspace")))
     console.print(table)
 
 

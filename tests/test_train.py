@@ -20,13 +20,14 @@ import torch
 from typer.testing import CliRunner
 
 from layerwise.flows.cli import app
+from layerwise.strategies.cost.memory import predicted_memory
 from layerwise.strategies.cost.profile import SGD_MOMENTUM, SGD_WEIGHT_DECAY
 from layerwise.strategies.files.locations import CHECKPOINT_FILE, LOG_FILE
 from layerwise.strategies.jobs.failure import failure_line
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.jobs.pricing import cost_model
-from layerwise.strategies.model.graph import build_graph
+from layerwise.strategies.model.graph import LayerGraph, build_graph
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.checkpoint import read_checkpoint
 from layerwise.strategies.training_run import RunResult
@@ -96,7 +97,8 @@ def test_the_peak_memory_per_rank_counts_the_tensors_of_its_shard(tmp_path):
     """wide_fc's 8.4M weights split over 2 ranks by channel (`model`): during the measured
     second step each rank holds half the weights, their gradients and momentum, so its peak
     is above 3 half-shards and below 3 whole copies (which the process's resident set, with
-    the interpreter and torch in it, would exceed many times over)."""
+    the interpreter and torch in it, would exceed many times over), and within 10% of what
+    the memory model predicts for it."""
     out = tmp_path / "run"
     result = train("wide_fc", "--nproc", "2", "--image-size", "8", "--batch-per-device", "4",
                    "--strategy", "model", "--steps", "3", "--out", str(out))
@@ -104,9 +106,12 @@ def test_the_peak_memory_per_rank_counts_the_tensors_of_its_shard(tmp_path):
     run = RunResult.load(out / "result.json")
     weights = sum(parameter.numel() for parameter in
                   build_model("wide_fc", num_classes=10, image_size=8).parameters()) * 4
+    graph = LayerGraph.model_validate_json((out / "graph.json").read_text(encoding="utf-8"))
+    predicted = predicted_memory(graph, run.strategy.assignment(), 2, 4)
     assert len(run.peak_memory_bytes_per_rank) == 2
-    for peak in run.peak_memory_bytes_per_rank:
+    for peak, device in zip(run.peak_memory_bytes_per_rank, predicted, strict=True):
         assert 3 * weights / 2 < peak < 3 * weights, (peak, weights)
+        assert abs(peak / device.peak - 1) < 0.1, (peak, device)
     assert [step.memory_measured for step in run.steps] == [False, True, False]
     assert run.step_seconds_median == run.steps[2].seconds  # the profiled step is left out
 

@@ -10,16 +10,24 @@ of, with the tile's exact box (`space.tile_range`):
   all-reduce, kept from step to step (runtime/buckets.py);
 - kept activations: the output tile and each needed input box (halos included) that is not
   simply the rank's own producer tile, held until the step's backward is done;
+- input gradients: the gradient of each needed input box, from the layer's backward until the
+  step's end (the box is an autograd leaf), except on a chained edge, where the layer computes
+  on its sole producer's tile itself (the runtime's rule: that producer feeds it alone and every
+  device needs exactly its own producer tile);
 - saved: what the tile's ops save for their backward beyond those: a normalisation's input
   (BatchNorm, GroupNorm, LayerNorm fused after the op), max pooling's indices (int64);
   freed as each layer's backward runs;
 - the step's inputs: the global batch and its labels (every rank reads the whole batch and
   slices its tiles) and every dropout mask, drawn at the layer's full shape;
-- workspace: the most one layer's backward adds at once (the gradients of its output tile and
-  of its input boxes), and the update's weight-decay temporary (the largest weight shard).
+- workspace: the most one autograd call of the backward holds at once: at a layer, the
+  gradient of its output tile and of each fused op's input on the way back and of its input
+  boxes, with what its ops saved; a chained layer's call runs on into its producer's, whose
+  saved tensors stay until their part has run; and the update's weight-decay temporary (the
+  largest weight shard).
 The peak is the largest of three moments: the forward's end (kept + saved, no gradients yet),
-the backward's end (kept + gradients + buckets + the last workspace) and the update (gradients,
-the replicated ones now views into their buckets, and the temporary; activations gone).
+the backward's end (kept + gradients + input gradients + buckets + the last workspace) and the
+update (gradients, the replicated ones now views into their buckets, and the temporary;
+activations gone).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class DeviceMemory(BaseModel):
     momentum: int
     buckets: int
     kept: int
+    input_gradients: int
     saved: int
     inputs: int
     workspace: int
@@ -60,7 +69,7 @@ class DeviceMemory(BaseModel):
     @property
     def backward_end(self) -> int:
         return (self.weights + self.momentum + self.buckets + self.inputs + self.kept
-                + self.gradients + self.workspace)
+                + self.input_gradients + self.gradients + self.workspace)
 
     @property
     def update(self) -> int:
@@ -124,41 +133,64 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
     """Each device's predicted bytes under `assignment` (one config per layer), with weights
     and activations of `element_bytes` each (4 for float32, 8 for float64)."""
     terms = {device: dict.fromkeys(("weights", "gradients", "momentum", "buckets", "kept",
-                                    "saved", "workspace", "update_workspace"), 0)
+                                    "input_gradients", "saved", "workspace",
+                                    "update_workspace"), 0)
              for device in range(devices)}
     tiles = {layer.name: _tiles(layer, assignment[layer.name]) for layer in graph.layers}
     by_name = {layer.name: layer for layer in graph.layers}
+    consumers = graph.consumers
+    # a chained layer's backward runs in its producer's autograd call, whose saved tensors
+    # stay until their own part of it has run
+    saved_before: dict[tuple[str, int], int] = {}
     for layer in graph.layers:
+        if layer.kind == "input":
+            continue
         config = assignment[layer.name]
-        replicated = config.size // config.c > 1
+        chained = {producer for producer in layer.inputs
+                   if by_name[producer].kind == "input"
+                   or _chained(layer, producer, tiles, consumers[producer], graph.outputs)}
         for device, box in tiles[layer.name].items():
             held = terms[device]
-            if layer.kind == "input":
-                continue
             weights = _weight_elements(layer, box)
             held["weights"] += (weights + _running_statistics(layer, box)) * element_bytes
             held["gradients"] += weights * element_bytes
             held["momentum"] += weights * element_bytes if momentum else 0
-            held["buckets"] += weights * element_bytes if replicated else 0
+            held["buckets"] += weights * element_bytes if config.size // config.c > 1 else 0
             held["update_workspace"] = max(held["update_workspace"], weights * element_bytes)
-            copies = 0
-            for index, producer in enumerate(layer.inputs):
-                needed = _needed(layer, index, box)
-                own = tiles[producer].get(device)
-                if by_name[producer].kind != "input" and own != needed:
-                    copies += _volume(needed)
+            needed = {producer: _needed(layer, index, box)
+                      for index, producer in enumerate(layer.inputs)}
+            leaves = [producer for producer in layer.inputs if producer not in chained]
+            copies = sum(_volume(needed[producer]) for producer in leaves
+                         if tiles[producer].get(device) != needed[producer])
+            held["input_gradients"] += sum(_volume(needed[p]) for p in leaves) * element_bytes
             saved, indices = _saved_elements(layer, box)
             out = _volume(box)
             held["kept"] += (out + copies) * element_bytes
-            held["saved"] += saved * element_bytes + indices * INDEX_BYTES
-            inputs = sum(_volume(_needed(layer, index, box)) for index in range(len(layer.inputs)))
-            held["workspace"] = max(held["workspace"], (out + inputs) * element_bytes)
-    batch = graph.layers[0]
-    step_inputs = (_volume(tuple((0, size) for size in as_4d(batch.output_shape)))  # type: ignore[arg-type]
-                   * element_bytes + as_4d(batch.output_shape)[0] * INDEX_BYTES
-                   + _dropout_masks(graph) * element_bytes)
+            saved_bytes = saved * element_bytes + indices * INDEX_BYTES
+            held["saved"] += saved_bytes
+            head = layer.inputs[0] if len(layer.inputs) == 1 and not leaves else None
+            saved_before[layer.name, device] = saved_bytes + saved_before.get((head, device), 0)
+            gradients = ((1 + len(layer.fused)) * out
+                         + sum(_volume(box) for box in needed.values())) * element_bytes
+            held["workspace"] = max(held["workspace"],
+                                    saved_before[layer.name, device] + gradients)
+    batch = as_4d(graph.layers[0].output_shape)
+    step_inputs = ((batch[0] * batch[1] * batch[2] * batch[3] + _dropout_masks(graph))
+                   * element_bytes + batch[0] * INDEX_BYTES)
     return tuple(DeviceMemory(device=device, inputs=step_inputs, **held)
                  for device, held in terms.items())
+
+
+def _chained(layer: Layer, producer: str, tiles: Mapping[str, dict[int, Box]],
+             consumers: tuple[str, ...], outputs: tuple[str, ...] | list[str]) -> bool:
+    """Whether `layer` computes on its sole producer's tiles themselves: the producer feeds
+    it alone, is not an output, and on every device the layer needs exactly that device's
+    producer tile."""
+    own = tiles[layer.name]
+    return (len(layer.inputs) == 1 and consumers == (layer.name,) and producer not in outputs
+            and tiles[producer].keys() == own.keys()
+            and all(_needed(layer, 0, box) == tiles[producer][device]
+                    for device, box in own.items()))
 
 
 def _dropout_masks(graph: LayerGraph) -> int:

@@ -1,0 +1,49 @@
+"""The memory model's terms on plans whose holdings can be counted by hand (no launch; the
+runs that check it against the measured peak are in test_train.py and bench_memory.py)."""
+
+from __future__ import annotations
+
+from layerwise.strategies.cost.memory import predicted_memory
+from layerwise.strategies.jobs.named_strategies import strategy_by_name
+from layerwise.strategies.jobs.pricing import cost_model
+from layerwise.strategies.model.graph import LayerGraph, build_graph
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.zoo import build_model
+
+WEIGHTS = sum(p.numel() for p in build_model("wide_fc", num_classes=10, image_size=8).parameters())
+
+
+def _named(graph: LayerGraph, name: str) -> dict[str, ParallelConfig]:
+    """The per-layer configs of the named strategy on 2 devices."""
+    return strategy_by_name(name, cost_model(graph, "local", 2, None, True)).assignment()
+
+
+def test_sample_split_replicates_the_weights_and_buckets_their_gradients():
+    graph = build_graph("wide_fc", batch=8, image_size=8, num_classes=10)
+    devices = predicted_memory(graph, _named(graph, "data"), 2, 4)
+    for device in devices:
+        assert device.weights == device.gradients == device.momentum == device.buckets == (
+            4 * WEIGHTS)
+        assert device.input_gradients == 0  # every edge is chained: same tiles on each device
+        # the update: weights, gradients (now views into the buckets) and momentum, and the
+        # weight-decay temporary of the largest weight shard
+        assert device.update == 3 * 4 * WEIGHTS + device.inputs + 4 * 2048 * 2049
+
+
+def test_channel_split_shards_the_weights_and_needs_no_buckets():
+    graph = build_graph("wide_fc", batch=8, image_size=8, num_classes=10)
+    data = predicted_memory(graph, _named(graph, "data"), 2, 4)
+    model = predicted_memory(graph, _named(graph, "model"), 2, 4)
+    for whole, shard in zip(data, model, strict=True):
+        assert shard.buckets == 0 and abs(shard.weights - whole.weights / 2) < 0.01 * whole.weights
+        assert shard.kept > whole.kept  # every layer needs its whole input: copies
+        assert shard.peak < whole.peak
+
+
+def test_float64_doubles_every_tensor_term():
+    graph = build_graph("tiny_cnn", batch=8, image_size=16, num_classes=10)
+    plan = _named(graph, "spatial_h")
+    single, double = (predicted_memory(graph, plan, 2, size)[1] for size in (4, 8))
+    for term in ("weights", "gradients", "momentum", "buckets", "kept", "input_gradients"):
+        assert getattr(double, term) == 2 * getattr(single, term), term
+    assert double.kept > 0 and double.input_gradients > 0  # halos: copies and leaf gradients
