@@ -14,6 +14,7 @@ from layerwise.strategies.hardware.cluster import load_cluster
 from layerwise.strategies.jobs.pricing import resolved_placement
 from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
+from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.strategy import Strategy
 from tests.cli_errors import one_line_error
 
@@ -42,10 +43,18 @@ def test_search_json_follows_the_contract():
         assert entry["step_seconds"] == pytest.approx(
             entry["compute_seconds"] + entry["transfer_seconds"] + entry["sync_seconds"])
         assert isinstance(entry["transfer_bytes"], int) and isinstance(entry["sync_bytes"], int)
+        assert len(entry["peak_memory_bytes_per_device"]) == 4
         assert [layer["name"] for layer in entry["layers"]] == [lay.name for lay in graph.layers]
         for layer in entry["layers"]:
             ParallelConfig.parse(layer["config"])
         assert best <= entry["step_seconds"] * (1 + 1e-9)
+    # data parallelism holds every weight four times on every device (weights, gradients,
+    # momentum, bucket); tiny_cnn's activations outweigh its weights, and a channel split keeps
+    # every sample's on every device where the sample split keeps a quarter
+    weights = 4 * sum(p.numel() for p in build_model("tiny_cnn", num_classes=10).parameters())
+    data, model = (document["strategies"][name]["peak_memory_bytes_per_device"]
+                   for name in ("data", "model"))
+    assert min(data) > 4 * weights and min(model) > max(data)
 
 
 def test_search_saves_a_strategy_that_loads_and_fits_the_model(tmp_path):

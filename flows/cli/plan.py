@@ -145,7 +145,7 @@ def _print_plan(result: Plan) -> None:
     )
     table = Table(title="predicted cost per training step", title_justify="left")
     for column in ("strategy", "step ms", "compute ms", "transfer ms", "sync ms",
-                   "transfer MB", "sync MB", "images/s", "vs data"):
+                   "transfer MB", "sync MB", "peak MB", "images/s", "vs data"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
     data_step = document["strategies"].get("data", {}).get("step_seconds")
     for name, entry in document["strategies"].items():
@@ -153,6 +153,7 @@ def _print_plan(result: Plan) -> None:
             name, f"{entry['step_seconds'] * 1e3:.2f}", f"{entry['compute_seconds'] * 1e3:.2f}",
             f"{entry['transfer_seconds'] * 1e3:.2f}", f"{entry['sync_seconds'] * 1e3:.2f}",
             f"{entry['transfer_bytes'] / 1e6:.1f}", f"{entry['sync_bytes'] / 1e6:.1f}",
+            _largest_megabytes(entry["peak_memory_bytes_per_device"]),
             f"{entry['samples_per_second']:,.0f}",
             f"{data_step / entry['step_seconds']:.2f}x" if data_step else "",
         )
@@ -183,6 +184,12 @@ def _print_plan(result: Plan) -> None:
         console.print(f"held: {note}")
     if document["placement_note"]:
         console.print(document["placement_note"], highlight=False, soft_wrap=True)
+
+
+def _largest_megabytes(peaks: list[int] | None) -> str:
+    """The largest device's predicted peak in MB; "-" where the memory model does not cover
+    the strategy's engine."""
+    return "-" if peaks is None else f"{max(peaks) / 1e6:,.1f}"
 
 
 def _pipeline_table(pipeline: PipelinePlan) -> Table:

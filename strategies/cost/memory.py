@@ -41,6 +41,7 @@ from layerwise.strategies.model.space import ParallelConfig, tile_range
 from layerwise.strategies.model.tiles import Box, as_4d, needed_range
 
 INDEX_BYTES = 8  # max pooling's int64 indices
+FLOAT32_BYTES = 4  # training's element type unless verify's float64
 NORMALIZATIONS = ("BatchNorm", "GroupNorm", "LayerNorm", "batch_norm", "group_norm",
                   "layer_norm")
 

@@ -11,7 +11,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.cost.memory import FLOAT32_BYTES, predicted_memory
 from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.execution import LayerwiseExecution
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.pricing import cost_model
 from layerwise.strategies.model.graph import LayerGraph, build_graph
@@ -45,6 +47,15 @@ class Plan:
     # a strategy's schedule report where its registry entry has one (a pipeline's stages)
     reports: dict[str, BaseModel] = field(default_factory=dict)
 
+    def peak_memory(self, strategy: Strategy) -> list[int] | None:
+        """Each device's predicted peak in float32 training (cost/memory.py), for strategies
+        the layer-wise runtime executes; None for a schedule's own engine (pipeline, local,
+        OWT's hand-offs), which the memory model does not cover yet."""
+        if not isinstance(strategy.execution, LayerwiseExecution):
+            return None
+        return [device.peak for device in predicted_memory(
+            self.graph, strategy.assignment(), self.devices, FLOAT32_BYTES)]
+
     def document(self) -> dict[str, Any]:
         """The `layerwise search --json` contract."""
         return {
@@ -69,6 +80,7 @@ class Plan:
                 name: {
                     **strategy.predicted.model_dump(),
                     "samples_per_second": self.graph.batch / strategy.predicted.step_seconds,
+                    "peak_memory_bytes_per_device": self.peak_memory(strategy),
                     "layers": [choice.model_dump() for choice in strategy.layers],
                 }
                 for name, strategy in self.strategies.items()
