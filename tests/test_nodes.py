@@ -93,6 +93,17 @@ def test_nodes_without_a_shared_folder_are_refused():
     assert result.exit_code == 2 and "pass --out DIR" in _one_line(result.stderr)
 
 
+def test_node_0_that_cannot_listen_at_its_endpoint_is_one_line(tmp_path):
+    with socket.socket() as taken:  # another program holds the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = CliRunner().invoke(app, _node(0, endpoint, tmp_path / "run", "--steps", "1"))
+    assert result.exit_code == 2, result.output
+    assert f"node 0 cannot listen at {endpoint} (Address already in use)" in _one_line(
+        result.stderr)
+
+
 @pytest.mark.slow
 def test_two_nodes_train_what_one_process_trains(tmp_path):
     """Node 1 in a subprocess, started first; node 0 in this process."""

@@ -45,8 +45,8 @@ CONNECT_SECONDS = 1.0  # one try of a launcher watching the store
 @contextlib.contextmanager
 def hosted_store(endpoint: Endpoint) -> Iterator[TCPStore]:
     """Node 0's store for the run, listening on the endpoint's address only (a TCP store
-    binding the address itself would take every interface), for as long as the context
-    lasts. LayerwiseError when this machine cannot listen there."""
+    binding the address itself would take every interface); it stops listening when the last
+    reference to it goes. LayerwiseError when this machine cannot listen there."""
     family, address = address_of(endpoint)
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -66,10 +66,7 @@ def hosted_store(endpoint: Endpoint) -> Iterator[TCPStore]:
     except BaseException:
         os.close(descriptor)
         raise
-    try:
-        yield store
-    finally:
-        del store
+    yield store
 
 
 def _client(endpoint: Endpoint, seconds: float) -> TCPStore:
