@@ -317,6 +317,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*SEARCH, "--cluster", "local", "--save", "link.json"), "link.json: it is a symbolic link"),
     ((*SEARCH, "--cluster", "local", "--save", "/dev/null"),
      "/dev/null: it is not a regular file"),
+    ((*SEARCH, "--cluster", "local", "--memory-limit", "lots"),
+     "--memory-limit 'lots': cannot read 'lots' as a memory"),
+    ((*SEARCH, "--cluster", "local", "--memory-limit", "-1GB"), "--memory-limit '-1GB'"),
     (("profile", "tiny_cnn", "--devices", "1", "--out", "link.json"), "it is a symbolic link"),
     # process counts this machine cannot run: refused before any process starts
     (("profile", "tiny_cnn", "--devices", "2", "--processes", TOO_MANY),

@@ -57,6 +57,25 @@ def test_search_json_follows_the_contract():
     assert min(data) > 4 * weights and min(model) > max(data)
 
 
+def test_search_marks_the_strategies_over_the_memory_limit():
+    """tiny_cnn's strategies need 1.2 MB (data) to 3.8 MB (the searched one, every layer on
+    one device) per device: under a 2 MB limit data fits, the others are marked."""
+    document = json.loads(runner.invoke(app, [*SEARCH, "--memory-limit", "2MB",
+                                              "--json"]).stdout)
+    assert document["memory_budget_bytes"] == 2_000_000
+    fits = {name: entry["fits"] for name, entry in document["strategies"].items()}
+    assert fits == {name: max(entry["peak_memory_bytes_per_device"]) <= 2_000_000
+                    for name, entry in document["strategies"].items()}
+    assert fits["data"] and not fits["model"]
+    printed = runner.invoke(app, [*SEARCH, "--memory-limit", "2MB"]).stdout
+    assert "does not fit: model needs 2.6 MB on its fullest device, over the 2.0 MB" in printed
+    assert "does not fit: data" not in printed
+    # without a limit, the cluster device's memory less the reserve: everything fits
+    default = json.loads(runner.invoke(app, [*SEARCH, "--json"]).stdout)
+    assert default["memory_budget_bytes"] == int(16 * 2**30 * 0.9)
+    assert all(entry["fits"] for entry in default["strategies"].values())
+
+
 def test_search_saves_a_strategy_that_loads_and_fits_the_model(tmp_path):
     path = tmp_path / "strategy.json"
     result = runner.invoke(app, [*SEARCH, "--save", str(path)])

@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from layerwise.flows.cli.console import console, print_json, user_errors
+from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files.atomic import writable_file
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from layerwise.strategies.schedules import schedule_help
@@ -63,10 +64,16 @@ def register(app: typer.Typer) -> None:
         save: Annotated[
             Path | None, typer.Option(help="Write the layer-wise strategy JSON here.")
         ] = None,
+        memory_limit: Annotated[
+            str | None, typer.Option(help="Memory per device a strategy may use, e.g. 12GiB "
+                                          "(default: the cluster device's less a 10% reserve); "
+                                          "strategies over it are marked.")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Find the optimal layer-wise strategy and compare it with the baselines."""
         names = [name.strip() for name in baselines.split(",") if name.strip()]
+        limit = None if memory_limit is None else _memory_bytes(memory_limit)
         if save:
             writable_file(save, "--save")
         from layerwise.strategies.jobs.planning import plan
@@ -75,7 +82,8 @@ def register(app: typer.Typer) -> None:
             result = plan(
                 model, devices, cluster, batch_per_device=batch_per_device,
                 image_size=image_size, classes=classes, in_channels=in_channels,
-                profile=profile, analytic=analytic, baselines=names, placement=placement)
+                profile=profile, analytic=analytic, baselines=names, placement=placement,
+                memory_limit=limit)
         if save:
             result.strategies["layerwise"].save(save)
         if as_json:
@@ -158,6 +166,12 @@ def _print_plan(result: Plan) -> None:
             f"{data_step / entry['step_seconds']:.2f}x" if data_step else "",
         )
     console.print(table)
+    for name, entry in document["strategies"].items():
+        if entry["fits"] is False:
+            console.print(f"does not fit: {name} needs "
+                          f"{_largest_megabytes(entry['peak_memory_bytes_per_device'])} MB on its "
+                          f"fullest device, over the {result.memory_budget / 1e6:,.1f} MB per "
+                          f"device a strategy may use", highlight=False, soft_wrap=True)
     for name, reason in result.skipped.items():
         console.print(f"skipped {name}: {reason}")
     for report in result.reports.values():
@@ -184,6 +198,19 @@ def _print_plan(result: Plan) -> None:
         console.print(f"held: {note}")
     if document["placement_note"]:
         console.print(document["placement_note"], highlight=False, soft_wrap=True)
+
+
+def _memory_bytes(text: str) -> int:
+    """--memory-limit as bytes (a number with a unit, as cluster files write memory)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from layerwise.strategies.hardware.cluster import MemoryBytes
+
+    try:
+        return TypeAdapter(MemoryBytes).validate_python(text)
+    except ValidationError as error:
+        reason = error.errors()[0]["msg"].removeprefix("Value error, ")
+        raise LayerwiseError(f"--memory-limit {text!r}: {reason}") from None
 
 
 def _largest_megabytes(peaks: list[int] | None) -> str:

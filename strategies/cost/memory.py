@@ -42,6 +42,9 @@ from layerwise.strategies.model.tiles import Box, as_4d, needed_range
 
 INDEX_BYTES = 8  # max pooling's int64 indices
 FLOAT32_BYTES = 4  # training's element type unless verify's float64
+# The share of a device's memory a plan may not count on: the CUDA context, cuDNN's and NCCL's
+# workspaces and the allocator's fragmentation, none of which the model counts.
+MEMORY_RESERVE = 0.1
 NORMALIZATIONS = ("BatchNorm", "GroupNorm", "LayerNorm", "batch_norm", "group_norm",
                   "layer_norm")
 
@@ -81,6 +84,11 @@ class DeviceMemory(BaseModel):
     @property
     def peak(self) -> int:
         return max(self.forward_end, self.backward_end, self.update)
+
+
+def memory_budget(device_memory: int) -> int:
+    """What a plan may use of a device's `device_memory` bytes: all but MEMORY_RESERVE."""
+    return int(device_memory * (1 - MEMORY_RESERVE))
 
 
 def _volume(box: Box) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from layerwise.strategies.cost.cost_model import CostModel
-from layerwise.strategies.cost.memory import FLOAT32_BYTES, predicted_memory
+from layerwise.strategies.cost.memory import FLOAT32_BYTES, memory_budget, predicted_memory
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.execution import LayerwiseExecution
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
@@ -43,6 +43,7 @@ class Plan:
     search: SearchResult
     strategies: dict[str, Strategy]  # "layerwise" first, then the baselines
     skipped: dict[str, str]  # baselines that cannot run this model, with the reason
+    memory_budget: int  # bytes a strategy may use per device (--memory-limit or the cluster's)
     paradl: tuple[OracleCase, ...] = ()  # with baseline "paradl": the oracle's step per strategy
     # a strategy's schedule report where its registry entry has one (a pipeline's stages)
     reports: dict[str, BaseModel] = field(default_factory=dict)
@@ -55,6 +56,11 @@ class Plan:
             return None
         return [device.peak for device in predicted_memory(
             self.graph, strategy.assignment(), self.devices, FLOAT32_BYTES)]
+
+    def fits(self, strategy: Strategy) -> bool | None:
+        """Whether every device's predicted peak is within the budget (None: not predicted)."""
+        peaks = self.peak_memory(strategy)
+        return None if peaks is None else max(peaks) <= self.memory_budget
 
     def document(self) -> dict[str, Any]:
         """The `layerwise search --json` contract."""
@@ -76,11 +82,13 @@ class Plan:
             "edges_eliminated": self.search.edges_eliminated,
             "configs": self.search.configs,
             "configs_kept": self.search.configs_kept,
+            "memory_budget_bytes": self.memory_budget,
             "strategies": {
                 name: {
                     **strategy.predicted.model_dump(),
                     "samples_per_second": self.graph.batch / strategy.predicted.step_seconds,
                     "peak_memory_bytes_per_device": self.peak_memory(strategy),
+                    "fits": self.fits(strategy),
                     "layers": [choice.model_dump() for choice in strategy.layers],
                 }
                 for name, strategy in self.strategies.items()
@@ -94,9 +102,12 @@ class Plan:
 
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
          image_size: int | None, classes: int | None, in_channels: int | None,
-         profile: Path | None, analytic: bool, baselines: list[str], placement: str) -> Plan:
+         profile: Path | None, analytic: bool, baselines: list[str], placement: str,
+         memory_limit: int | None = None) -> Plan:
     """Search the optimal strategy and price every other named strategy on the same cost
-    model; a name that cannot run this model is skipped with its reason."""
+    model; a name that cannot run this model is skipped with its reason. Each strategy's
+    predicted peak memory is held against `memory_limit` bytes per device, or the cluster
+    device's memory less the reserve (cost/memory.py)."""
     unknown = sorted(set(baselines) - set(BASELINE_CHOICES))
     if unknown:
         raise LayerwiseError(
@@ -125,6 +136,8 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
                 cost_source=cost.compute.name, placement=cost.placement,
                 placement_note=cost.placement_note, search=result,
                 strategies=strategies, skipped=skipped, reports=reports,
+                memory_budget=memory_limit if memory_limit is not None
+                else memory_budget(cost.cluster.device.memory_bytes),
                 paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
 
 
