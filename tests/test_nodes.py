@@ -10,6 +10,7 @@ line before anything is written.
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -178,7 +179,9 @@ def test_a_node_alone_says_whom_it_waits_for_and_stops_when_told(tmp_path):
     finally:
         for node in nodes.values():
             kill_tree(node)
-    assert lines[0].startswith(f"waiting for the nodes at {alone[0][1]}: 1 of 2 joined ("), lines
+    # node 0's own agent has joined by then, or is still starting on a busy machine
+    assert re.match(rf"waiting for the nodes at {re.escape(alone[0][1])}: [01] of 2 joined \(",
+                    lines[0]), lines
     assert lines[1].startswith(f"waiting for node 0 at {alone[1][1]} ("), lines
     assert listeners == {"127.0.0.1"}, listeners
     assert all(node.returncode != 0 for node in nodes.values())

@@ -219,7 +219,8 @@ def _print_summary(result: RunResult) -> None:
         table.add_row(f"{category} bytes", f"{getattr(result.bytes_per_step, category):,}",
                       f"{getattr(result.predicted_bytes_per_step, category):,}")
     console.print(table)
-    peaks = ", ".join(f"{human_count(peak)}B" for peak in result.peak_memory_bytes_per_rank)
+    peaks = (", ".join(f"{human_count(peak)}B" for peak in result.peak_memory_bytes_per_rank)
+             or "not measured (a schedule's own engine on CPUs)")
     console.print(f"peak memory per rank: {peaks}; the loss's own all-reduces sent "
                   f"{result.loss_bytes_per_step:,} bytes per step (not in Eq. 1)",
                   highlight=False, soft_wrap=True)

@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.exactness.reference import ReferenceRun, compare
+from layerwise.strategies.execution import LayerwiseExecution
 from layerwise.strategies.files.atomic import atomic_path, save_tensors, write_atomic
 from layerwise.strategies.files.locations import (
     CHECKPOINT_FILE,
@@ -256,9 +257,7 @@ def train(out: Path, args: argparse.Namespace, process: Process,
     state = None
     watch = LossWatch(record.loss for record in records)
     stopped: str | None = None  # why the loss diverged, at the last step trained
-    # the second step of the launch, when the optimizer's state exists; verify's float64
-    # runs are not measured
-    measured = min(done + 2, args.steps) if reference is None else None
+    measured = min(done + 2, args.steps) if measures_memory(run, args) else None
     peak: int | None = None
     for step in range(done + 1, args.steps + 1):
         if step == measured:
@@ -295,6 +294,15 @@ def train(out: Path, args: argparse.Namespace, process: Process,
             with atomic_path(out / MODEL_FILE) as temporary:
                 save_tensors(state, temporary, out / MODEL_FILE)
         result.save(out / RESULT_FILE)
+
+
+def measures_memory(run: Run, args: argparse.Namespace) -> bool:
+    """Whether this run measures its peak memory (in the second step of the launch, when the
+    optimizer's state exists). Every rank decides alike, from what they share: not verify's
+    float64 runs (only rank 0 holds the reference), and on the CPU only the layer-wise
+    engine, since torch's profiler crashes the local engine's processes (SIGSEGV)."""
+    return args.reference is None and (run.device.type == "cuda" or isinstance(
+        run.strategy.execution, LayerwiseExecution))
 
 
 def start(out: Path, process: Process, modules: InitialModules | None = None) -> Run:
