@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/bench_memory.py                       # every zoo model
     .venv/bin/python benchmarks/bench_memory.py --models lenet5 alexnet --strategies data owt
+    python3 benchmarks/bench_memory.py --nproc 1 --batch-per-device 32 --image-size 224 \
+        --models alexnet vgg16 resnet18 --strategies data      # one GPU: the allocator's peak
 
-Each row is one `layerwise train` on 2 processes (3 steps, float32, small inputs): its
+Each row is one `layerwise train` on --nproc processes (3 steps, float32, small inputs): its
 result.json holds the peak each rank measured during its second step (on the CPU the tensors'
-peak from torch's profiler, strategies/runtime/memory_peak.py), and the run folder's
+peak from torch's profiler, on CUDA the caching allocator's; strategies/runtime/memory_peak.py;
+a GPU per process when there are enough), and the run folder's
 strategy.json and graph.json give the prediction. Printed: per row the largest rank's
 measured and predicted MB, their ratio, and the predicted terms of that rank.
 """
@@ -21,13 +24,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from layerwise.strategies.cost.memory import predicted_memory
+from layerwise.strategies.cost.memory import FLOAT32_BYTES, predicted_memory
 from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.model.zoo import ZOO
 from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.training_run import RunResult
 
-LAYERWISE = Path(sys.executable).parent / "layerwise"
+LAYERWISE = (sys.executable, "-m", "layerwise")  # also where no `layerwise` script is on PATH
 # small inputs each zoo model takes (its pools need some size)
 IMAGE_SIZE = {"tiny_cnn": 16, "lenet5": 32, "wide_fc": 16, "alexnet": 64, "vgg16": 32,
               "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
@@ -35,14 +38,15 @@ IMAGE_SIZE = {"tiny_cnn": 16, "lenet5": 32, "wide_fc": 16, "alexnet": 64, "vgg16
 STRATEGIES = ("data", "owt", "spatial_h", "layerwise")
 
 
-def measure(model: str, strategy: str, image_size: int,
-            folder: Path) -> tuple[RunResult, Path] | str:
-    """One 3-step run on 2 processes; its result and folder, or the error line."""
+def measure(model: str, strategy: str, image_size: int, folder: Path,
+            args: argparse.Namespace) -> tuple[RunResult, Path] | str:
+    """One 3-step run on --nproc processes; its result and folder, or the error line."""
     out = folder / f"{model}-{strategy}-{image_size}"
     finished = subprocess.run(
-        [str(LAYERWISE), "train", model, "--strategy", strategy, "--nproc", "2",
-         "--image-size", str(image_size), "--batch-per-device", "4", "--steps", "3",
-         "--out", str(out), "--json"], capture_output=True, text=True, check=False)
+        [*LAYERWISE, "train", model, "--strategy", strategy, "--nproc", str(args.nproc),
+         "--image-size", str(image_size), "--batch-per-device", str(args.batch_per_device),
+         "--steps", "3", "--out", str(out), "--json"], capture_output=True, text=True,
+        check=False)
     if finished.returncode != 0:
         return finished.stderr.strip().splitlines()[-1] if finished.stderr.strip() else "failed"
     return RunResult.load(out / "result.json"), out
@@ -54,9 +58,12 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     parser.add_argument("--image-size", type=int, default=None,
                         help="one input size for every model (default: each model's small one)")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--batch-per-device", type=int, default=4)
     args = parser.parse_args()
     console = Console(width=200)
-    table = Table(title="peak memory per rank, 2 processes, float32: measured against "
+    table = Table(title=f"peak memory per rank, {args.nproc} processes, "
+                        f"{args.batch_per_device} images each, float32: measured against "
                         "predicted (the largest rank)")
     for column in ("model", "strategy", "input", "measured MB", "predicted MB",
                    "measured / predicted", "weights", "grads", "momentum", "buckets", "kept",
@@ -65,19 +72,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-memory-") as folder:
         for model in args.models:
             for strategy in args.strategies:
-                console.print(f"{model} {strategy} ...")
                 size = args.image_size or IMAGE_SIZE[model]
-                outcome = measure(model, strategy, size, Path(folder))
+                outcome = measure(model, strategy, size, Path(folder), args)
                 if isinstance(outcome, str):
+                    console.print(f"{model} {strategy}: {outcome}", highlight=False)
                     table.add_row(model, strategy, str(size), "-", "-", outcome)
                     continue
                 result, out = outcome
                 graph = LayerGraph.model_validate_json((out / "graph.json").read_text())
                 plan = Strategy.load(out / "strategy.json")
-                predicted = predicted_memory(graph, plan.assignment(), result.nproc, 4,
+                predicted = predicted_memory(graph, plan.assignment(), result.nproc,
+                                             FLOAT32_BYTES,
                                              momentum=result.settings.momentum != 0)
                 rank = max(range(result.nproc), key=lambda r: result.peak_memory_bytes_per_rank[r])
                 measured, device = result.peak_memory_bytes_per_rank[rank], predicted[rank]
+                console.print(f"{model} {strategy}: measured {measured / 1e6:.1f} MB, predicted "
+                              f"{device.peak / 1e6:.1f} MB", highlight=False)  # before any limit
                 table.add_row(model, strategy, str(size), f"{measured / 1e6:.1f}",
                               f"{device.peak / 1e6:.1f}", f"{measured / device.peak:.2f}",
                               *(f"{getattr(device, term) / 1e6:.1f}" for term in (

@@ -299,11 +299,13 @@ class _SyncBatchNorm(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
         x, weight, mean, var = ctx.saved_tensors
         view = [1, -1] + [1] * (grad.dim() - 2)
+        invstd = torch.rsqrt(var + ctx.eps)
+        # the statistics go in both as running and as saved ones: the CPU kernel reads the
+        # running ones in eval mode, the CUDA kernel asserts the saved ones are given
         _, local_dy_x_hat, local_dy = torch.ops.aten.native_batch_norm_backward(
-            grad, x, weight, mean, var, None, None, False, ctx.eps, [False, True, True])
+            grad, x, weight, mean, var, mean, invstd, False, ctx.eps, [False, True, True])
         sums = ctx.reduce(torch.cat([local_dy, local_dy_x_hat]))
         sum_dy, sum_dy_x_hat = sums.split(grad.shape[1])
-        invstd = torch.rsqrt(var + ctx.eps)
         scale = invstd if weight is None else weight * invstd
         slope = -scale * invstd * sum_dy_x_hat / ctx.count  # b, the coefficient of x
         offset = -scale * sum_dy / ctx.count - slope * mean  # c

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU path checked for real on one lent GPU, in one call of a few minutes:
+#
+#     bash benchmarks/gpu_check.sh OUT_FOLDER          # on the GPU machine, from the checkout
+#
+# The GPU machine has its own python3 and torch but no pydantic and no network, so the call
+# carries wheels in .whl/ (ignored by git): layerwise's own (`.venv/bin/pip wheel --no-deps
+# --no-build-isolation -w .whl .`) and pydantic's for that Python (docs/performance.md#one-gpu
+# says which). What it checks, each step under its own time limit so one slow step cannot hide
+# the others' results:
+#   1. the environment: GPU, torch and CUDA versions; layerwise imports on that torch;
+#   2. the runtime on NCCL with one process: ResNet-18 trained under `data`, its measured step
+#      against the device model's prediction (--analytic) and against a profile of the same
+#      tiles taken with CUDA events (`layerwise profile --device cuda`);
+#   3. peak memory: the caching allocator's peak against strategies/cost/memory.py's prediction
+#      (benchmarks/bench_memory.py, one process, 224x224);
+#   4. the device model's error per op kind against CUDA-event profiles of every tile of every
+#      config on 4 devices (benchmarks/device_model_check.py), one model per invocation.
+# Several processes on one GPU cannot share NCCL (it refuses two ranks on one device), so the
+# multi-process runtime and `calibrate --backend nccl` need a machine with one GPU per process.
+
+set -u
+OUT=$(realpath -m "${1:-gpu-check}")
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$REPO"/.whl/*.whl || { echo "wheels did not install"; exit 2; }
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# not the checkout: its layerwise/ folder holds only the namespace's top (the build maps the rest)
+WORK=$(mktemp -d) && cd "$WORK" || exit 2
+
+nvidia-smi -L
+python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
+'NCCL', torch.cuda.nccl.version(), torch.cuda.get_device_name())" || exit 3
+python3 -c "import layerwise.strategies.runtime.worker, layerwise.flows.cli" || exit 3
+case "$(python3 -c 'import torch; print(torch.cuda.get_device_name())')" in
+    *H200*) CLUSTER=h200x8 ;;
+    *) CLUSTER=h100x8 ;;
+esac
+
+step() {  # step LIMIT_S COMMAND...: run it, say how it ended and how long it took
+    local limit=$1 started=$SECONDS
+    shift
+    echo "== $* (limit ${limit} s)"
+    timeout "$limit" "$@"
+    echo "== exit $? after $((SECONDS - started)) s"
+}
+
+R18=(resnet18 --image-size 224 --batch-per-device 64)
+step 60 python3 -m layerwise profile "${R18[@]}" --devices 1 --device cuda --out "$OUT/profile-resnet18.json"
+step 60 python3 -m layerwise train "${R18[@]}" --strategy data --nproc 1 --steps 20 \
+    --cluster "$CLUSTER" --analytic --out "$WORK/analytic"
+step 60 python3 -m layerwise train "${R18[@]}" --strategy data --nproc 1 --steps 20 \
+    --cluster "$CLUSTER" --profile "$OUT/profile-resnet18.json" --out "$WORK/profiled"
+cp "$WORK/profiled/result.json" "$OUT/train-resnet18.json" 2>/dev/null
+step 120 python3 "$REPO/benchmarks/bench_memory.py" --nproc 1 --batch-per-device 32 \
+    --image-size 224 --models alexnet vgg16 resnet50 --strategies data
+for model in alexnet resnet50; do
+    step 80 python3 "$REPO/benchmarks/device_model_check.py" --cluster "$CLUSTER" \
+        --models "$model" --devices 4 --out "$OUT/device-model-$model.json"
+done
+# VGG-16's every config of every tile at 32 images per device takes over 90 s
+step 100 python3 "$REPO/benchmarks/device_model_check.py" --cluster "$CLUSTER" --models vgg16 \
+    --devices 4 --batch-per-device 8 --out "$OUT/device-model-vgg16.json"
