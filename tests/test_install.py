@@ -41,6 +41,15 @@ def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"layerwise"}
     assert "layerwise/strategies/runtime/worker.py" in names
     assert any(name.endswith("/clusters/p100x16.yaml") for name in names)  # the presets too
+    # unpacked where no script folder is on PATH (a GPU machine's own Python): python -m layerwise
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                    str(target), str(wheel)], check=True, capture_output=True)
+    shown = subprocess.run([sys.executable, "-m", "layerwise", "clusters", "show", "h200x8"],
+                           cwd=tmp_path, capture_output=True, text=True, check=False,
+                           env={**os.environ, "PYTHONPATH": str(target)})
+    assert shown.returncode == 0, shown.stderr
+    assert "H200" in shown.stdout
 
 
 def test_train_from_a_project_with_packages_of_those_names_runs_and_leaves_no_temp(
