@@ -320,6 +320,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*SEARCH, "--cluster", "local", "--memory-limit", "lots"),
      "--memory-limit 'lots': cannot read 'lots' as a memory"),
     ((*SEARCH, "--cluster", "local", "--memory-limit", "-1GB"), "--memory-limit '-1GB'"),
+    # no plan can fit: the least any plan needs, and the layer that needs it
+    ((*SEARCH, "--cluster", "local", "--memory-limit", "100kB"),
+     "no plan fits 0.1 MB per device: every plan needs at least"),
     (("profile", "tiny_cnn", "--devices", "1", "--out", "link.json"), "it is a symbolic link"),
     # process counts this machine cannot run: refused before any process starts
     (("profile", "tiny_cnn", "--devices", "2", "--processes", TOO_MANY),

@@ -67,7 +67,8 @@ def register(app: typer.Typer) -> None:
         memory_limit: Annotated[
             str | None, typer.Option(help="Memory per device a strategy may use, e.g. 12GiB "
                                           "(default: the cluster device's less a 10% reserve); "
-                                          "strategies over it are marked.")
+                                          "the search keeps within it, baselines over it are "
+                                          "marked.")
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
@@ -194,6 +195,12 @@ def _print_plan(result: Plan) -> None:
         f"eliminated, final graph {document['final_graph_nodes']} node(s), placement "
         f"{document['placement']})"
     )
+    if document["memory_rounds"]:
+        console.print(
+            f"held to {result.memory_budget / 1e6:,.1f} MB per device: the fastest plan needs "
+            f"more, and this one is at most {document['optimality_gap']:.1%} slower than the "
+            f"best plan that fits (a lower bound from {document['memory_rounds']} rounds of "
+            f"Lagrangian multipliers)", highlight=False, soft_wrap=True)
     for note in graph.held_notes:
         console.print(f"held: {note}")
     if document["placement_note"]:

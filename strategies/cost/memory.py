@@ -32,6 +32,7 @@ activations gone).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
@@ -98,7 +99,7 @@ def _volume(box: Box) -> int:
     return volume
 
 
-def _tiles(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
+def layer_tiles(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
     """Each device's output box of `layer` under `config`."""
     sizes = as_4d(layer.output_shape)
     boxes = {}
@@ -136,6 +137,73 @@ def _saved_elements(layer: Layer, box: Box) -> tuple[int, int]:
     return norms * out, indices
 
 
+class TileTerms(BaseModel):
+    """The bytes one tile puts on its device whatever its producers' configs: its weight
+    shard's four copies, its output, what its ops save."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weights: int  # the shard and BatchNorm's running statistics
+    gradients: int
+    momentum: int
+    buckets: int
+    output: int  # the kept output tile
+    saved: int
+
+    @property
+    def forward_end(self) -> int:
+        """Its part of DeviceMemory.forward_end, input copies aside."""
+        return self.weights + self.momentum + self.buckets + self.output + self.saved
+
+    @property
+    def backward_end(self) -> int:
+        """Its part of DeviceMemory.backward_end, input copies and gradients and the
+        workspace aside."""
+        return self.weights + self.momentum + self.buckets + self.output + self.gradients
+
+
+def tile_terms(layer: Layer, config: ParallelConfig, box: Box, element_bytes: int,
+               momentum: bool = True) -> TileTerms:
+    """What the tile `box` of `layer` under `config` holds on its device by itself."""
+    weights = _weight_elements(layer, box) * element_bytes
+    saved, indices = _saved_elements(layer, box)
+    return TileTerms(
+        weights=weights + _running_statistics(layer, box) * element_bytes,
+        gradients=weights, momentum=weights if momentum else 0,
+        buckets=weights if config.size // config.c > 1 else 0,
+        output=_volume(box) * element_bytes,
+        saved=saved * element_bytes + indices * INDEX_BYTES)
+
+
+def step_input_bytes(graph: LayerGraph, element_bytes: int) -> int:
+    """The step's inputs every rank holds: the global batch, its labels, every dropout mask."""
+    batch = as_4d(graph.layers[0].output_shape)
+    return ((batch[0] * batch[1] * batch[2] * batch[3] + _dropout_masks(graph)) * element_bytes
+            + batch[0] * INDEX_BYTES)
+
+
+def any_plan_bound(graph: LayerGraph, element_bytes: int) -> int:
+    """Bytes no device exceeds under any plan: every term of every layer at its whole size
+    (no tile, copy or gradient exceeds the tensor it is part of), the workspace as the sum of
+    all a backward could hold. A plan search skips the memory check under budgets above it."""
+    whole = step_input_bytes(graph, element_bytes)
+    for layer in graph.layers:
+        if layer.kind == "input":
+            continue
+        box = tuple((0, size) for size in as_4d(layer.output_shape))
+        out = _volume(box)
+        inputs = sum(math.prod(graph.by_name[name].output_shape) for name in layer.inputs)
+        saved, indices = _saved_elements(layer, box)
+        elements = (5 * layer.param_count  # weights, gradients, momentum, bucket, update's
+                    + _running_statistics(layer, box)
+                    + out + inputs  # kept: the output and copies of the inputs
+                    + inputs  # input gradients
+                    + 2 * saved  # saved, and again while a chained backward holds it
+                    + (1 + len(layer.fused)) * out + inputs)  # the backward's gradients
+        whole += elements * element_bytes + 2 * indices * INDEX_BYTES
+    return whole
+
+
 def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig],
                      devices: int, element_bytes: int, momentum: bool = True
                      ) -> tuple[DeviceMemory, ...]:
@@ -145,7 +213,7 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
                                     "input_gradients", "saved", "workspace",
                                     "update_workspace"), 0)
              for device in range(devices)}
-    tiles = {layer.name: _tiles(layer, assignment[layer.name]) for layer in graph.layers}
+    tiles = {layer.name: layer_tiles(layer, assignment[layer.name]) for layer in graph.layers}
     by_name = {layer.name: layer for layer in graph.layers}
     consumers = graph.consumers
     # a chained layer's backward runs in its producer's autograd call, whose saved tensors
@@ -160,33 +228,25 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
                    or _chained(layer, producer, tiles, consumers[producer], graph.outputs)}
         for device, box in tiles[layer.name].items():
             held = terms[device]
-            weights = _weight_elements(layer, box)
-            held["weights"] += (weights + _running_statistics(layer, box)) * element_bytes
-            held["gradients"] += weights * element_bytes
-            held["momentum"] += weights * element_bytes if momentum else 0
-            held["buckets"] += weights * element_bytes if config.size // config.c > 1 else 0
-            held["update_workspace"] = max(held["update_workspace"], weights * element_bytes)
+            own = tile_terms(layer, config, box, element_bytes, momentum)
+            for term in ("weights", "gradients", "momentum", "buckets", "saved"):
+                held[term] += getattr(own, term)
+            held["update_workspace"] = max(held["update_workspace"], own.gradients)
             needed = {producer: _needed(layer, index, box)
                       for index, producer in enumerate(layer.inputs)}
             leaves = [producer for producer in layer.inputs if producer not in chained]
             copies = sum(_volume(needed[producer]) for producer in leaves
                          if tiles[producer].get(device) != needed[producer])
             held["input_gradients"] += sum(_volume(needed[p]) for p in leaves) * element_bytes
-            saved, indices = _saved_elements(layer, box)
-            out = _volume(box)
-            held["kept"] += (out + copies) * element_bytes
-            saved_bytes = saved * element_bytes + indices * INDEX_BYTES
-            held["saved"] += saved_bytes
+            held["kept"] += own.output + copies * element_bytes
             head = layer.inputs[0] if len(layer.inputs) == 1 and not leaves else None
-            saved_before[layer.name, device] = saved_bytes + saved_before.get((head, device), 0)
-            gradients = ((1 + len(layer.fused)) * out
+            saved_before[layer.name, device] = own.saved + saved_before.get((head, device), 0)
+            gradients = ((1 + len(layer.fused)) * _volume(box)
                          + sum(_volume(box) for box in needed.values())) * element_bytes
             held["workspace"] = max(held["workspace"],
                                     saved_before[layer.name, device] + gradients)
-    batch = as_4d(graph.layers[0].output_shape)
-    step_inputs = ((batch[0] * batch[1] * batch[2] * batch[3] + _dropout_masks(graph))
-                   * element_bytes + batch[0] * INDEX_BYTES)
-    return tuple(DeviceMemory(device=device, inputs=step_inputs, **held)
+    return tuple(DeviceMemory(device=device, inputs=step_input_bytes(graph, element_bytes),
+                              **held)
                  for device, held in terms.items())
 
 

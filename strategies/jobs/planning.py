@@ -83,6 +83,7 @@ class Plan:
             "configs": self.search.configs,
             "configs_kept": self.search.configs_kept,
             "memory_budget_bytes": self.memory_budget,
+            "memory_rounds": self.search.memory_rounds,
             "strategies": {
                 name: {
                     **strategy.predicted.model_dump(),
@@ -116,7 +117,7 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
                         num_classes=classes, in_channels=in_channels)
     cost = cost_model(graph, cluster_name, devices, profile, analytic, placement)
-    best, result = searched_strategy(cost)
+    best, result = searched_strategy(cost, memory_limit)
     strategies = {SEARCHED: best}
     reports: dict[str, BaseModel] = {}
     skipped: dict[str, str] = {}
@@ -136,8 +137,8 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
                 cost_source=cost.compute.name, placement=cost.placement,
                 placement_note=cost.placement_note, search=result,
                 strategies=strategies, skipped=skipped, reports=reports,
-                memory_budget=memory_limit if memory_limit is not None
-                else memory_budget(cost.cluster.device.memory_bytes),
+                memory_budget=result.memory_budget_bytes or memory_budget(
+                    cost.cluster.device.memory_bytes),
                 paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
 
 

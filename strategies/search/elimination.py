@@ -66,6 +66,8 @@ class SearchResult(BaseModel):
     edges_eliminated: int
     configs: int  # in all layers' search spaces
     configs_kept: int  # those the bounds could not rule out, which the elimination searched
+    memory_budget_bytes: int | None = None  # per device, when the search held plans to one
+    memory_rounds: int = 0  # Lagrangian rounds the budget took (0: the optimum fitted)
 
 
 @dataclass

@@ -5,15 +5,21 @@ registry's first entry names this module's `build_strategy`."""
 from __future__ import annotations
 
 from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.cost.memory import memory_budget
 from layerwise.strategies.schedules import SEARCHED
 from layerwise.strategies.search.baselines import baseline
-from layerwise.strategies.search.elimination import SearchResult, optimal_strategy
+from layerwise.strategies.search.elimination import SearchResult
+from layerwise.strategies.search.memory_fit import optimal_within
 from layerwise.strategies.strategy import Strategy
 
 
-def searched_strategy(cost: CostModel) -> tuple[Strategy, SearchResult]:
-    """The optimal layer-wise strategy under `cost`, and how the search went."""
-    result = optimal_strategy(cost)
+def searched_strategy(cost: CostModel, memory_limit: int | None = None
+                      ) -> tuple[Strategy, SearchResult]:
+    """The optimal layer-wise strategy under `cost` within `memory_limit` bytes per device
+    (default: the cluster device's memory less the reserve), and how the search went."""
+    budget = (memory_limit if memory_limit is not None
+              else memory_budget(cost.cluster.device.memory_bytes))
+    result = optimal_within(cost, budget)
     strategy = Strategy.from_assignment(
         SEARCHED, cost.graph, cost.devices, cost.cluster.name, cost.compute.name,
         result.assignment, result.predicted)

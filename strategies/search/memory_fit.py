@@ -1,0 +1,291 @@
+"""The optimal strategy within each device's memory: Lagrangian relaxation over the elimination.
+
+The unconstrained optimum comes first; when its predicted peak (cost/memory.py) fits every
+device's budget B it is the answer. Otherwise the search minimises Eq. 1's step time T(s)
+subject to each device's forward-end and backward-end bytes being at most B (the peak is the
+largest moment, so both must fit). Those moments are sums over the layers of what each tile puts
+on its device, plus terms the producers' configs decide (input copies, input gradients) and the
+backward's workspace. Per (layer, config, device) the tile's own part a_r(c, d) is a lower bound
+of its share of moment r (`TileTerms`), so for multipliers lambda >= 0
+
+    L(lambda) = min_s T(s) + sum_{r, d} lambda_{r,d} (sum_layers a_r(c_layer, d) + inputs - B)
+
+is a lower bound of the constrained optimum (Lagrangian duality: every plan that fits makes the
+bracket non-positive). Each L(lambda) is one run of the exact elimination with the multiplied
+bytes added to the node vectors. The multipliers follow the subgradient of the exact predicted
+moments (Polyak's step towards the best plan that fits so far), so that a plan whose copies and
+workspace the per-tile bytes miss is still pushed under B. Every plan met is checked with the
+whole memory model; the answer is the fastest that fits, with its proven gap to the best lower
+bound. Our own code: the multipliers ride on the elimination, which no library provides.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from layerwise.strategies.cost.cost_model import CostModel
+from layerwise.strategies.cost.memory import (
+    FLOAT32_BYTES,
+    DeviceMemory,
+    any_plan_bound,
+    layer_tiles,
+    predicted_memory,
+    step_input_bytes,
+    tile_terms,
+)
+from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.model.graph import Layer
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.search.baselines import BASELINES, baseline
+from layerwise.strategies.search.elimination import (
+    SearchResult,
+    graph_costs,
+    optimal_strategy,
+    solve,
+)
+
+ROUNDS = 40  # subgradient steps at most; the search stops earlier at GAP_TOLERANCE
+REPAIR_MOVES = 200  # config changes one repair may make
+EXACT_CANDIDATES = 6  # changes per repair move checked with the whole memory model
+POTENTIAL_POWER = 8  # how much more the fullest devices weigh in a repair's choice of change
+GAP_TOLERANCE = 0.01  # a plan within 1% of the lower bound is taken as optimal
+MOMENTS = ("forward_end", "backward_end")
+
+
+class DoesNotFit(LayerwiseError):
+    """No plan the search found fits the budget; says what the least need is."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The fastest plan found within the budget and how far from optimal it is proven."""
+
+    choice: dict[str, int]  # config index per layer
+    step_seconds: float
+    lower_bound: float  # no plan within the budget is faster
+    rounds: int
+    peak: int  # its fullest device's predicted bytes
+
+    @property
+    def gap(self) -> float:
+        return max(0.0, (self.step_seconds - self.lower_bound) / self.step_seconds)
+
+
+def _layer_rows(layer: Layer, configs: list[ParallelConfig], devices: int,
+                element_bytes: int) -> np.ndarray:
+    """a_r(c, d): bytes per (moment, config, device), the tile's own part."""
+    rows = np.zeros((len(MOMENTS), len(configs), devices))
+    if layer.kind == "input":
+        return rows
+    for index, config in enumerate(configs):
+        for device, box in layer_tiles(layer, config).items():
+            own = tile_terms(layer, config, box, element_bytes)
+            rows[0, index, device] = own.forward_end
+            rows[1, index, device] = own.backward_end
+    return rows
+
+
+def least_need(cost_model: CostModel, element_bytes: int = FLOAT32_BYTES) -> tuple[int, str]:
+    """A lower bound of any plan's fullest device, and the layer that sets it: every plan puts
+    each layer under some config, whose fullest device holds at least its tile's own bytes and
+    the step's inputs."""
+    graph = cost_model.graph
+    inputs = step_input_bytes(graph, element_bytes)
+    need, layer_name = inputs, graph.layers[0].name
+    for layer in graph.layers:
+        rows = _layer_rows(layer, cost_model.configs[layer.name], cost_model.devices,
+                           element_bytes)
+        layer_need = int(rows.max(axis=(0, 2)).min()) + inputs
+        if layer_need > need:
+            need, layer_name = layer_need, layer.name
+    return need, layer_name
+
+
+def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOAT32_BYTES,
+                   progress: Callable[[str], None] | None = None) -> Fit:
+    """The fastest plan whose every device's predicted peak is at most `budget` bytes.
+
+    DoesNotFit when none is found: with the least memory any plan needs (and its layer)
+    when that is over the budget, else with the least the search found."""
+    graph = cost_model.graph
+    devices = cost_model.devices
+    need, needing_layer = least_need(cost_model, element_bytes)
+    if need > budget:
+        raise DoesNotFit(
+            f"no plan fits {_mb(budget)} per device: every plan needs at least {_mb(need)} "
+            f"on some device ({needing_layer} alone); use more devices, a smaller batch or "
+            f"input, or a larger --memory-limit")
+    nodes, edges = graph_costs(cost_model, progress)
+    order = [layer.name for layer in graph.layers]
+    rows = {layer.name: _layer_rows(layer, cost_model.configs[layer.name], devices,
+                                    element_bytes) / budget for layer in graph.layers}
+    capacity = 1.0 - step_input_bytes(graph, element_bytes) / budget
+
+    def checked(choice: dict[str, int]) -> tuple[float, tuple[DeviceMemory, ...]]:
+        assignment = {name: cost_model.configs[name][index] for name, index in choice.items()}
+        return (_step_seconds(nodes, edges, choice),
+                predicted_memory(graph, assignment, devices, element_bytes))
+
+    best: tuple[dict[str, int], float, int] | None = None  # choice, step, peak
+    least_found: int | None = None
+    for choice in _baseline_choices(cost_model):  # plans that may fit, to aim the steps at
+        step, memory = checked(choice)
+        peak = max(device.peak for device in memory)
+        least_found = peak if least_found is None else min(least_found, peak)
+        if peak <= budget and (best is None or step < best[1]):
+            best = (choice, step, peak)
+    multipliers = np.zeros((len(MOMENTS), devices))
+    repaired: set[tuple[int, ...]] = set()
+    lower = -np.inf
+    scale = 2.0  # Polyak's step factor, halved when the bound stalls
+    stalled = 0
+    rounds = 0
+    for rounds in range(1, ROUNDS + 1):
+        if progress:
+            progress(f"fitting memory: round {rounds}")
+        weighted = {name: nodes[name] + np.einsum("rcd,rd->c", rows[name], multipliers)
+                    for name in nodes}
+        solution = solve(weighted, edges, order=order)
+        bound = solution.cost - capacity * float(multipliers.sum())
+        stalled = 0 if bound > lower else stalled + 1
+        lower = max(lower, bound)
+        step, memory = checked(solution.choice)
+        peak = max(device.peak for device in memory)
+        least_found = peak if least_found is None else min(least_found, peak)
+        if peak <= budget and (best is None or step < best[1]):
+            best = (dict(solution.choice), step, peak)
+        elif peak > budget and tuple(solution.choice.values()) not in repaired:
+            repaired.add(tuple(solution.choice.values()))
+            fixed = _repair(dict(solution.choice), nodes, edges, rows, budget, checked)
+            if fixed is not None and (best is None or fixed[1] < best[1]):
+                best = fixed
+        if best is not None and best[1] - lower <= GAP_TOLERANCE * best[1]:
+            break
+        if stalled >= 5:
+            scale, stalled = scale / 2, 0
+        violation = np.array([[getattr(device, moment) / budget - 1.0 for device in memory]
+                              for moment in MOMENTS])
+        norm = float((violation ** 2).sum())
+        if norm == 0.0:
+            break
+        # towards the best plan that fits; without one, towards twice this plan's time
+        target = best[1] if best is not None else 2.0 * step
+        multipliers = np.maximum(
+            0.0, multipliers + scale * max(target - bound, 0.0) / norm * violation)
+    if best is None:
+        raise DoesNotFit(
+            f"no plan found that fits {_mb(budget)} per device: the leanest the search met "
+            f"needs {_mb(least_found or 0)} on its fullest device, and no plan needs less than "
+            f"{_mb(need)} ({needing_layer}); use more devices, a smaller batch or input, or a "
+            f"larger --memory-limit")
+    choice, step, peak = best
+    return Fit(choice=choice, step_seconds=step, lower_bound=min(lower, step), rounds=rounds,
+               peak=peak)
+
+
+def _repair(choice: dict[str, int], nodes: dict[str, np.ndarray],
+            edges: dict[tuple[str, str], np.ndarray], rows: dict[str, np.ndarray],
+            budget: int, checked: Callable[[dict[str, int]], tuple[float, tuple[DeviceMemory, ...]]]
+            ) -> tuple[dict[str, int], float, int] | None:
+    """A plan that fits, from one that does not: one layer's config changed at a time, the
+    change that lowers the devices' per-tile bytes most for the step time it adds (measured
+    by sum(bytes^POTENTIAL_POWER) over devices and moments, which the fullest devices
+    dominate and which two equally full devices both count in), until the whole memory model
+    says it fits (None when no change lowers it any more). The
+    multipliers of a symmetric cost model cannot spread work over devices by themselves
+    (moving every layer from devices 0-1 to 2-3 costs the same), which this does."""
+    incident: dict[str, list[tuple[tuple[str, str], bool]]] = {name: [] for name in nodes}
+    for edge in edges:
+        incident[edge[0]].append((edge, True))
+        incident[edge[1]].append((edge, False))
+    usage = sum(rows[name][:, index, :] for name, index in choice.items())
+    step, memory = checked(choice)
+    peak = max(device.peak for device in memory)
+    for _ in range(REPAIR_MOVES):
+        if peak <= budget:
+            return choice, step, peak
+        potential = float((usage ** POTENTIAL_POWER).sum())
+        candidates: list[tuple[float, str, int]] = []
+        for name, cost in nodes.items():
+            current = choice[name]
+            seconds = cost - cost[current]
+            for (u, v), matrix in ((edge, edges[edge]) for edge, _ in incident[name]):
+                if u == name:
+                    seconds = seconds + matrix[:, choice[v]] - matrix[current, choice[v]]
+                else:
+                    seconds = seconds + matrix[choice[u], :] - matrix[choice[u], current]
+            after = ((usage[None] - rows[name][:, current, :][None]
+                      + rows[name].transpose(1, 0, 2)) ** POTENTIAL_POWER).sum(axis=(1, 2))
+            freed = potential - after
+            useful = np.flatnonzero(freed > 1e-12)
+            ratio = np.maximum(seconds[useful], 0.0) / freed[useful]
+            candidates.extend((float(r), name, int(i)) for r, i in zip(ratio, useful, strict=True))
+        if not candidates:
+            return None
+        # the per-tile bytes miss the copies and the backward's workspace: the few best
+        # changes by them are checked with the whole model, the one freeing most per second wins
+        scored = []
+        for _, name, index in sorted(candidates)[:EXACT_CANDIDATES]:
+            trial = {**choice, name: index}
+            trial_step, trial_memory = checked(trial)
+            trial_peak = max(device.peak for device in trial_memory)
+            gain = peak - trial_peak
+            score = max(trial_step - step, 0.0) / gain if gain > 0 else np.inf
+            scored.append((score, name, index, trial_step, trial_peak))
+        score, name, index, trial_step, trial_peak = min(scored, key=lambda item: item[0])
+        if not np.isfinite(score):  # none lowers the peak itself: the best by per-tile bytes
+            _, name, index = min(candidates)
+            trial_step, trial_memory = checked({**choice, name: index})
+            trial_peak = max(device.peak for device in trial_memory)
+        usage = usage - rows[name][:, choice[name], :] + rows[name][:, index, :]
+        choice, step, peak = {**choice, name: index}, trial_step, trial_peak
+    return None
+
+
+def _baseline_choices(cost_model: CostModel) -> list[dict[str, int]]:
+    """The baselines' configs as indexes into the search spaces (those the spaces hold)."""
+    choices = []
+    for name in BASELINES:
+        assignment = baseline(name, cost_model.graph, cost_model.devices)
+        try:
+            choices.append({layer: cost_model.configs[layer].index(config)
+                            for layer, config in assignment.items()})
+        except ValueError:  # a baseline config outside this placement's space
+            continue
+    return choices
+
+
+def _step_seconds(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
+                  choice: dict[str, int]) -> float:
+    """Eq. 1's step time of `choice` from the node vectors and edge matrices."""
+    return (sum(float(cost[choice[name]]) for name, cost in nodes.items())
+            + sum(float(cost[choice[u], choice[v]]) for (u, v), cost in edges.items()))
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def optimal_within(cost_model: CostModel, budget: int,
+                   progress: Callable[[str], None] | None = None) -> SearchResult:
+    """The optimal strategy (`optimal_strategy`) when its predicted peak fits `budget` bytes
+    on every device, else the fastest plan `fastest_within` finds, with its proven gap."""
+    started = time.perf_counter()
+    result = optimal_strategy(cost_model, progress)
+    if any_plan_bound(cost_model.graph, FLOAT32_BYTES) <= budget or max(
+            device.peak for device in predicted_memory(
+                cost_model.graph, result.assignment, cost_model.devices, FLOAT32_BYTES)
+            ) <= budget:
+        return result.model_copy(update={"memory_budget_bytes": budget})
+    fit = fastest_within(cost_model, budget, FLOAT32_BYTES, progress)
+    assignment = {name: cost_model.configs[name][index] for name, index in fit.choice.items()}
+    return result.model_copy(update={
+        "assignment": assignment, "predicted": cost_model.evaluate(assignment),
+        "search_seconds": time.perf_counter() - started,
+        "search_method": f"{result.search_method}, then Lagrangian multipliers for the "
+                         f"memory budget ({fit.rounds} rounds)",
+        "optimality_gap": fit.gap, "memory_budget_bytes": budget, "memory_rounds": fit.rounds})
