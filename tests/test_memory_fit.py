@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import layerwise
 from layerwise.strategies.cost.memory import (
     FLOAT32_BYTES,
     any_plan_bound,
@@ -65,3 +66,22 @@ def test_no_plan_needs_more_than_the_whole_model_bound(model, devices):
     for name in BASELINES:
         peaks = predicted_memory(graph, baseline(name, graph, devices), devices, FLOAT32_BYTES)
         assert max(device.peak for device in peaks) <= bound
+
+
+@pytest.mark.slow
+def test_a_plan_searched_within_a_limit_stays_within_it_when_trained(tmp_path):
+    """tiny_cnn on 2 processes: its fastest plan needs 3.4 MB per device, over a 2.5 MB limit;
+    the plan searched within the limit, trained, measures at most the limit on every rank,
+    where the fastest plan, trained the same way, measures over it."""
+    limit = 2_500_000
+    shape = {"image_size": 32, "batch_per_device": 8}
+    measured = {}
+    for name, memory_limit in (("fastest", None), ("held", limit)):
+        plan = layerwise.search("tiny_cnn", devices=2, cluster="local", baselines=(),
+                                memory_limit=memory_limit, **shape)
+        path = tmp_path / f"{name}.json"
+        plan.strategies["layerwise"].save(path)
+        result = layerwise.train("tiny_cnn", str(path), nproc=2, steps=2,
+                                 out=tmp_path / name, **shape)
+        measured[name] = max(result.peak_memory_bytes_per_rank)
+    assert measured["held"] <= limit < measured["fastest"]
