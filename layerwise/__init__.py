@@ -53,19 +53,21 @@ def search(model: str, devices: int, cluster: str, *,
            baselines: Sequence[str] = ("data",), profile: str | Path | None = None,
            image_size: int | None = None, classes: int | None = None,
            in_channels: int | None = None, placement: str = "auto",
-           memory_limit: int | None = None) -> Plan:
+           memory_limit: int | None = None, batch: int | None = None) -> Plan:
     """The optimal layer-wise strategy for `model` on `devices` devices of `cluster` (a preset
     or a YAML file), beside the named `baselines`, all priced by Eq. 1 with t_c from `profile`
     (a `layerwise profile` file) or the cluster device's analytic model (`layerwise search`),
     within `memory_limit` bytes per device (default: the cluster device's memory less a 10%
-    reserve). `plan.strategies["layerwise"].save(path)` writes the file `train` takes."""
+    reserve), at a global `batch` when given (it may be smaller than `devices`), else at
+    `batch_per_device` per device. `plan.strategies["layerwise"].save(path)` writes the file
+    `train` takes."""
     from layerwise.strategies.jobs.planning import plan
 
     return plan(model, devices, cluster, batch_per_device=batch_per_device,
                 image_size=image_size, classes=classes, in_channels=in_channels,
                 profile=Path(profile) if profile is not None else None,
                 analytic=profile is None, baselines=list(baselines), placement=placement,
-                memory_limit=memory_limit)
+                memory_limit=memory_limit, batch=batch)
 
 
 def train(model: str, strategy: str, *, nproc: int, steps: int, out: str | Path | None = None,

@@ -320,6 +320,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*SEARCH, "--cluster", "local", "--memory-limit", "lots"),
      "--memory-limit 'lots': cannot read 'lots' as a memory"),
     ((*SEARCH, "--cluster", "local", "--memory-limit", "-1GB"), "--memory-limit '-1GB'"),
+    ((*SEARCH, "--cluster", "local", "--batch", "4", "--batch-per-device", "2"),
+     "give --batch (global) or --batch-per-device, not both"),
+    ((*SEARCH, "--cluster", "local", "--batch", "0"), "--batch must be at least 1 (got 0)"),
     # no plan can fit: the least any plan needs, and the layer that needs it
     ((*SEARCH, "--cluster", "local", "--memory-limit", "100kB"),
      "no plan fits 0.1 MB per device: every plan needs at least"),

@@ -84,6 +84,23 @@ def test_search_holds_its_plan_to_the_memory_limit_and_marks_the_baselines_over_
     assert "held to 2.0 MB per device" in printed
 
 
+def test_a_global_batch_under_the_device_count_is_planned_with_spatial_splits():
+    """VGG-16 at 512x512 on 16 devices with 4 images in all: a sample split uses at most 4
+    devices, so the searched plan reaches the rest by height, width and channel splits."""
+    result = runner.invoke(app, ["search", "vgg16", "--devices", "16", "--cluster", "p100x16",
+                                 "--analytic", "--batch", "4", "--image-size", "512",
+                                 "--baselines", "data", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["batch"] == 4
+    configs = [ParallelConfig.parse(layer["config"])
+               for layer in document["strategies"]["layerwise"]["layers"]]
+    assert all(config.n <= 4 for config in configs)
+    assert any(config.h * config.w > 1 and config.size == 16 for config in configs)
+    strategies = document["strategies"]
+    assert strategies["layerwise"]["step_seconds"] < strategies["data"]["step_seconds"]
+
+
 def test_search_saves_a_strategy_that_loads_and_fits_the_model(tmp_path):
     path = tmp_path / "strategy.json"
     result = runner.invoke(app, [*SEARCH, "--save", str(path)])

@@ -45,8 +45,12 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option(help="t_c from the cluster device's analytic model instead "
                                "(the device model on a GPU preset, a roofline otherwise).")
         ] = False,
-        batch_per_device: Annotated[int, typer.Option(help="Images per device.")] = (
-            DEFAULT_BATCH_PER_DEVICE),
+        batch_per_device: Annotated[int | None, typer.Option(
+            help=f"Images per device (default {DEFAULT_BATCH_PER_DEVICE}).")] = None,
+        batch: Annotated[int | None, typer.Option(
+            help="Global batch instead of --batch-per-device; it may be smaller than "
+                 "--devices (a sample or less per device: spatial and channel splits).")
+        ] = None,
         image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
         classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
         in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
@@ -74,6 +78,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Find the optimal layer-wise strategy and compare it with the baselines."""
         names = [name.strip() for name in baselines.split(",") if name.strip()]
+        if batch is not None and batch_per_device is not None:
+            raise LayerwiseError("give --batch (global) or --batch-per-device, not both")
         limit = None if memory_limit is None else _memory_bytes(memory_limit)
         if save:
             writable_file(save, "--save")
@@ -81,7 +87,8 @@ def register(app: typer.Typer) -> None:
 
         with _status("searching", as_json):
             result = plan(
-                model, devices, cluster, batch_per_device=batch_per_device,
+                model, devices, cluster,
+                batch_per_device=batch_per_device or DEFAULT_BATCH_PER_DEVICE, batch=batch,
                 image_size=image_size, classes=classes, in_channels=in_channels,
                 profile=profile, analytic=analytic, baselines=names, placement=placement,
                 memory_limit=limit)

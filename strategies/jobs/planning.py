@@ -104,18 +104,21 @@ class Plan:
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
          image_size: int | None, classes: int | None, in_channels: int | None,
          profile: Path | None, analytic: bool, baselines: list[str], placement: str,
-         memory_limit: int | None = None) -> Plan:
+         memory_limit: int | None = None, batch: int | None = None) -> Plan:
     """Search the optimal strategy and price every other named strategy on the same cost
-    model; a name that cannot run this model is skipped with its reason. Each strategy's
-    predicted peak memory is held against `memory_limit` bytes per device, or the cluster
-    device's memory less the reserve (cost/memory.py)."""
+    model; a name that cannot run this model is skipped with its reason. The global batch is
+    `batch` when given (it may be smaller than `devices`), else `batch_per_device` on each
+    device. Each strategy's predicted peak memory is held against `memory_limit` bytes per
+    device, or the cluster device's memory less the reserve (cost/memory.py)."""
     unknown = sorted(set(baselines) - set(BASELINE_CHOICES))
     if unknown:
         raise LayerwiseError(
             f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINE_CHOICES)}"
         )
-    graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
-                        num_classes=classes, in_channels=in_channels)
+    if batch is not None and batch < 1:
+        raise LayerwiseError(f"--batch must be at least 1 (got {batch})")
+    graph = build_graph(model, batch=batch if batch is not None else batch_per_device * devices,
+                        image_size=image_size, num_classes=classes, in_channels=in_channels)
     cost = cost_model(graph, cluster_name, devices, profile, analytic, placement)
     best, result = searched_strategy(cost, memory_limit)
     strategies = {SEARCHED: best}
@@ -123,6 +126,9 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
     skipped: dict[str, str] = {}
     for name in baselines:
         if name == PARADL:
+            if graph.batch % devices:
+                skipped[name] = (f"its cases take the same samples on every device; the batch "
+                                 f"{graph.batch} does not divide over {devices} devices")
             continue
         try:
             strategy = strategy_by_name(name, cost)
@@ -139,7 +145,8 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
                 strategies=strategies, skipped=skipped, reports=reports,
                 memory_budget=result.memory_budget_bytes or memory_budget(
                     cost.cluster.device.memory_bytes),
-                paradl=paradl_step_cases(cost, batch_per_device) if PARADL in baselines else ())
+                paradl=paradl_step_cases(cost, graph.batch // devices)
+                if PARADL in baselines and graph.batch % devices == 0 else ())
 
 
 def paradl_step_cases(cost: CostModel, batch_per_device: int) -> tuple[OracleCase, ...]:
