@@ -38,8 +38,15 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.model.graph import Layer, LayerGraph
-from layerwise.strategies.model.space import ParallelConfig, tile_range
-from layerwise.strategies.model.tiles import Box, as_4d, needed_range
+from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.tiles import (
+    Box,
+    as_4d,
+    box_volume,
+    chained_edges,
+    config_boxes,
+    needed_box,
+)
 
 INDEX_BYTES = 8  # max pooling's int64 indices
 FLOAT32_BYTES = 4  # training's element type unless verify's float64
@@ -92,30 +99,6 @@ def memory_budget(device_memory: int) -> int:
     return int(device_memory * (1 - MEMORY_RESERVE))
 
 
-def _volume(box: Box) -> int:
-    volume = 1
-    for start, stop in box:
-        volume *= max(stop - start, 0)
-    return volume
-
-
-def layer_tiles(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
-    """Each device's output box of `layer` under `config`."""
-    sizes = as_4d(layer.output_shape)
-    boxes = {}
-    for index, device in config.tiles():
-        ranges = tuple(tile_range(size, degree, position)
-                       for size, degree, position in zip(sizes, config.degrees, index,
-                                                         strict=True))
-        boxes[device] = (ranges[0], ranges[1], ranges[2], ranges[3])
-    return boxes
-
-
-def _needed(layer: Layer, input_index: int, box: Box) -> Box:
-    ranges = tuple(needed_range(layer, input_index, dim, box[dim]) for dim in range(4))
-    return (ranges[0], ranges[1], ranges[2], ranges[3])
-
-
 def _weight_elements(layer: Layer, box: Box) -> int:
     """The tile's shard of the layer's weights: its share of the output channels."""
     channels = as_4d(layer.output_shape)[1]
@@ -131,7 +114,7 @@ def _running_statistics(layer: Layer, box: Box) -> int:
 def _saved_elements(layer: Layer, box: Box) -> tuple[int, int]:
     """(elements in the layer's element type, int64 elements) its ops save beyond the kept
     tensors: each fused normalisation's input, max pooling's indices."""
-    out = _volume(box)
+    out = box_volume(box)
     norms = sum(1 for fused in layer.fused if fused.op.startswith(NORMALIZATIONS))
     indices = out if layer.kind == "pool" and "Max" in layer.op else 0
     return norms * out, indices
@@ -171,7 +154,7 @@ def tile_terms(layer: Layer, config: ParallelConfig, box: Box, element_bytes: in
         weights=weights + _running_statistics(layer, box) * element_bytes,
         gradients=weights, momentum=weights if momentum else 0,
         buckets=weights if config.size // config.c > 1 else 0,
-        output=_volume(box) * element_bytes,
+        output=box_volume(box) * element_bytes,
         saved=saved * element_bytes + indices * INDEX_BYTES)
 
 
@@ -191,7 +174,7 @@ def any_plan_bound(graph: LayerGraph, element_bytes: int) -> int:
         if layer.kind == "input":
             continue
         box = tuple((0, size) for size in as_4d(layer.output_shape))
-        out = _volume(box)
+        out = box_volume(box)
         inputs = sum(math.prod(graph.by_name[name].output_shape) for name in layer.inputs)
         saved, indices = _saved_elements(layer, box)
         elements = (5 * layer.param_count  # weights, gradients, momentum, bucket, update's
@@ -213,9 +196,9 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
                                     "input_gradients", "saved", "workspace",
                                     "update_workspace"), 0)
              for device in range(devices)}
-    tiles = {layer.name: layer_tiles(layer, assignment[layer.name]) for layer in graph.layers}
-    by_name = {layer.name: layer for layer in graph.layers}
-    consumers = graph.consumers
+    tiles = {layer.name: config_boxes(layer, assignment[layer.name]) for layer in graph.layers}
+    by_name = graph.by_name
+    chains = chained_edges(graph, tiles)
     # a chained layer's backward runs in its producer's autograd call, whose saved tensors
     # stay until their own part of it has run
     saved_before: dict[tuple[str, int], int] = {}
@@ -223,43 +206,31 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
         if layer.kind == "input":
             continue
         config = assignment[layer.name]
+        # the network input needs no gradient: no leaf on its edges either
         chained = {producer for producer in layer.inputs
-                   if by_name[producer].kind == "input"
-                   or _chained(layer, producer, tiles, consumers[producer], graph.outputs)}
+                   if by_name[producer].kind == "input" or chains.get(layer.name) == producer}
         for device, box in tiles[layer.name].items():
             held = terms[device]
             own = tile_terms(layer, config, box, element_bytes, momentum)
             for term in ("weights", "gradients", "momentum", "buckets", "saved"):
                 held[term] += getattr(own, term)
             held["update_workspace"] = max(held["update_workspace"], own.gradients)
-            needed = {producer: _needed(layer, index, box)
+            needed = {producer: needed_box(layer, index, box)
                       for index, producer in enumerate(layer.inputs)}
             leaves = [producer for producer in layer.inputs if producer not in chained]
-            copies = sum(_volume(needed[producer]) for producer in leaves
+            copies = sum(box_volume(needed[producer]) for producer in leaves
                          if tiles[producer].get(device) != needed[producer])
-            held["input_gradients"] += sum(_volume(needed[p]) for p in leaves) * element_bytes
+            held["input_gradients"] += sum(box_volume(needed[p]) for p in leaves) * element_bytes
             held["kept"] += own.output + copies * element_bytes
             head = layer.inputs[0] if len(layer.inputs) == 1 and not leaves else None
             saved_before[layer.name, device] = own.saved + saved_before.get((head, device), 0)
-            gradients = ((1 + len(layer.fused)) * _volume(box)
-                         + sum(_volume(box) for box in needed.values())) * element_bytes
+            gradients = ((1 + len(layer.fused)) * box_volume(box)
+                         + sum(box_volume(box) for box in needed.values())) * element_bytes
             held["workspace"] = max(held["workspace"],
                                     saved_before[layer.name, device] + gradients)
     return tuple(DeviceMemory(device=device, inputs=step_input_bytes(graph, element_bytes),
                               **held)
                  for device, held in terms.items())
-
-
-def _chained(layer: Layer, producer: str, tiles: Mapping[str, dict[int, Box]],
-             consumers: tuple[str, ...], outputs: tuple[str, ...] | list[str]) -> bool:
-    """Whether `layer` computes on its sole producer's tiles themselves: the producer feeds
-    it alone, is not an output, and on every device the layer needs exactly that device's
-    producer tile."""
-    own = tiles[layer.name]
-    return (len(layer.inputs) == 1 and consumers == (layer.name,) and producer not in outputs
-            and tiles[producer].keys() == own.keys()
-            and all(_needed(layer, 0, box) == tiles[producer][device]
-                    for device, box in own.items()))
 
 
 def _dropout_masks(graph: LayerGraph) -> int:

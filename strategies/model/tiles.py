@@ -17,10 +17,12 @@ so box volumes and overlaps factor into per-dimension terms; cost/cost_model.py 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.model.graph import Layer
+from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.space import DIMS, ParallelConfig, tile_range
 
 Range = tuple[int, int]
@@ -151,3 +153,53 @@ def tile_box(layer: Layer, tile: TileWork) -> Box:
             raise ConfigError(f"layer '{layer.name}' has no tile of shape {tile.output_shape} "
                               f"needing {tile.input_shapes}")
     return (box[0], box[1], box[2], box[3])
+
+
+def config_boxes(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
+    """Each device's output box of `layer` under `config`."""
+    sizes = as_4d(layer.output_shape)
+    boxes = {}
+    for index, device in config.tiles():
+        n, c, h, w = (tile_range(sizes[d], config.degrees[d], index[d]) for d in range(4))
+        boxes[device] = (n, c, h, w)
+    return boxes
+
+
+def needed_box(layer: Layer, input_index: int, out_box: Box) -> Box:
+    """The box of input `input_index` that output box `out_box` needs (empty ranges possible)."""
+    n, c, h, w = (needed_range(layer, input_index, d, out_box[d]) for d in range(4))
+    return (n, c, h, w)
+
+
+def box_volume(box: Box) -> int:
+    total = 1
+    for start, stop in box:
+        total *= max(stop - start, 0)
+    return total
+
+
+def chained_edges(graph: LayerGraph, boxes: Mapping[str, Mapping[int, Box]]) -> dict[str, str]:
+    """Consumer -> producer of every chained edge, given each layer's output box per device.
+
+    An edge is chained when its producer (not the network input, not an output) feeds only
+    this consumer, the consumer reads only it, and on every device the consumer needs exactly
+    the producer's box there: nothing moves. The runtime then computes the consumer on the
+    producer's output tensor itself, so one autograd graph spans the chain and one backward
+    call runs it (no leaf, no copied gradient); the memory model counts what that keeps.
+    """
+    consumers = graph.consumers
+    by_name = graph.by_name
+    chained: dict[str, str] = {}
+    for layer in graph.layers:
+        if len(layer.inputs) != 1:
+            continue
+        producer = by_name[layer.inputs[0]]
+        if (producer.kind == "input" or consumers[producer.name] != (layer.name,)
+                or producer.name in graph.outputs):
+            continue
+        own, theirs = boxes[layer.name], boxes[producer.name]
+        if own.keys() == theirs.keys() and all(
+                needed_box(layer, 0, box) == theirs[device] for device, box in own.items()):
+            chained[layer.name] = producer.name
+    return chained
+

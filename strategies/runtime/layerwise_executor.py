@@ -31,7 +31,7 @@ from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model import ops
 from layerwise.strategies.model.fx_nodes import argument, count_include_pad
 from layerwise.strategies.model.graph import Layer
-from layerwise.strategies.model.tiles import as_4d
+from layerwise.strategies.model.tiles import as_4d, chained_edges
 from layerwise.strategies.runtime.buckets import GradientBuckets
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.functions import sharded_cross_entropy
@@ -96,8 +96,10 @@ class LayerwiseModel(ShardedModel):
         self._in_place = {name for name, node in self.nodes.items() if self._writes_input(node)}
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
-        # consumer -> producer of every chained edge (see _chained_edges); and its producers
-        self._chained = _chained_edges(plan)
+        # consumer -> producer of every chained edge (tiles.chained_edges); and its producers
+        self._chained = chained_edges(plan.graph, {
+            layer_plan.layer.name: {device: tile.box for device, tile in layer_plan.tiles.items()}
+            for layer_plan in plan.layers})
         self._feeds_chain = set(self._chained.values())
 
     def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -324,35 +326,6 @@ class LayerwiseModel(ShardedModel):
             gradients.get(input_plan.producer), self.plan.layers[index].layer.name)
         if total is not None:
             gradients[input_plan.producer] = total
-
-
-def _chained_edges(plan: StrategyPlan) -> dict[str, str]:
-    """Consumer -> producer of every chained edge.
-
-    An edge is chained when its producer feeds only this consumer, the consumer reads only it,
-    and on every device the consumer needs exactly the producer's tile there: nothing moves.
-    The consumer then computes on the producer's output tensor itself, so one autograd graph
-    spans the chain and one backward call runs it (no leaf, no copied gradient, no empty
-    exchange phase per layer). Every rank derives the same chains from the same plan.
-    """
-    consumers = plan.graph.consumers
-    chained: dict[str, str] = {}
-    for layer_plan in plan.layers:
-        if len(layer_plan.inputs) != 1:
-            continue
-        input_plan = layer_plan.inputs[0]
-        producer = plan.by_name[input_plan.producer]
-        if (producer.layer.kind == "input" or consumers[producer.layer.name] != (
-                layer_plan.layer.name,) or producer.layer.name in plan.graph.outputs):
-            continue
-        devices = set(producer.tiles)
-        if set(input_plan.needed) != devices or set(layer_plan.tiles) != devices or any(
-                piece.remote for piece in input_plan.pieces):
-            continue
-        if all(input_plan.needed[device] == tile.box
-               for device, tile in producer.tiles.items()):
-            chained[layer_plan.layer.name] = producer.layer.name
-    return chained
 
 
 def _full_box(layer: Layer) -> Box:

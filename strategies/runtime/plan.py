@@ -19,7 +19,7 @@ from functools import cached_property
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.space import ParallelConfig, check_config, tile_range
-from layerwise.strategies.model.tiles import Range, as_4d, needed_range
+from layerwise.strategies.model.tiles import Range, as_4d, box_volume, needed_box
 
 Box = tuple[Range, Range, Range, Range]
 TileIndex = tuple[int, int, int, int]
@@ -32,12 +32,6 @@ def tile_box(layer: Layer, index: TileIndex, degrees: TileIndex) -> Box:
     return (n, c, h, w)
 
 
-def needed_box(layer: Layer, input_index: int, out_box: Box) -> Box:
-    """The box of input `input_index` that output box `out_box` needs (empty ranges possible)."""
-    n, c, h, w = (needed_range(layer, input_index, d, out_box[d]) for d in range(4))
-    return (n, c, h, w)
-
-
 def intersect(first: Box, second: Box) -> Box | None:
     """The common box of two boxes, or None if they share no element."""
     ranges = tuple((max(a[0], b[0]), min(a[1], b[1])) for a, b in zip(first, second, strict=True))
@@ -45,13 +39,6 @@ def intersect(first: Box, second: Box) -> Box | None:
         return None
     n, c, h, w = ranges
     return (n, c, h, w)
-
-
-def volume(box: Box) -> int:
-    total = 1
-    for start, stop in box:
-        total *= max(stop - start, 0)
-    return total
 
 
 def is_empty(box: Box) -> bool:
@@ -109,7 +96,7 @@ class InputPlan:
 
     @property
     def remote_elements(self) -> int:
-        return sum(volume(p.box) for p in self.pieces if p.remote)
+        return sum(box_volume(p.box) for p in self.pieces if p.remote)
 
 
 @dataclass(frozen=True)

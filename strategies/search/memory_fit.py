@@ -32,7 +32,6 @@ from layerwise.strategies.cost.memory import (
     FLOAT32_BYTES,
     DeviceMemory,
     any_plan_bound,
-    layer_tiles,
     predicted_memory,
     step_input_bytes,
     tile_terms,
@@ -40,6 +39,7 @@ from layerwise.strategies.cost.memory import (
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.model.graph import Layer
 from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.tiles import config_boxes
 from layerwise.strategies.search.baselines import BASELINES, baseline
 from layerwise.strategies.search.elimination import (
     SearchResult,
@@ -82,7 +82,7 @@ def _layer_rows(layer: Layer, configs: list[ParallelConfig], devices: int,
     if layer.kind == "input":
         return rows
     for index, config in enumerate(configs):
-        for device, box in layer_tiles(layer, config).items():
+        for device, box in config_boxes(layer, config).items():
             own = tile_terms(layer, config, box, element_bytes)
             rows[0, index, device] = own.forward_end
             rows[1, index, device] = own.backward_end
