@@ -50,10 +50,17 @@ from layerwise.strategies.search.elimination import (
 
 ROUNDS = 40  # subgradient steps at most; the search stops earlier at GAP_TOLERANCE
 REPAIR_MOVES = 200  # config changes one repair may make
-EXACT_CANDIDATES = 6  # changes per repair move checked with the whole memory model
+EXACT_CANDIDATES = 3  # changes per repair move checked with the whole memory model
+REPAIRS = 3  # plans repaired at most (the rounds' distinct plans that do not fit)
+# The fit's share of a search: rounds and repairs stop here, keeping the best plan found and
+# its proven gap (ResNet-50 on 16 devices: the whole memory model of one plan takes 0.2 s)
+FIT_SECONDS = 30.0
 POTENTIAL_POWER = 8  # how much more the fullest devices weigh in a repair's choice of change
 GAP_TOLERANCE = 0.01  # a plan within 1% of the lower bound is taken as optimal
 MOMENTS = ("forward_end", "backward_end")
+
+
+Checked = tuple[float, tuple[DeviceMemory, ...]]  # a plan's step seconds and devices' bytes
 
 
 class DoesNotFit(LayerwiseError):
@@ -125,7 +132,7 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
                                     element_bytes) / budget for layer in graph.layers}
     capacity = 1.0 - step_input_bytes(graph, element_bytes) / budget
 
-    def checked(choice: dict[str, int]) -> tuple[float, tuple[DeviceMemory, ...]]:
+    def checked(choice: dict[str, int]) -> Checked:
         assignment = {name: cost_model.configs[name][index] for name, index in choice.items()}
         return (_step_seconds(nodes, edges, choice),
                 predicted_memory(graph, assignment, devices, element_bytes))
@@ -144,7 +151,10 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
     scale = 2.0  # Polyak's step factor, halved when the bound stalls
     stalled = 0
     rounds = 0
+    deadline = time.monotonic() + FIT_SECONDS
     for rounds in range(1, ROUNDS + 1):
+        if time.monotonic() > deadline:
+            break
         if progress:
             progress(f"fitting memory: round {rounds}")
         weighted = {name: nodes[name] + np.einsum("rcd,rd->c", rows[name], multipliers)
@@ -158,9 +168,11 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
         least_found = peak if least_found is None else min(least_found, peak)
         if peak <= budget and (best is None or step < best[1]):
             best = (dict(solution.choice), step, peak)
-        elif peak > budget and tuple(solution.choice.values()) not in repaired:
+        elif (peak > budget and len(repaired) < REPAIRS
+              and tuple(solution.choice.values()) not in repaired):
             repaired.add(tuple(solution.choice.values()))
-            fixed = _repair(dict(solution.choice), nodes, edges, rows, budget, checked)
+            fixed = _repair(dict(solution.choice), nodes, edges, rows, budget, checked,
+                            deadline)
             if fixed is not None and (best is None or fixed[1] < best[1]):
                 best = fixed
         if best is not None and best[1] - lower <= GAP_TOLERANCE * best[1]:
@@ -178,10 +190,10 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             0.0, multipliers + scale * max(target - bound, 0.0) / norm * violation)
     if best is None:
         raise DoesNotFit(
-            f"no plan found that fits {_mb(budget)} per device: the leanest the search met "
-            f"needs {_mb(least_found or 0)} on its fullest device, and no plan needs less than "
-            f"{_mb(need)} ({needing_layer}); use more devices, a smaller batch or input, or a "
-            f"larger --memory-limit")
+            f"no plan found that fits {_mb(budget)} per device in {rounds} rounds: the leanest "
+            f"the search met needs {_mb(least_found or 0)} on its fullest device, and no plan "
+            f"needs less than {_mb(need)} ({needing_layer}); use more devices, a smaller batch "
+            f"or input, or a larger --memory-limit")
     choice, step, peak = best
     return Fit(choice=choice, step_seconds=step, lower_bound=min(lower, step), rounds=rounds,
                peak=peak)
@@ -189,8 +201,8 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
 
 def _repair(choice: dict[str, int], nodes: dict[str, np.ndarray],
             edges: dict[tuple[str, str], np.ndarray], rows: dict[str, np.ndarray],
-            budget: int, checked: Callable[[dict[str, int]], tuple[float, tuple[DeviceMemory, ...]]]
-            ) -> tuple[dict[str, int], float, int] | None:
+            budget: int, checked: Callable[[dict[str, int]], Checked],
+            deadline: float) -> tuple[dict[str, int], float, int] | None:
     """A plan that fits, from one that does not: one layer's config changed at a time, the
     change that lowers the devices' per-tile bytes most for the step time it adds (measured
     by sum(bytes^POTENTIAL_POWER) over devices and moments, which the fullest devices
@@ -208,6 +220,8 @@ def _repair(choice: dict[str, int], nodes: dict[str, np.ndarray],
     for _ in range(REPAIR_MOVES):
         if peak <= budget:
             return choice, step, peak
+        if time.monotonic() > deadline:
+            return None
         potential = float((usage ** POTENTIAL_POWER).sum())
         candidates: list[tuple[float, str, int]] = []
         for name, cost in nodes.items():
