@@ -37,7 +37,7 @@ from layerwise.strategies.cost.memory import (
     tile_terms,
 )
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.model.graph import Layer
+from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.tiles import config_boxes
 from layerwise.strategies.search.baselines import BASELINES, baseline
@@ -96,17 +96,14 @@ def _layer_rows(layer: Layer, configs: list[ParallelConfig], devices: int,
     return rows
 
 
-def least_need(cost_model: CostModel, element_bytes: int = FLOAT32_BYTES) -> tuple[int, str]:
+def _least_need(graph: LayerGraph, rows: dict[str, np.ndarray], inputs: int
+                ) -> tuple[int, str]:
     """A lower bound of any plan's fullest device, and the layer that sets it: every plan puts
-    each layer under some config, whose fullest device holds at least its tile's own bytes and
-    the step's inputs."""
-    graph = cost_model.graph
-    inputs = step_input_bytes(graph, element_bytes)
+    each layer under some config, whose fullest device holds at least its tile's own bytes
+    (`rows`) and the step's inputs."""
     need, layer_name = inputs, graph.layers[0].name
     for layer in graph.layers:
-        rows = _layer_rows(layer, cost_model.configs[layer.name], cost_model.devices,
-                           element_bytes)
-        layer_need = int(rows.max(axis=(0, 2)).min()) + inputs
+        layer_need = int(rows[layer.name].max(axis=(0, 2)).min()) + inputs
         if layer_need > need:
             need, layer_name = layer_need, layer.name
     return need, layer_name
@@ -120,7 +117,10 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
     when that is over the budget, else with the least the search found."""
     graph = cost_model.graph
     devices = cost_model.devices
-    need, needing_layer = least_need(cost_model, element_bytes)
+    tile_bytes = {layer.name: _layer_rows(layer, cost_model.configs[layer.name], devices,
+                                          element_bytes) for layer in graph.layers}
+    inputs = step_input_bytes(graph, element_bytes)
+    need, needing_layer = _least_need(graph, tile_bytes, inputs)
     if need > budget:
         raise DoesNotFit(
             f"no plan fits {_mb(budget)} per device: every plan needs at least {_mb(need)} "
@@ -128,9 +128,8 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             f"input, or a larger --memory-limit")
     nodes, edges = graph_costs(cost_model, progress)
     order = [layer.name for layer in graph.layers]
-    rows = {layer.name: _layer_rows(layer, cost_model.configs[layer.name], devices,
-                                    element_bytes) / budget for layer in graph.layers}
-    capacity = 1.0 - step_input_bytes(graph, element_bytes) / budget
+    rows = {name: bytes_ / budget for name, bytes_ in tile_bytes.items()}
+    capacity = 1.0 - inputs / budget
 
     def checked(choice: dict[str, int]) -> Checked:
         assignment = {name: cost_model.configs[name][index] for name, index in choice.items()}
