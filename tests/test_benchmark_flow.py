@@ -140,6 +140,14 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
     assert metrics["step_seconds_p25"] <= metrics["step_seconds"] <= metrics["step_seconds_p75"]
     assert metrics["transfer_bytes_per_step"] == metrics["predicted_transfer_bytes_per_step"]
     assert metrics["sync_bytes_per_step"] == metrics["predicted_sync_bytes_per_step"]
+    # the memory model covers the layer-wise runtime (data), not OWT's hand-offs (owt_b)
+    assert ("predicted_peak_memory_bytes" in metrics) == (strategy == "data")
+    if strategy == "data":
+        predicted = client.get_metric_history(run.info.run_id,
+                                              "predicted_peak_memory_bytes_per_rank")
+        assert sorted(metric.step for metric in predicted) == [0, 1]
+        assert max(metric.value for metric in predicted) == metrics[
+            "predicted_peak_memory_bytes"]
     # ParaDL predicts data parallelism; it has no equivalent of OWT's mixed split
     assert ("oracle_step_seconds" in metrics) == (strategy == "data")
     if strategy == "data":

@@ -49,13 +49,8 @@ class Plan:
     reports: dict[str, BaseModel] = field(default_factory=dict)
 
     def peak_memory(self, strategy: Strategy) -> list[int] | None:
-        """Each device's predicted peak in float32 training (cost/memory.py), for strategies
-        the layer-wise runtime executes; None for a schedule's own engine (pipeline, local,
-        OWT's hand-offs), which the memory model does not cover yet."""
-        if not isinstance(strategy.execution, LayerwiseExecution):
-            return None
-        return [device.peak for device in predicted_memory(
-            self.graph, strategy.assignment(), self.devices, FLOAT32_BYTES)]
+        """Each device's predicted peak in float32 training (`predicted_peaks`)."""
+        return predicted_peaks(self.graph, strategy)
 
     def fits(self, strategy: Strategy) -> bool | None:
         """Whether every device's predicted peak is within the budget (None: not predicted)."""
@@ -99,6 +94,17 @@ class Plan:
             **{name: report.model_dump() for name, report in self.reports.items()},
             "held_layers": self.graph.held_notes,
         }
+
+
+def predicted_peaks(graph: LayerGraph, strategy: Strategy,
+                    momentum: bool = True) -> list[int] | None:
+    """Each device's predicted peak in float32 training (cost/memory.py), for strategies the
+    layer-wise runtime executes; None for a schedule's own engine (pipeline, local, OWT's
+    hand-offs), which the memory model does not cover yet."""
+    if not isinstance(strategy.execution, LayerwiseExecution):
+        return None
+    return [device.peak for device in predicted_memory(
+        graph, strategy.assignment(), strategy.devices, FLOAT32_BYTES, momentum=momentum)]
 
 
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,

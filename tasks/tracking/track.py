@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.exactness.accuracy import AccuracyCheck
 from layerwise.strategies.exactness.reference import Divergence
 from layerwise.strategies.jobs.launch import StepProgress
+from layerwise.strategies.jobs.planning import predicted_peaks
 from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.model.space import DIMS, ParallelConfig
 from layerwise.strategies.training_run import RunResult
@@ -227,7 +228,10 @@ def log_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph
                         oracle_seconds: float | None = None) -> None:
     """Metrics, the per-layer table and figure, the strategy JSON and the RunResult, whether
     or not the run's checks passed (a failed check must not hide what was measured)."""
-    client.log_batch(run_id, metrics=run_metrics(result, accuracy, divergence, oracle_seconds))
+    predicted = predicted_peaks(graph, result.strategy,
+                                momentum=result.settings.momentum != 0) or []
+    client.log_batch(run_id, metrics=run_metrics(result, accuracy, divergence, oracle_seconds,
+                                                 predicted))
     if accuracy is not None:
         client.set_tag(run_id, "accuracy_check", accuracy.describe()[:_MAX_PARAM_LENGTH])
     client.log_table(run_id, per_layer_table(result, graph), "per_layer.json")
@@ -237,11 +241,12 @@ def log_strategy_run(client: MlflowClient, run_id: str, result: RunResult, graph
 
 
 def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
-                divergence: Divergence | None,
-                oracle_seconds: float | None = None) -> list[Metric]:
+                divergence: Divergence | None, oracle_seconds: float | None = None,
+                predicted_peak_bytes: Sequence[int] = ()) -> list[Metric]:
     """The contract's metrics but train_loss (logged per step as it comes: LiveSteps), each
-    once; the measured peak memory as its largest over the ranks and per rank (the rank as
-    the metric's step). With the ParaDL
+    once; the measured peak memory and the memory model's (`predicted_peak_bytes`, where it covers
+    the strategy's engine) as their largest over the ranks and per rank (the rank as the
+    metric's step). With the ParaDL
     oracle's step time, also it and its accuracy (predicted / measured, as Kahira et al.);
     with the float64 verify stage's divergence, its largest relative difference."""
     now = get_current_time_millis()
@@ -277,8 +282,14 @@ def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
         values["oracle_accuracy"] = oracle_seconds / result.step_seconds_median
     if result.peak_memory_bytes_per_rank:
         values["peak_memory_bytes"] = max(result.peak_memory_bytes_per_rank)
-    per_rank = [Metric("peak_memory_bytes_per_rank", float(peak), now, rank)
-                for rank, peak in enumerate(result.peak_memory_bytes_per_rank)]
+    if predicted_peak_bytes:
+        values["predicted_peak_memory_bytes"] = max(predicted_peak_bytes)
+    per_rank = [Metric(name, float(peak), now, rank)
+                for name, peaks in (("peak_memory_bytes_per_rank",
+                                     result.peak_memory_bytes_per_rank),
+                                    ("predicted_peak_memory_bytes_per_rank",
+                                     predicted_peak_bytes))
+                for rank, peak in enumerate(peaks)]
     return [Metric(key, float(value), now, 0) for key, value in values.items()] + per_rank
 
 
