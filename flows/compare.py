@@ -43,7 +43,7 @@ COMPARED_METRICS = (
     "predicted_transfer_bytes_per_step", "transfer_bytes_per_step",
     "predicted_sync_bytes_per_step", "sync_bytes_per_step", "cost_model_error",
     "val_accuracy", "baseline_val_accuracy", "oracle_step_seconds", "verify_max_difference",
-    "peak_memory_bytes",
+    "predicted_peak_memory_bytes", "peak_memory_bytes",
 )
 DELTA_METRICS = ("step_seconds", "throughput_samples_per_s", "transfer_bytes_per_step",
                  "sync_bytes_per_step", "peak_memory_bytes", "val_accuracy")

@@ -113,11 +113,11 @@ def _print(comparison: Comparison) -> None:
 
 
 COLUMNS = ("model", "strategy", "pred. ms", "ParaDL ms", "meas. ms", "samples/s",
-           "transfer B pred.", "transfer B meas.", "sync B pred.", "sync B meas.", "peak MB",
-           "val acc", "1-proc acc", "status")
+           "transfer B pred.", "transfer B meas.", "sync B pred.", "sync B meas.",
+           "peak MB pred.", "peak MB meas.", "val acc", "1-proc acc", "status")
 NUMERIC = frozenset({"pred. ms", "ParaDL ms", "meas. ms", "samples/s", "transfer B pred.",
-                     "transfer B meas.", "sync B pred.", "sync B meas.", "peak MB", "val acc",
-                     "1-proc acc"})
+                     "transfer B meas.", "sync B pred.", "sync B meas.", "peak MB pred.",
+                     "peak MB meas.", "val acc", "1-proc acc"})
 
 
 def _table(title: str, rows: list[list[str]]) -> Table:
@@ -141,7 +141,7 @@ def _cells(row: StrategyRow) -> list[str]:
     metric = row.metrics
     cells = [f"{row.model} {row.model_version}", row.strategy]
     if metric["step_seconds"] is None:  # nothing was measured: the run failed before
-        cells += ["-"] * 10 + [_percent(metric["baseline_val_accuracy"])]
+        cells += ["-"] * 11 + [_percent(metric["baseline_val_accuracy"])]
     else:
         cells += [_number(metric["predicted_step_seconds"], 1e3, ".2f"),
                   _number(metric["oracle_step_seconds"], 1e3, ".2f"),
@@ -150,6 +150,7 @@ def _cells(row: StrategyRow) -> list[str]:
                   *(_number(metric[name], 1, ",.0f") for name in (
                       "predicted_transfer_bytes_per_step", "transfer_bytes_per_step",
                       "predicted_sync_bytes_per_step", "sync_bytes_per_step")),
+                  _number(metric["predicted_peak_memory_bytes"], 1e-6, ",.1f"),
                   _number(metric["peak_memory_bytes"], 1e-6, ",.1f"),
                   _percent(metric["val_accuracy"]),
                   _percent(metric["baseline_val_accuracy"])]
