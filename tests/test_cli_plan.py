@@ -308,3 +308,22 @@ def test_the_default_placement_takes_the_whole_space_unless_it_would_take_minute
     assert resolved_placement(graph, 128, "aligned") == ("aligned", None)
     with pytest.raises(LayerwiseError, match="auto, aligned or origin"):
         resolved_placement(graph, 4, "everywhere")
+
+
+def test_a_profile_at_a_global_batch_prices_the_search_at_that_batch(tmp_path):
+    """`profile --batch` and `search --batch` meet at one global batch (2 images on 4 devices);
+    a search at another batch names the profile command that fits it."""
+    profile = tmp_path / "profile.json"
+    shape = ["--devices", "4", "--image-size", "8"]
+    made = runner.invoke(app, ["profile", "tiny_cnn", *shape, "--batch", "2", "--repeats", "1",
+                               "--warmup", "0", "--out", str(profile)])
+    assert made.exit_code == 0, made.output
+    assert "global batch 2 (given)" in made.stdout
+    searched = runner.invoke(app, ["search", "tiny_cnn", *shape, "--batch", "2", "--cluster",
+                                   "local", "--profile", str(profile), "--json"])
+    assert searched.exit_code == 0, searched.output
+    document = json.loads(searched.stdout)
+    assert document["batch"] == 2 and document["cost_source"] == "profile"
+    other = runner.invoke(app, ["search", "tiny_cnn", *shape, "--batch", "4", "--cluster",
+                                "local", "--profile", str(profile)])
+    one_line_error(other, "`layerwise profile tiny_cnn --devices N --batch 4 --image-size 8")

@@ -58,9 +58,13 @@ def profile(
     model: Annotated[str, typer.Argument(help="Zoo name or package.module:factory.")],
     devices: Annotated[int, typer.Option(
         help="Devices the strategies will use: every config on up to this many is profiled.")],
-    batch_per_device: Annotated[int, typer.Option(
-        help="Samples per device; the global batch is this times --devices.")
-    ] = DEFAULT_BATCH_PER_DEVICE,
+    batch_per_device: Annotated[int | None, typer.Option(
+        help=f"Samples per device; the global batch is this times --devices (default "
+             f"{DEFAULT_BATCH_PER_DEVICE}).")
+    ] = None,
+    batch: Annotated[int | None, typer.Option(
+        help="Global batch instead of --batch-per-device, as `search --batch` takes it.")
+    ] = None,
     image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of output classes.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
@@ -114,8 +118,14 @@ def profile(
 
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1 (got {devices})")
-    if batch_per_device < 1:
+    if batch is not None and batch_per_device is not None:
+        raise ConfigError("give --batch (global) or --batch-per-device, not both")
+    if batch is not None and batch < 1:
+        raise ConfigError(f"--batch must be >= 1 (got {batch})")
+    if batch_per_device is not None and batch_per_device < 1:
         raise ConfigError(f"--batch-per-device must be >= 1 (got {batch_per_device})")
+    per_device = batch_per_device or DEFAULT_BATCH_PER_DEVICE
+    split = "given" if batch is not None else f"{per_device} x {devices} devices"
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1 (got {threads})")
     if processes < 1:
@@ -127,12 +137,11 @@ def profile(
     check_processes(processes + 1, "profiling", "--processes")  # the profilers and this one
     if processes > 1 and threads is None:
         threads = concurrent_threads(processes)
-    graph = build_graph(model, batch=batch_per_device * devices, image_size=image_size,
-                        num_classes=classes, in_channels=in_channels)
+    graph = build_graph(model, batch=batch if batch is not None else per_device * devices,
+                        image_size=image_size, num_classes=classes, in_channels=in_channels)
     check_memory(largest_layer_bytes(graph) * processes,
-                 f"profiling {model} at a global batch of {graph.batch} ({batch_per_device} x "
-                 f"{devices} devices)", "use a smaller --batch-per-device, fewer --devices or a "
-                 "smaller --image-size")
+                 f"profiling {model} at a global batch of {graph.batch} ({split})",
+                 "use a smaller batch, fewer --devices or a smaller --image-size")
     if out is not None:
         writable_file(out, "--out")
     try:
@@ -149,7 +158,7 @@ def profile(
     if not as_json:
         console.print(
             f"profiling {model} on {name} ({target.type}{_at_once(processes)}), global batch "
-            f"{graph.batch} ({batch_per_device} x {devices} devices): {measured_count} tiles to "
+            f"{graph.batch} ({split}): {measured_count} tiles to "
             "measure, "
             f"reused {reused_count} tiles from {path if plan.existing else 'nothing'}"
             + (f" ({path} was measured by an older layerwise: replacing it)"

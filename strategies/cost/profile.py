@@ -262,8 +262,7 @@ class Profile(BaseModel):
 def _profile_command(model: str, input_shape: Sequence[int], batch: int) -> str:
     size = f" --image-size {input_shape[2]}" if len(input_shape) == 4 else ""
     channels = f" --in-channels {input_shape[1]}" if len(input_shape) >= 2 else ""
-    return (f"`layerwise profile {model} --devices N --batch-per-device B{size}{channels}` "
-            f"with N*B = {batch}")
+    return f"`layerwise profile {model} --devices N --batch {batch}{size}{channels}`"
 
 
 # ---------------------------------------------------------------------------------------------
