@@ -124,7 +124,7 @@ def profile(
         raise ConfigError(f"--batch must be >= 1 (got {batch})")
     if batch_per_device is not None and batch_per_device < 1:
         raise ConfigError(f"--batch-per-device must be >= 1 (got {batch_per_device})")
-    per_device = batch_per_device or DEFAULT_BATCH_PER_DEVICE
+    per_device = batch_per_device if batch_per_device is not None else DEFAULT_BATCH_PER_DEVICE
     split = "given" if batch is not None else f"{per_device} x {devices} devices"
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1 (got {threads})")

@@ -88,7 +88,8 @@ def register(app: typer.Typer) -> None:
         with _status("searching", as_json):
             result = plan(
                 model, devices, cluster,
-                batch_per_device=batch_per_device or DEFAULT_BATCH_PER_DEVICE, batch=batch,
+                batch_per_device=(batch_per_device if batch_per_device is not None
+                                  else DEFAULT_BATCH_PER_DEVICE), batch=batch,
                 image_size=image_size, classes=classes, in_channels=in_channels,
                 profile=profile, analytic=analytic, baselines=names, placement=placement,
                 memory_limit=limit)

@@ -149,8 +149,9 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
                 cost_source=cost.compute.name, placement=cost.placement,
                 placement_note=cost.placement_note, search=result,
                 strategies=strategies, skipped=skipped, reports=reports,
-                memory_budget=result.memory_budget_bytes or memory_budget(
-                    cost.cluster.device.memory_bytes),
+                memory_budget=(result.memory_budget_bytes
+                               if result.memory_budget_bytes is not None
+                               else memory_budget(cost.cluster.device.memory_bytes)),
                 paradl=paradl_step_cases(cost, graph.batch // devices)
                 if PARADL in baselines and graph.batch % devices == 0 else ())
 

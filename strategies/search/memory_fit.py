@@ -209,10 +209,10 @@ def _repair(choice: dict[str, int], nodes: dict[str, np.ndarray],
     says it fits (None when no change lowers it any more). The
     multipliers of a symmetric cost model cannot spread work over devices by themselves
     (moving every layer from devices 0-1 to 2-3 costs the same), which this does."""
-    incident: dict[str, list[tuple[tuple[str, str], bool]]] = {name: [] for name in nodes}
-    for edge in edges:
-        incident[edge[0]].append((edge, True))
-        incident[edge[1]].append((edge, False))
+    incident: dict[str, list[tuple[str, str]]] = {name: [] for name in nodes}
+    for u, v in edges:
+        incident[u].append((u, v))
+        incident[v].append((u, v))
     usage = sum(rows[name][:, index, :] for name, index in choice.items())
     step, memory = checked(choice)
     peak = max(device.peak for device in memory)
@@ -226,7 +226,8 @@ def _repair(choice: dict[str, int], nodes: dict[str, np.ndarray],
         for name, cost in nodes.items():
             current = choice[name]
             seconds = cost - cost[current]
-            for (u, v), matrix in ((edge, edges[edge]) for edge, _ in incident[name]):
+            for u, v in incident[name]:
+                matrix = edges[u, v]
                 if u == name:
                     seconds = seconds + matrix[:, choice[v]] - matrix[current, choice[v]]
                 else:
