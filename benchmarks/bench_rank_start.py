@@ -1,16 +1,19 @@
 """What a rank pays before its first step, the way it paid it before and the way it pays it now.
 
     .venv/bin/python benchmarks/bench_rank_start.py                 # 3 rounds
-    .venv/bin/python benchmarks/bench_rank_start.py --rounds 5 --model alexnet
+    .venv/bin/python benchmarks/bench_rank_start.py --rounds 5 --model alexnet --nproc 4
 
-Two costs, each side by side in this one invocation, each in fresh Python processes so that
+Three costs, each side by side in this one invocation, each in fresh Python processes so that
 nothing is cached between them:
 
 - the first SGD step of a process: torch.optim.SGD (whose first use imports torch._dynamo)
   against strategies/sgd.py's Sgd (torch's functional sgd, the same arithmetic);
 - building the seeded float64 module of a strategy after the first (`layerwise verify` trains
   every strategy in one launch): `build_seeded` again against `InitialModules.build`, which
-  copies the first build and restores the generator state it left.
+  copies the first build and restores the generator state it left;
+- a whole launch of `--nproc` ranks training tiny_cnn for one step (wall time, and the CPU
+  time of every process of it): torchrun starting a fresh interpreter per rank against
+  layerwise's agent (strategies/jobs/agent.py), whose ranks are forks of it.
 
 A round runs both variants of each; a row's time is the median over rounds. Printed: both
 times and before / now.
@@ -20,12 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from layerwise.strategies.hardware.rendezvous import loopback_environment
+from layerwise.strategies.jobs.launch import AGENT_MODULE
 
 FIRST_STEP = """
 import json, time
@@ -66,10 +77,53 @@ def _seconds(script: str) -> float:
     return float(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _launch_seconds(launcher: str, run: Path, nproc: int) -> tuple[float, float]:
+    """Wall and CPU seconds (every process of the launch) of one launch by `launcher` of
+    the ranks of the prepared run folder `run`, one step each."""
+    with tempfile.TemporaryDirectory() as folder:
+        environment = {**os.environ, "TMPDIR": folder, **loopback_environment(Path(folder))}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", launcher, "--nproc-per-node", str(nproc),
+                        "--max-restarts", "0", "-m", "layerwise.strategies.runtime.worker",
+                        "--out", str(run), "--steps", "1", "--no-checkpoint"],
+                       env=environment, capture_output=True, check=True)
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def _prepared_run(folder: Path, nproc: int) -> Path:
+    """A run folder `layerwise train` wrote (strategy, settings, graph) for the launches."""
+    run = folder / "run"
+    subprocess.run([str(Path(sys.executable).with_name("layerwise")), "train", "tiny_cnn",
+                    "--strategy", "data", "--nproc", str(nproc), "--image-size", "8",
+                    "--steps", "1", "--out", str(run)], capture_output=True, check=True)
+    return run
+
+
+def _launch_rows(rounds: int, nproc: int) -> list[tuple[str, float, float]]:
+    launchers = {"before": "torch.distributed.run", "now": AGENT_MODULE}
+    walls: dict[str, list[float]] = {key: [] for key in launchers}
+    cpus: dict[str, list[float]] = {key: [] for key in launchers}
+    with tempfile.TemporaryDirectory() as folder:
+        run = _prepared_run(Path(folder), nproc)
+        for _ in range(rounds):
+            for key, launcher in launchers.items():
+                wall, cpu = _launch_seconds(launcher, run, nproc)
+                walls[key].append(wall)
+                cpus[key].append(cpu)
+    return [(f"a launch of {nproc} ranks, {what}", statistics.median(values["before"]),
+             statistics.median(values["now"]))
+            for what, values in (("wall", walls), ("CPU of its processes", cpus))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="alexnet")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks of the launch rows")
     args = parser.parse_args()
     cases = {
         "first SGD step of a process": (FIRST_STEP.format(library=True),
@@ -85,6 +139,8 @@ def main() -> None:
             times["before"].append(_seconds(before))
             times["now"].append(_seconds(now))
         old, new = (statistics.median(times[key]) for key in ("before", "now"))
+        table.add_row(name, f"{old:.3f}", f"{new:.3f}", f"{old / new:.1f}x")
+    for name, old, new in _launch_rows(args.rounds, args.nproc):
         table.add_row(name, f"{old:.3f}", f"{new:.3f}", f"{old / new:.1f}x")
     Console().print(table)
 

@@ -6,8 +6,8 @@ TCP store, and a TCP store listens on every interface whatever host it is given;
 rendezvous ranks the nodes by host and process id, not by --node-rank, so a failure would name
 the wrong node. A TCP store does serve a socket handed to it, so node 0's launcher binds the
 endpoint's address itself and hosts the store there (`hosted_store`), and every node's torchrun
-joins it as a client through the backend registered here in torchrun's handler registry
-(`python -m layerwise.strategies.hardware.node_rendezvous` is torchrun with it), ranked by
+joins it as a client through the backend `create_handler` makes (registered in torchrun's
+handler registry by the agent, strategies/jobs/agent.py), ranked by
 --node-rank (`NodeRankRendezvous`). The launchers watch the joining (`JoinWatch`) to say who
 is missing, and end a run whose nodes never all come (JOIN_SECONDS).
 """
@@ -27,7 +27,6 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousInfo,
     RendezvousParameters,
     RendezvousStoreInfo,
-    rendezvous_handler_registry,
 )
 
 from layerwise.strategies.errors import LayerwiseError
@@ -158,16 +157,3 @@ def create_handler(parameters: RendezvousParameters) -> NodeRankRendezvous:
     return NodeRankRendezvous(parse_endpoint(parameters.endpoint),
                               int(parameters.config[NODE_RANK_CONFIG]), parameters.max_nodes,
                               parameters.run_id)
-
-
-def main() -> None:
-    """torchrun with BACKEND registered: `python -m layerwise.strategies.hardware.node_rendezvous
-    --rdzv-backend layerwise-nodes --rdzv-conf node_rank=N ...` (torchrun's arguments)."""
-    from torch.distributed.run import main as torchrun
-
-    rendezvous_handler_registry.register(BACKEND, create_handler)
-    torchrun()
-
-
-if __name__ == "__main__":
-    main()

@@ -61,6 +61,7 @@ from layerwise.strategies.processes.terminate import terminate_as_exit
 from layerwise.strategies.runtime.worker import ERROR_PREFIX, PROGRESS_PREFIX
 from layerwise.strategies.training_run import RunResult
 
+AGENT_MODULE = "layerwise.strategies.jobs.agent"  # torchrun, its ranks forked from its agent
 STOP_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
 WATCH_SECONDS = 10.0  # how often a launcher says which nodes it still waits for
@@ -85,18 +86,17 @@ class StepProgress(NamedTuple):
 
 def torchrun_command(job: Job, total: int, checkpoint_every: int | None, timeout: float,
                      also: Sequence[Path] = (), reference: Path | None = None) -> list[str]:
-    """torchrun starting the job's workers on this node, to train until step `total`
+    """torchrun (its ranks forked from its agent: strategies/jobs/agent.py) starting the
+    job's workers on this node, to train until step `total`
     (checkpointing every `checkpoint_every` steps, None: never); the run folders `also`
     (written like the job's, same processes) train after it in the same workers; with a
     `reference` (a saved `ReferenceRun`) each run writes its divergence from it, not its
     weights."""
+    command = [sys.executable, "-m", AGENT_MODULE]
     if job.settings.nnodes > 1:
-        command = [sys.executable, "-m", "layerwise.strategies.hardware.node_rendezvous",
-                   "--nnodes", str(job.settings.nnodes), "--rdzv-backend", BACKEND,
-                   "--rdzv-endpoint", str(job.rdzv_endpoint),
-                   "--rdzv-conf", f"{NODE_RANK_CONFIG}={job.node_rank}"]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run"]
+        command += ["--nnodes", str(job.settings.nnodes), "--rdzv-backend", BACKEND,
+                    "--rdzv-endpoint", str(job.rdzv_endpoint),
+                    "--rdzv-conf", f"{NODE_RANK_CONFIG}={job.node_rank}"]
     command += ["--nproc-per-node", str(job.settings.nproc), "--max-restarts", "0"]
     command += ["-m", "layerwise.strategies.runtime.worker", "--out", str(job.out), *map(str, also),
                 "--steps", str(total), "--timeout", str(timeout)]

@@ -12,7 +12,10 @@ instead, where every live tensor is reachable from Python (weights with their gr
 optimizer state, gradient buckets): peak = live at the end + (highest running sum - running
 sum at the end), exact as long as those earlier blocks are freed before the peak (at the
 step's start they are). The profiler slows the step (about 1.6x for ResNet-50 on this CPU), so
-one step of a run is measured.
+one step of a run is measured. It is torch's autograd profiler, the recorder under
+`torch.profiler.profile`, used directly: the wrapper's start imports torch's compiler
+(torch._inductor and torch._dynamo, about 2 s of every rank's first measured step) to read a
+setting of CUDA graphs that this measure does not need.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd.profiler import profile
 
 
 @dataclass
@@ -44,7 +47,7 @@ def measured_peak(device: torch.device) -> Iterator[PeakMemory]:
         torch.cuda.synchronize(device)
         peak.bytes = int(torch.cuda.max_memory_allocated(device))
         return
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+    with profile(use_cpu=True, profile_memory=True, use_kineto=True) as profiler:
         yield peak
     changes = _allocation_changes(profiler)
     if changes is not None:
@@ -59,7 +62,7 @@ def _allocation_changes(profiler: profile) -> list[int] | None:
     """Every allocation (+bytes) and free (-bytes) the profiler recorded, in time order; None
     where this torch's profiler does not expose its event tree."""
     try:
-        roots = profiler.profiler.kineto_results.experimental_event_tree()
+        roots = profiler.kineto_results.experimental_event_tree()
         from torch._C._profiler import _EventType
     except (AttributeError, ImportError):
         return None

@@ -1,6 +1,6 @@
 """One rank of `layerwise train`: the torchrun entry point.
 
-    python -m torch.distributed.run --nproc-per-node 2 --max-restarts 0 \\
+    python -m layerwise.strategies.jobs.agent --nproc-per-node 2 --max-restarts 0 \\
         -m layerwise.strategies.runtime.worker --out runs/RUN [runs/RUN2 ...] --steps 100 \\
         [--checkpoint-every 50 | --no-checkpoint] [--timeout 120] [--resume CHECKPOINT] \\
         [--reference reference.pt]
@@ -8,9 +8,10 @@
 `layerwise train` checks everything, writes runs/RUN/strategy.json (the Strategy with the cost
 model's prediction), runs/RUN/train.json (`TrainSettings`) and runs/RUN/graph.json (the layer graph
 it checked them against, so that no worker pays seconds to trace the model under fake tensors
-again), then starts exactly this command: on one machine in the environment of
-strategies/hardware/rendezvous.py (file stores, loopback only), on several with
-`--nnodes --node-rank --rdzv-endpoint` (they share runs/RUN, which node 0 writes).
+again), then starts exactly this command (torchrun's arguments; each rank a fork of the agent,
+strategies/jobs/agent.py; `python -m torch.distributed.run` runs it the same): on one machine
+in the environment of strategies/hardware/rendezvous.py (file stores, loopback only), on
+several with `--nnodes --node-rank --rdzv-endpoint` (they share runs/RUN, which node 0 writes).
 Each rank builds the same module from the same seed, keeps its shards (`LayerwiseModel`) and trains
 on the same global batches with SGD at the schedule's learning rate of each step
 (strategies/learning_rate.py). A loss that diverges (strategies/runtime/divergence.py) stops every
