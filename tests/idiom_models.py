@@ -1,4 +1,5 @@
-"""Small CNNs written the way users write them, for tests/test_idioms.py.
+"""Small CNNs written the way users write them, for tests/test_idioms.py (and one of
+AlexNet's shape for tests/test_verify.py).
 
 The torchrun workers build them by reference (`tests.idiom_models:idioms`), so they live in an
 importable module rather than in the test file; each takes `num_classes` as zoo factories do.
@@ -220,3 +221,33 @@ class ScoreMaps(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
+
+
+class NarrowAlexNet(nn.Module):
+    """AlexNet's layers at a sixteenth of its width, for tests/test_verify.py: a large strided
+    stem with padding, overlapping max-pools (3, stride 2), an adaptive average pool that
+    repeats its input, dropout before the wide layers. Its float64 runs take seconds where
+    AlexNet's 58M weights take minutes (AlexNet itself: `make verify-zoo`)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 8, 11, stride=4, padding=2), nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+            nn.Conv2d(8, 12, 5, padding=2), nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+            nn.Conv2d(12, 24, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(24, 16, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
+        self.classifier = nn.Sequential(
+            nn.Dropout(0.5), nn.Linear(16 * 6 * 6, 256), nn.ReLU(),
+            nn.Dropout(0.5), nn.Linear(256, 256), nn.ReLU(),
+            nn.Linear(256, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        return self.classifier(x)
