@@ -1,5 +1,5 @@
-"""Small CNNs written the way users write them, for tests/test_idioms.py (and one of
-AlexNet's shape for tests/test_verify.py).
+"""Small CNNs written the way users write them, for tests/test_idioms.py (and two of AlexNet's
+and Inception-v3's shapes, narrow, for tests/test_verify.py).
 
 The torchrun workers build them by reference (`tests.idiom_models:idioms`), so they live in an
 importable module rather than in the test file; each takes `num_classes` as zoo factories do.
@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from layerwise.strategies.model.zoo import BasicConv2d
 
 
 class SamePadding(nn.Module):
@@ -88,7 +90,7 @@ class LayerNormNet(nn.Module):
         self.norm = nn.LayerNorm([4, 8, 8])
         self.hidden = nn.Linear(4 * 8 * 8, 16)
         self.hidden_norm = nn.LayerNorm(16)
-        self.fc = nn.Linear(16, num_classes)
+        self.fc = nn.Linear(12, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.norm(self.conv(x)))
@@ -251,3 +253,56 @@ class NarrowAlexNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.flatten(self.avgpool(self.features(x)), 1)
         return self.classifier(x)
+
+
+class NarrowInception(nn.Module):
+    """Inception-v3's kinds of module at a tiny width, for tests/test_verify.py: four branches
+    concatenated (1x1, 1x1 then 5x5, double 3x3, average pool then 1x1), a grid reduction
+    concatenating strided convolutions with a max-pool, factorized 1x7 / 7x1 convolutions, and
+    concatenations nested in the last concatenation (1x3 beside 3x1), all of BasicConv2d
+    (conv, BatchNorm eps 0.001, ReLU), then dropout and the classifier. Inception-v3 itself
+    runs at 2 processes in `make verify-zoo`."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = BasicConv2d(in_channels, 8, kernel_size=3, padding=1)
+        self.mixed_a = nn.ModuleDict({
+            "b1": BasicConv2d(8, 4, kernel_size=1),
+            "b5_1": BasicConv2d(8, 4, kernel_size=1),
+            "b5_2": BasicConv2d(4, 4, kernel_size=5, padding=2),
+            "b3_1": BasicConv2d(8, 4, kernel_size=1),
+            "b3_2": BasicConv2d(4, 6, kernel_size=3, padding=1),
+            "b3_3": BasicConv2d(6, 6, kernel_size=3, padding=1),
+            "pool": BasicConv2d(8, 2, kernel_size=1)})
+        self.reduce_b3 = BasicConv2d(16, 8, kernel_size=3, stride=2)
+        self.reduce_bd = BasicConv2d(16, 6, kernel_size=3, stride=2)
+        self.mixed_c = nn.ModuleDict({
+            "b1": BasicConv2d(30, 6, kernel_size=1),
+            "b7_1": BasicConv2d(30, 4, kernel_size=1),
+            "b7_2": BasicConv2d(4, 4, kernel_size=(1, 7), padding=(0, 3)),
+            "b7_3": BasicConv2d(4, 6, kernel_size=(7, 1), padding=(3, 0))})
+        self.mixed_e = nn.ModuleDict({
+            "b3_1": BasicConv2d(12, 6, kernel_size=1),
+            "b3_2a": BasicConv2d(6, 4, kernel_size=(1, 3), padding=(0, 1)),
+            "b3_2b": BasicConv2d(6, 4, kernel_size=(3, 1), padding=(1, 0)),
+            "pool": BasicConv2d(12, 4, kernel_size=1)})
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.dropout = nn.Dropout(0.5)
+        self.fc = nn.Linear(12, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        a = self.mixed_a
+        x = torch.cat([a["b1"](x), a["b5_2"](a["b5_1"](x)),
+                       a["b3_3"](a["b3_2"](a["b3_1"](x))),
+                       a["pool"](F.avg_pool2d(x, kernel_size=3, stride=1, padding=1))], 1)
+        x = torch.cat([self.reduce_b3(x), self.reduce_bd(x),
+                       F.max_pool2d(x, kernel_size=3, stride=2)], 1)
+        c = self.mixed_c
+        x = torch.cat([c["b1"](x), c["b7_3"](c["b7_2"](c["b7_1"](x)))], 1)
+        e = self.mixed_e
+        b3 = e["b3_1"](x)
+        x = torch.cat([torch.cat([e["b3_2a"](b3), e["b3_2b"](b3)], 1),
+                       e["pool"](F.avg_pool2d(x, kernel_size=3, stride=1, padding=1))], 1)
+        x = self.dropout(torch.flatten(self.avgpool(x), 1))
+        return self.fc(x)

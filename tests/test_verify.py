@@ -5,10 +5,12 @@ by design must match one device within 1e-10 (they reach 1e-16..1e-11); those in
 (local updates, OWT's variable batch, a BatchNorm pipeline) must show a divergence far above it,
 which is what makes the 1e-10 verdict able to fail.
 
-The suite runs one model of each structure (plain convs, a wide classifier, residual BatchNorm,
-concatenated branches, AlexNet's dropout and overlapping pools at a sixteenth of its width;
-`make test`); every zoo model at 2 and 4 processes is the `zoo` mark (`make verify-zoo`):
-VGG-16's 138M float64 weights alone take minutes on two cores, AlexNet's 58M more than a minute.
+The suite runs one model of each structure (`make test`): plain convs, a wide classifier,
+residual BatchNorm, and AlexNet's and Inception-v3's kinds of layer (dropout, overlapping pools,
+a strided stem; concatenated branches, factorized and nested) in narrow models of their shape
+(tests/idiom_models.py). Every zoo model at 2 and 4 processes is the `zoo` mark (`make
+verify-zoo`): VGG-16's 138M float64 weights alone take minutes on two cores, AlexNet's 58M and
+Inception-v3's 94 BatchNorms more than a minute.
 """
 
 from __future__ import annotations
@@ -42,16 +44,19 @@ DEEP = ("resnet50", "resnet101", "resnet152", "inception_v3")
 # ResNet-18 on 4 processes (its 2-process case takes the second step): what a second step
 # adds, momentum and weight decay acting on every weight, is the small models' part.
 ONE_STEP = {("alexnet", 2), ("alexnet", 4), ("resnet18", 4)}
-# ResNet-18 at 2 processes (two steps); tiny_cnn's residual BatchNorm block runs at 4.
-IN_THE_SUITE = {(model, nproc) for model in SMALL for nproc in (2, 4)} | {
-    ("resnet18", 2), ("inception_v3", 2)}
-# AlexNet's layers, narrow (tests/idiom_models.py), at its stride-4 stem's smallest input
-NARROW_ALEXNET, NARROW_ALEXNET_SIZE = "tests.idiom_models:NarrowAlexNet", 63
+# ResNet-18 at 2 processes (two steps), tiny_cnn's residual BatchNorm block at 4 too; the wide
+# classifier at 2, channel-split classifiers at 4 in lenet5 and the narrow AlexNet.
+IN_THE_SUITE = {(model, nproc) for model in ("tiny_cnn", "lenet5") for nproc in (2, 4)} | {
+    ("wide_fc", 2), ("resnet18", 2)}
+# the shapes of AlexNet (at its stride-4 stem's smallest input) and Inception-v3, narrow
+NARROW = {"tests.idiom_models:NarrowAlexNet": (63, (2, 4)),
+          "tests.idiom_models:NarrowInception": (12, (2,))}
 CASES = [
     *(pytest.param(model, nproc, marks=() if (model, nproc) in IN_THE_SUITE else pytest.mark.zoo,
                    id=f"{model}-{nproc}")
       for model in ZOO for nproc in (2, 4)),
-    *(pytest.param(NARROW_ALEXNET, nproc, id=f"narrow_alexnet-{nproc}") for nproc in (2, 4)),
+    *(pytest.param(model, nproc, id=f"{model.rpartition(':')[2]}-{nproc}")
+      for model, (_, processes) in NARROW.items() for nproc in processes),
 ]
 
 
@@ -62,7 +67,7 @@ def test_the_grid_covers_every_zoo_model() -> None:
 @pytest.mark.parametrize(("model", "nproc"), CASES)
 def test_every_exact_strategy_matches_one_device(tmp_path, model: str, nproc: int) -> None:
     steps = 3 if model in SMALL else 1 if model in DEEP or (model, nproc) in ONE_STEP else 2
-    size = NARROW_ALEXNET_SIZE if model == NARROW_ALEXNET else IMAGE_SIZE[model]
+    size = NARROW[model][0] if model in NARROW else IMAGE_SIZE[model]
     result = runner.invoke(app, ["verify", model, "--strategy", "all", "--nproc", str(nproc),
                                  "--image-size", str(size), "--steps", str(steps),
                                  "--out", str(tmp_path / "v"), "--json"])
