@@ -90,7 +90,7 @@ class LayerNormNet(nn.Module):
         self.norm = nn.LayerNorm([4, 8, 8])
         self.hidden = nn.Linear(4 * 8 * 8, 16)
         self.hidden_norm = nn.LayerNorm(16)
-        self.fc = nn.Linear(12, num_classes)
+        self.fc = nn.Linear(16, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.norm(self.conv(x)))
