@@ -65,6 +65,7 @@ AGENT_MODULE = "layerwise.strategies.jobs.agent"  # torchrun, its ranks forked f
 STOP_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.5
 WATCH_SECONDS = 10.0  # how often a launcher says which nodes it still waits for
+FIRST_WATCH_SECONDS = 2.0  # when it first says so: nodes that meet at once say nothing
 # How long the output may stay open after torchrun is gone: its workers die with it at once,
 # so only workers stuck past their parent-death signal are left, and they are not waited for.
 ORPHANED_OUTPUT_SECONDS = 5.0
@@ -235,15 +236,16 @@ def _rendezvous(job: Job) -> Iterator[Launch]:
 def _watch_joining(process: subprocess.Popen[bytes], watch: JoinWatch | None,
                    ended: threading.Event, on_line: Callable[[str], None],
                    stalled: list[str]) -> None:
-    """Every WATCH_SECONDS until all nodes have joined (or `ended`), the line saying which
-    are missing to `on_line`; past JOIN_SECONDS that line goes to `stalled` and the launch
-    is stopped. Nothing to watch on one machine."""
+    """After FIRST_WATCH_SECONDS, then every WATCH_SECONDS until all nodes have joined (or
+    `ended`), the line saying which are missing to `on_line`; past JOIN_SECONDS that line
+    goes to `stalled` and the launch is stopped. Nothing to watch on one machine."""
     if watch is None:
         return
 
     def follow() -> None:
-        deadline = time.monotonic() + JOIN_SECONDS
-        while not ended.wait(WATCH_SECONDS):
+        deadline, wait = time.monotonic() + JOIN_SECONDS, FIRST_WATCH_SECONDS
+        while not ended.wait(wait):
+            wait = WATCH_SECONDS
             missing = watch.missing()
             if missing is None:
                 return
