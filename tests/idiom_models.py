@@ -1,5 +1,5 @@
-"""Small CNNs written the way users write them, for tests/test_idioms.py (and two of AlexNet's
-and Inception-v3's shapes, narrow, for tests/test_verify.py).
+"""Small CNNs written the way users write them, for tests/test_idioms.py (and three of AlexNet's,
+Inception-v3's and ResNet-18's shapes, narrow, for tests/test_verify.py).
 
 The torchrun workers build them by reference (`tests.idiom_models:idioms`), so they live in an
 importable module rather than in the test file; each takes `num_classes` as zoo factories do.
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layerwise.strategies.model.zoo import BasicConv2d
+from layerwise.strategies.model.zoo import BasicBlock, BasicConv2d
 
 
 class SamePadding(nn.Module):
@@ -306,3 +306,26 @@ class NarrowInception(nn.Module):
                        e["pool"](F.avg_pool2d(x, kernel_size=3, stride=1, padding=1))], 1)
         x = self.dropout(torch.flatten(self.avgpool(x), 1))
         return self.fc(x)
+
+
+class NarrowResNet(nn.Module):
+    """ResNet-18's kinds of layer at an eighth of its width, for tests/test_verify.py: the
+    strided 7x7 stem, a padded max-pool, a residual block, and a strided block whose shortcut
+    is a strided 1x1 convolution with its own BatchNorm (ResNet-18 itself: `make
+    verify-zoo`)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 8, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        shortcut = nn.Sequential(nn.Conv2d(8, 16, 1, stride=2, bias=False), nn.BatchNorm2d(16))
+        self.layer1 = BasicBlock(8, 8)
+        self.layer2 = BasicBlock(8, 16, stride=2, downsample=shortcut)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = self.layer2(self.layer1(x))
+        return self.fc(torch.flatten(self.avgpool(x), 1))

@@ -5,12 +5,13 @@ by design must match one device within 1e-10 (they reach 1e-16..1e-11); those in
 (local updates, OWT's variable batch, a BatchNorm pipeline) must show a divergence far above it,
 which is what makes the 1e-10 verdict able to fail.
 
-The suite runs one model of each structure (`make test`): plain convs, a wide classifier,
-residual BatchNorm, and AlexNet's and Inception-v3's kinds of layer (dropout, overlapping pools,
-a strided stem; concatenated branches, factorized and nested) in narrow models of their shape
-(tests/idiom_models.py). Every zoo model at 2 and 4 processes is the `zoo` mark (`make
-verify-zoo`): VGG-16's 138M float64 weights alone take minutes on two cores, AlexNet's 58M and
-Inception-v3's 94 BatchNorms more than a minute.
+The suite runs one model of each structure (`make test`): plain convs, a wide classifier, and
+AlexNet's, ResNet-18's and Inception-v3's kinds of layer (dropout, overlapping pools, a strided
+stem; residual blocks with BatchNorm and a strided shortcut; concatenated branches, factorized
+and nested) in narrow models of their shape (tests/idiom_models.py). Every zoo model at 2 and 4
+processes is the `zoo` mark (`make verify-zoo`): VGG-16's 138M float64 weights alone take
+minutes on two cores, AlexNet's 58M, ResNet-18's 11M and Inception-v3's 94 BatchNorms most of
+one.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ DEEP = ("resnet50", "resnet101", "resnet152", "inception_v3")
 # ResNet-18 on 4 processes (its 2-process case takes the second step): what a second step
 # adds, momentum and weight decay acting on every weight, is the small models' part.
 ONE_STEP = {("alexnet", 2), ("alexnet", 4), ("resnet18", 4)}
-# ResNet-18 at 2 processes (two steps), tiny_cnn's residual BatchNorm block at 4 too; the wide
-# classifier at 2, channel-split classifiers at 4 in lenet5 and the narrow AlexNet.
+# The wide classifier at 2 processes; channel-split classifiers at 4 in lenet5 and the narrow
+# AlexNet, a residual BatchNorm block at 4 in tiny_cnn.
 IN_THE_SUITE = {(model, nproc) for model in ("tiny_cnn", "lenet5") for nproc in (2, 4)} | {
-    ("wide_fc", 2), ("resnet18", 2)}
-# the shapes of AlexNet (at its stride-4 stem's smallest input) and Inception-v3, narrow
+    ("wide_fc", 2)}
+# the shapes of AlexNet (at its stride-4 stem's smallest input), ResNet-18 and Inception-v3,
+# narrow: input size and process counts
 NARROW = {"tests.idiom_models:NarrowAlexNet": (63, (2, 4)),
+          "tests.idiom_models:NarrowResNet": (32, (2,)),
           "tests.idiom_models:NarrowInception": (12, (2,))}
 CASES = [
     *(pytest.param(model, nproc, marks=() if (model, nproc) in IN_THE_SUITE else pytest.mark.zoo,
