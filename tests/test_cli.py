@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -154,6 +155,20 @@ def test_installed_entry_point_exits_2_on_bad_input():
     assert failed.returncode == 2
     assert failed.stderr.strip().startswith("error: unknown cluster 'nope'")
     assert "Traceback" not in failed.stderr
+
+
+def test_version_short_help_and_completion_as_a_user_asks_for_them():
+    """`--version`, `-h` and shell completion were "No such option"."""
+    executable = str(Path(sys.executable).parent / "layerwise")
+    version = subprocess.run([executable, "--version"], capture_output=True, text=True)
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"layerwise {importlib.metadata.version('layerwise')}"
+    for argv in (["-h"], ["train", "-h"]):
+        short = run(*argv)
+        assert short.exit_code == 0 and short.stdout == run(*argv[:-1], "--help").stdout
+    completion = subprocess.run([executable, "--show-completion", "bash"], capture_output=True,
+                                text=True)
+    assert completion.returncode == 0 and "complete " in completion.stdout, completion.stderr
 
 
 def _close_stdout() -> None:

@@ -22,10 +22,11 @@
     layerwise compare --experiment layerwise-benchmark --json
     layerwise serve --cron "0 2 * * *"
 
-Every command takes `--help`. Bad input (unknown model or cluster, malformed file, impossible
-request) prints one line to stderr and exits with code 2. The commands are thin adapters: the work
-is in layerwise.strategies.jobs (shared with the Prefect tasks) and the flows; what is here parses
-options and draws on the terminal.
+Every command takes `--help` (or `-h`); `layerwise --version` names the installed version, and
+`layerwise --install-completion` adds tab completion to the user's shell. Bad input (unknown model
+or cluster, malformed file, impossible request) prints one line to stderr and exits with code 2.
+The commands are thin adapters: the work is in layerwise.strategies.jobs (shared with the Prefect
+tasks) and the flows; what is here parses options and draws on the terminal.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from importlib.metadata import version as installed_version
+from typing import Annotated
 
 import typer
 
@@ -53,10 +56,27 @@ from layerwise.strategies.processes.huge_pages import use_huge_pages
 app = typer.Typer(
     help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"layerwise {installed_version('layerwise')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print layerwise's version and exit.")] = False,
+) -> None:
+    """layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018)."""
+
+
 describe.register(app)
 measure.register(app)
 plan.register(app)
