@@ -18,6 +18,7 @@ and writes a cluster YAML for this machine.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -262,7 +263,10 @@ def calibrate(
 
     writable_file(out, "--out")
     check_processes(nproc, "calibrating", "--nproc")
-    calibration = measure(nproc, backend=backend, quick=quick)
+    waiting = (contextlib.nullcontext() if as_json else
+               console.status(f"measuring links between {nproc} processes", spinner="dots"))
+    with waiting:
+        calibration = measure(nproc, backend=backend, quick=quick)
     raw_path = save_calibration(calibration, out)
     cluster = calibrated_cluster(calibration)
     if as_json:

@@ -170,10 +170,13 @@ def run(
 ) -> None:
     """Run the benchmark flow: data, profile, search, train, validate, track in MLflow."""
     started = time.perf_counter()
-    benchmark_config = prepare_run(config, overrides or [])
-    start_local_api()
-    from layerwise.flows.benchmark import benchmark, summary_lines
-    from layerwise.flows.flow_runs import owned_flow_runs
+    with console.status("checking the config and its models", spinner="dots"):
+        benchmark_config = prepare_run(config, overrides or [])
+    with console.status("starting Prefect (its local API server takes 10-20 s)",
+                        spinner="dots"):
+        start_local_api()
+        from layerwise.flows.benchmark import benchmark, summary_lines
+        from layerwise.flows.flow_runs import owned_flow_runs
 
     with owned_flow_runs():
         state = benchmark(benchmark_config, return_state=True)
