@@ -13,6 +13,10 @@ separate processes with their own address space, joined through torch.distribute
 torchrun itself offers a forking start only to Python callers of its launcher API, so this
 module is that caller.
 
+The agent never touches CUDA (nothing it imports does at import time; a rank picks its GPU
+after the fork), which is what makes forking safe on GPUs: CUDA cannot be used in a child of a
+process that initialised it.
+
 A forked rank starts with the agent's signal handlers, which turn SIGTERM into an exception;
 it gets a fresh interpreter's back (SIGTERM ends it, Ctrl-C raises KeyboardInterrupt), so a
 rank stops exactly as a spawned one did. The nodes' rendezvous backend
