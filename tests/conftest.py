@@ -17,17 +17,23 @@ use_huge_pages()
 # `--dist loadgroup` silently ignores them (the worker's nodeid suffix has no effect there).
 WHOLE_MODULES = frozenset(f"tests/test_{name}.py" for name in (
     "benchmark_flow", "compare_flow", "pipeline", "local", "owt", "calibrate"))
+# The modules whose flows run on Prefect's test harness go to one worker together, so that the
+# harness (a database migrated at each start: ~20 s of CPU) starts once in the suite.
+HARNESS_MODULES = frozenset(f"tests/test_{name}.py" for name in (
+    "benchmark_flow", "compare_flow", "serve"))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's scope scheduling with each of WHOLE_MODULES one scope, every other test its own
-    (as `--dist load` spreads them)."""
+    """xdist's scope scheduling with HARNESS_MODULES one scope, each other of WHOLE_MODULES one
+    scope, every other test its own (as `--dist load` spreads them)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
+            if module in HARNESS_MODULES:
+                return "prefect-test-harness"
             return module if module in WHOLE_MODULES else nodeid
 
     return ModulesTogether(config, log)

@@ -119,6 +119,8 @@ def test_stopping_the_launcher_leaves_no_worker_behind(tmp_path, target, stop_si
                   "the workers to train")
         assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
         torchrun = torchrun_child(launcher)
+        ranks = torchrun.children()  # forks of the agent, not interpreters of their own
+        assert len(ranks) == 2 and all(rank.cmdline() == torchrun.cmdline() for rank in ranks)
         listening = listening_addresses(torchrun)
         assert len(listening) >= 2  # a gloo pair per worker at least
         assert {address for address, _ in listening} <= LOOPBACK, listening
