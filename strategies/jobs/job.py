@@ -26,6 +26,7 @@ from layerwise.strategies.files.locations import (
     STRATEGY_FILE,
 )
 from layerwise.strategies.hardware.cluster import load_cluster
+from layerwise.strategies.hardware.endpoint import Endpoint
 from layerwise.strategies.hardware.host_memory import (
     check_memory,
     check_processes,
@@ -65,7 +66,7 @@ class Job:
     claim: FolderClaim
     checkpoint_step: int | None  # the step to resume after; None starts at step 1
     node_rank: int = 0
-    rdzv_endpoint: str | None = None  # node 0's HOST:PORT, for a run on several nodes
+    rdzv_endpoint: Endpoint | None = None  # node 0's HOST:PORT, for a run on several nodes
     checkpoint: Path | None = None  # the file it resumes from
     # what the launcher says before it starts (idle ranks, layers an op holds to fewer dims)
     warnings: tuple[str, ...] = ()
@@ -93,7 +94,7 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
         raise LayerwiseError("pass --strategy layerwise|data|model|owt|FILE (or --resume DIR)")
     if options.nproc is None:
         raise LayerwiseError("pass --nproc N, the number of processes per node")
-    check_nodes(options.nnodes, node_rank, rdzv_endpoint)
+    endpoint = check_nodes(options.nnodes, node_rank, rdzv_endpoint)
     check_processes(options.nproc, "training", "--nproc")
     if options.nnodes > 1 and out is None:
         raise LayerwiseError("several nodes share one run folder: pass --out DIR on a "
@@ -101,7 +102,7 @@ def new_job(model: str, strategy: str | None, options: TrainOptions, out: Path |
     world = options.nproc * options.nnodes
     with claim_folder(out, model, strategy, node_rank or 0).released_on_error() as claim:
         return _new_job(model, strategy, options, world, claim, analytic, node_rank or 0,
-                        rdzv_endpoint, graph)
+                        endpoint, graph)
 
 
 def _graph_arguments(options: TrainOptions) -> dict[str, int | None]:
@@ -122,7 +123,7 @@ def job_graph(model: str, options: TrainOptions) -> LayerGraph:
 
 
 def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim: FolderClaim,
-             analytic: bool, node_rank: int, rdzv_endpoint: str | None,
+             analytic: bool, node_rank: int, rdzv_endpoint: Endpoint | None,
              built: LayerGraph | None) -> Job:
     arguments = _graph_arguments(options)
     batch = options.batch_per_device * world
@@ -188,13 +189,13 @@ def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOp
             raise LayerwiseError(
                 f"--resume {folder} continues the same run: its {key} is "
                 f"{getattr(settings, key)!r}, not {value!r}; drop that option or start a new run")
-    check_nodes(settings.nnodes, node_rank, rdzv_endpoint)
+    endpoint = check_nodes(settings.nnodes, node_rank, rdzv_endpoint)
     with claim_existing_run(folder, node_rank or 0).released_on_error() as claim:
-        return _resumed_job(settings, claim, node_rank or 0, rdzv_endpoint)
+        return _resumed_job(settings, claim, node_rank or 0, endpoint)
 
 
 def _resumed_job(settings: TrainSettings, claim: FolderClaim, node_rank: int,
-                 rdzv_endpoint: str | None) -> Job:
+                 rdzv_endpoint: Endpoint | None) -> Job:
     folder = claim.path
     graph = build_graph(settings.model, batch=settings.global_batch,
                         image_size=settings.image_size, num_classes=settings.classes,

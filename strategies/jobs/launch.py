@@ -48,7 +48,6 @@ from layerwise.strategies.hardware.node_rendezvous import (
     NODE_RANK_CONFIG,
     JoinWatch,
     hosted_store,
-    parse_endpoint,
 )
 from layerwise.strategies.hardware.rendezvous import loopback_environment
 from layerwise.strategies.jobs.failure import RankFailure, failure_line
@@ -227,7 +226,8 @@ def _rendezvous(job: Job) -> Iterator[Launch]:
         if job.settings.nnodes == 1:
             yield Launch({**private, **loopback_environment(folder)}, None)
             return
-        endpoint = parse_endpoint(str(job.rdzv_endpoint))
+        endpoint = job.rdzv_endpoint
+        assert endpoint is not None  # check_nodes gave it for a run on several nodes
         with (hosted_store(endpoint) if job.node_rank == 0
               else contextlib.nullcontext()) as store:
             yield Launch(private, JoinWatch(endpoint, job.settings.nnodes, store))

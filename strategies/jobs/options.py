@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.hardware.endpoint import parse_endpoint
+from layerwise.strategies.hardware.endpoint import Endpoint, parse_endpoint
 from layerwise.strategies.hyperparameters import (
     ClassCount,
     LearningRate,
@@ -89,9 +89,11 @@ def check_launch_numbers(steps: int | None, epochs: int | None, checkpoint_every
                              f"{timeout:g})")
 
 
-def check_nodes(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> None:
-    """LayerwiseError unless a run on several machines names this machine's place and node 0's
-    address (HOST:PORT, the host resolving), and a run on one names neither."""
+def check_nodes(nnodes: int, node_rank: int | None,
+                rdzv_endpoint: str | None) -> Endpoint | None:
+    """Node 0's address, parsed once for the launch; LayerwiseError unless a run on several
+    machines names this machine's place and node 0's address (HOST:PORT, the host
+    resolving), and a run on one names neither (None then)."""
     if nnodes > 1:
         if node_rank is None or rdzv_endpoint is None:
             raise LayerwiseError("several nodes need --node-rank (this machine's index) and "
@@ -99,9 +101,10 @@ def check_nodes(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -
         if not 0 <= node_rank < nnodes:
             raise LayerwiseError(f"--node-rank must be 0..{nnodes - 1} for --nnodes {nnodes} "
                                  f"(got {node_rank})")
-        parse_endpoint(rdzv_endpoint)
-    elif node_rank is not None or rdzv_endpoint is not None:
+        return parse_endpoint(rdzv_endpoint)
+    if node_rank is not None or rdzv_endpoint is not None:
         raise LayerwiseError("--node-rank and --rdzv-endpoint are for --nnodes > 1")
+    return None
 
 
 def _range_error(error: ValidationError) -> str:

@@ -155,14 +155,18 @@ def tile_box(layer: Layer, tile: TileWork) -> Box:
     return (box[0], box[1], box[2], box[3])
 
 
+def indexed_box(layer: Layer, index: tuple[int, int, int, int],
+                degrees: tuple[int, int, int, int]) -> Box:
+    """The output box of tile `index` when `layer`'s output is cut by `degrees`."""
+    sizes = as_4d(layer.output_shape)
+    n, c, h, w = (tile_range(sizes[d], degrees[d], index[d]) for d in range(4))
+    return (n, c, h, w)
+
+
 def config_boxes(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
     """Each device's output box of `layer` under `config`."""
-    sizes = as_4d(layer.output_shape)
-    boxes = {}
-    for index, device in config.tiles():
-        n, c, h, w = (tile_range(sizes[d], config.degrees[d], index[d]) for d in range(4))
-        boxes[device] = (n, c, h, w)
-    return boxes
+    return {device: indexed_box(layer, index, config.degrees)
+            for index, device in config.tiles()}
 
 
 def needed_box(layer: Layer, input_index: int, out_box: Box) -> Box:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from layerwise.strategies.model.tiles import Box
 from layerwise.strategies.runtime.comm import Communicator
-from layerwise.strategies.runtime.plan import Box, InputPlan, local_slices, shape_of
+from layerwise.strategies.runtime.plan import InputPlan, local_slices, shape_of
 
 
 def tile_part(tensor: torch.Tensor, box: Box, within: Box) -> torch.Tensor:

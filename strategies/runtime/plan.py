@@ -18,18 +18,10 @@ from functools import cached_property
 
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import Layer, LayerGraph
-from layerwise.strategies.model.space import ParallelConfig, check_config, tile_range
-from layerwise.strategies.model.tiles import Range, as_4d, box_volume, needed_box
+from layerwise.strategies.model.space import ParallelConfig, check_config
+from layerwise.strategies.model.tiles import Box, box_volume, indexed_box, needed_box
 
-Box = tuple[Range, Range, Range, Range]
 TileIndex = tuple[int, int, int, int]
-
-
-def tile_box(layer: Layer, index: TileIndex, degrees: TileIndex) -> Box:
-    """The output box of tile `index` when the layer's output is cut by `degrees`."""
-    sizes = as_4d(layer.output_shape)
-    n, c, h, w = (tile_range(sizes[d], degrees[d], index[d]) for d in range(4))
-    return (n, c, h, w)
 
 
 def intersect(first: Box, second: Box) -> Box | None:
@@ -134,7 +126,7 @@ class LayerPlan:
 
 def plan_layer(layer: Layer, config: ParallelConfig, producers: dict[str, LayerPlan]) -> LayerPlan:
     tiles = {
-        device: Tile(device=device, index=index, box=tile_box(layer, index, config.degrees))
+        device: Tile(device=device, index=index, box=indexed_box(layer, index, config.degrees))
         for index, device in config.tiles()
     }
     inputs = []
