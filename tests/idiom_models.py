@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from layerwise.strategies.model.zoo import BasicBlock, BasicConv2d
+from layerwise.strategies.model.zoo import AlexNet, BasicBlock, BasicConv2d
 
 
 class SamePadding(nn.Module):
@@ -225,34 +225,12 @@ class ScoreMaps(nn.Module):
         return self.conv(x)
 
 
-class NarrowAlexNet(nn.Module):
-    """AlexNet's layers at a sixteenth of its width, for tests/test_verify.py: a large strided
-    stem with padding, overlapping max-pools (3, stride 2), an adaptive average pool that
-    repeats its input, dropout before the wide layers. Its float64 runs take seconds where
+def narrow_alexnet(num_classes: int = 10, in_channels: int = 3) -> AlexNet:
+    """The zoo's AlexNet at a sixteenth of its width, for tests/test_verify.py: its large
+    strided stem with padding, overlapping max-pools (3, stride 2), an adaptive average pool
+    that repeats its input, dropout before the wide layers. Its float64 runs take seconds where
     AlexNet's 58M weights take minutes (AlexNet itself: `make verify-zoo`)."""
-
-    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 8, 11, stride=4, padding=2), nn.ReLU(),
-            nn.MaxPool2d(3, 2),
-            nn.Conv2d(8, 12, 5, padding=2), nn.ReLU(),
-            nn.MaxPool2d(3, 2),
-            nn.Conv2d(12, 24, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(24, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-            nn.MaxPool2d(3, 2),
-        )
-        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
-        self.classifier = nn.Sequential(
-            nn.Dropout(0.5), nn.Linear(16 * 6 * 6, 256), nn.ReLU(),
-            nn.Dropout(0.5), nn.Linear(256, 256), nn.ReLU(),
-            nn.Linear(256, num_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.flatten(self.avgpool(self.features(x)), 1)
-        return self.classifier(x)
+    return AlexNet(num_classes, in_channels, narrowing=16)
 
 
 class NarrowInception(nn.Module):

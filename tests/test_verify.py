@@ -51,7 +51,7 @@ IN_THE_SUITE = {(model, nproc) for model in ("tiny_cnn", "lenet5") for nproc in 
     ("wide_fc", 2)}
 # the shapes of AlexNet (at its stride-4 stem's smallest input), ResNet-18 and Inception-v3,
 # narrow: input size and process counts
-NARROW = {"tests.idiom_models:NarrowAlexNet": (63, (2, 4)),
+NARROW = {"tests.idiom_models:narrow_alexnet": (63, (2, 4)),
           "tests.idiom_models:NarrowResNet": (32, (2,)),
           "tests.idiom_models:NarrowInception": (12, (2,))}
 CASES = [

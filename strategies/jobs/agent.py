@@ -51,13 +51,10 @@ class _Rank:
     def __init__(self, module: str) -> None:
         self.__name__ = self.__qualname__ = module
         self._main: Callable[[list[str]], object] = importlib.import_module(module).main
-        for preloaded in PRELOADED:
-            importlib.import_module(preloaded)
 
     def __call__(self, argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.argv = [sys.argv[0], *argv]
         self._main(argv)
 
 
@@ -70,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     rendezvous_handler_registry.register(BACKEND, create_handler)
     config, _, _ = config_from_args(args)
     config.start_method = START_METHOD
+    for preloaded in PRELOADED:
+        importlib.import_module(preloaded)
     elastic_launch(config=config, entrypoint=_Rank(args.training_script))(
         list(args.training_script_args))
 

@@ -273,26 +273,29 @@ class AlexNet(nn.Module):
     """AlexNet, single-tower variant (Krizhevsky 2014, "One weird trick"; Krizhevsky et al. 2012).
 
     ``small_stem`` sets the first conv's stride to 1 (instead of 4) for inputs below 63 px.
+    ``narrowing`` divides every layer's width (channels and hidden units) by that factor: the
+    same layers and shapes at a fraction of the weights, for quick exactness checks.
     """
 
     def __init__(self, num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5,
-                 small_stem: bool = False) -> None:
+                 small_stem: bool = False, narrowing: int = 1) -> None:
         super().__init__()
+        c1, c2, c3, c4, hidden = (width // narrowing for width in (64, 192, 384, 256, 4096))
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 64, 11, stride=1 if small_stem else 4, padding=2), nn.ReLU(),
+            nn.Conv2d(in_channels, c1, 11, stride=1 if small_stem else 4, padding=2), nn.ReLU(),
             nn.MaxPool2d(3, 2),
-            nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(),
             nn.MaxPool2d(3, 2),
-            nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c3, c4, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(c4, c4, 3, padding=1), nn.ReLU(),
             nn.MaxPool2d(3, 2),
         )
         self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
         self.classifier = nn.Sequential(
-            nn.Dropout(dropout), nn.Linear(256 * 6 * 6, 4096), nn.ReLU(),
-            nn.Dropout(dropout), nn.Linear(4096, 4096), nn.ReLU(),
-            nn.Linear(4096, num_classes),
+            nn.Dropout(dropout), nn.Linear(c4 * 6 * 6, hidden), nn.ReLU(),
+            nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(hidden, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
