@@ -220,7 +220,7 @@ def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
     config, clock = context.config, context.clock
     label = f"{model.name} {model.version}"
     folder = context.folder / f"{model.name}-{model.version}".replace(":", "_")
-    graph = build_graph(model.name, batch=config.batch_per_device * config.nproc,
+    graph = build_graph(model.name, batch=config.global_batch,
                         image_size=config.image_size, num_classes=config.classes,
                         in_channels=context.image.channels if context.image else None)
     profile = None
@@ -247,8 +247,7 @@ def _verify(context: Context, model: ModelVersion, graph: LayerGraph, files: dic
             profile: Path | None, out: Path) -> tuple[dict[str, Divergence], str | None]:
     """Each strategy file's float64 divergence from one process, by strategy name."""
     config = context.config
-    options = _train_options(context, nproc=config.nproc,
-                             batch_per_device=config.batch_per_device, profile=profile)
+    options = _train_options(context, nproc=config.nproc, profile=profile)
     try:
         with context.clock.stage("verify"):
             report = verify_exactness.with_options(
@@ -265,9 +264,7 @@ def _reference_accuracy(context: Context, model: ModelVersion, graph: LayerGraph
     """Validation counts of one-process training with the same global batch and seed."""
     config = context.config
     label = f"{model.name} {model.version} one-process"
-    options = _train_options(context, nproc=1,
-                             batch_per_device=config.batch_per_device * config.nproc,
-                             profile=None)
+    options = _train_options(context, nproc=1, profile=None)
     try:
         with context.clock.stage("train"):
             train_strategy.with_options(task_run_name=f"train[{label}]")(
@@ -298,8 +295,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
             with clock.stage("track"):
                 provenance.log_run_inputs(context.client, run_id, config.dataset,
                                           context.image, context.cluster, profile)
-            options = _train_options(context, nproc=config.nproc,
-                                     batch_per_device=config.batch_per_device, profile=profile)
+            options = _train_options(context, nproc=config.nproc, profile=profile)
             live = track.LiveSteps(context.client, run_id)
             try:
                 with clock.stage("train"):
@@ -354,13 +350,14 @@ def _first_failure(reference: Reference, divergence: Divergence | None,
     return None
 
 
-def _train_options(context: Context, *, nproc: int, batch_per_device: int,
-                   profile: Path | None) -> TrainOptions:
-    """The run options of this benchmark's training jobs."""
+def _train_options(context: Context, *, nproc: int, profile: Path | None) -> TrainOptions:
+    """The run options of this benchmark's training jobs: the config's global batch on
+    `nproc` processes (all of it on one for the reference)."""
     config = context.config
+    per_device = None if config.batch is not None else config.global_batch // nproc
     return TrainOptions(
         nproc=nproc, cluster=context.cluster, dataset=config.dataset,
-        batch_per_device=batch_per_device, image_size=config.image_size,
+        batch_per_device=per_device, batch=config.batch, image_size=config.image_size,
         classes=config.classes, lr=config.lr, momentum=config.momentum,
         weight_decay=config.weight_decay, seed=config.seed,
         warmup_steps=config.warmup_steps, lr_decay=config.lr_decay,
@@ -376,7 +373,7 @@ def _run_params(context: Context, model: ModelVersion, graph: LayerGraph,
         "structure_hash": graph.structure_hash, "devices": config.nproc,
         "cluster": context.cluster, "strategy": strategy,
         "batch_per_device": config.batch_per_device,
-        "global_batch": config.batch_per_device * config.nproc, "seed": config.seed,
+        "global_batch": config.global_batch, "seed": config.seed,
         "dataset": config.dataset, "image_size": config.image_size, "steps": config.steps,
         "lr": config.lr, "cost_source": "profile" if config.profile else "analytic",
     }

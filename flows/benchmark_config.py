@@ -85,7 +85,9 @@ class BenchmarkConfig(BaseModel):
     dataset: Literal["digits", "synthetic", "cifar10", "imagefolder"]
     image_size: int = Field(ge=1, strict=True)
     classes: int = Field(ge=2, strict=True)
-    batch_per_device: int = Field(ge=1, strict=True)
+    # the global batch: `batch`, else batch_per_device on each of the nproc processes
+    batch_per_device: int | None = Field(default=None, ge=1, strict=True)
+    batch: int | None = Field(default=None, ge=1, strict=True)
     steps: int = Field(ge=1, strict=True)  # `steps: true` is not 1 step
     lr: LearningRate  # the peak, after the warm-up
     momentum: Momentum
@@ -106,6 +108,19 @@ class BenchmarkConfig(BaseModel):
     # each run's trained model becomes a version of the model's name in MLflow's registry,
     # tagged with its version label and strategy and aliased `<version>-<strategy>`
     register_model: bool = False
+
+    @property
+    def global_batch(self) -> int:
+        if self.batch is not None:
+            return self.batch
+        assert self.batch_per_device is not None  # _one_batch
+        return self.batch_per_device * self.nproc
+
+    @model_validator(mode="after")
+    def _one_batch(self) -> BenchmarkConfig:
+        if (self.batch is None) == (self.batch_per_device is None):
+            raise ValueError("set batch (global) or batch_per_device, one of them")
+        return self
 
     @model_validator(mode="after")
     def _links_to_measure(self) -> BenchmarkConfig:
@@ -150,12 +165,19 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return document
 
 
+# the two ways of giving the batch: setting one drops the other the file gave
+_BATCH_ALTERNATIVES = {"batch": "batch_per_device", "batch_per_device": "batch"}
+
+
 def _apply_override(document: dict[str, Any], override: str) -> None:
-    """Set `a.b.0.c=value` in place; the value is parsed as YAML (`[data, owt]`, `1e-3`)."""
+    """Set `a.b.0.c=value` in place; the value is parsed as YAML (`[data, owt]`, `1e-3`).
+    `--set batch=4` replaces the file's batch_per_device (and the other way round)."""
     key, separator, text = override.partition("=")
     if not separator or not key.strip():
         raise LayerwiseError(f"--set {shown(override)}: write key=value, e.g. --set steps=80")
     value = parse_yaml(text, f"--set {shown(override)}: the value")
+    if key.strip() in _BATCH_ALTERNATIVES:
+        document.pop(_BATCH_ALTERNATIVES[key.strip()], None)
     parts = key.strip().split(".")
     container: Any = document
     for depth, part in enumerate(parts[:-1]):

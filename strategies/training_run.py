@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from layerwise.strategies.files.atomic import read_json_model, write_atomic
 from layerwise.strategies.hyperparameters import (
@@ -46,7 +46,9 @@ class TrainSettings(BaseModel):
     profile: str | None  # None: analytic t_c
     dataset: str
     data_root: str
-    batch_per_device: int
+    # the global batch: `batch`, else batch_per_device on every process (exactly one is set)
+    batch_per_device: int | None = None
+    batch: int | None = None
     image_size: int
     classes: ClassCount
     in_channels: int
@@ -64,8 +66,17 @@ class TrainSettings(BaseModel):
     def world(self) -> int:
         return self.nproc * self.nnodes
 
+    @model_validator(mode="after")
+    def _one_batch(self) -> TrainSettings:
+        if (self.batch is None) == (self.batch_per_device is None):
+            raise ValueError("exactly one of batch and batch_per_device is set")
+        return self
+
     @property
     def global_batch(self) -> int:
+        if self.batch is not None:
+            return self.batch
+        assert self.batch_per_device is not None  # _one_batch
         return self.batch_per_device * self.world
 
     def lr_at(self, step: int) -> float:

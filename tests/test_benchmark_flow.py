@@ -19,7 +19,7 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from layerwise.flows.benchmark_config import load_config
+from layerwise.flows.benchmark_config import DEFAULT_CONFIG, load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
 from layerwise.strategies.errors import LayerwiseError
@@ -355,6 +355,20 @@ def test_a_calibrated_cluster_is_measured_kept_and_used_by_the_runs(benchmarked,
     monkeypatch.chdir(project)
     assert calibrate_links(2) == path  # the next run reuses the file: nothing measured
     assert (project / path).stat().st_mtime_ns == measured
+
+
+def test_the_batch_is_global_or_per_device_and_setting_one_replaces_the_other(tmp_path):
+    from layerwise.strategies.errors import LayerwiseError
+
+    per_device = load_config(None, ["nproc=2", "batch_per_device=8"])
+    assert (per_device.batch, per_device.global_batch) == (None, 16)
+    global_batch = load_config(None, ["nproc=2", "batch=1"])  # below the processes
+    assert (global_batch.batch_per_device, global_batch.global_batch) == (None, 1)
+    both = tmp_path / "both.yaml"
+    both.write_text(DEFAULT_CONFIG.read_text(encoding="utf-8") + "batch: 4\n",
+                    encoding="utf-8")
+    with pytest.raises(LayerwiseError, match="set batch .global. or batch_per_device"):
+        load_config(both)
 
 
 def test_calibrating_needs_two_ranks():

@@ -93,6 +93,22 @@ def test_every_exact_strategy_matches_one_device(tmp_path, model: str, nproc: in
           f"{max(exact):.1e} of one device")  # make verify-zoo shows it (-rP)
 
 
+def test_a_global_batch_below_the_processes_is_exact(tmp_path) -> None:
+    """Two samples on four processes: the strategies that split one sample's rows, columns or
+    channels train it exactly as one device does; OWT's fixed-batch schemes, which give every
+    worker B/K samples, are skipped with that reason."""
+    result = runner.invoke(app, ["verify", "tiny_cnn", "--strategy", "all", "--nproc", "4",
+                                 "--batch", "2", "--image-size", "16", "--steps", "2",
+                                 "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    checked = {d["strategy"]: d for d in report["divergences"]}
+    for name in ("layerwise", "spatial_h", "spatial_w", "model", "data"):
+        assert checked[name]["exact"] is True, checked[name]
+    skipped = {s["strategy"]: s["reason"] for s in report["skipped"]}
+    assert "a global batch of 2 does not split over 4 workers" in skipped["owt_a"]
+
+
 def test_bad_input_is_one_line(tmp_path) -> None:
     result = runner.invoke(app, ["verify", "lenet5", "--strategy", "warp", "--nproc", "2",
                                  "--out", str(tmp_path / "v")])

@@ -124,7 +124,7 @@ def check_before_start(config: BenchmarkConfig) -> None:
     from layerwise.strategies.model.graph import build_graph
     from layerwise.tasks.stages.prepare_data import PARAMS_FILE
 
-    batch = config.batch_per_device * config.nproc
+    batch = config.global_batch
     for index, model in enumerate(config.models):
         try:
             graph = build_graph(model.name, batch=batch, num_classes=config.classes,
@@ -133,7 +133,7 @@ def check_before_start(config: BenchmarkConfig) -> None:
             raise LayerwiseError(f"config models.{index}.name: {error}") from None
         check_memory(training_bytes(graph), f"training {model.name} at a global batch of "
                      f"{batch} on {config.image_size}x{config.image_size} images",
-                     "set a smaller batch_per_device or image_size")
+                     "set a smaller batch or image_size")
     # a calibrated cluster is the `local` preset with this machine's measured links
     name = "local" if config.cluster == CALIBRATED else config.cluster
     try:

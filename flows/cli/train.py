@@ -88,6 +88,9 @@ def train(
     batch_per_device: Annotated[int | None, typer.Option(
         help=f"Samples per process; the global batch is this x processes (default "
              f"{DEFAULT_BATCH_PER_DEVICE}).")] = None,
+    batch: Annotated[int | None, typer.Option(
+        help="Global batch instead of --batch-per-device; it may be smaller than the "
+             "processes (then spatial or channel splits share a sample).")] = None,
     image_size: Annotated[int | None, typer.Option(
         help="Input height and width (default: the dataset's, else the model's).")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
@@ -135,9 +138,9 @@ def train(
     options = TrainOptions.given(
         nproc=nproc, nnodes=nnodes, cluster=cluster,
         profile=str(profile) if profile is not None else None, dataset=dataset,
-        batch_per_device=batch_per_device, image_size=image_size, classes=classes,
-        in_channels=in_channels, lr=lr, momentum=momentum, weight_decay=weight_decay,
-        seed=seed, warmup_steps=warmup_steps, lr_decay=lr_decay)
+        batch_per_device=batch_per_device, batch=batch, image_size=image_size,
+        classes=classes, in_channels=in_channels, lr=lr, momentum=momentum,
+        weight_decay=weight_decay, seed=seed, warmup_steps=warmup_steps, lr_decay=lr_decay)
     Fault.from_environment()  # a malformed drill is a user error before anything starts
     if resume is not None:
         job = resumed_job(resume, model, strategy, options, out, node_rank, rdzv_endpoint)

@@ -48,9 +48,12 @@ def verify(
     dataset: Annotated[str | None, typer.Option(
         help="synthetic (the default), digits or any folder prepared under data/prepared/.")
     ] = None,
-    batch_per_device: Annotated[int, typer.Option(
-        help=f"Samples per process (`train` defaults to {DEFAULT_BATCH_PER_DEVICE}).")
-    ] = VERIFY_BATCH_PER_DEVICE,
+    batch_per_device: Annotated[int | None, typer.Option(
+        help=f"Samples per process (default {VERIFY_BATCH_PER_DEVICE}; `train` defaults to "
+             f"{DEFAULT_BATCH_PER_DEVICE}).")] = None,
+    batch: Annotated[int | None, typer.Option(
+        help="Global batch instead of --batch-per-device; it may be smaller than the "
+             "processes.")] = None,
     image_size: Annotated[int | None, typer.Option(
         help="Input height and width (default: the dataset's, else the model's).")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
@@ -73,9 +76,12 @@ def verify(
     from layerwise.strategies.jobs.job import claim_folder
     from layerwise.strategies.jobs.options import TrainOptions
 
+    if batch is None and batch_per_device is None:
+        batch_per_device = VERIFY_BATCH_PER_DEVICE
     options = TrainOptions.given(nproc=nproc, cluster=cluster, dataset=dataset,
-                                 batch_per_device=batch_per_device, image_size=image_size,
-                                 classes=classes, in_channels=in_channels, lr=lr, seed=seed)
+                                 batch_per_device=batch_per_device, batch=batch,
+                                 image_size=image_size, classes=classes,
+                                 in_channels=in_channels, lr=lr, seed=seed)
     names, every = requested_strategies(strategy)
     title = (f"verifying {len(names)} strateg{'y' if len(names) == 1 else 'ies'} of {model} "
              f"on {nproc} processes in float64")

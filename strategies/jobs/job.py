@@ -32,6 +32,7 @@ from layerwise.strategies.hardware.host_memory import (
     check_processes,
     training_bytes,
 )
+from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions, check_nodes
 from layerwise.strategies.jobs.pricing import cost_model
@@ -118,22 +119,19 @@ def job_graph(model: str, options: TrainOptions) -> LayerGraph:
     """The layer graph a new job of `model` with `options` trains (tracing a model takes
     seconds: a caller running several jobs of one model builds it once and passes it)."""
     world = (options.nproc or 1) * options.nnodes
-    return build_graph(model, batch=options.batch_per_device * world,
-                       **_graph_arguments(options))
+    return build_graph(model, batch=options.global_batch(world), **_graph_arguments(options))
 
 
 def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim: FolderClaim,
              analytic: bool, node_rank: int, rdzv_endpoint: Endpoint | None,
              built: LayerGraph | None) -> Job:
     arguments = _graph_arguments(options)
-    batch = options.batch_per_device * world
+    batch = options.global_batch(world)
     graph = built if built is not None else build_graph(model, batch=batch, **arguments)
     _check_graph_fits(graph, model, batch, arguments["image_size"], arguments["in_channels"])
     check_memory(training_bytes(graph, options.nnodes),
-                 f"training {model} at a global batch of {graph.batch} "
-                 f"({options.batch_per_device} per process, {world} "
-                 f"process{'es' if world > 1 else ''})",
-                 "use a smaller --batch-per-device or --image-size, or more machines")
+                 f"training {model} at {options.batch_phrase(world)}",
+                 "use a smaller --batch or --image-size, or more machines")
     _check_class_scores(graph, model)
     classes = graph.by_name[graph.outputs[0]].output_shape[1]
     if classes < 2:  # --classes is checked; a model of one's own may still output one score
@@ -144,7 +142,10 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
     settings = TrainSettings(
         model=model, strategy=strategy, data_root=str(PREPARED_DIR.resolve()),
         image_size=graph.input_shape[2], in_channels=graph.input_shape[1], classes=classes,
-        **options.model_dump(exclude={"image_size", "classes", "in_channels"}))
+        batch_per_device=(None if options.batch is not None
+                          else options.batch_per_device or DEFAULT_BATCH_PER_DEVICE),
+        **options.model_dump(exclude={"image_size", "classes", "in_channels",
+                                      "batch_per_device"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
                claim=claim, checkpoint_step=None, node_rank=node_rank,
                rdzv_endpoint=rdzv_endpoint,

@@ -30,7 +30,7 @@ from layerwise.strategies.learning_rate import (
 )
 
 # The order in which out-of-range options are reported (the first one found is named).
-_RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch_per_device", "classes", "lr", "seed",
+_RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch", "batch_per_device", "classes", "lr", "seed",
                       "momentum", "weight_decay", "warmup_steps")
 
 
@@ -39,7 +39,9 @@ class TrainOptions(BaseModel):
 
     The fields a caller set are `model_fields_set`: a resumed run checks exactly those against
     the run it continues. None for image_size, classes and in_channels means the prepared
-    dataset's, else the model's; nproc must be given for a new run.
+    dataset's, else the model's; nproc must be given for a new run. The global batch is
+    `batch` when given (it may be smaller than the processes: spatial and channel splits then
+    share a sample), else `batch_per_device` (default DEFAULT_BATCH_PER_DEVICE) on each.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -49,7 +51,8 @@ class TrainOptions(BaseModel):
     cluster: str = "local"  # preset or YAML for the prediction
     profile: str | None = None  # profile JSON for the predicted t_c; None: analytic
     dataset: str = "synthetic"
-    batch_per_device: int = Field(default=DEFAULT_BATCH_PER_DEVICE, gt=0)
+    batch_per_device: int | None = Field(default=None, gt=0)
+    batch: int | None = Field(default=None, gt=0)  # global
     image_size: int | None = None
     classes: ClassCount | None = None
     in_channels: int | None = None
@@ -63,11 +66,27 @@ class TrainOptions(BaseModel):
     @classmethod
     def given(cls, **values: Any) -> TrainOptions:
         """The options a user gave (None: not given, its default applies); LayerwiseError
-        naming the first one out of range."""
+        naming the first one out of range, or the batch given both ways."""
+        if values.get("batch") is not None and values.get("batch_per_device") is not None:
+            raise LayerwiseError("give --batch (global) or --batch-per-device, not both")
         try:
             return cls(**{name: value for name, value in values.items() if value is not None})
         except ValidationError as error:
             raise LayerwiseError(_range_error(error)) from None
+
+    def global_batch(self, world: int) -> int:
+        """The samples of one step over all `world` processes."""
+        if self.batch is not None:
+            return self.batch
+        return (self.batch_per_device or DEFAULT_BATCH_PER_DEVICE) * world
+
+    def batch_phrase(self, world: int) -> str:
+        """How the global batch was asked for, for messages."""
+        if self.batch is not None:
+            return f"a global batch of {self.batch} over {world} process{'es' * (world > 1)}"
+        return (f"a global batch of {self.global_batch(world)} "
+                f"({self.batch_per_device or DEFAULT_BATCH_PER_DEVICE} per process, {world} "
+                f"process{'es' * (world > 1)})")
 
     def given_values(self) -> dict[str, Any]:
         """The options that were set, by name, in field order."""
