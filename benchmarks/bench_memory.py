@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_memory.py                       # every zoo model
     .venv/bin/python benchmarks/bench_memory.py --models lenet5 alexnet --strategies data owt
+    .venv/bin/python benchmarks/bench_memory.py --models cosmoflow2d --image-size 256 --batch 1
     python3 benchmarks/bench_memory.py --nproc 1 --batch-per-device 32 --image-size 224 \
         --models alexnet vgg16 resnet18 --strategies data      # one GPU: the allocator's peak
 
@@ -32,8 +33,8 @@ from layerwise.strategies.training_run import RunResult
 
 LAYERWISE = (sys.executable, "-m", "layerwise")  # also where no `layerwise` script is on PATH
 # small inputs each zoo model takes (its pools need some size)
-IMAGE_SIZE = {"tiny_cnn": 16, "lenet5": 32, "wide_fc": 16, "alexnet": 64, "vgg16": 32,
-              "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
+IMAGE_SIZE = {"tiny_cnn": 16, "lenet5": 32, "wide_fc": 16, "cosmoflow2d": 64, "alexnet": 64,
+              "vgg16": 32, "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
               "inception_v3": 75}
 STRATEGIES = ("data", "owt", "spatial_h", "layerwise")
 
@@ -44,7 +45,9 @@ def measure(model: str, strategy: str, image_size: int, folder: Path,
     out = folder / f"{model}-{strategy}-{image_size}"
     finished = subprocess.run(
         [*LAYERWISE, "train", model, "--strategy", strategy, "--nproc", str(args.nproc),
-         "--image-size", str(image_size), "--batch-per-device", str(args.batch_per_device),
+         "--image-size", str(image_size),
+         *(("--batch", str(args.batch)) if args.batch is not None
+           else ("--batch-per-device", str(args.batch_per_device))),
          "--steps", "3", "--out", str(out), "--json"], capture_output=True, text=True,
         check=False)
     if finished.returncode != 0:
@@ -60,11 +63,14 @@ def main() -> None:
                         help="one input size for every model (default: each model's small one)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--batch-per-device", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=None,
+                        help="a global batch instead (it may be below --nproc)")
     args = parser.parse_args()
     console = Console(width=200)
-    table = Table(title=f"peak memory per rank, {args.nproc} processes, "
-                        f"{args.batch_per_device} images each, float32: measured against "
-                        "predicted (the largest rank)")
+    batch = (f"a global batch of {args.batch}" if args.batch is not None
+             else f"{args.batch_per_device} images each")
+    table = Table(title=f"peak memory per rank, {args.nproc} processes, {batch}, float32: "
+                        "measured against predicted (the largest rank)")
     for column in ("model", "strategy", "input", "measured MB", "predicted MB",
                    "measured / predicted", "weights", "grads", "momentum", "buckets", "kept",
                    "input grads", "saved", "inputs", "workspace"):

@@ -52,6 +52,7 @@ from layerwise.strategies.files.atomic import write_atomic
 from layerwise.strategies.hardware.this_machine import device_name, resolve_device
 from layerwise.strategies.jobs.job import RUNS_DIR
 from layerwise.strategies.jobs.options import TrainOptions
+from layerwise.strategies.jobs.planning import predicted_peaks
 from layerwise.strategies.jobs.run_folder import make_stamped_folder
 from layerwise.strategies.model.graph import LayerGraph, build_graph
 from layerwise.strategies.model.space import DIMS, ParallelConfig
@@ -94,6 +95,25 @@ class Outcome:
     accuracy: AccuracyCheck | None = None
     divergence: Divergence | None = None
     error: str | None = None
+    # the memory model's peak on the fullest device (None: an engine it does not cover), and
+    # the bytes a device may hold when the config declares them
+    predicted_peak_bytes: int | None = None
+    memory_limit: int | None = None
+
+    @property
+    def measured_peak_bytes(self) -> int | None:
+        peaks = self.result.peak_memory_bytes_per_rank if self.result is not None else ()
+        return max(peaks) if peaks else None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the run fits the declared memory, predicted and measured (None: no limit
+        declared, or nothing to judge)."""
+        known = [peak for peak in (self.predicted_peak_bytes, self.measured_peak_bytes)
+                 if peak is not None]
+        if self.memory_limit is None or not known:
+            return None
+        return max(known) <= self.memory_limit
 
     @property
     def label(self) -> str:
@@ -212,7 +232,7 @@ def _check_image(config: BenchmarkConfig, image: ImageSpec | None) -> None:
         if getattr(config, name) != fixed:
             raise LayerwiseError(
                 f"config {name}: {getattr(config, name)}, but {config.dataset} is prepared with "
-                f"{fixed}; set {name}: {fixed}, or change params.yaml's prepare section")
+                f"{fixed}; set {name}: {fixed}, or change its section in params.yaml")
 
 
 def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
@@ -231,7 +251,7 @@ def _benchmark_model(context: Context, model: ModelVersion) -> list[Outcome]:
     with clock.stage("search"):
         files = search_strategies.with_options(task_run_name=f"search[{label}]")(
             graph, context.cluster, config.nproc, profile, config.strategies,
-            folder / "strategies")
+            folder / "strategies", config.memory_limit)
         oracle = oracle_step_seconds.with_options(task_run_name=f"oracle[{label}]")(
             graph, context.cluster, config.nproc, profile, config.strategies)
     divergences, verify_error = ({}, None) if config.verify_steps == 0 else _verify(
@@ -330,8 +350,12 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                 track.finish_run(context.client, run_id)
             else:
                 track.fail_run(context.client, run_id, BenchmarkFailed(error))
+    peaks = None if result is None else predicted_peaks(
+        graph, result.strategy, momentum=config.momentum != 0)
     return Outcome(model=model, strategy=strategy, result=result, accuracy=check,
-                   divergence=divergence, error=error)
+                   divergence=divergence, error=error,
+                   predicted_peak_bytes=max(peaks) if peaks else None,
+                   memory_limit=config.memory_limit)
 
 
 def _first_failure(reference: Reference, divergence: Divergence | None,
@@ -376,6 +400,7 @@ def _run_params(context: Context, model: ModelVersion, graph: LayerGraph,
         "global_batch": config.global_batch, "seed": config.seed,
         "dataset": config.dataset, "image_size": config.image_size, "steps": config.steps,
         "lr": config.lr, "cost_source": "profile" if config.profile else "analytic",
+        "memory_limit_bytes": config.memory_limit,
     }
 
 
@@ -450,7 +475,8 @@ def _csv_number(value: float | None) -> str:
 
 
 COLUMNS = ("model", "strategy", "pred. ms", "meas. ms (IQR)", f"x {BASELINE_STRATEGY}",
-           "pred. bytes", "meas. bytes", "val acc", "1-proc acc", "verify", "status")
+           "pred. bytes", "meas. bytes", "peak MB pred./meas.", "val acc", "1-proc acc",
+           "verify", "status")
 
 
 def _table_rows(outcomes: list[Outcome]) -> list[dict[str, str]]:
@@ -472,11 +498,24 @@ def _table_rows(outcomes: list[Outcome]) -> list[dict[str, str]]:
                        "-" if speedup is None else f"{speedup[0]:.2f}",
                        f"{predicted.transfer + predicted.sync:,}",
                        f"{measured.transfer + measured.sync:,}"]
-        values += ["-" if check is None else f"{check.accuracy:.2%}",
+        values += [_peak_text(outcome),
+                   "-" if check is None else f"{check.accuracy:.2%}",
                    "-" if check is None else f"{check.reference_accuracy:.2%}",
                    _verify_text(divergence), outcome.status]
         rows.append(dict(zip(COLUMNS, values, strict=True)))
     return rows
+
+
+def _megabytes(size: int | None) -> str:
+    return "-" if size is None else f"{size / 1e6:,.1f}"
+
+
+def _peak_text(outcome: Outcome) -> str:
+    """Predicted and measured peak of the fullest device; 'over' when it does not fit the
+    declared memory."""
+    text = (f"{_megabytes(outcome.predicted_peak_bytes)}/"
+            f"{_megabytes(outcome.measured_peak_bytes)}")
+    return text + (" over" if outcome.fits is False else "")
 
 
 def _verify_text(divergence: Divergence | None) -> str:
@@ -520,8 +559,54 @@ def summary_lines(outcomes: list[Outcome]) -> list[str]:
     lines = []
     for model in dict.fromkeys(outcome.model for outcome in outcomes):
         mine = [outcome for outcome in outcomes if outcome.model == model]
-        lines += _winner_lines(model, mine) + _check_lines(mine)
+        lines += _winner_lines(model, mine) + _memory_lines(model, mine) + _check_lines(mine)
     return lines
+
+
+def _memory_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
+    """With a declared device memory: which strategies fit it, and what the searched plan
+    splits to fit."""
+    judged = [outcome for outcome in outcomes if outcome.fits is not None]
+    if not judged:
+        return []
+    limit = judged[0].memory_limit
+    assert limit is not None  # fits is judged only against a declared limit
+
+    def peaks(outcome: Outcome) -> str:
+        return (f"{_megabytes(outcome.predicted_peak_bytes)} MB predicted, "
+                f"{_megabytes(outcome.measured_peak_bytes)} MB measured")
+
+    over = [outcome for outcome in judged if not outcome.fits]
+    unjudged = [outcome.strategy for outcome in outcomes
+                if outcome.fits is None and outcome.result is not None]
+    verdicts = [f"'{outcome.strategy}' does not fit ({peaks(outcome)})" for outcome in over]
+    verdicts += [f"'{name}' not judged (its engine's memory is neither predicted nor "
+                 "measured yet)" for name in unjudged]
+    everything = "every strategy fits" if not over else "the others fit"
+    lines = [f"{model.name} {model.version} memory, {_megabytes(limit)} MB per device: "
+             + "; ".join(verdicts or [everything]) + "."]
+    if over and len(over) < len(judged):
+        lines[0] = lines[0][:-1] + f"; {everything}."
+    searched = next((outcome for outcome in judged if outcome.strategy == SEARCHED), None)
+    if searched is not None and searched.result is not None:
+        lines.append(f"The searched plan {'fits' if searched.fits else 'does NOT fit'} "
+                     f"({peaks(searched)}): it splits {_split_summary(searched.result)}"
+                     f"{_why_it_splits(searched.result)}.")
+    return lines
+
+
+def _why_it_splits(result: RunResult) -> str:
+    """Why a plan held to a memory limit splits as it does, where that follows from its
+    configs: space splits below a sample per device, channel splits of weight shards."""
+    degrees = [ParallelConfig.parse(choice.config) for choice in result.strategy.layers]
+    if any(config.h > 1 or config.w > 1 for config in degrees):
+        below = (" at fewer samples than devices, where a split over samples runs out"
+                 if result.global_batch < result.nproc else "")
+        return ("; a split over height or width puts a part of each sample's activations on "
+                f"each device{below}")
+    if any(config.c > 1 for config in degrees):
+        return "; a split over channels puts a shard of each layer's weights on each device"
+    return ""
 
 
 def _winner_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:

@@ -29,6 +29,7 @@ from pydantic import (
 from layerwise.strategies.errors import LayerwiseError, shown
 from layerwise.strategies.files.atomic import first_error
 from layerwise.strategies.files.documents import parse_yaml, read_yaml
+from layerwise.strategies.hardware.cluster import MemoryBytes
 from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
 from layerwise.strategies.jobs.defaults import DEFAULT_VERIFY_STEPS, MAX_WAIT_SECONDS
 from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
@@ -82,7 +83,7 @@ class BenchmarkConfig(BaseModel):
     models: tuple[ModelVersion, ...] = Field(min_length=1)
     nproc: int = Field(ge=1, strict=True)
     strategies: tuple[StrategyName, ...] = Field(min_length=1)
-    dataset: Literal["digits", "synthetic", "cifar10", "imagefolder"]
+    dataset: Literal["digits", "synthetic", "cifar10", "imagefolder", "fields"]
     image_size: int = Field(ge=1, strict=True)
     classes: int = Field(ge=2, strict=True)
     # the global batch: `batch`, else batch_per_device on each of the nproc processes
@@ -101,6 +102,9 @@ class BenchmarkConfig(BaseModel):
     tolerance: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     inexact_tolerance: float = Field(default=0.1, ge=0, allow_inf_nan=False)  # not exact ones
     profile: bool = True
+    # bytes each device may hold ("8MB"): the searched plan is held to it, every strategy's
+    # predicted and measured peak judged against it; None: the cluster device's memory
+    memory_limit: MemoryBytes | None = None
     # float64 steps per strategy in the verify stage (exactness against one process); 0 skips it
     verify_steps: int = Field(default=DEFAULT_VERIFY_STEPS, ge=0, strict=True)
     train_deadline_s: float = Field(default=600.0, gt=0, le=MAX_WAIT_SECONDS,

@@ -1,9 +1,10 @@
-"""The benchmark's data stage: the DVC `prepare` stage, run as a Prefect task.
+"""The benchmark's data stage: a DVC data stage (`prepare`, `prepare_fields`), run as a
+Prefect task.
 
-`dvc repro prepare` rebuilds data/prepared/<dataset> only when params.yaml's `prepare` section or
-tasks/stages/prepare_data.py changed (about 2 s to find nothing to do) and records the output's hash
-in dvc.lock, which the tracking task tags every MLflow run with. Outside a DVC project the same
-stage runs directly from params.yaml.
+`dvc repro STAGE` rebuilds data/prepared/<dataset> only when params.yaml's section of that stage
+or tasks/stages/prepare_data.py changed (about 2 s to find nothing to do) and records the
+output's hash in dvc.lock, which the tracking task tags every MLflow run with. Outside a DVC
+project the same stage runs directly from params.yaml.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.runtime.datasets import ImageSpec, prepared_spec
-from layerwise.tasks.stages.prepare_data import PARAMS_FILE, load_params, prepare, settings_from
-
-DVC_STAGE = "prepare"
+from layerwise.tasks.stages.prepare_data import PARAMS_FILE, prepare, settings_from, stage_sections
 
 
 @task(name="prepare data", cache_policy=NO_CACHE)
@@ -29,27 +28,30 @@ def prepare_data(dataset: str) -> ImageSpec | None:
     """Prepare `dataset` and return what it fixes about the model's input (None for
     synthetic, which fits any model).
 
-    The dataset params.yaml's `prepare` section names is rebuilt through DVC when it changed
-    (directly outside a DVC project); another prepared dataset is used as it is (its error
-    says how to prepare it).
+    A dataset one of params.yaml's data sections names (`prepare`, `prepare_fields`: each the
+    parameters of the DVC stage of that name) is rebuilt through DVC when it changed (directly
+    outside a DVC project); another prepared dataset is used as it is (its error says how to
+    prepare it).
     """
     if dataset == "synthetic":
         return None
-    settings = settings_from(load_params(PARAMS_FILE))
-    if settings.dataset == dataset:
-        if Path(".dvc").is_dir():
-            _dvc_repro()
-        else:
-            prepare(settings)
+    for stage, section in stage_sections(PARAMS_FILE).items():
+        settings = settings_from(section)
+        if settings.dataset == dataset:
+            if Path(".dvc").is_dir():
+                _dvc_repro(stage)
+            else:
+                prepare(settings)
+            break
     return prepared_spec(dataset, PREPARED_DIR)
 
 
-def _dvc_repro() -> None:
-    """`dvc repro prepare` with this interpreter first on PATH (the stage runs `python`)."""
+def _dvc_repro(stage: str) -> None:
+    """`dvc repro STAGE` with this interpreter first on PATH (the stage runs `python`)."""
     logger = get_run_logger()
     environment = {**os.environ,
                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    command = [sys.executable, "-m", "dvc", "repro", DVC_STAGE]
+    command = [sys.executable, "-m", "dvc", "repro", stage]
     finished = subprocess.run(command, capture_output=True, text=True, env=environment,
                               check=False)
     for line in finished.stdout.splitlines():
@@ -58,4 +60,4 @@ def _dvc_repro() -> None:
     if finished.returncode != 0:
         last = next((line for line in reversed(finished.stderr.splitlines()) if line.strip()),
                     f"exit code {finished.returncode}")
-        raise LayerwiseError(f"`dvc repro {DVC_STAGE}` failed: {last.strip()}")
+        raise LayerwiseError(f"`dvc repro {stage}` failed: {last.strip()}")

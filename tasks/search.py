@@ -21,8 +21,10 @@ from layerwise.strategies.search.elimination import SearchResult
 
 @task(name="search", cache_policy=NO_CACHE)
 def search_strategies(graph: LayerGraph, cluster: str, devices: int, profile: Path | None,
-                      strategies: Sequence[str], out: Path) -> dict[str, Path]:
-    """Strategy name -> its JSON file in `out`, predicted with the profile or the roofline."""
+                      strategies: Sequence[str], out: Path,
+                      memory_limit: int | None = None) -> dict[str, Path]:
+    """Strategy name -> its JSON file in `out`, predicted with the profile or the roofline;
+    the searched one held to `memory_limit` bytes per device (default: the cluster's)."""
     logger = get_run_logger()
     cost = cost_model(graph, cluster, devices, profile, analytic=profile is None)
 
@@ -30,10 +32,13 @@ def search_strategies(graph: LayerGraph, cluster: str, devices: int, profile: Pa
         logger.info("layer-wise search: %.3f s (%s, %d of %d configs kept by the bounds, "
                     "final graph %d node(s))", result.search_seconds, result.search_method,
                     result.configs_kept, result.configs, result.final_graph_nodes)
+        if memory_limit is not None:
+            logger.info("held to %.1f MB per device: at most %.1f%% slower than the best plan "
+                        "that fits", memory_limit / 1e6, result.optimality_gap * 100)
 
     files = {}
     for name in strategies:
-        strategy = strategy_by_name(name, cost, on_search=log_search)
+        strategy = strategy_by_name(name, cost, on_search=log_search, memory_limit=memory_limit)
         files[name] = strategy.save(out / f"{name}.strategy.json")
         logger.info("%s: predicted %.3f ms per step, %d transfer + %d sync bytes", name,
                     strategy.predicted.step_seconds * 1e3, strategy.predicted.transfer_bytes,
@@ -49,6 +54,10 @@ def oracle_step_seconds(graph: LayerGraph, cluster: str, devices: int, profile: 
     from layerwise.strategies.oracle.paradl import step_case, summary_from_graph
 
     logger = get_run_logger()
+    if graph.batch % devices:
+        logger.info("ParaDL: skipped, its cases take the same samples on every device and the "
+                    "batch %d does not divide over %d devices", graph.batch, devices)
+        return {}
     cost = cost_model(graph, cluster, devices, profile, analytic=profile is None)
     summary = summary_from_graph(graph, cost.compute)
     predicted = {}

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 STRATEGIES = ("data", "owt_b")  # a baseline and a scheduled strategy (its own engine)
 OVERRIDES = ("name=test-benchmark", "models.0.name=tiny_cnn", "dataset=synthetic",
              "image_size=8", "classes=10", "nproc=2", "batch_per_device=4", "steps=6",
-             "strategies=[data,owt_b]",
+             "strategies=[data,owt_b]", "memory_limit=1KB",
              "profile=true", "cluster=calibrated", "train_deadline_s=240")
 # the shortest flow: one strategy, analytic costs, no verify stage, 2 steps
 SHORT = ("models.0.name=tiny_cnn", "dataset=synthetic", "image_size=8", "classes=10",
@@ -132,6 +132,7 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
     assert params["model"] == "tiny_cnn" and params["model_version"] == "v1"
     assert params["devices"] == "2" and params["cluster"] == str(calibration_path(2))
     assert params["batch_per_device"] == "4" and params["global_batch"] == "8"
+    assert params["memory_limit_bytes"] == "1000"
     assert len(params["structure_hash"]) > 8 and params["seed"] == "0"
     metrics = run.data.metrics
     assert set(metrics) >= METRICS
@@ -403,6 +404,24 @@ def test_a_failed_check_keeps_every_measured_number_and_says_what_failed(benchma
     assert row["val acc"] == f"{worse.accuracy:.2%}"
     lines = summary_lines([failed])
     assert sum(line.startswith("failed:") for line in lines) == 1
+
+
+def test_a_declared_memory_marks_every_strategy_over_it(benchmarked):
+    """With memory_limit 1 KB data parallelism is over: the table marks its predicted and
+    measured peak and the summary names it; owt_b's engine is neither predicted nor measured
+    yet, which the summary says instead of a verdict."""
+    from layerwise.flows.benchmark import _table_rows, summary_lines
+
+    _, outcomes, _ = benchmarked
+    by_name = {outcome.strategy: outcome for outcome in outcomes}
+    assert by_name["data"].predicted_peak_bytes > 1000
+    assert by_name["data"].fits is False and by_name["data"].measured_peak_bytes > 1000
+    assert by_name["owt_b"].fits is None
+    rows = {row["strategy"]: row for row in _table_rows(outcomes)}
+    assert rows["data"]["peak MB pred./meas."].endswith(" over")
+    assert rows["owt_b"]["peak MB pred./meas."] == "-/-"
+    [memory] = [line for line in summary_lines(outcomes) if " memory, " in line]
+    assert "'data' does not fit (" in memory and "'owt_b' not judged" in memory
 
 
 def test_a_failed_accuracy_check_is_a_failed_task_logged_without_a_traceback(prefect_server):

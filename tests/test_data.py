@@ -18,6 +18,8 @@ from PIL import Image
 
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.tasks.stages.prepare_data import (
+    FIELD_SLOPES,
+    gaussian_fields,
     load_params,
     main,
     prepare_cifar,
@@ -277,12 +279,50 @@ def test_the_command_line_overrides_params_yaml(tmp_path, monkeypatch, capsys):
         assert message in capsys.readouterr().err
 
 
-def test_the_committed_lock_matches_the_code_that_prepares_the_data():
-    """`make run` reproduces `prepare`: a dvc.lock whose recorded hash of the stage's script is
-    stale makes every fresh clone's first run rewrite it and leave git dirty."""
+@pytest.mark.parametrize("stage", ["prepare", "prepare_fields"])
+def test_the_committed_lock_matches_the_code_that_prepares_the_data(stage):
+    """`make run` reproduces `prepare` (`layerwise run --config configs/volumes.yaml`
+    `prepare_fields`): a dvc.lock whose recorded hash of the stage's script is stale makes
+    every fresh clone's first run rewrite it and leave git dirty."""
     lock = yaml.safe_load((ROOT / "dvc.lock").read_text(encoding="utf-8"))
-    for dependency in lock["stages"]["prepare"]["deps"]:
+    for dependency in lock["stages"][stage]["deps"]:
         code = ROOT / dependency["path"]
         assert hashlib.md5(code.read_bytes()).hexdigest() == dependency["md5"], (
-            f"dvc.lock is stale for {dependency['path']}: run `dvc repro prepare` and commit "
+            f"dvc.lock is stale for {dependency['path']}: run `dvc repro {stage}` and commit "
             "dvc.lock")
+
+
+def test_the_fields_are_reproducible_balanced_and_told_apart_by_their_roughness():
+    """What makes the generated fields a learnable task: the same seed gives the same bytes;
+    every field has zero mean and unit variance, so intensity says nothing of the class; and
+    the mean squared difference of neighbouring values, what a 3x3 convolution can measure in
+    any window, falls with the spectrum's slope, far apart between the classes."""
+    fields, labels = gaussian_fields(60, 64, seed=3)
+    again, same_labels = gaussian_fields(60, 64, seed=3)
+    assert np.array_equal(fields, again) and np.array_equal(labels, same_labels)
+    assert not np.array_equal(fields, gaussian_fields(60, 64, seed=4)[0])
+    assert np.bincount(labels).tolist() == [20] * len(FIELD_SLOPES)
+    assert np.allclose(fields.mean(axis=(1, 2, 3)), 0, atol=1e-5)
+    assert np.allclose(fields.std(axis=(1, 2, 3)), 1, atol=1e-4)
+    roughness = (np.diff(fields, axis=3) ** 2).mean(axis=(1, 2, 3))
+    by_class = [roughness[labels == label] for label in range(len(FIELD_SLOPES))]
+    for rougher, smoother in zip(by_class, by_class[1:], strict=False):
+        assert rougher.min() > 2 * smoother.max()  # every field of a class apart from the next
+
+
+def test_the_fields_stage_writes_the_section_params_yaml_names(tmp_path, monkeypatch, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "prepare": {"dataset": "digits", "out": "data/prepared/digits"},
+        "prepare_fields": {"dataset": "fields", "image_size": 16, "images": 30,
+                           "val_fraction": 0.2, "seed": 0, "out": "data/prepared/fields"}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--params", str(params), "--section", "prepare_fields"]) == 0
+    assert "prepared fields: 24 train / 6 validation images at 16x16" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "data/prepared/fields/meta.json").read_text())
+    assert (meta["channels"], meta["classes"], meta["class_names"][0]) == (1, 3, "alpha=1")
+    assert not (tmp_path / "data/prepared/digits").exists()
+    assert main(["--params", str(params), "--section", "prepare_fields", "--images", "4"]) == 2
+    assert "set at least 6" in capsys.readouterr().err
+    assert main(["--params", str(params), "--section", "prepare_volumes"]) == 2
+    assert "has no 'prepare_volumes' section" in capsys.readouterr().err

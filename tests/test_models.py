@@ -21,11 +21,11 @@ from layerwise.strategies.model.zoo import (
 )
 
 ZOO_NAMES = [
-    "tiny_cnn", "lenet5", "wide_fc", "alexnet", "vgg16", "resnet18", "resnet50", "resnet101",
-    "resnet152", "inception_v3",
+    "tiny_cnn", "lenet5", "wide_fc", "cosmoflow2d", "alexnet", "vgg16", "resnet18", "resnet50",
+    "resnet101", "resnet152", "inception_v3",
 ]
 
-PARAMS_1000 = {  # torchvision's counts at 1000 classes (lenet5, wide_fc: 10)
+PARAMS_1000 = {  # torchvision's counts at 1000 classes (lenet5, wide_fc: 10; cosmoflow2d: 3)
     "alexnet": 61_100_840,
     "vgg16": 138_357_544,
     "resnet18": 11_689_512,
@@ -35,6 +35,7 @@ PARAMS_1000 = {  # torchvision's counts at 1000 classes (lenet5, wide_fc: 10)
     "inception_v3": 23_834_568,
     "lenet5": 61_706,
     "wide_fc": 8_417_994,
+    "cosmoflow2d": 17_443,
 }
 
 

@@ -32,10 +32,11 @@ runner = CliRunner()
 
 # input size per model: small, yet large enough that BatchNorm normalises over more than a
 # handful of values (a 1x1 map over 8 samples is as ill-conditioned as float64 rounding allows)
-IMAGE_SIZE = {"tiny_cnn": 8, "lenet5": 16, "wide_fc": 8, "alexnet": 21, "vgg16": 32,
-              "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
+IMAGE_SIZE = {"tiny_cnn": 8, "lenet5": 16, "wide_fc": 8, "cosmoflow2d": 16, "alexnet": 21,
+              "vgg16": 32, "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
               "inception_v3": 20}
-SMALL = ("tiny_cnn", "lenet5", "wide_fc")  # three steps, so momentum and decay act twice
+# three steps, so momentum and decay act twice
+SMALL = ("tiny_cnn", "lenet5", "wide_fc", "cosmoflow2d")
 # One step for the deep BatchNorm networks: over a second step at these sizes float64 rounding
 # grows through their 50-150 BatchNorms to within 2-10x of the tolerance (ResNet-50 `data`:
 # 8.6e-11, Inception-v3 `spatial_w`: 4.2e-11), the networks' conditioning, not the strategies';
@@ -46,9 +47,10 @@ DEEP = ("resnet50", "resnet101", "resnet152", "inception_v3")
 # adds, momentum and weight decay acting on every weight, is the small models' part.
 ONE_STEP = {("alexnet", 2), ("alexnet", 4), ("resnet18", 4)}
 # The wide classifier at 2 processes; channel-split classifiers at 4 in lenet5 and the narrow
-# AlexNet, a residual BatchNorm block at 4 in tiny_cnn.
+# AlexNet, a residual BatchNorm block at 4 in tiny_cnn; leaky ReLUs and average pools of the
+# volumes workload at 2.
 IN_THE_SUITE = {(model, nproc) for model in ("tiny_cnn", "lenet5") for nproc in (2, 4)} | {
-    ("wide_fc", 2)}
+    ("wide_fc", 2), ("cosmoflow2d", 2)}
 # the shapes of AlexNet (at its stride-4 stem's smallest input), ResNet-18 and Inception-v3,
 # narrow: input size and process counts
 NARROW = {"tests.idiom_models:narrow_alexnet": (63, (2, 4)),

@@ -14,8 +14,9 @@ of, with the tile's exact box (`space.tile_range`):
   step's end (the box is an autograd leaf), except on a chained edge, where the layer computes
   on its sole producer's tile itself (the runtime's rule: that producer feeds it alone and every
   device needs exactly its own producer tile);
-- saved: what the tile's ops save for their backward beyond those: a normalisation's input
-  (BatchNorm, GroupNorm, LayerNorm fused after the op), max pooling's indices (int64);
+- saved: what the tile's ops save for their backward beyond those: the intermediate tensors
+  of its fused ops that a backward reads (a normalisation's input; a leaky ReLU's, GELU's or
+  SiLU's input; a ReLU's output when a dropout follows it), max pooling's indices (int64);
   freed as each layer's backward runs;
 - the step's inputs: the global batch and its labels (every rank reads the whole batch and
   slices its tiles) and every dropout mask, drawn at the layer's full shape;
@@ -55,6 +56,12 @@ FLOAT32_BYTES = 4  # training's element type unless verify's float64
 MEMORY_RESERVE = 0.1
 NORMALIZATIONS = ("BatchNorm", "GroupNorm", "LayerNorm", "batch_norm", "group_norm",
                   "layer_norm")
+# fused ops (module or function names) whose backward reads their input, by prefix: the
+# normalisations and the activations differentiated at their input (hardtanh is ReLU6's)
+SAVES_INPUT = (*NORMALIZATIONS, "LeakyReLU", "leaky_relu", "ELU", "elu", "GELU", "gelu",
+               "SiLU", "silu", "Hardswish", "hardswish", "ReLU6", "relu6")
+# fused ops whose backward reads their result, by exact name
+SAVES_RESULT = frozenset({"ReLU", "relu", "relu_", "Sigmoid", "sigmoid", "Tanh", "tanh"})
 
 
 class DeviceMemory(BaseModel):
@@ -111,13 +118,27 @@ def _running_statistics(layer: Layer, box: Box) -> int:
     return 2 * norms * (box[1][1] - box[1][0])
 
 
+def _saved_intermediates(layer: Layer) -> int:
+    """How many of the layer's intermediate tensors (the main op's output, each fused op's but
+    the last, which is the kept output) its fused ops save for their backward: a normalisation
+    or an activation whose derivative reads its input saves that input, one whose derivative
+    reads its result saves that (PyTorch's derivatives.yaml); a tensor saved twice is held
+    once. Position i is fused op i's input, i + 1 its output."""
+    saved = set()
+    for index, fused in enumerate(layer.fused):
+        if fused.op.startswith(SAVES_INPUT):
+            saved.add(index)
+        elif fused.op in SAVES_RESULT:
+            saved.add(index + 1)
+    return len(saved - {len(layer.fused)})
+
+
 def _saved_elements(layer: Layer, box: Box) -> tuple[int, int]:
     """(elements in the layer's element type, int64 elements) its ops save beyond the kept
-    tensors: each fused normalisation's input, max pooling's indices."""
+    tensors: the intermediate tensors its fused ops save, max pooling's indices."""
     out = box_volume(box)
-    norms = sum(1 for fused in layer.fused if fused.op.startswith(NORMALIZATIONS))
     indices = out if layer.kind == "pool" and "Max" in layer.op else 0
-    return norms * out, indices
+    return _saved_intermediates(layer) * out, indices
 
 
 class TileTerms(BaseModel):

@@ -17,12 +17,15 @@ from layerwise.strategies.strategy import Strategy
 
 
 def strategy_by_name(name: str, cost: CostModel,
-                     on_search: Callable[[SearchResult], None] | None = None) -> Strategy:
+                     on_search: Callable[[SearchResult], None] | None = None,
+                     memory_limit: int | None = None) -> Strategy:
     """The strategy `name` on `cost`'s graph and devices, with its predicted cost; the search
-    (name `layerwise`) also hands its statistics to `on_search`. ConfigError for a name the
-    registry does not hold."""
-    if name == SEARCHED and on_search is not None:
-        strategy, result = searched_strategy(cost)
-        on_search(result)
+    (name `layerwise`) holds its plan to `memory_limit` bytes per device (default: the cluster
+    device's memory less the reserve) and hands its statistics to `on_search`. ConfigError for
+    a name the registry does not hold."""
+    if name == SEARCHED and (on_search is not None or memory_limit is not None):
+        strategy, result = searched_strategy(cost, memory_limit)
+        if on_search is not None:
+            on_search(result)
         return strategy
     return build_strategy(name, cost)

@@ -73,6 +73,8 @@ def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry:
                                    geometry.stride[axis], geometry.padding[axis],
                                    geometry.dilation[axis], in_size_hw[axis])
     )
+    if not (top or bottom or left or right):
+        return x  # F.pad would copy the box for nothing (and the op would save the copy)
     if mode != "zeros":
         return F.pad(x, (left, right, top, bottom), mode=mode)
     return F.pad(x, (left, right, top, bottom), value=value)

@@ -39,6 +39,7 @@ __all__ = [
     "AlexNet",
     "BasicBlock",
     "BasicConv2d",
+    "CosmoFlow2D",
     "Bottleneck",
     "Inception3",
     "InceptionA",
@@ -55,6 +56,7 @@ __all__ = [
     "WideFC",
     "alexnet",
     "build_model",
+    "cosmoflow2d",
     "inception_v3",
     "input_shape",
     "lenet5",
@@ -102,6 +104,8 @@ def _paths(name: str, small: bool, aux: bool = False) -> list[list[_Op]]:
         return [[(5, 1, 0), (2, 2, 0), (5, 1, 0), (2, 2, 0)]]
     if name == "wide_fc":
         return [[(2, 2, 0), (2, 2, 0)]]
+    if name == "cosmoflow2d":
+        return [[(2, 2, 0)] * 3]
     if name == "alexnet":
         return [[(11, 1 if small else 4, 2), (3, 2, 0), (3, 2, 0), (3, 2, 0)]]
     if name == "vgg16":
@@ -262,6 +266,45 @@ class WideFC(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.flatten(self.avgpool(self.features(x)), 1)
         return self.classifier(x)
+
+
+class CosmoFlow2D(nn.Module):
+    """A high-resolution field classifier in the shape of CosmoFlow (Mathuriya et al., SC'18),
+    in two dimensions: convolution stages that widen as average pools halve a large field, leaky
+    ReLUs and no BatchNorm, then a global pool and two fully connected layers.
+
+    Its activations, not its 17K weights, fill a device: at 256x256 one sample's first
+    activation is 2 MB against 0.07 MB of weights, so past a sample per device only height and
+    width splits spread it. Without BatchNorm it trains at one sample per step (BatchNorm over
+    one sample is a per-sample normalisation that removes the field's variance, the very signal
+    of the `fields` dataset); He initialisation for the leaky ReLUs keeps the signal's scale
+    through the stages instead.
+    """
+
+    def __init__(self, num_classes: int = 3, in_channels: int = 1, width: int = 8) -> None:
+        super().__init__()
+        widths = (width, 2 * width, 4 * width, 4 * width)
+        layers: list[nn.Module] = []
+        for index, (cin, cout) in enumerate(zip((in_channels, *widths[:-1]), widths,
+                                                strict=True)):
+            layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.LeakyReLU(_LEAK)]
+            if index < len(widths) - 1:
+                layers.append(nn.AvgPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(nn.Linear(widths[-1], 64), nn.LeakyReLU(_LEAK),
+                                        nn.Linear(64, num_classes))
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d | nn.Linear):
+                nn.init.kaiming_normal_(module.weight, a=_LEAK, nonlinearity="leaky_relu")
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        return self.classifier(x)
+
+
+_LEAK = 0.01  # the leaky ReLUs' negative slope
 
 
 # --------------------------------------------------------------------------------------------
@@ -671,6 +714,14 @@ def wide_fc(num_classes: int = 10, image_size: int = 32, in_channels: int = 1) -
     return WideFC(num_classes, in_channels)
 
 
+def cosmoflow2d(num_classes: int = 3, image_size: int = 256,
+                in_channels: int = 1) -> CosmoFlow2D:
+    """CosmoFlow's shape in 2D for high-resolution fields, 17,443 parameters at 3 classes;
+    inputs of at least 8 px."""
+    _prepare("cosmoflow2d", num_classes, image_size, in_channels)
+    return CosmoFlow2D(num_classes, in_channels)
+
+
 def alexnet(num_classes: int = 1000, image_size: int = 224, in_channels: int = 3) -> AlexNet:
     """AlexNet, torchvision layout (61,100,840 parameters at 1000 classes).
 
@@ -729,6 +780,7 @@ _FACTORIES: dict[str, Callable[..., nn.Module]] = {
     "tiny_cnn": tiny_cnn,
     "lenet5": lenet5,
     "wide_fc": wide_fc,
+    "cosmoflow2d": cosmoflow2d,
     "alexnet": alexnet,
     "vgg16": vgg16,
     "resnet18": resnet18,
@@ -742,6 +794,8 @@ _DESCRIPTIONS: dict[str, tuple[str, int, int, int]] = {  # description, C, H=W, 
     "tiny_cnn": ("Tiny residual CNN for fast tests (layerwise)", 3, 32, 10),
     "lenet5": ("LeNet-5 (LeCun et al. 1998), ReLU and max-pooling", 1, 32, 10),
     "wide_fc": ("Small convolutions, wide FC layers: OWT's shape (layerwise)", 1, 32, 10),
+    "cosmoflow2d": ("CosmoFlow's shape in 2D (Mathuriya et al. 2018): high-resolution fields",
+                    1, 256, 3),
     "alexnet": ("AlexNet (Krizhevsky 2014 / 2012), torchvision layout", 3, 224, 1000),
     "vgg16": ("VGG-16 (Simonyan & Zisserman 2015), configuration D, torchvision layout",
               3, 224, 1000),

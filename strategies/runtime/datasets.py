@@ -3,6 +3,8 @@
 - digits: scikit-learn's handwritten digits as the DVC `prepare` stage wrote them
   (data/prepared/digits/{train,val}.npz, `tasks/stages/prepare_data.py`): 1 channel, 10
   classes, the image size params.yaml sets.
+- fields: generated Gaussian random fields, the class their spectrum's slope, as the DVC
+  `prepare_fields` stage wrote them (high resolution: 256x256 by default, 1 channel, 3 classes).
 - cifar10, imagefolder: the same stage's output for a local CIFAR-10 (python version) folder or
   an ImageFolder tree (`python -m layerwise.tasks.stages.prepare_data --dataset NAME --source
   PATH`); and any other folder under data/prepared/ holding a meta.json (`--out
@@ -37,7 +39,9 @@ from layerwise.strategies.files.documents import read_json
 from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.hardware.host_memory import check_memory
 
-DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "synthetic")
+DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "fields", "synthetic")
+# the datasets params.yaml's sections define, by the DVC stage that prepares each
+_STAGES = {"digits": "prepare", "fields": "prepare_fields"}
 _SOURCED = ("cifar10", "imagefolder")  # prepared from a local folder, not from params.yaml
 SYNTHETIC_TRAIN_SAMPLES = 4096
 SYNTHETIC_VAL_SAMPLES = 1024
@@ -141,18 +145,22 @@ PREPARE_MODULE = "layerwise.tasks.stages.prepare_data"  # the DVC stage's script
 
 
 def _prepare_fix(name: str, options: str = "") -> str:
-    """The command that (re)builds prepared dataset `name`, with extra `options`: digits come
-    from params.yaml, the others from a local source folder."""
-    if name == "digits":
-        return f"run `dvc repro prepare` (or `python -m {PREPARE_MODULE}`) from the project root"
+    """The command that (re)builds prepared dataset `name`, with extra `options`: digits and
+    fields come from params.yaml, the others from a local source folder."""
+    if name in _STAGES:
+        stage = _STAGES[name]
+        section = "" if stage == "prepare" else f" --section {stage}"
+        return (f"run `dvc repro {stage}` (or `python -m {PREPARE_MODULE}{section}`) from the "
+                "project root")
     command = (f"--dataset {name} --source PATH" if name in _SOURCED
                else f"--dataset cifar10|imagefolder --source PATH --out {PREPARED_DIR / name}")
     return f"run `python -m {PREPARE_MODULE} {command}{options}` from the project root"
 
 
 def _resize_fix(name: str, image_size: int) -> str:
-    if name == "digits":
-        return f"set prepare.image_size: {image_size} in params.yaml and {_prepare_fix(name)}"
+    if name in _STAGES:
+        return (f"set {_STAGES[name]}.image_size: {image_size} in params.yaml and "
+                f"{_prepare_fix(name)}")
     return _prepare_fix(name, f" --image-size {image_size}")
 
 

@@ -6,8 +6,11 @@
         --source ~/data/cifar-10-batches-py
     python -m layerwise.tasks.stages.prepare_data --dataset imagefolder \
         --source ~/data/flowers --out data/prepared/flowers
+    python -m layerwise.tasks.stages.prepare_data --section prepare_fields
+    dvc repro prepare_fields                         # the same, tracked by DVC
 
-`prepare.dataset` names the source:
+`prepare.dataset` names the source (`--section NAME` reads another section of params.yaml:
+`prepare_fields` is the `fields` dataset's, its own DVC stage):
 
 - digits (default): scikit-learn ships the UCI handwritten digits (1,797 8x8 grayscale images,
   10 classes), so the default needs no download.
@@ -16,6 +19,13 @@
   too). Its official split: the data batches train, the test batch validates.
 - imagefolder: ROOT/<class>/<images> (png, jpg, jpeg, bmp, ppm); the class index follows the
   sorted folder names, as torchvision's ImageFolder does.
+- fields: generated, nothing to download: `images` high-resolution Gaussian random fields, one
+  channel, whose power spectrum falls as P(k) ~ k^-alpha, the class being alpha (FIELD_SLOPES).
+  It stands in for the density fields CosmoFlow reads cosmological parameters from (Mathuriya
+  et al. 2018): every field is scaled to zero mean and unit variance, so the class lives only in
+  its spatial correlation (a steep spectrum is smooth, a flat one rough), which a convolution
+  measures in any window of the field; that is why it is learnable, and why it is learnable
+  from a split field too. The same seed gives the same bytes.
 
 Every source is scaled to [0, 1] and resized to the model's input size; digits and imagefolder
 are split into train and validation per class with a seeded permutation (so every class keeps
@@ -50,12 +60,16 @@ from layerwise.strategies.text import printable
 
 PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
 
-SOURCES = ("digits", "cifar10", "imagefolder")
-PARAMETERS = ("dataset", "source", "image_size", "channels", "val_fraction", "seed", "out")
+SOURCES = ("digits", "cifar10", "imagefolder", "fields")
+PARAMETERS = ("dataset", "source", "image_size", "channels", "val_fraction", "seed", "out",
+              "images")
+SECTION = "prepare"  # params.yaml's section of the default stage
+FIELD_SLOPES = (1.0, 2.5, 4.0)  # the fields' spectral indices alpha, one class each
+DEFAULT_FIELD_IMAGES = 480
 SCHEMA_VERSION = 2  # 2: mean and std per channel, class_names
 DIGITS_MAX_VALUE = 16.0  # pixel values of the UCI digits run from 0 to 16
 PIXEL_MAX_VALUE = 255.0  # 8-bit images
-FIXED_CHANNELS = {"digits": 1, "cifar10": 3}
+FIXED_CHANNELS = {"digits": 1, "cifar10": 3, "fields": 1}
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm"})
 _RESIZE_CHUNK = 1024  # images resized at once: bounds the float copy of a large uint8 source
 _CIFAR_SHAPE = (3, 32, 32)  # each row of b"data": the R, G and B planes of a 32x32 image
@@ -87,6 +101,7 @@ class PrepareSettings:
     val_fraction: float
     seed: int
     out: Path
+    images: int = DEFAULT_FIELD_IMAGES  # fields: how many are generated
 
 
 def split_indices(labels: np.ndarray, val_fraction: float,
@@ -185,6 +200,44 @@ def prepare_digits(out_dir: Path, image_size: int, val_fraction: float, seed: in
     return _write_prepared(out_dir, (images[train], labels[train]), (images[val], labels[val]), {
         "dataset": "digits", "source": "sklearn.datasets.load_digits",
         "class_names": [str(digit) for digit in range(10)], "seed": seed,
+        "val_fraction": val_fraction})
+
+
+def gaussian_fields(count: int, image_size: int, seed: int) -> Split:
+    """`count` fields of image_size x image_size with balanced classes: white noise coloured
+    in Fourier space by amplitude k^(-alpha/2), so that the power spectrum is k^-alpha (the mean,
+    k = 0, is removed), each then scaled to zero mean and unit variance."""
+    _check_image_size(image_size)
+    _check_memory(count, 1, image_size)
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count, dtype=np.int64) % len(FIELD_SLOPES)
+    rng.shuffle(labels)
+    rows = np.fft.fftfreq(image_size)[:, None]
+    columns = np.fft.rfftfreq(image_size)[None, :]
+    frequency = np.sqrt(rows ** 2 + columns ** 2)
+    frequency[0, 0] = np.inf  # amplitude 0: no mean
+    fields = np.empty((count, 1, image_size, image_size), dtype=np.float32)
+    shape = frequency.shape
+    for index, label in enumerate(labels):
+        noise = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+        field = np.fft.irfft2(noise * frequency ** (-FIELD_SLOPES[label] / 2),
+                              s=(image_size, image_size))
+        fields[index, 0] = (field - field.mean()) / field.std()
+    return fields, labels
+
+
+def prepare_fields(out_dir: Path, image_size: int, images: int, val_fraction: float,
+                   seed: int) -> dict:
+    """Write `images` generated fields (`gaussian_fields`), split per class."""
+    if images < 2 * len(FIELD_SLOPES):
+        raise LayerwiseError(f"prepare.images: {images} fields cannot give each of the "
+                             f"{len(FIELD_SLOPES)} classes a training and a validation "
+                             f"field; set at least {2 * len(FIELD_SLOPES)}")
+    fields, labels = gaussian_fields(images, image_size, seed)
+    train, val = split_indices(labels, val_fraction, seed)
+    return _write_prepared(out_dir, (fields[train], labels[train]), (fields[val], labels[val]), {
+        "dataset": "fields", "source": f"generated: Gaussian random fields, seed {seed}",
+        "class_names": [f"alpha={slope:g}" for slope in FIELD_SLOPES], "seed": seed,
         "val_fraction": val_fraction})
 
 
@@ -374,7 +427,8 @@ def settings_from(params: dict) -> PrepareSettings:
         channels=None if channels is None else _number(params, "channels", int, 3),
         val_fraction=_number(params, "val_fraction", float, 0.2),
         seed=_number(params, "seed", int, 0),
-        out=Path(str(params.get("out") or PREPARED_DIR / dataset)))
+        out=Path(str(params.get("out") or PREPARED_DIR / dataset)),
+        images=_number(params, "images", int, DEFAULT_FIELD_IMAGES))
     _check_settings(settings)
     return settings
 
@@ -401,6 +455,9 @@ def prepare(settings: PrepareSettings) -> dict:
     if settings.dataset == "digits":
         return prepare_digits(settings.out, settings.image_size, settings.val_fraction,
                               settings.seed)
+    if settings.dataset == "fields":
+        return prepare_fields(settings.out, settings.image_size, settings.images,
+                              settings.val_fraction, settings.seed)
     if settings.source is None:
         raise LayerwiseError(f"{settings.dataset} is read from a local folder; set "
                              "prepare.source in params.yaml or pass --source PATH")
@@ -410,20 +467,32 @@ def prepare(settings: PrepareSettings) -> dict:
                                settings.channels or 3, settings.val_fraction, settings.seed)
 
 
-def load_params(path: Path) -> dict:
+def load_params(path: Path, section: str = SECTION) -> dict:
+    """params.yaml's `section` (a data stage's parameters), its keys checked."""
+    return stage_sections(path, (section,))[section]
+
+
+def stage_sections(path: Path, names: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """The data stages' sections of params.yaml by name: `names`, else every top-level
+    section starting with `prepare`."""
     if not path.exists():
         raise LayerwiseError(f"{path} does not exist; run from the project root")
     params = read_yaml(path, str(path))
     if not isinstance(params, dict):
         raise LayerwiseError(f"{path}: the top level must be a mapping with a 'prepare' "
                              f"section (got {type(params).__name__})")
-    section = params.get("prepare")
-    if not isinstance(section, dict):
-        raise LayerwiseError(f"{path} has no 'prepare' section")
-    unknown = sorted(set(section) - set(PARAMETERS))
-    if unknown:
-        raise LayerwiseError(f"{path}: prepare.{unknown[0]}: unknown parameter")
-    return section
+    wanted = names if names is not None else tuple(
+        name for name in params if isinstance(name, str) and name.startswith(SECTION))
+    sections = {}
+    for name in wanted:
+        section = params.get(name)
+        if not isinstance(section, dict):
+            raise LayerwiseError(f"{path} has no '{printable(name)}' section")
+        unknown = sorted(set(section) - set(PARAMETERS))
+        if unknown:
+            raise LayerwiseError(f"{path}: {printable(name)}.{unknown[0]}: unknown parameter")
+        sections[name] = section
+    return sections
 
 
 def _with_overrides(params: dict, args: argparse.Namespace) -> dict:
@@ -443,6 +512,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Prepare the dataset params.yaml's `prepare` section names; the options "
                     "override its fields.")
     parser.add_argument("--params", type=Path, default=PARAMS_FILE)
+    parser.add_argument("--section", default=SECTION,
+                        help="params.yaml's section to read (default prepare; prepare_fields "
+                             "for the generated fields)")
     parser.add_argument("--dataset", choices=SOURCES)
     parser.add_argument("--source", help="cifar10: the cifar-10-batches-py folder; "
                                          "imagefolder: ROOT holding one folder per class")
@@ -450,6 +522,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--channels", type=int, help="imagefolder: 3 (RGB, default) or 1")
     parser.add_argument("--val-fraction", type=float)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--images", type=int, help="fields: how many to generate")
     parser.add_argument("--out", help="default: params.yaml's out, data/prepared/DATASET for "
                                       "another --dataset")
     return parser
@@ -458,7 +531,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        settings = settings_from(_with_overrides(load_params(args.params), args))
+        settings = settings_from(_with_overrides(load_params(args.params, args.section), args))
         meta = prepare(settings)
     except LayerwiseError as error:
         print(f"error: {printable(str(error))}", file=sys.stderr)
