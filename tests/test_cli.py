@@ -166,8 +166,10 @@ def test_version_short_help_and_completion_as_a_user_asks_for_them():
     for argv in (["-h"], ["train", "-h"]):
         short = run(*argv)
         assert short.exit_code == 0 and short.stdout == run(*argv[:-1], "--help").stdout
-    completion = subprocess.run([executable, "--show-completion", "bash"], capture_output=True,
-                                text=True)
+    # typed in bash: the shell is found among the command's parents wherever the suite runs
+    # (`; exit` keeps bash from replacing itself with the command)
+    completion = subprocess.run(["bash", "-c", '"$0" --show-completion; exit $?', executable],
+                                capture_output=True, text=True)
     assert completion.returncode == 0 and "complete " in completion.stdout, completion.stderr
 
 

@@ -40,7 +40,7 @@ def test_a_second_clone_pulls_what_the_first_pushed_and_stays_clean(tmp_path, mo
 
     second = tmp_path / "second"
     run(["git", "clone", "-q", str(repo), str(second)], tmp_path)
-    dvc("pull", cwd=second)
+    dvc("pull", "prepare", cwd=second)  # the stage the first clone pushed
     assert tree_bytes(second / "data" / "prepared" / "digits") == before
     dvc("repro", "prepare", cwd=second)  # the first run of the clone: nothing to rebuild
     assert run(["git", "status", "--porcelain"], second).stdout == ""
