@@ -22,9 +22,10 @@ of, with the tile's exact box (`space.tile_range`):
   slices its tiles) and every dropout mask, drawn at the layer's full shape;
 - workspace: the most one autograd call of the backward holds at once: at a layer, the
   gradient of its output tile and of each fused op's input on the way back and of its input
-  boxes, with what its ops saved; a chained layer's call runs on into its producer's, whose
-  saved tensors stay until their part has run; and the update's weight-decay temporary (the
-  largest weight shard).
+  boxes, with what its ops saved, or, in its main op's own backward, the gradient of that op's
+  output, a convolution's channel-blocked copy of it (oneDNN on CPUs) and the input boxes; a
+  chained layer's call runs on into its producer's, whose saved tensors stay until their part
+  has run; and the update's weight-decay temporary (the largest weight shard).
 The peak is the largest of three moments: the forward's end (kept + saved, no gradients yet),
 the backward's end (kept + gradients + input gradients + buckets + the last workspace) and the
 update (gradients, the replicated ones now views into their buckets, and the temporary;
@@ -36,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.model.graph import Layer, LayerGraph
@@ -245,14 +247,34 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
             held["kept"] += own.output + copies * element_bytes
             head = layer.inputs[0] if len(layer.inputs) == 1 and not leaves else None
             saved_before[layer.name, device] = own.saved + saved_before.get((head, device), 0)
-            gradients = ((1 + len(layer.fused)) * box_volume(box)
-                         + sum(box_volume(box) for box in needed.values())) * element_bytes
+            inputs = sum(box_volume(box) for box in needed.values())
+            gradients = ((1 + len(layer.fused)) * box_volume(box) + inputs) * element_bytes
+            # the main op's own backward: its fused ops' saved tensors are freed by then
+            main_op = (box_volume(box) + _blocked_gradient(layer, box) + inputs) * element_bytes
             held["workspace"] = max(held["workspace"],
-                                    saved_before[layer.name, device] + gradients)
+                                    saved_before[layer.name, device] + gradients,
+                                    saved_before[layer.name, device] - own.saved + main_op)
     return tuple(DeviceMemory(device=device, inputs=step_input_bytes(graph, element_bytes),
                               **held)
                  for device, held in terms.items())
 
+
+def conv_channel_block() -> int:
+    """The channel block of oneDNN's layouts on this CPU: 16 with AVX-512, else 8."""
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+def _blocked_gradient(layer: Layer, box: Box) -> int:
+    """Elements of the copy a convolution's backward makes of its output gradient in oneDNN's
+    channel-blocked layout, the channels rounded up to a block (conv_channel_block): measured
+    on CPUs as the largest transient of a 6- or 8-channel convolution's backward (2.7x and
+    2x its output gradient). A GPU's cuDNN makes no such copy, so there it over-counts the
+    convolutions whose output channels are no multiple of the block, by that padding."""
+    if layer.kind != "conv":
+        return 0
+    channels = box[1][1] - box[1][0]
+    block = conv_channel_block()
+    return box_volume(box) * (-(-channels // block) * block) // channels
 
 def _dropout_masks(graph: LayerGraph) -> int:
     """Elements of every dropout mask of a step (each at its layer's full output shape)."""
