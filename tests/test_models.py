@@ -11,6 +11,7 @@ import torch.fx
 from torch import nn
 
 from layerwise.strategies.errors import LayerwiseError, UnknownModelError
+from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.model.zoo import (
     ZOO,
     ModelSpec,
@@ -275,6 +276,36 @@ USER_MODULE = textwrap.dedent(
             self.fc = nn.Linear(3, num_classes)
 
     NOT_CALLABLE = 42
+
+    class Backbone(nn.Module):  # as model libraries write one: no image_size argument
+
+        def __init__(self, num_classes: int = 1000, in_channels: int = 3):
+            super().__init__()
+            self.conv = nn.Conv2d(in_channels, 8, 3)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.pool(self.conv(x)), 1))
+
+    def builder(*, weights=None, progress=True, **kwargs) -> Backbone:
+        # torchvision's builders: keyword-only weights, **kwargs handed to the class
+        return Backbone(**kwargs)
+
+    def unannotated_builder(**kwargs):
+        return Backbone(**kwargs)
+
+    class ComputedWidths(nn.Module):  # widths computed with torch at init, RegNet's way
+
+        def __init__(self, num_classes: int = 3):
+            super().__init__()
+            width = int((torch.arange(3) * 4 + 4).tolist()[-1])
+            self.conv = nn.Conv2d(3, width, 3)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(width, num_classes)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.pool(self.conv(x)), 1))
     """
 )
 
@@ -298,6 +329,26 @@ def test_user_factory_gets_accepted_kwargs(user_module: str) -> None:
     assert seen == {"num_classes": 9, "in_channels": 1}
     assert isinstance(build_model(f"{user_module}:no_args", num_classes=3), nn.Linear)
     assert build_model(f"{user_module}:Net", num_classes=6).fc.out_features == 6
+
+
+def test_a_builder_that_forwards_kwargs_gets_only_what_its_class_takes(user_module) -> None:
+    """torchvision's `resnet18(**kwargs) -> ResNet` raised "unexpected keyword argument
+    'image_size'": the class it is annotated to return names what it takes; without the
+    annotation the argument it refuses is dropped and the call made again."""
+    for factory in ("builder", "unannotated_builder"):
+        model = build_model(f"{user_module}:{factory}", num_classes=5, image_size=16,
+                            in_channels=1)
+        assert model.fc.out_features == 5 and model.conv.in_channels == 1
+        graph = build_graph(f"{user_module}:{factory}", batch=2, image_size=16, num_classes=5,
+                            in_channels=1)
+        assert graph.by_name[graph.outputs[0]].output_shape == (2, 5)
+
+
+def test_a_model_whose_init_reads_tensors_is_planned_from_the_cpu(user_module) -> None:
+    model = build_model(f"{user_module}:ComputedWidths", num_classes=4, device="meta")
+    assert model.conv.weight.is_meta and model.conv.out_channels == 12
+    assert build_graph(f"{user_module}:ComputedWidths", batch=2, image_size=8,
+                       num_classes=4).by_name["fc"].output_shape == (2, 4)
 
 
 def test_user_factory_on_meta(user_module: str) -> None:

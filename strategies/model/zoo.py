@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import re
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -863,17 +865,70 @@ def _resolve_reference(ref: str) -> Callable[..., Any]:
     return obj
 
 
-def _accepted_kwargs(factory: Callable[..., Any], offered: dict[str, int]) -> dict[str, int]:
-    """The subset of ``offered`` that ``factory``'s signature takes by keyword."""
+_KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+# a factory's TypeError for an argument it does not take, as Python words it
+_UNEXPECTED_ARGUMENT = re.compile(r"got an unexpected keyword argument '(\w+)'")
+
+
+def _keyword_names(callable_: Callable[..., Any]) -> set[str] | None:
+    """The keyword arguments `callable_` names; None when it takes any (**kwargs) or its
+    signature cannot be read."""
     try:
-        params = list(inspect.signature(factory).parameters.values())
+        params = inspect.signature(callable_).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in _KEYWORD_KINDS}
+
+
+def _returned_class(factory: Callable[..., Any]) -> type | None:
+    """The module class a function's return annotation names (torchvision's builders are
+    annotated `-> ResNet`), or None."""
+    try:
+        returned = typing.get_type_hints(factory).get("return")
+    except Exception:  # an annotation that does not resolve says nothing
+        return None
+    return returned if isinstance(returned, type) and issubclass(returned, nn.Module) else None
+
+
+def _accepted_kwargs(factory: Callable[..., Any], offered: dict[str, int]) -> dict[str, int]:
+    """The subset of ``offered`` that ``factory`` takes by keyword: the names its signature
+    has; for a factory that forwards **kwargs (torchvision's builders), the names of the
+    class it is annotated to return, or all of them when neither says."""
+    try:
+        inspect.signature(factory)
     except (TypeError, ValueError):  # no introspectable signature: pass nothing
         return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return dict(offered)
-    names = {p.name for p in params
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-    return {k: v for k, v in offered.items() if k in names}
+    names = _keyword_names(factory)
+    if names is None and not isinstance(factory, type):
+        returned = _returned_class(factory)
+        names = None if returned is None else _keyword_names(returned)
+    return dict(offered) if names is None else {k: v for k, v in offered.items() if k in names}
+
+
+def _call_factory(factory: Callable[..., Any], kwargs: dict[str, int],
+                  device: str | torch.device | None) -> Any:
+    """``factory(**kwargs)`` on `device`. An argument it refuses ("unexpected keyword
+    argument", from a **kwargs it hands on) is dropped and the call made again: the input
+    size and classes reach the model through the traced input and the dataset anyway. An
+    initialisation that cannot run on the meta device (one that copies values into a
+    tensor) runs on the CPU, and the model then moves to meta."""
+    kwargs = dict(kwargs)
+    while True:
+        try:
+            with _on_device(device):
+                return factory(**kwargs)
+        except TypeError as exc:
+            refused = _UNEXPECTED_ARGUMENT.search(str(exc))
+            if refused is None or refused.group(1) not in kwargs:
+                raise
+            del kwargs[refused.group(1)]
+        except (NotImplementedError, RuntimeError) as exc:
+            if device is None or torch.device(device).type != "meta" or "meta" not in str(exc):
+                raise
+            model = factory(**kwargs)
+            return model.to(device) if isinstance(model, nn.Module) else model
 
 
 def _initializable(model: nn.Module) -> Iterator[nn.Module]:
@@ -892,9 +947,10 @@ def build_model(name: str, num_classes: int | None = None, image_size: int | Non
     """Build a zoo model by name, or a user model given as ``package.module:factory``.
 
     Arguments left as None take the zoo spec's defaults; a user factory gets only those of
-    ``num_classes``, ``image_size`` and ``in_channels`` that are set and that its signature
-    takes. ``device`` (e.g. "meta") is where the parameters are created; "meta" plans a large
-    model without allocating memory. Raises UnknownModelError with a one-line reason.
+    ``num_classes``, ``image_size`` and ``in_channels`` that are set and that it takes
+    (`_accepted_kwargs`; torchvision's ``resnet18(**kwargs)`` gets ``num_classes``, never
+    ``image_size``). ``device`` (e.g. "meta") is where the parameters are created; "meta"
+    plans a large model without allocating memory. Raises UnknownModelError with a one-line reason.
     """
     _check_positive(num_classes=num_classes, image_size=image_size, in_channels=in_channels)
     if isinstance(name, str) and ":" in name:
@@ -903,8 +959,7 @@ def build_model(name: str, num_classes: int | None = None, image_size: int | Non
                                      ("in_channels", in_channels)) if v is not None}
         kwargs = _accepted_kwargs(factory, offered)
         try:
-            with _on_device(device):
-                model = factory(**kwargs)
+            model = _call_factory(factory, kwargs, device)
         except LayerwiseError:
             raise
         except SystemExit as exc:
