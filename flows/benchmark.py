@@ -613,6 +613,8 @@ def _winner_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
     measured = [outcome for outcome in outcomes if outcome.result is not None]
     if not measured:
         return []
+    if any(outcome.fits is False for outcome in measured):
+        return [_fitting_winner_line(model, measured)]
     best = min(measured, key=lambda outcome: outcome.result.step_seconds_median)
     speedup = _speedup(best, outcomes)
     if speedup is None or best.strategy == BASELINE_STRATEGY:
@@ -635,6 +637,25 @@ def _winner_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
                      + (f", inside the interquartile range of '{best.strategy}': a tie on "
                         "this machine." if tied else "."))
     return lines
+
+
+def _fitting_winner_line(model: ModelVersion, measured: list[Outcome]) -> str:
+    """The fastest strategy among those that fit the declared memory; those that do not fit
+    are named, not crowned (and those not judged are left to the memory line)."""
+    limit = next(outcome.memory_limit for outcome in measured if outcome.fits is False)
+    fitting = sorted((outcome for outcome in measured if outcome.fits is True),
+                     key=lambda outcome: outcome.result.step_seconds_median)
+    over = "; ".join(f"'{outcome.strategy}' ran {outcome.result.step_seconds_median * 1e3:.1f} "
+                     "ms but does not fit" for outcome in measured if outcome.fits is False)
+    label = f"{model.name} {model.version}"
+    if not fitting:
+        return f"{label}: no strategy fits {_megabytes(limit)} MB per device; {over}."
+    best = fitting[0]
+    against = (f" against {fitting[1].result.step_seconds_median * 1e3:.1f} for "
+               f"'{fitting[1].strategy}'" if len(fitting) > 1 else "")
+    return (f"{label}: of the strategies that fit {_megabytes(limit)} MB per device, "
+            f"'{best.strategy}' ran fastest ({best.result.step_seconds_median * 1e3:.1f} ms "
+            f"per step{against}); {over}.")
 
 
 def _split_summary(result: RunResult) -> str:

@@ -410,6 +410,8 @@ def test_a_declared_memory_marks_every_strategy_over_it(benchmarked):
     """With memory_limit 1 KB data parallelism is over: the table marks its predicted and
     measured peak and the summary names it; owt_b's engine is neither predicted nor measured
     yet, which the summary says instead of a verdict."""
+    from dataclasses import replace
+
     from layerwise.flows.benchmark import _table_rows, summary_lines
 
     _, outcomes, _ = benchmarked
@@ -420,8 +422,21 @@ def test_a_declared_memory_marks_every_strategy_over_it(benchmarked):
     rows = {row["strategy"]: row for row in _table_rows(outcomes)}
     assert rows["data"]["peak MB pred./meas."].endswith(" over")
     assert rows["owt_b"]["peak MB pred./meas."] == "-/-"
-    [memory] = [line for line in summary_lines(outcomes) if " memory, " in line]
+    lines = summary_lines(outcomes)
+    [memory] = [line for line in lines if " memory, " in line]
     assert "'data' does not fit (" in memory and "'owt_b' not judged" in memory
+    assert lines[0].startswith("tiny_cnn v1: no strategy fits 0.0 MB per device; 'data' ran ")
+    # the fastest of those that fit is named, a faster one that does not fit is not crowned
+    data = by_name["data"]
+    peak = max(data.predicted_peak_bytes, data.measured_peak_bytes)
+    fitting = replace(data, strategy="layerwise", memory_limit=peak)
+    over = replace(data, memory_limit=peak, result=data.result.model_copy(
+        update={"step_seconds_median": data.result.step_seconds_median / 2,
+                "peak_memory_bytes_per_rank": (peak + 1,)}))
+    first = summary_lines([over, fitting])[0]
+    assert first.startswith(f"tiny_cnn v1: of the strategies that fit {peak / 1e6:,.1f} MB per "
+                            "device, 'layerwise' ran fastest (") and first.endswith(
+        "'data' ran " f"{over.result.step_seconds_median * 1e3:.1f} ms but does not fit.")
 
 
 def test_a_failed_accuracy_check_is_a_failed_task_logged_without_a_traceback(prefect_server):
