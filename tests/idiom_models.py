@@ -201,6 +201,53 @@ class Idioms(nn.Module):
         return self.fc(self.head_norm(pooled))
 
 
+class Activations(nn.Module):
+    """Activations of model libraries no list in layerwise names, taken by their elementwise
+    nature: modules (Hardsigmoid, Mish, SELU, Softplus, CELU) and functions (F.hardswish,
+    F.mish), each fused after a convolution that splits along every dim."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 8, 3, padding=1)
+        self.gate = nn.Hardsigmoid()
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.mish = nn.Mish()
+        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
+        self.selu = nn.SELU()
+        self.softplus = nn.Softplus(beta=2.0)
+        self.conv4 = nn.Conv2d(8, 8, 3, padding=1)
+        self.celu = nn.CELU(0.5)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.gate(self.conv1(x))
+        x = F.hardswish(self.mish(self.conv2(x)))
+        x = self.softplus(self.selu(self.conv3(x)))
+        x = F.mish(self.celu(self.conv4(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+class ChannelSoftmax(nn.Module):
+    """Softmax2d: a softmax over the channels at each position, not elementwise."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.softmax = nn.Softmax2d()
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.softmax(self.conv(x)).mean((2, 3)))
+
+
+class RandomSlopes(ChannelSoftmax):
+    """RReLU: a random negative slope per element in training."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__(num_classes)
+        self.softmax = nn.RReLU()
+
+
 class EvenSame(nn.Module):
     """padding="same" with an even kernel: torch pads one side more than the other."""
 

@@ -278,6 +278,11 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("train", "tests.idiom_models:SharedConv", "--strategy", "data", "--nproc", "1"),
      "give each call its own module"),
     (("graph", "tests.idiom_models:EvenSame"), "padding='same' with kernel (2, 2)"),
+    # an op no list names is taken when it runs elementwise, refused with why it does not
+    (("graph", "tests.idiom_models:ChannelSoftmax"),
+     "Softmax2d (not elementwise: an output element depends on other input elements)"),
+    (("graph", "tests.idiom_models:RandomSlopes"),
+     "RReLU (not elementwise: it draws random numbers, which would differ per tile"),
     # cross-entropy needs (batch, classes): this failed only inside the workers
     (("train", "tests.idiom_models:ScoreMaps", "--strategy", "data", "--nproc", "1",
       "--image-size", "8"), "training needs one (batch, classes) tensor of class scores"),

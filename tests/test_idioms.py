@@ -28,7 +28,12 @@ from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.jobs.pricing import cost_model
 from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.model.space import DIMS as SPLIT_DIMS
-from layerwise.strategies.model.space import ParallelConfig, check_config, degree_choices
+from layerwise.strategies.model.space import (
+    ParallelConfig,
+    check_config,
+    degree_choices,
+    parallel_dims,
+)
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.schedules import INEXACT
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
@@ -167,6 +172,28 @@ def test_every_idiom_trains_equal_to_one_process(tmp_path, workers_import_tests,
             assert largest > 1e3 * EXACT_TOLERANCE, divergence
         else:
             assert divergence["exact"] is True and largest <= EXACT_TOLERANCE, divergence
+
+
+@pytest.mark.slow
+def test_activations_by_their_elementwise_nature_split_everywhere_exactly(
+        tmp_path, workers_import_tests) -> None:
+    """Hardsigmoid, Mish, SELU, Softplus, CELU, F.hardswish and F.mish, named by no list, fuse
+    into their convolutions as elementwise ops, so every conv splits along n, c, h and w; the
+    strategies splitting them train equal to one process in float64."""
+    graph = build_graph("tests.idiom_models:Activations", batch=8, image_size=8)
+    fused = {layer.name: [op.op for op in layer.fused] for layer in graph.layers}
+    assert fused["conv1"] == ["Hardsigmoid"] and fused["conv2"] == ["Mish", "hardswish"]
+    assert fused["conv3"] == ["SELU", "Softplus"] and fused["conv4"] == ["CELU", "mish"]
+    assert all(parallel_dims(graph.by_name[name]) == ("n", "c", "h", "w")
+               and not graph.by_name[name].max_degrees
+               for name in ("conv1", "conv2", "conv3", "conv4"))
+    result = runner.invoke(app, ["verify", "tests.idiom_models:Activations", "--strategy",
+                                 "layerwise,model,spatial_h,spatial_w", "--nproc", "2",
+                                 "--image-size", "8", "--steps", "2",
+                                 "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    for divergence in json.loads(result.stdout)["divergences"]:
+        assert divergence["exact"] is True, divergence
 
 
 def test_a_pipeline_file_is_priced_for_the_run_not_as_saved(tmp_path) -> None:

@@ -58,12 +58,12 @@ FLOAT32_BYTES = 4  # training's element type unless verify's float64
 MEMORY_RESERVE = 0.1
 NORMALIZATIONS = ("BatchNorm", "GroupNorm", "LayerNorm", "batch_norm", "group_norm",
                   "layer_norm")
-# fused ops (module or function names) whose backward reads their input, by prefix: the
-# normalisations and the activations differentiated at their input (hardtanh is ReLU6's)
-SAVES_INPUT = (*NORMALIZATIONS, "LeakyReLU", "leaky_relu", "ELU", "elu", "GELU", "gelu",
-               "SiLU", "silu", "Hardswish", "hardswish", "ReLU6", "relu6")
-# fused ops whose backward reads their result, by exact name
+# fused ops (module or function names) whose backward reads their result; every other fused
+# op but these that save nothing is differentiated at its input and keeps it (normalisations,
+# leaky ReLU, ELU, GELU, SiLU, Hardswish, Mish, ReLU6 as hardtanh, ...)
 SAVES_RESULT = frozenset({"ReLU", "relu", "relu_", "Sigmoid", "sigmoid", "Tanh", "tanh"})
+SAVES_NOTHING = frozenset({"Dropout", "Dropout2d", "dropout", "Identity", "contiguous",
+                           "add_scalar", "sub_scalar", "mul_scalar"})
 
 
 class DeviceMemory(BaseModel):
@@ -128,10 +128,10 @@ def _saved_intermediates(layer: Layer) -> int:
     once. Position i is fused op i's input, i + 1 its output."""
     saved = set()
     for index, fused in enumerate(layer.fused):
-        if fused.op.startswith(SAVES_INPUT):
-            saved.add(index)
-        elif fused.op in SAVES_RESULT:
+        if fused.op in SAVES_RESULT:
             saved.add(index + 1)
+        elif fused.op not in SAVES_NOTHING:
+            saved.add(index)
     return len(saved - {len(layer.fused)})
 
 

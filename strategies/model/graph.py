@@ -7,8 +7,9 @@ geometry the cost model and the halo exchange need.
 
 Fusion (Jia et al. 2018 treat these as part of the layer that produces their input): an
 elementwise op with one input (BatchNorm, GroupNorm, LayerNorm, ReLU and other activations, Dropout,
-Identity, scalar arithmetic) is fused into its producer when that producer has no other consumer
-and is not the network input. Fused ops keep their names and order in `Layer.fused`; the
+Identity, scalar arithmetic, and any other module or function found elementwise by running it:
+strategies/model/elementwise.py) is fused into its producer when that producer has no other
+consumer and is not the network input. Fused ops keep their names and order in `Layer.fused`; the
 producer's output shape does not change. Everything else (conv, linear, pool, the mean over h
 and w, add, concat, flatten) is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`)
 is none, but runs with the layer that reads it (`Layer.reads`).
@@ -35,6 +36,8 @@ import io
 import json
 import operator
 import traceback
+from collections.abc import Callable
+from copy import deepcopy as copy_module
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from layerwise.strategies.errors import GraphError
+from layerwise.strategies.model.elementwise import elementwise_refusal
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten"
@@ -451,6 +455,18 @@ def _permutation(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(dim % len(dims) for dim in dims) if dims else ()
 
 
+def _training_copy(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The module as training runs it, on a copy (the probe must not touch the model)."""
+    copy = copy_module(module).train()
+    return lambda x: copy(x)
+
+
+def _on_probe(node: fx.Node, fn: Callable[..., Any]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function call of `node` with its one tensor argument replaced by the probe."""
+    return lambda x: fn(*fx.node.map_arg(node.args, lambda _: x),
+                        **fx.node.map_arg(node.kwargs, lambda _: x))
+
+
 def _channels_last(gm: fx.GraphModule) -> dict[str, tuple[str, str]]:
     """LayerNorm node -> (permute into channels-last, permute back) of each LayerNorm over
     the channels written as ConvNeXt writes it: (N, C, H, W) -> permute(0, 2, 3, 1) ->
@@ -556,7 +572,11 @@ class _Builder:
                 return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
                             flops=int(per_element * out),
                             elementwise_flops_per_element=per_element, **common)
-        raise self._unsupported(node, f"module type {op}")
+        refusal = elementwise_refusal(_training_copy(module), module)
+        if refusal is None:  # an activation by its nature: one FLOP per element, priced
+            return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                        flops=out, elementwise_flops_per_element=1.0, **common)
+        raise self._unsupported(node, f"module type {op} (not elementwise: {refusal})")
 
     def _function_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
         fn = node.target
@@ -608,6 +628,12 @@ class _Builder:
         if fn in _ELEMENTWISE_FUNCTIONS:
             return _Raw(kind="elementwise", op=_ELEMENTWISE_FUNCTIONS[fn], target=name,
                         param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
+        if len(common["inputs"]) == 1 and callable(fn):
+            refusal = elementwise_refusal(_on_probe(node, fn))
+            if refusal is None:
+                return _Raw(kind="elementwise", op=name, target=name, param_shapes={},
+                            flops=out, elementwise_flops_per_element=1.0, **common)
+            raise self._unsupported(node, f"function {name} (not elementwise: {refusal})")
         raise self._unsupported(node, f"function {name}")
 
     def _method_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
