@@ -7,6 +7,8 @@ importable module rather than in the test file; each takes `num_classes` as zoo 
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -246,6 +248,35 @@ class RandomSlopes(ChannelSoftmax):
     def __init__(self, num_classes: int = 4) -> None:
         super().__init__(num_classes)
         self.softmax = nn.RReLU()
+
+
+# GoogLeNet's and Inception-v3's way of returning main and auxiliary scores while training
+AuxiliaryOutputs = namedtuple("AuxiliaryOutputs", ["logits", "aux_logits"])
+
+
+class AuxiliaryScores(nn.Module):
+    """Main and auxiliary class scores in a named tuple while training, the main alone in
+    evaluation."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.aux = nn.Linear(8, num_classes)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | AuxiliaryOutputs:
+        x = F.relu(self.conv(x)).mean((2, 3))
+        if self.training:
+            return AuxiliaryOutputs(self.fc(x), self.aux(x))
+        return self.fc(x)
+
+
+class TwoScores(AuxiliaryScores):
+    """The same scores as a plain tuple."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = F.relu(self.conv(x)).mean((2, 3))
+        return self.fc(x), self.aux(x)
 
 
 class EvenSame(nn.Module):

@@ -278,6 +278,11 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("train", "tests.idiom_models:SharedConv", "--strategy", "data", "--nproc", "1"),
      "give each call its own module"),
     (("graph", "tests.idiom_models:EvenSame"), "padding='same' with kernel (2, 2)"),
+    # auxiliary classifiers' scores while training: refused with the reason and the way out
+    (("graph", "tests.idiom_models:AuxiliaryScores"),
+     "returns 2 tensors packed in AuxiliaryOutputs while it trains: networks with auxiliary"),
+    (("train", "tests.idiom_models:TwoScores", "--strategy", "data", "--nproc", "1",
+      "--image-size", "8"), "returns 2 outputs of class scores while it trains: networks with"),
     # an op no list names is taken when it runs elementwise, refused with why it does not
     (("graph", "tests.idiom_models:ChannelSoftmax"),
      "Softmax2d (not elementwise: an output element depends on other input elements)"),

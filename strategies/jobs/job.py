@@ -42,7 +42,7 @@ from layerwise.strategies.jobs.run_folder import (
     claim_new_folder,
     claim_stamped_folder,
 )
-from layerwise.strategies.model.graph import LayerGraph, build_graph
+from layerwise.strategies.model.graph import SEVERAL_OUTPUTS, LayerGraph, build_graph
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.checkpoint import resume_point
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset, prepared_spec
@@ -168,6 +168,10 @@ def _check_class_scores(graph: LayerGraph, model: str) -> None:
     """Training takes cross-entropy of one (batch, classes) output: anything else would fail
     only inside the workers, after the run folder is written."""
     shapes = [graph.by_name[name].output_shape for name in graph.outputs]
+    if len(shapes) > 1 and all(len(shape) == 2 and shape[0] == graph.batch
+                               for shape in shapes):
+        raise LayerwiseError(f"{model} returns {len(shapes)} outputs of class scores while it "
+                             f"trains: {SEVERAL_OUTPUTS}")
     if len(shapes) != 1 or len(shapes[0]) != 2 or shapes[0][0] != graph.batch:
         shown = ", ".join(str(tuple(shape)) for shape in shapes)
         raise LayerwiseError(f"{model} returns {shown} at a batch of {graph.batch}: training "

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.passes.shape_prop import ShapeProp
+from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from layerwise.strategies.errors import GraphError
 from layerwise.strategies.model.elementwise import elementwise_refusal
@@ -878,6 +878,14 @@ def _refuse_shared_modules(gm: fx.GraphModule) -> None:
             )
 
 
+# why a network that returns several outputs while it trains is refused, and what to do
+SEVERAL_OUTPUTS = ("networks with auxiliary classifiers (GoogLeNet, Inception-v3 with "
+                   "aux_logits=True) return their main and auxiliary scores in training mode, "
+                   "and layerwise trains one (batch, classes) output; build the network "
+                   "without its auxiliary heads (aux_logits=False) or return the main output "
+                   "alone")
+
+
 def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> LayerGraph:
     builder = _Builder(gm)
     raw_layers: list[_Raw] = []
@@ -894,6 +902,12 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             continue
         if node.op == "get_attr":
             raise builder._unsupported(node, f"direct use of parameter or buffer {node.target}")
+        packed = node.meta.get("tensor_meta")
+        if (isinstance(packed, (tuple, list)) and not isinstance(packed, TensorMetadata)
+                and all(user.op == "output" for user in node.users)):
+            raise GraphError(f"{label} returns {len(packed)} tensors packed in "
+                             f"{getattr(node.target, '__name__', node.target)} while it "
+                             f"trains: {SEVERAL_OUTPUTS}")
         if "tensor_meta" not in node.meta:
             if _is_shape_query(node, shape_queries):
                 shape_queries.add(node.name)  # x.size(0) in x.view(x.size(0), -1): no layer
