@@ -30,7 +30,13 @@ from layerwise.strategies.errors import LayerwiseError, shown
 from layerwise.strategies.files.atomic import first_error
 from layerwise.strategies.files.documents import parse_yaml, read_yaml
 from layerwise.strategies.hardware.cluster import MemoryBytes
-from layerwise.strategies.hyperparameters import LearningRate, Momentum, WarmupSteps, WeightDecay
+from layerwise.strategies.hyperparameters import (
+    LearningRate,
+    Momentum,
+    WarmupSteps,
+    WeightDecay,
+    global_batch,
+)
 from layerwise.strategies.jobs.defaults import DEFAULT_VERIFY_STEPS, MAX_WAIT_SECONDS
 from layerwise.strategies.learning_rate import DEFAULT_LR_DECAY, DEFAULT_WARMUP_STEPS, LrDecay
 from layerwise.strategies.schedules import STRATEGY_NAMES
@@ -115,10 +121,7 @@ class BenchmarkConfig(BaseModel):
 
     @property
     def global_batch(self) -> int:
-        if self.batch is not None:
-            return self.batch
-        assert self.batch_per_device is not None  # _one_batch
-        return self.batch_per_device * self.nproc
+        return global_batch(self.batch, self.batch_per_device, self.nproc)
 
     @model_validator(mode="after")
     def _one_batch(self) -> BenchmarkConfig:

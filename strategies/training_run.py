@@ -20,6 +20,7 @@ from layerwise.strategies.hyperparameters import (
     Momentum,
     WarmupSteps,
     WeightDecay,
+    global_batch,
 )
 from layerwise.strategies.learning_rate import (
     DEFAULT_LR_DECAY,
@@ -68,16 +69,12 @@ class TrainSettings(BaseModel):
 
     @model_validator(mode="after")
     def _one_batch(self) -> TrainSettings:
-        if (self.batch is None) == (self.batch_per_device is None):
-            raise ValueError("exactly one of batch and batch_per_device is set")
+        self.global_batch  # noqa: B018 - raises unless exactly one of the two is set
         return self
 
     @property
     def global_batch(self) -> int:
-        if self.batch is not None:
-            return self.batch
-        assert self.batch_per_device is not None  # _one_batch
-        return self.batch_per_device * self.world
+        return global_batch(self.batch, self.batch_per_device, self.world)
 
     def lr_at(self, step: int) -> float:
         """SGD's learning rate at step `step` (1-based), the same on every rank and engine."""

@@ -1,4 +1,5 @@
-"""Shared pieces of the `layerwise` commands: consoles, one-line errors, number formatting."""
+"""Shared pieces of the `layerwise` commands: consoles, one-line errors, number formatting,
+options several commands take alike."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,6 +15,11 @@ from rich.text import Text
 
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.text import printable
+
+# `--batch G` of search, profile, train and verify: the global batch, beside --batch-per-device
+GlobalBatch = Annotated[int | None, typer.Option(
+    "--batch", help="Global batch instead of --batch-per-device; it may be smaller than the "
+                    "devices (a sample or less each: spatial and channel splits share it).")]
 
 
 # Printed text is never markup or emoji codes: model names, paths and messages come from the

@@ -34,7 +34,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from layerwise.flows.cli.console import console, human_count, print_json, user_errors
+from layerwise.flows.cli.console import GlobalBatch, console, human_count, print_json, user_errors
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 DEFAULT_CLUSTER_OUT = Path("data") / "profiles" / "cluster-local.yaml"
@@ -63,9 +63,7 @@ def profile(
         help=f"Samples per device; the global batch is this times --devices (default "
              f"{DEFAULT_BATCH_PER_DEVICE}).")
     ] = None,
-    batch: Annotated[int | None, typer.Option(
-        help="Global batch instead of --batch-per-device, as `search --batch` takes it.")
-    ] = None,
+    batch: GlobalBatch = None,
     image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of output classes.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,

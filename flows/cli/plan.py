@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from layerwise.flows.cli.console import console, print_json, user_errors
+from layerwise.flows.cli.console import GlobalBatch, console, print_json, user_errors
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files.atomic import writable_file
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
@@ -47,10 +47,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         batch_per_device: Annotated[int | None, typer.Option(
             help=f"Images per device (default {DEFAULT_BATCH_PER_DEVICE}).")] = None,
-        batch: Annotated[int | None, typer.Option(
-            help="Global batch instead of --batch-per-device; it may be smaller than "
-                 "--devices (a sample or less per device: spatial and channel splits).")
-        ] = None,
+        batch: GlobalBatch = None,
         image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
         classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
         in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,

@@ -34,6 +34,7 @@ from rich.progress import (
 from rich.table import Table
 
 from layerwise.flows.cli.console import (
+    GlobalBatch,
     console,
     error_console,
     human_count,
@@ -88,9 +89,7 @@ def train(
     batch_per_device: Annotated[int | None, typer.Option(
         help=f"Samples per process; the global batch is this x processes (default "
              f"{DEFAULT_BATCH_PER_DEVICE}).")] = None,
-    batch: Annotated[int | None, typer.Option(
-        help="Global batch instead of --batch-per-device; it may be smaller than the "
-             "processes (then spatial or channel splits share a sample).")] = None,
+    batch: GlobalBatch = None,
     image_size: Annotated[int | None, typer.Option(
         help="Input height and width (default: the dataset's, else the model's).")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,

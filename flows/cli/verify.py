@@ -23,7 +23,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from layerwise.flows.cli.console import console, print_error, user_errors
+from layerwise.flows.cli.console import GlobalBatch, console, print_error, user_errors
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE, DEFAULT_VERIFY_STEPS
 
 if TYPE_CHECKING:
@@ -51,9 +51,7 @@ def verify(
     batch_per_device: Annotated[int | None, typer.Option(
         help=f"Samples per process (default {VERIFY_BATCH_PER_DEVICE}; `train` defaults to "
              f"{DEFAULT_BATCH_PER_DEVICE}).")] = None,
-    batch: Annotated[int | None, typer.Option(
-        help="Global batch instead of --batch-per-device; it may be smaller than the "
-             "processes.")] = None,
+    batch: GlobalBatch = None,
     image_size: Annotated[int | None, typer.Option(
         help="Input height and width (default: the dataset's, else the model's).")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,

@@ -20,6 +20,7 @@ from layerwise.strategies.hyperparameters import (
     Momentum,
     WarmupSteps,
     WeightDecay,
+    global_batch,
 )
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE, MAX_WAIT_SECONDS
 from layerwise.strategies.learning_rate import (
@@ -76,9 +77,9 @@ class TrainOptions(BaseModel):
 
     def global_batch(self, world: int) -> int:
         """The samples of one step over all `world` processes."""
-        if self.batch is not None:
-            return self.batch
-        return (self.batch_per_device or DEFAULT_BATCH_PER_DEVICE) * world
+        per_device = None if self.batch is not None else (
+            self.batch_per_device or DEFAULT_BATCH_PER_DEVICE)
+        return global_batch(self.batch, per_device, world)
 
     def batch_phrase(self, world: int) -> str:
         """How the global batch was asked for, for messages."""
