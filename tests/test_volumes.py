@@ -1,7 +1,7 @@
 """The workload of configs/volumes.yaml: high-resolution fields at one sample for two devices,
 where data parallelism does not fit the declared memory and the searched plan does, by
-splitting each field's height or width; predicted by the memory model and measured when
-trained."""
+splitting each field's height or width; predicted by the memory model, and the searched plan
+measured when trained."""
 
 from __future__ import annotations
 
@@ -40,21 +40,18 @@ def test_data_parallelism_does_not_fit_and_the_searched_plan_splits_the_field(vo
 
 
 @pytest.mark.slow
-def test_the_searched_plan_trains_within_the_declared_memory_and_data_does_not(volumes,
-                                                                              tmp_path):
-    """Both trained 2 steps on 2 processes at the config's size (synthetic fields of the same
-    shape): every rank of the searched plan measures within the limit, data parallelism's
-    fullest rank over it, each within 10% of its prediction."""
+def test_the_searched_plan_trains_within_the_declared_memory(volumes, tmp_path):
+    """Trained 2 steps on 2 processes at the config's size (synthetic fields of the same
+    shape): every rank of the searched plan measures within the limit and within 10% of its
+    prediction (data parallelism is over the limit by the prediction, above; its measured
+    11.2 MB is the volumes run's, docs/performance.md)."""
     config, model, shape, plan = volumes
-    for name in ("layerwise", "data"):
-        path = tmp_path / f"{name}.json"
-        plan.strategies[name].save(path)
-        result = layerwise.train(model, str(path), nproc=config.nproc, steps=2,
-                                 out=tmp_path / name, dataset="synthetic", **shape)
-        measured = max(result.peak_memory_bytes_per_rank)
-        predicted = max(plan.peak_memory(plan.strategies[name]) or [0])
-        assert abs(measured / predicted - 1) < 0.1, (name, measured, predicted)
-        if name == "layerwise":
-            assert measured <= config.memory_limit
-        else:
-            assert measured > config.memory_limit
+    path = tmp_path / "layerwise.json"
+    plan.strategies["layerwise"].save(path)
+    result = layerwise.train(model, str(path), nproc=config.nproc, steps=2,
+                             out=tmp_path / "run", dataset="synthetic", **shape)
+    predicted = plan.peak_memory(plan.strategies["layerwise"]) or []
+    assert len(result.peak_memory_bytes_per_rank) == len(predicted) == config.nproc
+    for measured, expected in zip(result.peak_memory_bytes_per_rank, predicted, strict=True):
+        assert measured <= config.memory_limit and abs(measured / expected - 1) < 0.1, (
+            measured, expected)
