@@ -278,6 +278,9 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("train", "tests.idiom_models:SharedConv", "--strategy", "data", "--nproc", "1"),
      "give each call its own module"),
     (("graph", "tests.idiom_models:EvenSame"), "padding='same' with kernel (2, 2)"),
+    # the batch given both ways
+    ((*TRAIN, "--batch", "2", "--batch-per-device", "1"),
+     "give --batch (global) or --batch-per-device, not both"),
     # auxiliary classifiers' scores while training: refused with the reason and the way out
     (("graph", "tests.idiom_models:AuxiliaryScores"),
      "returns 2 tensors packed in AuxiliaryOutputs while it trains: networks with auxiliary"),

@@ -76,26 +76,6 @@ def test_train_measures_the_bytes_the_cost_model_predicts(tmp_path):
     assert "sync bytes" in result.stdout and str(out / "model.pt") in result.stdout
 
 
-def test_a_global_batch_below_the_processes_trains_one_sample_over_both(tmp_path):
-    """`--batch 1` on 2 processes: no sample per process exists, so the rows of one sample are
-    split (spatial_h); the run records the global batch it was asked for and moves exactly the
-    halo bytes the cost model predicts."""
-    out = tmp_path / "run"
-    result = train("tiny_cnn", "--nproc", "2", "--image-size", "8", "--batch", "1",
-                   "--strategy", "spatial_h", "--steps", "2", "--out", str(out))
-    assert result.exit_code == 0, result.output
-    run = RunResult.load(out / "result.json")
-    assert run.global_batch == 1 and run.settings.batch == 1
-    assert run.settings.batch_per_device is None
-    assert run.bytes_per_step == run.predicted_bytes_per_step
-    assert run.bytes_per_step.transfer > 0  # the halos of the split rows
-    assert "global batch 1" in result.stdout
-    one_line_error(train("tiny_cnn", "--nproc", "2", "--batch", "2", "--batch-per-device", "1",
-                         "--strategy", "data", "--out", str(tmp_path / "both")),
-                   "--batch (global) or --batch-per-device, not both")
-    assert not (tmp_path / "both").exists()
-
-
 def flip_a_bit_in_the_largest_tensor(checkpoint: Path) -> None:
     """What a damaged disk or copy does: one bit of tensor data changes, the file still loads
     (torch.load checks no zip CRC)."""
