@@ -910,9 +910,10 @@ def _accepted_kwargs(factory: Callable[..., Any], offered: dict[str, int]) -> di
 def _call_factory(factory: Callable[..., Any], kwargs: dict[str, int],
                   device: str | torch.device | None) -> Any:
     """``factory(**kwargs)`` on `device`. An argument it refuses ("unexpected keyword
-    argument", from a **kwargs it hands on) is dropped and the call made again: the input
-    size and classes reach the model through the traced input and the dataset anyway. An
-    initialisation that cannot run on the meta device (one that copies values into a
+    argument", from a **kwargs it hands on) is dropped and the call made again, as if it had
+    not been offered: the input size still reaches the model as the traced input's, and a
+    model that takes no num_classes keeps its own (training checks its output). An
+    initialisation that cannot run on the meta device (one that reads values back from a
     tensor) runs on the CPU, and the model then moves to meta."""
     kwargs = dict(kwargs)
     while True:
