@@ -576,17 +576,15 @@ def _memory_lines(model: ModelVersion, outcomes: list[Outcome]) -> list[str]:
         return (f"{_megabytes(outcome.predicted_peak_bytes)} MB predicted, "
                 f"{_megabytes(outcome.measured_peak_bytes)} MB measured")
 
-    over = [outcome for outcome in judged if not outcome.fits]
-    unjudged = [outcome.strategy for outcome in outcomes
-                if outcome.fits is None and outcome.result is not None]
-    verdicts = [f"'{outcome.strategy}' does not fit ({peaks(outcome)})" for outcome in over]
-    verdicts += [f"'{name}' not judged (its engine's memory is neither predicted nor "
-                 "measured yet)" for name in unjudged]
-    everything = "every strategy fits" if not over else "the others fit"
+    verdicts = [f"'{outcome.strategy}' does not fit ({peaks(outcome)})"
+                for outcome in judged if not outcome.fits]
+    verdicts += [f"'{outcome.strategy}' not judged (its engine's memory is neither predicted "
+                 "nor measured yet)" for outcome in outcomes
+                 if outcome.fits is None and outcome.result is not None]
+    if any(outcome.fits for outcome in judged):
+        verdicts.append("the others fit" if verdicts else "every strategy fits")
     lines = [f"{model.name} {model.version} memory, {_megabytes(limit)} MB per device: "
-             + "; ".join(verdicts or [everything]) + "."]
-    if over and len(over) < len(judged):
-        lines[0] = lines[0][:-1] + f"; {everything}."
+             + "; ".join(verdicts) + "."]
     searched = next((outcome for outcome in judged if outcome.strategy == SEARCHED), None)
     if searched is not None and searched.result is not None:
         lines.append(f"The searched plan {'fits' if searched.fits else 'does NOT fit'} "

@@ -34,6 +34,7 @@ activations gone).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -259,6 +260,7 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
                  for device, held in terms.items())
 
 
+@functools.cache  # asked per tile of every plan the memory search checks
 def conv_channel_block() -> int:
     """The channel block of oneDNN's layouts on this CPU: 16 with AVX-512, else 8."""
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8

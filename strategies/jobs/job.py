@@ -32,7 +32,6 @@ from layerwise.strategies.hardware.host_memory import (
     check_processes,
     training_bytes,
 )
-from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.options import TrainOptions, check_nodes
 from layerwise.strategies.jobs.pricing import cost_model
@@ -142,8 +141,7 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
     settings = TrainSettings(
         model=model, strategy=strategy, data_root=str(PREPARED_DIR.resolve()),
         image_size=graph.input_shape[2], in_channels=graph.input_shape[1], classes=classes,
-        batch_per_device=(None if options.batch is not None
-                          else options.batch_per_device or DEFAULT_BATCH_PER_DEVICE),
+        batch_per_device=options.per_device,
         **options.model_dump(exclude={"image_size", "classes", "in_channels",
                                       "batch_per_device"}))
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),

@@ -23,7 +23,7 @@ def strategy_by_name(name: str, cost: CostModel,
     (name `layerwise`) holds its plan to `memory_limit` bytes per device (default: the cluster
     device's memory less the reserve) and hands its statistics to `on_search`. ConfigError for
     a name the registry does not hold."""
-    if name == SEARCHED and (on_search is not None or memory_limit is not None):
+    if name == SEARCHED:
         strategy, result = searched_strategy(cost, memory_limit)
         if on_search is not None:
             on_search(result)

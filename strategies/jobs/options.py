@@ -75,19 +75,24 @@ class TrainOptions(BaseModel):
         except ValidationError as error:
             raise LayerwiseError(_range_error(error)) from None
 
+    @property
+    def per_device(self) -> int | None:
+        """Samples per process, the default when neither way was given; None with `batch`."""
+        if self.batch is not None:
+            return None
+        return self.batch_per_device or DEFAULT_BATCH_PER_DEVICE
+
     def global_batch(self, world: int) -> int:
         """The samples of one step over all `world` processes."""
-        per_device = None if self.batch is not None else (
-            self.batch_per_device or DEFAULT_BATCH_PER_DEVICE)
-        return global_batch(self.batch, per_device, world)
+        return global_batch(self.batch, self.per_device, world)
 
     def batch_phrase(self, world: int) -> str:
         """How the global batch was asked for, for messages."""
-        if self.batch is not None:
-            return f"a global batch of {self.batch} over {world} process{'es' * (world > 1)}"
-        return (f"a global batch of {self.global_batch(world)} "
-                f"({self.batch_per_device or DEFAULT_BATCH_PER_DEVICE} per process, {world} "
-                f"process{'es' * (world > 1)})")
+        processes = f"{world} process{'es' * (world > 1)}"
+        if self.per_device is None:
+            return f"a global batch of {self.batch} over {processes}"
+        return (f"a global batch of {self.global_batch(world)} ({self.per_device} per process, "
+                f"{processes})")
 
     def given_values(self) -> dict[str, Any]:
         """The options that were set, by name, in field order."""
