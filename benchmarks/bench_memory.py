@@ -89,7 +89,8 @@ def main() -> None:
                 plan = Strategy.load(out / "strategy.json")
                 predicted = predicted_memory(graph, plan.assignment(), result.nproc,
                                              FLOAT32_BYTES,
-                                             momentum=result.settings.momentum != 0)
+                                             momentum=result.settings.momentum != 0,
+                                             recompute=plan.recompute)
                 rank = max(range(result.nproc), key=lambda r: result.peak_memory_bytes_per_rank[r])
                 measured, device = result.peak_memory_bytes_per_rank[rank], predicted[rank]
                 console.print(f"{model} {strategy}: measured {measured / 1e6:.1f} MB, predicted "

@@ -1,8 +1,10 @@
-"""The Strategy contract: one ParallelConfig per layer, as JSON that `layerwise train` takes."""
+"""The Strategy contract: one ParallelConfig per layer, as JSON that `layerwise train` takes, and
+the layers whose forward the backward recomputes instead of keeping what it saved."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -42,6 +44,9 @@ class Strategy(BaseModel):
     layers: tuple[LayerChoice, ...]
     predicted: Breakdown
     execution: Execution = LayerwiseExecution()  # the engine that runs it and its schedule
+    # layers whose tile forward runs again in the backward, so that what its ops save for the
+    # backward is not held from the forward on (files from before read as none)
+    recompute: tuple[str, ...] = ()
 
     @field_validator("layers")
     @classmethod
@@ -53,11 +58,17 @@ class Strategy(BaseModel):
                              "one config")
         return layers
 
+    @field_validator("recompute")
+    @classmethod
+    def _recompute_once(cls, recompute: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted(set(recompute)))
+
     @classmethod
     def from_assignment(cls, name: str, graph: LayerGraph, devices: int, cluster: str,
                         cost_source: str, assignment: dict[str, ParallelConfig],
                         predicted: Breakdown,
-                        execution: Execution | None = None) -> Strategy:
+                        execution: Execution | None = None,
+                        recompute: Collection[str] = ()) -> Strategy:
         return cls(
             name=name, model=graph.model, structure_hash=graph.structure_hash,
             input_shape=graph.input_shape, devices=devices, cluster=cluster,
@@ -65,6 +76,7 @@ class Strategy(BaseModel):
             layers=tuple(LayerChoice(name=layer.name, config=assignment[layer.name].text)
                          for layer in graph.layers),
             predicted=predicted, execution=execution or LayerwiseExecution(),
+            recompute=tuple(recompute),
         )
 
     def assignment(self) -> dict[str, ParallelConfig]:
@@ -89,6 +101,11 @@ class Strategy(BaseModel):
             )
         for layer in graph.layers:
             check_config(layer, assignment[layer.name], devices)
+        if self.recompute and not isinstance(self.execution, LayerwiseExecution):
+            raise ConfigError(
+                f"strategy '{self.name}' recomputes layers, which only the layer-wise executor "
+                f"does, not its {self.execution.kind} engine; drop \"recompute\" from the file")
+        check_recompute(graph, self.recompute)
         return assignment
 
     def save(self, path: str | Path) -> Path:
@@ -99,3 +116,20 @@ class Strategy(BaseModel):
         return read_json_model(cls, path, "strategy file",
                                "write one with `layerwise search ... --save FILE`",
                                error=ConfigError)
+
+
+def check_recompute(graph: LayerGraph, recompute: Collection[str]) -> None:
+    """ConfigError unless every layer named can be recomputed: a layer of `graph` that computes
+    (not the input) and is not the output, whose scores the loss reads in the forward."""
+    names = {layer.name for layer in graph.layers}
+    unknown = sorted(set(recompute) - names)
+    if unknown:
+        raise ConfigError(f"recompute names layer(s) the model does not have: "
+                          f"{', '.join(unknown[:5])}")
+    for name in recompute:
+        if graph.by_name[name].kind == "input":
+            raise ConfigError(f"recompute names the input '{name}', which has no forward; "
+                              "drop it from the list")
+        if name in graph.outputs:
+            raise ConfigError(f"recompute names the output layer '{name}', whose scores the "
+                              "loss reads in the forward; drop it from the list")

@@ -388,3 +388,25 @@ class NarrowResNet(nn.Module):
         x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
         x = self.layer2(self.layer1(x))
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class DarknetBlocks(nn.Module):
+    """Darknet's convolution, BatchNorm and leaky ReLU blocks (YOLO's backbone): each block's
+    BatchNorm and leaky ReLU save their inputs for the backward, two tensors the size of the
+    block's output, so what the forward saves outgrows what the backward holds, and a memory
+    limit binds at the forward's end, where recomputing a block frees them."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3, width: int = 8,
+                 blocks: int = 4) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for _ in range(blocks):
+            layers += [nn.Conv2d(channels, width, 3, padding=1, bias=False),
+                       nn.BatchNorm2d(width), nn.LeakyReLU(0.1)]
+            channels = width
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))

@@ -185,13 +185,17 @@ def _print_plan(result: Plan) -> None:
             console.print(_pipeline_table(report))
     if result.paradl:
         console.print(_paradl_table(result.paradl))
+    searched = document["strategies"]["layerwise"]
+    recompute = set(searched["recompute"])
     layers = Table(title="layer-wise strategy", title_justify="left")
-    for column in ("layer", "type", "output", "config"):
+    for column in ("layer", "type", "output", "config", *(("backward",) if recompute else ())):
         layers.add_column(column)
-    for choice in document["strategies"]["layerwise"]["layers"]:
+    for choice in searched["layers"]:
         layer = graph.by_name[choice["name"]]
         layers.add_row(layer.name, layer.label, "x".join(map(str, layer.output_shape)),
-                       choice["config"])
+                       choice["config"],
+                       *((("recomputes the forward" if layer.name in recompute else ""),)
+                         if recompute else ()))
     console.print(layers)
     console.print(
         f"search took {document['search_seconds']:.3f} s ({document['search_method']}, "
@@ -206,6 +210,11 @@ def _print_plan(result: Plan) -> None:
             f"more, and this one is at most {document['optimality_gap']:.1%} slower than the "
             f"best plan that fits (a lower bound from {document['memory_rounds']} rounds of "
             f"Lagrangian multipliers)", highlight=False, soft_wrap=True)
+    if recompute:
+        console.print(
+            f"recomputed in the backward: {len(recompute)} layer(s) hold nothing of what their "
+            f"ops save for it from the forward on, for one more forward of their tiles "
+            f"({', '.join(sorted(recompute))})", highlight=False, soft_wrap=True)
     for note in graph.held_notes:
         console.print(f"held: {note}")
     if document["placement_note"]:

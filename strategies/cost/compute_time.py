@@ -130,10 +130,17 @@ class AnalyticCompute:
         if layer.kind == "input":
             return np.zeros(np.shape(out_elements))
         fraction = out_elements / math.prod(layer.output_shape)
-        passes = 3.0 if layer.param_count else 2.0
-        flops = layer.flops * fraction * passes
-        memory = (out_elements + input_elements + param_elements) * BYTES_PER_ELEMENT * passes
+        flops = layer.flops * fraction * passes(layer)
+        memory = ((out_elements + input_elements + param_elements) * BYTES_PER_ELEMENT
+                  * passes(layer))
         return np.maximum(flops / self.flops_per_second, memory / self.bytes_per_second)
+
+
+def passes(layer: Layer) -> float:
+    """A tile's forward + backward in forwards: three for a layer with weights (its backward
+    takes the gradients of both the input and the weights, each about a forward's work), two
+    for one without (the input's gradient alone)."""
+    return 3.0 if layer.param_count else 2.0
 
 
 def tile_channels(layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:

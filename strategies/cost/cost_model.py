@@ -40,7 +40,7 @@ edge; tables.py computes those vectorised over whole search spaces.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -48,7 +48,7 @@ from typing import Literal
 import numpy as np
 
 from layerwise.strategies.breakdown import Breakdown
-from layerwise.strategies.cost.compute_time import ComputeSource
+from layerwise.strategies.cost.compute_time import ComputeSource, passes
 from layerwise.strategies.cost.tables import LayerTiles, TransferTables
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.hardware.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
@@ -162,6 +162,11 @@ class CostModel:
     def pass_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """Forward + backward of each config's largest tile."""
         return self.compute.configs_seconds(layer, self.tiles(layer), configs)
+
+    def recompute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """What recomputing each config's tile forward in the backward adds to t_c: the
+        forward's share of the tile's forward + backward (`forward_share`)."""
+        return self.pass_seconds(layer, configs) * forward_share(layer)
 
     def update_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """The SGD update of each config's largest weight shard (once per step)."""
@@ -379,8 +384,10 @@ class CostModel:
 
     # ---- a whole strategy --------------------------------------------------------------
 
-    def evaluate(self, assignment: dict[str, ParallelConfig]) -> Breakdown:
-        """Eq. 1 for one config per layer (configs outside the search space are fine)."""
+    def evaluate(self, assignment: dict[str, ParallelConfig],
+                 recompute: Collection[str] = ()) -> Breakdown:
+        """Eq. 1 for one config per layer (configs outside the search space are fine), the
+        layers in `recompute` running their forward twice."""
         compute = sync = transfer = 0.0
         sync_bytes = transfer_bytes = 0
         missing = [layer.name for layer in self.graph.layers if layer.name not in assignment]
@@ -391,6 +398,8 @@ class CostModel:
             config = assignment[layer.name]
             check_config(layer, config, self.devices)
             compute += float(self.compute_seconds(layer, [config])[0])
+            if layer.name in recompute:
+                compute += float(self.recompute_seconds(layer, [config])[0])
             seconds, moved = self.sync(layer, [config])
             sync += float(seconds[0])
             sync_bytes += int(moved[0])
@@ -416,6 +425,12 @@ class GroupLinks:
 
     slowest: Link
     server: tuple[Link, ...]
+
+
+def forward_share(layer: Layer) -> float:
+    """The forward's share of a tile's forward + backward: one of the roofline's passes
+    (`compute_time.passes`)."""
+    return 1 / passes(layer)
 
 
 def _batch_norms(layer: Layer) -> int:

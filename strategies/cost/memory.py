@@ -17,7 +17,9 @@ of, with the tile's exact box (`space.tile_range`):
 - saved: what the tile's ops save for their backward beyond those: the intermediate tensors
   of its fused ops that a backward reads (a normalisation's input; a leaky ReLU's, GELU's or
   SiLU's input; a ReLU's output when a dropout follows it), max pooling's indices (int64);
-  freed as each layer's backward runs;
+  freed as each layer's backward runs; nothing for a layer the plan recomputes, whose forward
+  keeps no autograd graph and whose backward makes them again (with its output again, while a
+  consumer still reads the first one) as its workspace;
 - the step's inputs: the global batch and its labels (every rank reads the whole batch and
   slices its tiles) and every dropout mask, drawn at the layer's full shape;
 - workspace: the most one autograd call of the backward holds at once: at a layer, the
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -212,17 +214,18 @@ def any_plan_bound(graph: LayerGraph, element_bytes: int) -> int:
 
 
 def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig],
-                     devices: int, element_bytes: int, momentum: bool = True
-                     ) -> tuple[DeviceMemory, ...]:
-    """Each device's predicted bytes under `assignment` (one config per layer), with weights
-    and activations of `element_bytes` each (4 for float32, 8 for float64)."""
+                     devices: int, element_bytes: int, momentum: bool = True,
+                     recompute: Collection[str] = ()) -> tuple[DeviceMemory, ...]:
+    """Each device's predicted bytes under `assignment` (one config per layer) with the
+    layers in `recompute` recomputed in the backward, with weights and activations of
+    `element_bytes` each (4 for float32, 8 for float64)."""
     terms = {device: dict.fromkeys(("weights", "gradients", "momentum", "buckets", "kept",
                                     "input_gradients", "saved", "workspace",
                                     "update_workspace"), 0)
              for device in range(devices)}
     tiles = {layer.name: config_boxes(layer, assignment[layer.name]) for layer in graph.layers}
     by_name = graph.by_name
-    chains = chained_edges(graph, tiles)
+    chains = chained_edges(graph, tiles, recompute)
     # a chained layer's backward runs in its producer's autograd call, whose saved tensors
     # stay until their own part of it has run
     saved_before: dict[tuple[str, int], int] = {}
@@ -236,8 +239,11 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
         for device, box in tiles[layer.name].items():
             held = terms[device]
             own = tile_terms(layer, config, box, element_bytes, momentum)
-            for term in ("weights", "gradients", "momentum", "buckets", "saved"):
+            for term in ("weights", "gradients", "momentum", "buckets"):
                 held[term] += getattr(own, term)
+            recomputed = layer.name in recompute
+            if not recomputed:
+                held["saved"] += own.saved
             held["update_workspace"] = max(held["update_workspace"], own.gradients)
             needed = {producer: needed_box(layer, index, box)
                       for index, producer in enumerate(layer.inputs)}
@@ -248,6 +254,8 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
             held["kept"] += own.output + copies * element_bytes
             head = layer.inputs[0] if len(layer.inputs) == 1 and not leaves else None
             saved_before[layer.name, device] = own.saved + saved_before.get((head, device), 0)
+            if recomputed and _output_still_read(graph, tiles, layer, device, box):
+                saved_before[layer.name, device] += own.output
             inputs = sum(box_volume(box) for box in needed.values())
             gradients = ((1 + len(layer.fused)) * box_volume(box) + inputs) * element_bytes
             # the main op's own backward: its fused ops' saved tensors are freed by then
@@ -258,6 +266,21 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
     return tuple(DeviceMemory(device=device, inputs=step_input_bytes(graph, element_bytes),
                               **held)
                  for device, held in terms.items())
+
+
+def _output_still_read(graph: LayerGraph, tiles: Mapping[str, Mapping[int, Box]],
+                       layer: Layer, device: int, box: Box) -> bool:
+    """Whether a consumer on `device` reads the tile `box` of `layer` itself (it needs exactly
+    that box, so it takes no copy): then the output its forward made stays beside the one its
+    recompute makes."""
+    for name in graph.consumers[layer.name]:
+        consumer = graph.by_name[name]
+        consumer_box = tiles[name].get(device)
+        if consumer_box is not None and any(
+                needed_box(consumer, index, consumer_box) == box
+                for index, producer in enumerate(consumer.inputs) if producer == layer.name):
+            return True
+    return False
 
 
 @functools.cache  # asked per tile of every plan the memory search checks

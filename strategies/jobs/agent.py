@@ -13,9 +13,12 @@ separate processes with their own address space, joined through torch.distribute
 torchrun itself offers a forking start only to Python callers of its launcher API, so this
 module is that caller.
 
-The agent never touches CUDA (nothing it imports does at import time; a rank picks its GPU
-after the fork), which is what makes forking safe on GPUs: CUDA cannot be used in a child of a
-process that initialised it.
+The agent never initialises CUDA (a rank picks its GPU after the fork), which is what makes
+forking safe on GPUs: CUDA cannot be used in a child of a process that initialised it. torchrun's
+launch config asks `torch.cuda.is_available()`, whose default check initialises the driver and
+so poisons every later fork (seen on an H200: each rank failed with "Cannot re-initialize CUDA in
+forked subprocess"); the agent asks for torch's NVML-based check instead, which counts the
+devices without touching CUDA.
 
 A forked rank starts with the agent's signal handlers, which turn SIGTERM into an exception;
 it gets a fresh interpreter's back (SIGTERM ends it, Ctrl-C raises KeyboardInterrupt), so a
@@ -26,6 +29,7 @@ rank stops exactly as a spawned one did. The nodes' rendezvous backend
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -38,6 +42,8 @@ from torch.distributed.run import config_from_args, parse_args
 from layerwise.strategies.hardware.node_rendezvous import BACKEND, create_handler
 
 START_METHOD = "fork"
+# torch's switch for an availability check through NVML, which does not initialise CUDA
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 # Imported by every rank anyway, so imported once before the ranks fork: autograd loads
 # torch's symbolic shapes (and sympy with them, ~0.6 s) at its first backward that is handed
 # gradients, which the layer-wise executor's per-layer backward is.
@@ -65,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.module:
         raise SystemExit("layerwise's agent starts a module's ranks: give -m MODULE")
     rendezvous_handler_registry.register(BACKEND, create_handler)
+    os.environ[NVML_CUDA_CHECK] = "1"
     config, _, _ = config_from_args(args)
     config.start_method = START_METHOD
     for preloaded in PRELOADED:

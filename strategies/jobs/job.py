@@ -272,7 +272,7 @@ def _check_strategy(strategy: Strategy, source: str, graph: LayerGraph, world: i
     """ConfigError (one line) unless the strategy's configs fit the model on `world`
     processes."""
     try:
-        build_plan(graph, strategy.check_against(graph, world), world)
+        build_plan(graph, strategy.check_against(graph, world), world, strategy.recompute)
     except ConfigError as error:
         raise ConfigError(f"--strategy {source}: {error}") from None
 

@@ -86,6 +86,7 @@ class Plan:
                     "peak_memory_bytes_per_device": self.peak_memory(strategy),
                     "fits": self.fits(strategy),
                     "layers": [choice.model_dump() for choice in strategy.layers],
+                    "recompute": list(strategy.recompute),
                 }
                 for name, strategy in self.strategies.items()
             },
@@ -104,7 +105,8 @@ def predicted_peaks(graph: LayerGraph, strategy: Strategy,
     if not isinstance(strategy.execution, LayerwiseExecution):
         return None
     return [device.peak for device in predicted_memory(
-        graph, strategy.assignment(), strategy.devices, FLOAT32_BYTES, momentum=momentum)]
+        graph, strategy.assignment(), strategy.devices, FLOAT32_BYTES, momentum=momentum,
+        recompute=strategy.recompute)]
 
 
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,

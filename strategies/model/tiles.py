@@ -17,7 +17,7 @@ so box volumes and overlaps factor into per-dimension terms; cost/cost_model.py 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -182,12 +182,15 @@ def box_volume(box: Box) -> int:
     return total
 
 
-def chained_edges(graph: LayerGraph, boxes: Mapping[str, Mapping[int, Box]]) -> dict[str, str]:
+def chained_edges(graph: LayerGraph, boxes: Mapping[str, Mapping[int, Box]],
+                  recompute: Collection[str] = ()) -> dict[str, str]:
     """Consumer -> producer of every chained edge, given each layer's output box per device.
 
     An edge is chained when its producer (not the network input, not an output) feeds only
-    this consumer, the consumer reads only it, and on every device the consumer needs exactly
-    the producer's box there: nothing moves. The runtime then computes the consumer on the
+    this consumer, the consumer reads only it, neither is recomputed in the backward (a
+    recomputed layer's forward keeps no autograd graph to chain onto, and its backward
+    starts from its own inputs), and on every device the consumer needs exactly the
+    producer's box there: nothing moves. The runtime then computes the consumer on the
     producer's output tensor itself, so one autograd graph spans the chain and one backward
     call runs it (no leaf, no copied gradient); the memory model counts what that keeps.
     """
@@ -199,7 +202,8 @@ def chained_edges(graph: LayerGraph, boxes: Mapping[str, Mapping[int, Box]]) -> 
             continue
         producer = by_name[layer.inputs[0]]
         if (producer.kind == "input" or consumers[producer.name] != (layer.name,)
-                or producer.name in graph.outputs):
+                or producer.name in graph.outputs or layer.name in recompute
+                or producer.name in recompute):
             continue
         own, theirs = boxes[layer.name], boxes[producer.name]
         if own.keys() == theirs.keys() and all(

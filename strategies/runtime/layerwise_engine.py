@@ -24,7 +24,7 @@ class LayerwiseEngine:
 
     def __init__(self, context: EngineContext) -> None:
         assignment = context.strategy.check_against(context.graph, context.world)
-        plan = build_plan(context.graph, assignment, context.world)
+        plan = build_plan(context.graph, assignment, context.world, context.strategy.recompute)
         self.model = LayerwiseModel(context.module, plan,
                                     Communicator(context.rank, context.world, plan.groups()))
         self.rank = context.rank

@@ -6,12 +6,15 @@ each consumer tile's needed box, `plan.py`), then the tile computation (with Bat
 reduced in the layer's replica group). The backward walks the same phases in reverse: each layer's
 local autograd graph (needed boxes as leaves) is differentiated on its own, and the gradients of the
 needed boxes go back to the producers' devices, where overlapping halos add up (the gradient of a
-gather is a scatter-add). Because every rank meets the phases in one global order and a phase waits
-only on ranks that reach it, nothing can deadlock. Weight gradients replicated by n/h/w splits are
-summed in each replica group by bucketed all-reduces that start as soon as their layers' backward is
-done (buckets.py), and the optimizer steps on each rank's own shards (which rows of which weights a
-rank holds, and checkpoints of them: shards.py). Each tile runs the layer's own op from
-`layerwise.strategies.model.ops`, the code the profiler times.
+gather is a scatter-add). A layer the plan recomputes runs its forward without autograd, keeping
+only its input boxes and output, and runs it again with autograd at the start of its backward; its
+BatchNorm statistics are the forward's, replayed rather than reduced or tracked again, so the
+recomputed tile is the forward's bit for bit. Because every rank meets the phases in one global
+order and a phase waits only on ranks that reach it, nothing can deadlock. Weight gradients
+replicated by n/h/w splits are summed in each replica group by bucketed all-reduces that start as
+soon as their layers' backward is done (buckets.py), and the optimizer steps on each rank's own
+shards (which rows of which weights a rank holds, and checkpoints of them: shards.py). Each tile
+runs the layer's own op from `layerwise.strategies.model.ops`, the code the profiler times.
 
 Why our own engine: DTensor computes conv correctly only with the batch sharded (docs/research.md:
 torch.distributed), and no library moves arbitrary receptive-field boxes between arbitrary
@@ -99,7 +102,9 @@ class LayerwiseModel(ShardedModel):
         # consumer -> producer of every chained edge (tiles.chained_edges); and its producers
         self._chained = chained_edges(plan.graph, {
             layer_plan.layer.name: {device: tile.box for device, tile in layer_plan.tiles.items()}
-            for layer_plan in plan.layers})
+            for layer_plan in plan.layers}, plan.recompute)
+        # (layer, BatchNorm target) -> the statistics its forward reduced, for the recompute
+        self._statistics: dict[tuple[str, str], list[torch.Tensor]] = {}
         self._feeds_chain = set(self._chained.values())
 
     def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -131,6 +136,7 @@ class LayerwiseModel(ShardedModel):
         self.comm.count_ring("loss", "loss", loss.numel(), loss.element_size(), everyone)
         for state in self.states.values():
             state.leaves, state.output = [], None
+        self._statistics.clear()
         return loss[0]
 
     def _draw_dropout_masks(self) -> None:
@@ -163,6 +169,10 @@ class LayerwiseModel(ShardedModel):
             needs_grad = self.plan.by_name[input_plan.producer].layer.kind != "input"
             leaves.append(box.detach().requires_grad_(needs_grad))
         state.leaves = leaves
+        if layer.name in self.plan.recompute:  # its backward runs the forward again
+            with torch.no_grad():
+                state.output = self._finish(layer, state, leaves)
+            return
         state.output = self._finish(layer, state, leaves)
 
     def _finish(self, layer: Layer, state: _LayerState,
@@ -235,18 +245,27 @@ class LayerwiseModel(ShardedModel):
             shard = shards.get(name)
             return shard.tensor if shard is not None else None
 
-        tracked = shards.get("num_batches_tracked")
-        if tracked is not None:
-            tracked.tensor.add_(1)
         group = state.plan.replica_group(self.rank)
         sizes = as_4d(layer.output_shape)
+        recomputed = layer.name in self.plan.recompute
+        replay = recomputed and torch.is_grad_enabled()  # in the backward: the forward again
+        statistics = self._statistics.setdefault((layer.name, target), [])
+        tracked = shards.get("num_batches_tracked")
+        if tracked is not None and not replay:
+            tracked.tensor.add_(1)
 
         def reduce(values: torch.Tensor) -> torch.Tensor:
-            return self.comm.all_reduce(values, group, (layer.name, "sync"))
+            if replay and statistics:  # the forward's sums; the backward's are reduced anew
+                return statistics.pop()
+            summed = self.comm.all_reduce(values, group, (layer.name, "sync"))
+            if recomputed and not replay:
+                statistics.append(summed.clone())
+            return summed
 
-        return ops.batch_norm(x, tensor("weight"), tensor("bias"), tensor("running_mean"),
-                              tensor("running_var"), momentum, module.eps,
-                              sizes[0] * sizes[2] * sizes[3], reduce if len(group) > 1 else None)
+        running = (None, None) if replay else (tensor("running_mean"), tensor("running_var"))
+        return ops.batch_norm(x, tensor("weight"), tensor("bias"), *running, momentum,
+                              module.eps, sizes[0] * sizes[2] * sizes[3],
+                              reduce if len(group) > 1 else None)
 
     def _writes_input(self, node: fx.Node) -> bool:
         """Whether an elementwise node writes into its input (inplace=True or a `method_`)."""
@@ -283,6 +302,8 @@ class LayerwiseModel(ShardedModel):
         if layer.kind == "input":
             return
         state = self.states.get(layer.name)
+        if layer.name in self.plan.recompute and state is not None:
+            state.output = self._finish(layer, state, state.leaves)
         if layer.name in self._feeds_chain:  # its consumer's backward ran through it
             if state is not None:
                 self._buckets.add(layer.name, layer_plan.replica_group(self.rank),

@@ -13,6 +13,7 @@ exactly once; the elements that cross devices are the cost model's transfer elem
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -20,6 +21,7 @@ from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.space import ParallelConfig, check_config
 from layerwise.strategies.model.tiles import Box, box_volume, indexed_box, needed_box
+from layerwise.strategies.strategy import check_recompute
 
 TileIndex = tuple[int, int, int, int]
 
@@ -155,6 +157,7 @@ class StrategyPlan:
     graph: LayerGraph
     layers: tuple[LayerPlan, ...]
     world: int
+    recompute: frozenset[str] = frozenset()  # layers whose forward the backward runs again
 
     @cached_property
     def by_name(self) -> dict[str, LayerPlan]:
@@ -173,9 +176,10 @@ class StrategyPlan:
         return sorted(found, key=lambda group: (len(group), group))
 
 
-def build_plan(graph: LayerGraph, assignment: dict[str, ParallelConfig],
-               world: int) -> StrategyPlan:
-    """Check the assignment against the graph and plan every layer (raises ConfigError)."""
+def build_plan(graph: LayerGraph, assignment: dict[str, ParallelConfig], world: int,
+               recompute: Collection[str] = ()) -> StrategyPlan:
+    """Check the assignment (and the layers to recompute) against the graph and plan every
+    layer (raises ConfigError)."""
     missing = [layer.name for layer in graph.layers if layer.name not in assignment]
     if missing:
         raise ConfigError(f"no config for layer(s) {', '.join(missing[:5])}")
@@ -195,4 +199,6 @@ def build_plan(graph: LayerGraph, assignment: dict[str, ParallelConfig],
         config = assignment[layer.name]
         check_config(layer, config, world)
         plans[layer.name] = plan_layer(layer, config, plans)
-    return StrategyPlan(graph=graph, layers=tuple(plans.values()), world=world)
+    check_recompute(graph, recompute)
+    return StrategyPlan(graph=graph, layers=tuple(plans.values()), world=world,
+                        recompute=frozenset(recompute))

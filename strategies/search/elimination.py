@@ -68,6 +68,8 @@ class SearchResult(BaseModel):
     configs_kept: int  # those the bounds could not rule out, which the elimination searched
     memory_budget_bytes: int | None = None  # per device, when the search held plans to one
     memory_rounds: int = 0  # Lagrangian rounds the budget took (0: the optimum fitted)
+    # layers whose forward the backward recomputes to fit the budget
+    recompute: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -11,11 +11,15 @@ of its share of moment r (`TileTerms`), so for multipliers lambda >= 0
     L(lambda) = min_s T(s) + sum_{r, d} lambda_{r,d} (sum_layers a_r(c_layer, d) + inputs - B)
 
 is a lower bound of the constrained optimum (Lagrangian duality: every plan that fits makes the
-bracket non-positive). Each L(lambda) is one run of the exact elimination with the multiplied
-bytes added to the node vectors. The multipliers follow the subgradient of the exact predicted
-moments (Polyak's step towards the best plan that fits so far), so that a plan whose copies and
-workspace the per-tile bytes miss is still pushed under B. Every plan met is checked with the
-whole memory model; the answer is the fastest that fits, with its proven gap to the best lower
+bracket non-positive). Each L(lambda) is one run of the exact elimination with the multiplied bytes
+added to the node vectors. A layer may also recompute its forward in the backward: its tile then
+holds nothing of what its ops save for the backward (a_forward_end less those bytes) for the
+forward's share of its t_c more (cost_model.forward_share). The choice is the layer's own, touching
+no edge, so each node's entry is the cheaper of keeping and recomputing under the multipliers, and
+the elimination stays exact over the doubled space. The multipliers follow the subgradient of the
+exact predicted moments (Polyak's step towards the best plan that fits so far), so that a plan whose
+copies and workspace the per-tile bytes miss is still pushed under B. Every plan met is checked with
+the whole memory model; the answer is the fastest that fits, with its proven gap to the best lower
 bound. Our own code: the multipliers ride on the elimination, which no library provides.
 """
 
@@ -61,6 +65,7 @@ MOMENTS = ("forward_end", "backward_end")
 
 
 Checked = tuple[float, tuple[DeviceMemory, ...]]  # a plan's step seconds and devices' bytes
+_Plan = tuple[dict[str, int], frozenset[str]]  # config index per layer, the layers recomputed
 
 
 class DoesNotFit(LayerwiseError):
@@ -72,6 +77,7 @@ class Fit:
     """The fastest plan found within the budget and how far from optimal it is proven."""
 
     choice: dict[str, int]  # config index per layer
+    recompute: frozenset[str]  # layers whose forward the backward runs again
     step_seconds: float
     lower_bound: float  # no plan within the budget is faster
     rounds: int
@@ -82,28 +88,49 @@ class Fit:
         return max(0.0, (self.step_seconds - self.lower_bound) / self.step_seconds)
 
 
-def _layer_rows(layer: Layer, configs: list[ParallelConfig], devices: int,
-                element_bytes: int) -> np.ndarray:
-    """a_r(c, d): bytes per (moment, config, device), the tile's own part."""
+@dataclass(frozen=True)
+class _TileBytes:
+    """A layer's per-tile bytes over its search space: a_r(c, d) per (moment, config, device),
+    and the part of a_forward_end that recomputing the layer frees (zero where it may not)."""
+
+    rows: np.ndarray
+    freed: np.ndarray  # (moment, config, device): what its ops save, on the forward-end row
+
+    def held(self, index: int, recomputed: bool) -> np.ndarray:
+        """(moment, device) bytes of config `index`, kept or recomputed."""
+        return self.rows[:, index, :] - (self.freed[:, index, :] if recomputed else 0.0)
+
+    def least(self) -> np.ndarray:
+        """(moment, config, device) bytes with each config's leaner choice."""
+        return self.rows - self.freed
+
+
+def _tile_bytes(graph: LayerGraph, layer: Layer, configs: list[ParallelConfig], devices: int,
+                element_bytes: int) -> _TileBytes:
+    """Each config's tile bytes on each device, and what recomputing the layer frees."""
     rows = np.zeros((len(MOMENTS), len(configs), devices))
+    freed = np.zeros_like(rows)
     if layer.kind == "input":
-        return rows
+        return _TileBytes(rows, freed)
+    may_recompute = layer.name not in graph.outputs
     for index, config in enumerate(configs):
         for device, box in config_boxes(layer, config).items():
             own = tile_terms(layer, config, box, element_bytes)
             rows[0, index, device] = own.forward_end
             rows[1, index, device] = own.backward_end
-    return rows
+            if may_recompute:
+                freed[0, index, device] = own.saved
+    return _TileBytes(rows, freed)
 
 
-def _least_need(graph: LayerGraph, rows: dict[str, np.ndarray], inputs: int
+def _least_need(graph: LayerGraph, tiles: dict[str, _TileBytes], inputs: int
                 ) -> tuple[int, str]:
     """A lower bound of any plan's fullest device, and the layer that sets it: every plan puts
-    each layer under some config, whose fullest device holds at least its tile's own bytes
-    (`rows`) and the step's inputs."""
+    each layer under some config, kept or recomputed, whose fullest device holds at least its
+    tile's own bytes and the step's inputs."""
     need, layer_name = inputs, graph.layers[0].name
     for layer in graph.layers:
-        layer_need = int(rows[layer.name].max(axis=(0, 2)).min()) + inputs
+        layer_need = int(tiles[layer.name].least().max(axis=(0, 2)).min()) + inputs
         if layer_need > need:
             need, layer_name = layer_need, layer.name
     return need, layer_name
@@ -117,7 +144,7 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
     when that is over the budget, else with the least the search found."""
     graph = cost_model.graph
     devices = cost_model.devices
-    tile_bytes = {layer.name: _layer_rows(layer, cost_model.configs[layer.name], devices,
+    tile_bytes = {layer.name: _tile_bytes(graph, layer, cost_model.configs[layer.name], devices,
                                           element_bytes) for layer in graph.layers}
     inputs = step_input_bytes(graph, element_bytes)
     need, needing_layer = _least_need(graph, tile_bytes, inputs)
@@ -127,23 +154,32 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             f"on some device ({needing_layer} alone); use more devices, a smaller batch or "
             f"input, or a larger --memory-limit")
     nodes, edges = graph_costs(cost_model, progress)
+    # what recomputing adds to each config's t_c (inf where it frees nothing or may not)
+    extra = {layer.name: np.where(
+                 tile_bytes[layer.name].freed[0].any(axis=1),
+                 cost_model.recompute_seconds(layer, cost_model.configs[layer.name]), np.inf)
+             for layer in graph.layers}
     order = [layer.name for layer in graph.layers]
-    rows = {name: bytes_ / budget for name, bytes_ in tile_bytes.items()}
+    scaled = {name: _TileBytes(bytes_.rows / budget, bytes_.freed / budget)
+              for name, bytes_ in tile_bytes.items()}
     capacity = 1.0 - inputs / budget
 
-    def checked(choice: dict[str, int]) -> Checked:
+    def checked(plan: _Plan) -> Checked:
+        choice, recompute = plan
         assignment = {name: cost_model.configs[name][index] for name, index in choice.items()}
-        return (_step_seconds(nodes, edges, choice),
-                predicted_memory(graph, assignment, devices, element_bytes))
+        return (_step_seconds(nodes, edges, choice)
+                + sum(float(extra[name][choice[name]]) for name in recompute),
+                predicted_memory(graph, assignment, devices, element_bytes,
+                                 recompute=recompute))
 
-    best: tuple[dict[str, int], float, int] | None = None  # choice, step, peak
+    best: tuple[_Plan, float, int] | None = None  # plan, step, peak
     least_found: int | None = None
     for choice in _baseline_choices(cost_model):  # plans that may fit, to aim the steps at
-        step, memory = checked(choice)
+        step, memory = checked((choice, frozenset()))
         peak = max(device.peak for device in memory)
         least_found = peak if least_found is None else min(least_found, peak)
         if peak <= budget and (best is None or step < best[1]):
-            best = (choice, step, peak)
+            best = ((choice, frozenset()), step, peak)
     multipliers = np.zeros((len(MOMENTS), devices))
     repaired: set[tuple[int, ...]] = set()
     lower = -np.inf
@@ -156,22 +192,28 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             break
         if progress:
             progress(f"fitting memory: round {rounds}")
-        weighted = {name: nodes[name] + np.einsum("rcd,rd->c", rows[name], multipliers)
-                    for name in nodes}
+        kept = {name: nodes[name] + np.einsum("rcd,rd->c", scaled[name].rows, multipliers)
+                for name in nodes}
+        recomputed = {name: kept[name] + extra[name]
+                      - np.einsum("rcd,rd->c", scaled[name].freed, multipliers)
+                      for name in nodes}
+        weighted = {name: np.minimum(kept[name], recomputed[name]) for name in nodes}
         solution = solve(weighted, edges, order=order)
         bound = solution.cost - capacity * float(multipliers.sum())
         stalled = 0 if bound > lower else stalled + 1
         lower = max(lower, bound)
-        step, memory = checked(solution.choice)
+        plan = (dict(solution.choice), frozenset(
+            name for name, index in solution.choice.items()
+            if recomputed[name][index] < kept[name][index]))
+        step, memory = checked(plan)
         peak = max(device.peak for device in memory)
         least_found = peak if least_found is None else min(least_found, peak)
         if peak <= budget and (best is None or step < best[1]):
-            best = (dict(solution.choice), step, peak)
+            best = (plan, step, peak)
         elif (peak > budget and len(repaired) < REPAIRS
               and tuple(solution.choice.values()) not in repaired):
             repaired.add(tuple(solution.choice.values()))
-            fixed = _repair(dict(solution.choice), nodes, edges, rows, budget, checked,
-                            deadline)
+            fixed = _repair(plan, nodes, edges, extra, scaled, budget, checked, deadline)
             if fixed is not None and (best is None or fixed[1] < best[1]):
                 best = fixed
         if best is not None and best[1] - lower <= GAP_TOLERANCE * best[1]:
@@ -193,71 +235,92 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             f"the search met needs {_mb(least_found or 0)} on its fullest device, and no plan "
             f"needs less than {_mb(need)} ({needing_layer}); use more devices, a smaller batch "
             f"or input, or a larger --memory-limit")
-    choice, step, peak = best
-    return Fit(choice=choice, step_seconds=step, lower_bound=min(lower, step), rounds=rounds,
-               peak=peak)
+    (choice, recompute), step, peak = best
+    return Fit(choice=choice, recompute=recompute, step_seconds=step,
+               lower_bound=min(lower, step), rounds=rounds, peak=peak)
 
 
-def _repair(choice: dict[str, int], nodes: dict[str, np.ndarray],
-            edges: dict[tuple[str, str], np.ndarray], rows: dict[str, np.ndarray],
-            budget: int, checked: Callable[[dict[str, int]], Checked],
-            deadline: float) -> tuple[dict[str, int], float, int] | None:
-    """A plan that fits, from one that does not: one layer's config changed at a time, the
-    change that lowers the devices' per-tile bytes most for the step time it adds (measured
-    by sum(bytes^POTENTIAL_POWER) over devices and moments, which the fullest devices
-    dominate and which two equally full devices both count in), until the whole memory model
-    says it fits (None when no change lowers it any more). The
-    multipliers of a symmetric cost model cannot spread work over devices by themselves
-    (moving every layer from devices 0-1 to 2-3 costs the same), which this does."""
+def _repair(plan: _Plan, nodes: dict[str, np.ndarray],
+            edges: dict[tuple[str, str], np.ndarray], extra: dict[str, np.ndarray],
+            tiles: dict[str, _TileBytes], budget: int, checked: Callable[[_Plan], Checked],
+            deadline: float) -> tuple[_Plan, float, int] | None:
+    """A plan that fits, from one that does not: one change at a time (a layer's config, its
+    recompute flag kept, or recomputing a layer), the change that lowers the devices' per-tile
+    bytes most for the step time it adds (measured by sum(bytes^POTENTIAL_POWER) over devices
+    and moments, which the fullest devices dominate and which two equally full devices both
+    count in), until the whole memory model says it fits (None when no change lowers it any
+    more). The multipliers of a symmetric cost model cannot spread work over devices by
+    themselves (moving every layer from devices 0-1 to 2-3 costs the same), which this does."""
+    choice, recompute = dict(plan[0]), plan[1]
     incident: dict[str, list[tuple[str, str]]] = {name: [] for name in nodes}
     for u, v in edges:
         incident[u].append((u, v))
         incident[v].append((u, v))
-    usage = sum(rows[name][:, index, :] for name, index in choice.items())
-    step, memory = checked(choice)
+    usage = sum(tiles[name].held(index, name in recompute) for name, index in choice.items())
+    step, memory = checked((choice, recompute))
     peak = max(device.peak for device in memory)
     for _ in range(REPAIR_MOVES):
         if peak <= budget:
-            return choice, step, peak
+            return (choice, recompute), step, peak
         if time.monotonic() > deadline:
             return None
         potential = float((usage ** POTENTIAL_POWER).sum())
-        candidates: list[tuple[float, str, int]] = []
+        # (seconds per potential freed, layer, config index, recomputed)
+        candidates: list[tuple[float, str, int, bool]] = []
         for name, cost in nodes.items():
-            current = choice[name]
+            current, flagged = choice[name], name in recompute
             seconds = cost - cost[current]
+            if flagged:
+                seconds = seconds + extra[name] - extra[name][current]
             for u, v in incident[name]:
                 matrix = edges[u, v]
                 if u == name:
                     seconds = seconds + matrix[:, choice[v]] - matrix[current, choice[v]]
                 else:
                     seconds = seconds + matrix[choice[u], :] - matrix[choice[u], current]
-            after = ((usage[None] - rows[name][:, current, :][None]
-                      + rows[name].transpose(1, 0, 2)) ** POTENTIAL_POWER).sum(axis=(1, 2))
+            held = tiles[name].held(current, flagged)
+            rows = tiles[name].rows - (tiles[name].freed if flagged else 0.0)
+            after = ((usage[None] - held[None] + rows.transpose(1, 0, 2)) ** POTENTIAL_POWER
+                     ).sum(axis=(1, 2))
             freed = potential - after
             useful = np.flatnonzero(freed > 1e-12)
             ratio = np.maximum(seconds[useful], 0.0) / freed[useful]
-            candidates.extend((float(r), name, int(i)) for r, i in zip(ratio, useful, strict=True))
+            candidates.extend((float(r), name, int(i), flagged)
+                              for r, i in zip(ratio, useful, strict=True))
+            if not flagged and np.isfinite(extra[name][current]):
+                lean = tiles[name].held(current, True)
+                gain = potential - float(((usage - held + lean) ** POTENTIAL_POWER).sum())
+                if gain > 1e-12:
+                    candidates.append((float(extra[name][current]) / gain, name, current, True))
         if not candidates:
             return None
+
         # the per-tile bytes miss the copies and the backward's workspace: the few best
         # changes by them are checked with the whole model, the one freeing most per second wins
         scored = []
-        for _, name, index in sorted(candidates)[:EXACT_CANDIDATES]:
-            trial = {**choice, name: index}
-            trial_step, trial_memory = checked(trial)
+        for _, name, index, flagged in sorted(candidates)[:EXACT_CANDIDATES]:
+            trial_step, trial_memory = checked(_changed(choice, recompute, name, index, flagged))
             trial_peak = max(device.peak for device in trial_memory)
             gain = peak - trial_peak
             score = max(trial_step - step, 0.0) / gain if gain > 0 else np.inf
-            scored.append((score, name, index, trial_step, trial_peak))
-        score, name, index, trial_step, trial_peak = min(scored, key=lambda item: item[0])
+            scored.append((score, name, index, flagged, trial_step, trial_peak))
+        score, name, index, flagged, trial_step, trial_peak = min(scored,
+                                                                  key=lambda item: item[0])
         if not np.isfinite(score):  # none lowers the peak itself: the best by per-tile bytes
-            _, name, index = min(candidates)
-            trial_step, trial_memory = checked({**choice, name: index})
+            _, name, index, flagged = min(candidates)
+            trial_step, trial_memory = checked(_changed(choice, recompute, name, index, flagged))
             trial_peak = max(device.peak for device in trial_memory)
-        usage = usage - rows[name][:, choice[name], :] + rows[name][:, index, :]
-        choice, step, peak = {**choice, name: index}, trial_step, trial_peak
+        usage = (usage - tiles[name].held(choice[name], name in recompute)
+                 + tiles[name].held(index, flagged))
+        (choice, recompute), step, peak = (_changed(choice, recompute, name, index, flagged),
+                                            trial_step, trial_peak)
     return None
+
+
+def _changed(choice: dict[str, int], recompute: frozenset[str], name: str, index: int,
+             recomputed: bool) -> _Plan:
+    """The plan with layer `name` under config `index`, recomputed or kept."""
+    return ({**choice, name: index}, recompute | {name} if recomputed else recompute - {name})
 
 
 def _baseline_choices(cost_model: CostModel) -> list[dict[str, int]]:
@@ -298,7 +361,8 @@ def optimal_within(cost_model: CostModel, budget: int,
     fit = fastest_within(cost_model, budget, FLOAT32_BYTES, progress)
     assignment = {name: cost_model.configs[name][index] for name, index in fit.choice.items()}
     return result.model_copy(update={
-        "assignment": assignment, "predicted": cost_model.evaluate(assignment),
+        "assignment": assignment, "recompute": fit.recompute,
+        "predicted": cost_model.evaluate(assignment, fit.recompute),
         "search_seconds": time.perf_counter() - started,
         "search_method": f"{result.search_method}, then Lagrangian multipliers for the "
                          f"memory budget ({fit.rounds} rounds)",

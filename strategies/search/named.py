@@ -22,7 +22,7 @@ def searched_strategy(cost: CostModel, memory_limit: int | None = None
     result = optimal_within(cost, budget)
     strategy = Strategy.from_assignment(
         SEARCHED, cost.graph, cost.devices, cost.cluster.name, cost.compute.name,
-        result.assignment, result.predicted)
+        result.assignment, result.predicted, recompute=result.recompute)
     return strategy, result
 
 
