@@ -393,8 +393,7 @@ class NarrowResNet(nn.Module):
 class DarknetBlocks(nn.Module):
     """Darknet's convolution, BatchNorm and leaky ReLU blocks (YOLO's backbone): each block's
     BatchNorm and leaky ReLU save their inputs for the backward, two tensors the size of the
-    block's output, so what the forward saves outgrows what the backward holds, and a memory
-    limit binds at the forward's end, where recomputing a block frees them."""
+    block's output, which recomputing a block frees from the forward on."""
 
     def __init__(self, num_classes: int = 4, in_channels: int = 3, width: int = 8,
                  blocks: int = 4) -> None:

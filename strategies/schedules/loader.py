@@ -44,10 +44,11 @@ def build_engine(context: EngineContext) -> Engine:
 
 def price_layerwise(strategy: Strategy, cost: CostModel) -> Strategy:
     """A layer-wise strategy (its configs already checked against the graph) priced by Eq. 1
-    on `cost`'s cluster and t_c."""
+    on `cost`'s cluster and t_c, its recomputed layers' forwards included."""
     return strategy.model_copy(update={"cluster": cost.cluster.name,
                                        "cost_source": cost.compute.name,
-                                       "predicted": cost.evaluate(strategy.assignment())})
+                                       "predicted": cost.evaluate(strategy.assignment(),
+                                                                  strategy.recompute)})
 
 
 def repriced(strategy: Strategy, cost: CostModel) -> Strategy:
