@@ -73,8 +73,10 @@ def main() -> None:
                         "measured against predicted (the largest rank)")
     for column in ("model", "strategy", "input", "measured MB", "predicted MB",
                    "measured / predicted", "weights", "grads", "momentum", "buckets", "kept",
-                   "input grads", "saved", "inputs", "workspace"):
-        table.add_column(column, justify="left" if column in ("model", "strategy") else "right")
+                   "saved", "inputs", "backward at", "still held", "pending grads",
+                   "workspace"):
+        table.add_column(column, justify="left" if column in ("model", "strategy", "backward at")
+                         else "right")
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-memory-") as folder:
         for model in args.models:
             for strategy in args.strategies:
@@ -99,7 +101,9 @@ def main() -> None:
                               f"{device.peak / 1e6:.1f}", f"{measured / device.peak:.2f}",
                               *(f"{getattr(device, term) / 1e6:.1f}" for term in (
                                   "weights", "gradients", "momentum", "buckets", "kept",
-                                  "input_gradients", "saved", "inputs", "workspace")))
+                                  "saved", "inputs")), device.backward_layer,
+                              *(f"{getattr(device, term) / 1e6:.1f}" for term in (
+                                  "backward_activations", "pending_gradients", "workspace")))
     console.print(table)
 
 

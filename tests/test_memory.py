@@ -24,7 +24,8 @@ def test_sample_split_replicates_the_weights_and_buckets_their_gradients():
     for device in devices:
         assert device.weights == device.gradients == device.momentum == device.buckets == (
             4 * WEIGHTS)
-        assert device.input_gradients == 0  # every edge is chained: same tiles on each device
+        # every edge is chained (same tiles on each device): one backward call, nothing waits
+        assert device.pending_gradients == 0
         # the update: weights, gradients (now views into the buckets) and momentum, and the
         # weight-decay temporary of the largest weight shard
         assert device.update == 3 * 4 * WEIGHTS + device.inputs + 4 * 2048 * 2049
@@ -44,6 +45,6 @@ def test_float64_doubles_every_tensor_term():
     graph = build_graph("tiny_cnn", batch=8, image_size=16, num_classes=10)
     plan = _named(graph, "spatial_h")
     single, double = (predicted_memory(graph, plan, 2, size)[1] for size in (4, 8))
-    for term in ("weights", "gradients", "momentum", "buckets", "kept", "input_gradients"):
+    for term in ("weights", "gradients", "momentum", "buckets", "kept", "workspace"):
         assert getattr(double, term) == 2 * getattr(single, term), term
-    assert double.kept > 0 and double.input_gradients > 0  # halos: copies and leaf gradients
+    assert double.kept > 0 and double.workspace > 0  # halos: copies and their gradients

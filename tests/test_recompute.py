@@ -1,5 +1,7 @@
 """Recompute as a per-layer choice: what it frees in the memory model, what it costs in Eq. 1,
-what a strategy may not recompute, and that a recomputed plan equals one-device training."""
+what a strategy may not recompute, that the search held to a memory limit takes it where the
+forward's saved tensors bind, and that a recomputed plan trains within its limit and equals
+one-device training."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from layerwise.strategies.jobs.pricing import cost_model
 from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.runtime.plan import build_plan
 from layerwise.strategies.search.baselines import baseline
+from layerwise.strategies.search.memory_fit import fastest_within
 
 DARKNET = "tests.idiom_models:DarknetBlocks"
 BLOCKS = ("features_0", "features_3", "features_6", "features_9")  # conv + BN + leaky ReLU
+LIMIT = 3_000_000  # bytes per device: under every plan that keeps its blocks' saved tensors
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +29,39 @@ def darknet():
     return cost_model(build_graph(DARKNET, batch=4, image_size=64), "local", 2, None, True)
 
 
+def _peak(cost, assignment, recompute=()) -> int:
+    return max(device.peak for device in predicted_memory(
+        cost.graph, assignment, cost.devices, FLOAT32_BYTES, recompute=recompute))
+
+
 def test_recomputing_frees_what_the_forward_saves_for_one_more_forward(darknet):
     data = baseline("data", darknet.graph, 2)
     kept = predicted_memory(darknet.graph, data, 2, FLOAT32_BYTES)
     recomputed = predicted_memory(darknet.graph, data, 2, FLOAT32_BYTES, recompute=BLOCKS)
     for before, after in zip(kept, recomputed, strict=True):
-        # each block's BatchNorm and leaky ReLU save a tensor of its output tile's size
-        assert before.saved == 2 * (4 // 2) * 8 * 64 * 64 * FLOAT32_BYTES * len(BLOCKS)
+        # each block's BatchNorm and leaky ReLU save a tensor of its output's size
+        assert before.saved == 2 * 4 // 2 * 8 * 64 * 64 * FLOAT32_BYTES * len(BLOCKS)
         assert after.saved == 0
         assert after.forward_end == before.forward_end - before.saved
-    extra = sum(darknet.pass_seconds(darknet.graph.by_name[name], [data[name]])[0] / 3
+        assert after.peak < before.peak
+    graph = darknet.graph
+    extra = sum(darknet.pass_seconds(graph.by_name[name], [data[name]])[0] / 3
                 for name in BLOCKS)  # a forward of a layer with weights: a third of its pass
     assert (darknet.evaluate(data, BLOCKS).compute_seconds
             == pytest.approx(darknet.evaluate(data).compute_seconds + extra))
+
+
+def test_the_search_recomputes_where_the_forwards_saved_tensors_bind(darknet):
+    unlimited = fastest_within(darknet, 10**9)
+    assert unlimited.recompute == frozenset()  # memory does not bind: nothing to pay for
+    fit = fastest_within(darknet, LIMIT)
+    assignment = {name: darknet.configs[name][index] for name, index in fit.choice.items()}
+    assert fit.recompute and fit.recompute <= set(BLOCKS)
+    assert _peak(darknet, assignment, fit.recompute) == fit.peak <= LIMIT
+    assert _peak(darknet, assignment) > LIMIT  # the same configs, kept, do not fit
+    assert fit.step_seconds == pytest.approx(
+        darknet.evaluate(assignment, fit.recompute).step_seconds)
+    assert fit.lower_bound <= fit.step_seconds
 
 
 @pytest.mark.parametrize(("names", "message"), [
@@ -51,26 +75,36 @@ def test_a_layer_that_cannot_be_recomputed_is_refused(darknet, names, message):
 
 
 @pytest.mark.slow
-def test_a_recomputed_plan_equals_one_device_and_is_priced_with_its_forwards(tmp_path):
-    """Darknet's blocks recomputed under the searched plan and under a height split (its
-    BatchNorms synchronised over the two halves), in float64 on 2 processes: every loss and
-    weight equals the plain module's on one process, the running variances too (the replayed
-    statistics are not tracked twice); a run of the file prices the recomputed forwards."""
-    shape = {"image_size": 32, "batch_per_device": 2}
-    plan = layerwise.search(DARKNET, devices=2, cluster="local", baselines=(), **shape)
-    files = []
-    for name, config in (("searched", None), ("height", "n1c1h2w1@0-1")):
-        document = json.loads(plan.strategies["layerwise"].model_dump_json())
-        document["name"], document["recompute"] = f"recomputed-{name}", list(BLOCKS)
-        for layer in document["layers"]:
-            if config and layer["name"] in BLOCKS:
-                layer["config"] = config
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(document))
-        files.append(str(path))
-    report = layerwise.verify(DARKNET, files, nproc=2, out=tmp_path / "verify", **shape)
+def test_a_recomputed_plan_trains_within_its_limit_and_equals_one_device(tmp_path):
+    """The plan searched within LIMIT recomputes its blocks; trained on 2 processes it measures
+    at most the limit on every rank, within 10% of its prediction, and is priced with its
+    recomputed forwards. In float64 it, and the blocks recomputed under a height split (their
+    BatchNorms synchronised over the two halves), equal the plain module trained on one process
+    (the replayed statistics are not tracked twice: the running variances match too)."""
+    shape = {"image_size": 64, "batch_per_device": 2}
+    plan = layerwise.search(DARKNET, devices=2, cluster="local", baselines=(),
+                            memory_limit=LIMIT, **shape)
+    strategy = plan.strategies["layerwise"]
+    assert strategy.recompute
+    path = tmp_path / "recomputed.json"
+    strategy.save(path)
+    result = layerwise.train(DARKNET, str(path), nproc=2, steps=2, out=tmp_path / "run",
+                             **shape)
+    predicted = plan.peak_memory(strategy)
+    assert predicted is not None
+    for measured, expected in zip(result.peak_memory_bytes_per_rank, predicted, strict=True):
+        assert measured <= LIMIT
+        assert measured == pytest.approx(expected, rel=0.10)
+    assert result.strategy.recompute == strategy.recompute
+    assert result.strategy.predicted.compute_seconds == pytest.approx(
+        strategy.predicted.compute_seconds)  # the run's repricing keeps the recomputed forwards
+    document = json.loads(strategy.model_dump_json())
+    document["name"], document["recompute"] = "recomputed-height", list(BLOCKS)
+    for layer in document["layers"]:
+        if layer["name"] in BLOCKS:
+            layer["config"] = "n1c1h2w1@0-1"
+    height = tmp_path / "height.json"
+    height.write_text(json.dumps(document))
+    report = layerwise.verify(DARKNET, [str(path), str(height)], nproc=2,
+                              out=tmp_path / "verify", image_size=32, batch_per_device=2)
     assert not report.failed and all(divergence.exact for divergence in report.divergences)
-    run = layerwise.train(DARKNET, files[0], nproc=2, steps=1, out=tmp_path / "run", **shape)
-    kept = plan.strategies["layerwise"].predicted.compute_seconds
-    assert run.strategy.recompute == BLOCKS
-    assert run.strategy.predicted.compute_seconds > kept

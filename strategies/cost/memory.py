@@ -9,29 +9,29 @@ of, with the tile's exact box (`space.tile_range`):
 - buckets: the flat buffer each replicated weight's gradient is copied into for its
   all-reduce, kept from step to step (runtime/buckets.py);
 - kept activations: the output tile and each needed input box (halos included) that is not
-  simply the rank's own producer tile, held until the step's backward is done;
-- input gradients: the gradient of each needed input box, from the layer's backward until the
-  step's end (the box is an autograd leaf), except on a chained edge, where the layer computes
-  on its sole producer's tile itself (the runtime's rule: that producer feeds it alone and every
-  device needs exactly its own producer tile);
+  simply the rank's own producer tile, held until the layer's own backward is done;
 - saved: what the tile's ops save for their backward beyond those: the intermediate tensors
   of its fused ops that a backward reads (a normalisation's input; a leaky ReLU's, GELU's or
   SiLU's input; a ReLU's output when a dropout follows it), max pooling's indices (int64);
-  freed as each layer's backward runs; nothing for a layer the plan recomputes, whose forward
-  keeps no autograd graph and whose backward makes them again (with its output again, while a
-  consumer still reads the first one) as its workspace;
+  freed as the layer's backward runs; nothing for a layer the plan recomputes, whose forward
+  keeps no autograd graph and whose backward makes them again as its workspace;
+- pending gradients: the gradient of a layer's output tile, from the backward of its first
+  consumer (in the backward's order) that sends it back until its own backward; none on a
+  chained edge, where the layer computes on its sole producer's tile itself (the runtime's
+  rule: that producer feeds it alone and every device needs exactly its own producer tile),
+  so one autograd call runs both;
 - the step's inputs: the global batch and its labels (every rank reads the whole batch and
   slices its tiles) and every dropout mask, drawn at the layer's full shape;
-- workspace: the most one autograd call of the backward holds at once: at a layer, the
-  gradient of its output tile and of each fused op's input on the way back and of its input
-  boxes, with what its ops saved, or, in its main op's own backward, the gradient of that op's
-  output, a convolution's channel-blocked copy of it (oneDNN on CPUs) and the input boxes; a
-  chained layer's call runs on into its producer's, whose saved tensors stay until their part
-  has run; and the update's weight-decay temporary (the largest weight shard).
-The peak is the largest of three moments: the forward's end (kept + saved, no gradients yet),
-the backward's end (kept + gradients + input gradients + buckets + the last workspace) and the
-update (gradients, the replicated ones now views into their buckets, and the temporary;
-activations gone).
+- workspace: the most one layer's part of a backward call holds at once: the gradient of its
+  output tile, of each fused op's input on the way back and of its input boxes, with what its
+  ops saved, or, in its main op's own backward, the gradient of that op's output, a
+  convolution's channel-blocked copy of it (oneDNN on CPUs) and the input boxes; and the
+  update's weight-decay temporary (the largest weight shard).
+The peak is the largest of three moments: the forward's end (kept + saved, no gradients yet);
+the backward's fullest moment, found by walking the layers in the backward's order: at a layer,
+the kept tensors of the layers up to its call's, the saved ones of those before it, the weight
+gradients made so far, the pending gradients and its workspace; and the update (gradients, the
+replicated ones now views into their buckets, and the temporary; activations gone).
 """
 
 from __future__ import annotations
@@ -79,12 +79,16 @@ class DeviceMemory(BaseModel):
     gradients: int
     momentum: int
     buckets: int
-    kept: int
-    input_gradients: int
-    saved: int
+    kept: int  # at the forward's end
+    saved: int  # at the forward's end
     inputs: int
-    workspace: int
     update_workspace: int
+    # the backward's fullest moment: in whose call, and what it holds beyond the weights
+    backward_layer: str
+    backward_activations: int  # kept and saved tensors of the layers still to run
+    backward_gradients: int  # the weight gradients made so far
+    pending_gradients: int  # output gradients waiting for their layer's backward
+    workspace: int  # the call's own tensors
 
     @property
     def forward_end(self) -> int:
@@ -92,8 +96,10 @@ class DeviceMemory(BaseModel):
 
     @property
     def backward_end(self) -> int:
-        return (self.weights + self.momentum + self.buckets + self.inputs + self.kept
-                + self.input_gradients + self.gradients + self.workspace)
+        """The backward's fullest moment (not its end, by which every activation is gone)."""
+        return (self.weights + self.momentum + self.buckets + self.inputs
+                + self.backward_activations + self.backward_gradients + self.pending_gradients
+                + self.workspace)
 
     @property
     def update(self) -> int:
@@ -166,9 +172,10 @@ class TileTerms(BaseModel):
 
     @property
     def backward_end(self) -> int:
-        """Its part of DeviceMemory.backward_end, input copies and gradients and the
-        workspace aside."""
-        return self.weights + self.momentum + self.buckets + self.output + self.gradients
+        """Its part of every moment of the backward's last call (the first layer's, when
+        every weight gradient is made): its weight shard's copies; its activations are gone by
+        then, and a fuller moment holds no less of it."""
+        return self.weights + self.momentum + self.buckets + self.gradients
 
 
 def tile_terms(layer: Layer, config: ParallelConfig, box: Box, element_bytes: int,
@@ -219,16 +226,20 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
     """Each device's predicted bytes under `assignment` (one config per layer) with the
     layers in `recompute` recomputed in the backward, with weights and activations of
     `element_bytes` each (4 for float32, 8 for float64)."""
-    terms = {device: dict.fromkeys(("weights", "gradients", "momentum", "buckets", "kept",
-                                    "input_gradients", "saved", "workspace",
-                                    "update_workspace"), 0)
-             for device in range(devices)}
     tiles = {layer.name: config_boxes(layer, assignment[layer.name]) for layer in graph.layers}
     by_name = graph.by_name
+    position = {layer.name: index for index, layer in enumerate(graph.layers)}
     chains = chained_edges(graph, tiles, recompute)
-    # a chained layer's backward runs in its producer's autograd call, whose saved tensors
-    # stay until their own part of it has run
-    saved_before: dict[tuple[str, int], int] = {}
+    # the layer whose backward call runs each layer's part: a chain's last consumer
+    call: dict[str, str] = {}
+    for layer in reversed(graph.layers):
+        call[layer.name] = call.get(layer.name, layer.name)
+        if layer.name in chains:
+            call[chains[layer.name]] = call[layer.name]
+    static = {device: dict.fromkeys(("weights", "gradients", "momentum", "buckets", "kept",
+                                     "saved", "update_workspace"), 0)
+              for device in range(devices)}
+    records: dict[int, list[_TileRecord]] = {device: [] for device in range(devices)}
     for layer in graph.layers:
         if layer.kind == "input":
             continue
@@ -237,50 +248,84 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
         chained = {producer for producer in layer.inputs
                    if by_name[producer].kind == "input" or chains.get(layer.name) == producer}
         for device, box in tiles[layer.name].items():
-            held = terms[device]
+            held = static[device]
             own = tile_terms(layer, config, box, element_bytes, momentum)
             for term in ("weights", "gradients", "momentum", "buckets"):
                 held[term] += getattr(own, term)
-            recomputed = layer.name in recompute
-            if not recomputed:
-                held["saved"] += own.saved
+            saved = 0 if layer.name in recompute else own.saved
+            held["saved"] += saved
             held["update_workspace"] = max(held["update_workspace"], own.gradients)
             needed = {producer: needed_box(layer, index, box)
                       for index, producer in enumerate(layer.inputs)}
             leaves = [producer for producer in layer.inputs if producer not in chained]
             copies = sum(box_volume(needed[producer]) for producer in leaves
                          if tiles[producer].get(device) != needed[producer])
-            held["input_gradients"] += sum(box_volume(needed[p]) for p in leaves) * element_bytes
-            held["kept"] += own.output + copies * element_bytes
-            head = layer.inputs[0] if len(layer.inputs) == 1 and not leaves else None
-            saved_before[layer.name, device] = own.saved + saved_before.get((head, device), 0)
-            if recomputed and _output_still_read(graph, tiles, layer, device, box):
-                saved_before[layer.name, device] += own.output
+            kept = own.output + copies * element_bytes
+            held["kept"] += kept
             inputs = sum(box_volume(box) for box in needed.values())
             gradients = ((1 + len(layer.fused)) * box_volume(box) + inputs) * element_bytes
             # the main op's own backward: its fused ops' saved tensors are freed by then
             main_op = (box_volume(box) + _blocked_gradient(layer, box) + inputs) * element_bytes
-            held["workspace"] = max(held["workspace"],
-                                    saved_before[layer.name, device] + gradients,
-                                    saved_before[layer.name, device] - own.saved + main_op)
-    return tuple(DeviceMemory(device=device, inputs=step_input_bytes(graph, element_bytes),
-                              **held)
-                 for device, held in terms.items())
+            records[device].append(_TileRecord(
+                layer=layer.name, kept=kept, saved=saved, gradients=own.gradients,
+                workspace=max(own.saved + gradients, main_op),
+                # where its output's gradient waits for its backward: from the first consumer
+                # (in the backward's order) that sends one back, on an edge that is a leaf
+                waits_from=max((position[consumer] for consumer in graph.consumers[layer.name]
+                                if chains.get(consumer) != layer.name), default=-1),
+                output=own.output))
+    return tuple(_device_memory(device, static[device], records[device], position, call,
+                                step_input_bytes(graph, element_bytes))
+                 for device in range(devices))
 
 
-def _output_still_read(graph: LayerGraph, tiles: Mapping[str, Mapping[int, Box]],
-                       layer: Layer, device: int, box: Box) -> bool:
-    """Whether a consumer on `device` reads the tile `box` of `layer` itself (it needs exactly
-    that box, so it takes no copy): then the output its forward made stays beside the one its
-    recompute makes."""
-    for name in graph.consumers[layer.name]:
-        consumer = graph.by_name[name]
-        consumer_box = tiles[name].get(device)
-        if consumer_box is not None and any(
-                needed_box(consumer, index, consumer_box) == box
-                for index, producer in enumerate(consumer.inputs) if producer == layer.name):
-            return True
-    return False
+class _TileRecord(BaseModel):
+    """What one tile holds on its device, for the scan over the backward's moments."""
+
+    model_config = ConfigDict(frozen=True)
+
+    layer: str
+    kept: int  # output and input copies, from the forward until its own backward is done
+    saved: int  # what its ops save for the backward (0 when recomputed)
+    gradients: int  # its weight shard's gradient, from its backward on
+    workspace: int  # the most its own backward call holds
+    waits_from: int  # position of the consumer whose backward first sends its output gradient
+    output: int  # its output tile, the size of that gradient
+
+
+def _device_memory(device: int, static: dict[str, int], records: list[_TileRecord],
+                   position: Mapping[str, int], call: Mapping[str, str], inputs: int
+                   ) -> DeviceMemory:
+    """The device's terms, with the backward's fullest moment found by walking its layers in
+    the backward's order: at layer L's part of a backward call, the weight gradients of the
+    layers done and its own, the kept tensors of every layer up to the call's (each layer's
+    are freed once its backward has run), the saved tensors of the layers before it, the
+    output gradients that wait for a layer still to run, and the call's own workspace."""
+    fullest = {"backward_activations": 0, "backward_gradients": 0, "pending_gradients": 0,
+               "workspace": 0}
+    fullest_layer, fullest_total = "", -1
+    kept_before = [0]
+    saved_before = [0]
+    for record in records:
+        kept_before.append(kept_before[-1] + record.kept)
+        saved_before.append(saved_before[-1] + record.saved)
+    upto = {record.layer: index for index, record in enumerate(records)}
+    gradients_done = 0
+    for index in reversed(range(len(records))):
+        record = records[index]
+        gradients_done += record.gradients
+        here = position[record.layer]
+        head = upto.get(call[record.layer], index)
+        pending = sum(earlier.output for earlier in records[:index]
+                      if earlier.waits_from > here)
+        moment = {"backward_activations": kept_before[head + 1] + saved_before[index],
+                  "backward_gradients": gradients_done, "pending_gradients": pending,
+                  "workspace": record.workspace}
+        total = sum(moment.values())
+        if total > fullest_total:
+            fullest, fullest_layer, fullest_total = moment, record.layer, total
+    return DeviceMemory(device=device, inputs=inputs, backward_layer=fullest_layer,
+                        **static, **fullest)
 
 
 @functools.cache  # asked per tile of every plan the memory search checks

@@ -6,7 +6,7 @@ each consumer tile's needed box, `plan.py`), then the tile computation (with Bat
 reduced in the layer's replica group). The backward walks the same phases in reverse: each layer's
 local autograd graph (needed boxes as leaves) is differentiated on its own, and the gradients of the
 needed boxes go back to the producers' devices, where overlapping halos add up (the gradient of a
-gather is a scatter-add). A layer the plan recomputes runs its forward without autograd, keeping
+gather is a scatter-add); a layer's tensors are let go as soon as its backward is done. A layer the plan recomputes runs its forward without autograd, keeping
 only its input boxes and output, and runs it again with autograd at the start of its backward; its
 BatchNorm statistics are the forward's, replayed rather than reduced or tracked again, so the
 recomputed tile is the forward's bit for bit. Because every rank meets the phases in one global
@@ -325,12 +325,13 @@ class LayerwiseModel(ShardedModel):
             torch.autograd.backward(roots, root_gradients)
             self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
                               _weights(state))
-        if layer.name in self._chained:
-            return
-        for input_plan in layer_plan.inputs:
-            if self.plan.by_name[input_plan.producer].layer.kind == "input":
-                continue
-            self._redistribute_gradient(index, input_plan, state, gradients)
+        if layer.name not in self._chained:
+            for input_plan in layer_plan.inputs:
+                if self.plan.by_name[input_plan.producer].layer.kind == "input":
+                    continue
+                self._redistribute_gradient(index, input_plan, state, gradients)
+        if state is not None:  # its consumers' backward ran before: nothing reads it again
+            state.leaves, state.output = [], None
 
     def _redistribute_gradient(self, index: int, input_plan: InputPlan,
                                state: _LayerState | None,

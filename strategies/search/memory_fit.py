@@ -55,6 +55,7 @@ from layerwise.strategies.search.elimination import (
 ROUNDS = 40  # subgradient steps at most; the search stops earlier at GAP_TOLERANCE
 REPAIR_MOVES = 200  # config changes one repair may make
 EXACT_CANDIDATES = 3  # changes per repair move checked with the whole memory model
+REST_CHECKS = 64  # changes no better by per-tile bytes one repair move checks, at most
 REPAIRS = 3  # plans repaired at most (the rounds' distinct plans that do not fit)
 # The fit's share of a search: rounds and repairs stop here, keeping the best plan found and
 # its proven gap (ResNet-50 on 16 devices: the whole memory model of one plan takes 0.2 s)
@@ -267,6 +268,10 @@ def _repair(plan: _Plan, nodes: dict[str, np.ndarray],
         potential = float((usage ** POTENTIAL_POWER).sum())
         # (seconds per potential freed, layer, config index, recomputed)
         candidates: list[tuple[float, str, int, bool]] = []
+        # changes the per-tile bytes count as no better, though the copies and the backward
+        # they miss may say otherwise (a channel split's input copies against a sample split's
+        # none): the quickest are checked with the whole model when nothing else is left
+        rest: list[tuple[float, str, int, bool]] = []
         for name, cost in nodes.items():
             current, flagged = choice[name], name in recompute
             seconds = cost - cost[current]
@@ -287,34 +292,47 @@ def _repair(plan: _Plan, nodes: dict[str, np.ndarray],
             ratio = np.maximum(seconds[useful], 0.0) / freed[useful]
             candidates.extend((float(r), name, int(i), flagged)
                               for r, i in zip(ratio, useful, strict=True))
+            rest.extend((float(seconds[i]), name, int(i), flagged)
+                        for i in np.flatnonzero(freed <= 1e-12) if i != current)
             if not flagged and np.isfinite(extra[name][current]):
                 lean = tiles[name].held(current, True)
                 gain = potential - float(((usage - held + lean) ** POTENTIAL_POWER).sum())
                 if gain > 1e-12:
                     candidates.append((float(extra[name][current]) / gain, name, current, True))
-        if not candidates:
-            return None
 
-        # the per-tile bytes miss the copies and the backward's workspace: the few best
-        # changes by them are checked with the whole model, the one freeing most per second wins
-        scored = []
-        for _, name, index, flagged in sorted(candidates)[:EXACT_CANDIDATES]:
-            trial_step, trial_memory = checked(_changed(choice, recompute, name, index, flagged))
-            trial_peak = max(device.peak for device in trial_memory)
-            gain = peak - trial_peak
-            score = max(trial_step - step, 0.0) / gain if gain > 0 else np.inf
-            scored.append((score, name, index, flagged, trial_step, trial_peak))
-        score, name, index, flagged, trial_step, trial_peak = min(scored,
-                                                                  key=lambda item: item[0])
-        if not np.isfinite(score):  # none lowers the peak itself: the best by per-tile bytes
-            _, name, index, flagged = min(candidates)
-            trial_step, trial_memory = checked(_changed(choice, recompute, name, index, flagged))
-            trial_peak = max(device.peak for device in trial_memory)
+        # the per-tile bytes miss the copies and the backward's moments: the few best changes
+        # by them are checked with the whole model, the one freeing most per second wins; when
+        # none frees any, the quickest of the others
+        best_move = _best_exact(sorted(candidates)[:EXACT_CANDIDATES], (choice, recompute),
+                                step, peak, checked)
+        if not np.isfinite(best_move[0]):
+            best_move = _best_exact(sorted(rest)[:REST_CHECKS], (choice, recompute), step, peak,
+                                    checked)
+        if not np.isfinite(best_move[0]):
+            return None
+        _, name, index, flagged, trial_step, trial_peak = best_move
         usage = (usage - tiles[name].held(choice[name], name in recompute)
                  + tiles[name].held(index, flagged))
         (choice, recompute), step, peak = (_changed(choice, recompute, name, index, flagged),
                                             trial_step, trial_peak)
     return None
+
+
+def _best_exact(moves: list[tuple[float, str, int, bool]], plan: _Plan, step: float, peak: int,
+                checked: Callable[[_Plan], Checked]
+                ) -> tuple[float, str, int, bool, float, int]:
+    """Of `moves` (layer, config index, recomputed) from `plan`, the one that lowers the whole
+    model's peak most per second it adds, with its step and peak (score inf when none
+    lowers it)."""
+    scored: list[tuple[float, str, int, bool, float, int]] = [(np.inf, "", 0, False, step,
+                                                                peak)]
+    for _, name, index, flagged in moves:
+        trial_step, trial_memory = checked(_changed(*plan, name, index, flagged))
+        trial_peak = max(device.peak for device in trial_memory)
+        gain = peak - trial_peak
+        score = max(trial_step - step, 0.0) / gain if gain > 0 else np.inf
+        scored.append((score, name, index, flagged, trial_step, trial_peak))
+    return min(scored, key=lambda item: item[0])
 
 
 def _changed(choice: dict[str, int], recompute: frozenset[str], name: str, index: int,
