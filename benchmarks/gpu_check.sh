@@ -13,7 +13,8 @@
 #      against the device model's prediction (--analytic) and against a profile of the same
 #      tiles taken with CUDA events (`layerwise profile --device cuda`);
 #   3. peak memory: the caching allocator's peak against strategies/cost/memory.py's prediction
-#      (benchmarks/bench_memory.py, one process, 224x224);
+#      (benchmarks/bench_memory.py, one process, 224x224), and recompute's price in memory and
+#      time, measured and predicted (benchmarks/bench_recompute.py, ResNet-18);
 #   4. the device model's error per op kind against CUDA-event profiles of every tile of every
 #      config on 4 devices (benchmarks/device_model_check.py), one model per invocation.
 # Several processes on one GPU cannot share NCCL (it refuses two ranks on one device), so the
@@ -55,6 +56,8 @@ step 60 python3 -m layerwise train "${R18[@]}" --strategy data --nproc 1 --steps
 cp "$WORK/profiled/result.json" "$OUT/train-resnet18.json" 2>/dev/null
 step 120 python3 "$REPO/benchmarks/bench_memory.py" --nproc 1 --batch-per-device 32 \
     --image-size 224 --models alexnet vgg16 resnet50 --strategies data
+step 90 python3 "$REPO/benchmarks/bench_recompute.py" --nproc 1 --image-size 224 --batch 32 \
+    --cluster "$CLUSTER"
 # every config of every tile on 4 devices: AlexNet at 32 images per device took 23 s on an
 # H200; VGG-16 and ResNet-50 at 32 took over 80 s, so they run smaller (54 s and 42 s there)
 step 60 python3 "$REPO/benchmarks/device_model_check.py" --cluster "$CLUSTER" \

@@ -6,15 +6,16 @@ each consumer tile's needed box, `plan.py`), then the tile computation (with Bat
 reduced in the layer's replica group). The backward walks the same phases in reverse: each layer's
 local autograd graph (needed boxes as leaves) is differentiated on its own, and the gradients of the
 needed boxes go back to the producers' devices, where overlapping halos add up (the gradient of a
-gather is a scatter-add); a layer's tensors are let go as soon as its backward is done. A layer the plan recomputes runs its forward without autograd, keeping
-only its input boxes and output, and runs it again with autograd at the start of its backward; its
-BatchNorm statistics are the forward's, replayed rather than reduced or tracked again, so the
-recomputed tile is the forward's bit for bit. Because every rank meets the phases in one global
-order and a phase waits only on ranks that reach it, nothing can deadlock. Weight gradients
-replicated by n/h/w splits are summed in each replica group by bucketed all-reduces that start as
-soon as their layers' backward is done (buckets.py), and the optimizer steps on each rank's own
-shards (which rows of which weights a rank holds, and checkpoints of them: shards.py). Each tile
-runs the layer's own op from `layerwise.strategies.model.ops`, the code the profiler times.
+gather is a scatter-add); a layer's tensors are let go as soon as its backward is done. A layer the
+plan recomputes runs its forward without autograd, keeping only its input boxes and output, and runs
+it again with autograd at the start of its backward; its BatchNorm statistics are the forward's,
+replayed rather than reduced or tracked again, so the recomputed tile is the forward's bit for bit.
+Because every rank meets the phases in one global order and a phase waits only on ranks that reach
+it, nothing can deadlock. Weight gradients replicated by n/h/w splits are summed in each replica
+group by bucketed all-reduces that start as soon as their layers' backward is done (buckets.py), and
+the optimizer steps on each rank's own shards (which rows of which weights a rank holds, and
+checkpoints of them: shards.py). Each tile runs the layer's own op from
+`layerwise.strategies.model.ops`, the code the profiler times.
 
 Why our own engine: DTensor computes conv correctly only with the batch sharded (docs/research.md:
 torch.distributed), and no library moves arbitrary receptive-field boxes between arbitrary
