@@ -106,5 +106,5 @@ def test_a_recomputed_plan_trains_within_its_limit_and_equals_one_device(tmp_pat
     height = tmp_path / "height.json"
     height.write_text(json.dumps(document))
     report = layerwise.verify(DARKNET, [str(path), str(height)], nproc=2,
-                              out=tmp_path / "verify", image_size=32, batch_per_device=2)
+                              out=tmp_path / "verify", **shape)
     assert not report.failed and all(divergence.exact for divergence in report.divergences)

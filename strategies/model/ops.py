@@ -56,6 +56,27 @@ def global_padding(start: int, stop: int, kernel: int, stride: int, padding: int
     return max(0, -first), max(0, last + 1 - in_size)
 
 
+def border_padding(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry
+                   ) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right): what the tile `out_box` of a sliding window adds to its
+    needed box's h/w (`global_padding` per axis)."""
+    top, bottom, left, right = (
+        side
+        for axis in (0, 1)
+        for side in global_padding(*out_box[2 + axis], geometry.kernel[axis],
+                                   geometry.stride[axis], geometry.padding[axis],
+                                   geometry.dilation[axis], in_size_hw[axis])
+    )
+    return top, bottom, left, right
+
+
+def pads_a_copy(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
+    """Whether a zero-padded conv or a pool tile pads a copy of its needed box
+    (`_pad_borders`) rather than letting the op pad the whole tensor's border itself."""
+    return (not whole_rows_and_cols(out_box, in_size_hw, geometry)
+            and any(border_padding(out_box, in_size_hw, geometry)))
+
+
 def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry,
                  value: float = 0.0, mode: str = "zeros") -> Tensor:
     """The box's h/w extended to the tile's whole receptive field: with `value`, or by a
@@ -66,13 +87,7 @@ def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry:
     the rows it mirrors (graph.py limits the degrees to those); circular padding pads a box
     of the whole plane (its h and w stay whole).
     """
-    top, bottom, left, right = (
-        side
-        for axis in (0, 1)
-        for side in global_padding(*out_box[2 + axis], geometry.kernel[axis],
-                                   geometry.stride[axis], geometry.padding[axis],
-                                   geometry.dilation[axis], in_size_hw[axis])
-    )
+    top, bottom, left, right = border_padding(out_box, in_size_hw, geometry)
     if not (top or bottom or left or right):
         return x  # F.pad would copy the box for nothing (and the op would save the copy)
     if mode != "zeros":
@@ -80,7 +95,7 @@ def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry:
     return F.pad(x, (left, right, top, bottom), value=value)
 
 
-def _whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
+def whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
     """Whether the tile holds every output row and column (a sample or channel split).
 
     Then conv2d's own padding is the global padding, and rows past the last window that the
@@ -120,7 +135,7 @@ def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
     if padding_mode != "zeros":
         padded = _pad_borders(x, out_box, in_size_hw, geometry, mode=padding_mode)
         padding = (0, 0)
-    elif _whole_rows_and_cols(out_box, in_size_hw, geometry):
+    elif whole_rows_and_cols(out_box, in_size_hw, geometry):
         padded, padding = x, geometry.padding  # conv2d pads the global border itself
     else:
         padded, padding = _pad_borders(x, out_box, in_size_hw, geometry, 0.0), (0, 0)
@@ -165,7 +180,7 @@ def pool(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Geometr
     which a plain avg_pool2d of the tile cannot know: it depends on where the window sits in the
     whole tensor, not in the tile. A tile of whole rows and columns is the full op's own call.
     """
-    if _whole_rows_and_cols(out_box, in_size_hw, geometry):  # the full op's own call
+    if whole_rows_and_cols(out_box, in_size_hw, geometry):  # the full op's own call
         if mode == "max":
             return F.max_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
                                 geometry.dilation)
