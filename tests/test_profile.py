@@ -29,6 +29,7 @@ from layerwise.strategies.cost.profile import (
     run_tile,
     tile_plan,
 )
+from layerwise.strategies.cost.tables import LayerTiles
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.hardware.cluster import load_cluster
 from layerwise.strategies.hardware.this_machine import device_name
@@ -103,7 +104,7 @@ def test_every_tiny_cnn_layer_runs_on_its_tiles(tiny):
             assert tuple(run_tile(layer, tile).shape) == tile.output_shape, (layer.name, config)
         split = _some_configs(layer)[-1]
         times = measure_tile(layer, largest_tile(layer, split), **FAST)
-        assert times.passes > 0
+        assert 0 < times.forward < times.passes
         assert (times.update > 0) == bool(layer.param_count), layer.name
     assert kinds == {"conv", "pool", "adaptive_pool", "add", "flatten", "linear"}
 
@@ -221,6 +222,25 @@ def test_profile_covers_every_config_of_every_layer(tiny, tiny_profile):
     assert profile.structure_hash == tiny.structure_hash
     assert profile.device_type == "cpu" and profile.method == "monotonic-median"
     assert profile.device_name == device_name("cpu")
+
+
+def test_the_measured_forward_prices_a_recomputed_tile(tiny, tiny_profile):
+    """Recomputing a tile costs its measured forward, which the profile keeps for every tile it
+    times; a profile from before forwards were recorded falls back to one of the roofline's
+    passes of the measured forward + backward."""
+    profile, _ = tiny_profile
+    layer = tiny.by_name["block_conv1"]
+    configs = enumerate_configs(layer, 2)
+    tiles = LayerTiles(layer)
+    forwards = ProfiledCompute(profile).configs_forward_seconds(layer, tiles, configs)
+    for config, forward in zip(configs, forwards, strict=True):
+        key = largest_tile(layer, config).key
+        assert forward == profile.forward_seconds[layer.name][key]
+        assert 0 < forward < profile.seconds[layer.name][key]
+    older = Profile.model_validate_json(profile.model_dump_json(exclude={"forward_seconds"}))
+    assert older.forward_seconds == {}
+    shares = ProfiledCompute(older).configs_forward_seconds(layer, tiles, configs)
+    assert list(shares) == [t_c(profile, layer, config) / 3 for config in configs]
 
 
 def test_reusing_a_complete_profile_measures_nothing(tiny, tiny_profile):

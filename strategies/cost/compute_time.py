@@ -57,6 +57,11 @@ class ComputeSource(Protocol):
         """The SGD update of each config's largest weight shard."""
         ...
 
+    def configs_forward_seconds(self, layer: Layer, tiles: LayerTiles,
+                                configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """The forward alone of each config's largest tile (a recomputed layer's extra)."""
+        ...
+
 
 # A memory-bound SGD-with-momentum update reads weight, gradient and momentum and writes weight
 # and momentum (weight decay reuses the weight it reads).
@@ -112,6 +117,11 @@ class AnalyticCompute:
     def configs_update_seconds(self, layer: Layer, tiles: LayerTiles,
                                configs: Sequence[ParallelConfig]) -> np.ndarray:
         return np.asarray(self.weight_update(layer, tiles.volumes(configs).params), dtype=float)
+
+    def configs_forward_seconds(self, layer: Layer, tiles: LayerTiles,
+                                configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """One of the roofline's passes (`passes`)."""
+        return self.configs_seconds(layer, tiles, configs) / passes(layer)
 
     def weight_update(self, layer: Layer, param_elements: np.ndarray) -> np.ndarray:
         """The SGD update of shards of `param_elements` weights (one entry per tile)."""
@@ -178,3 +188,16 @@ class ProfiledCompute:
                                configs: Sequence[ParallelConfig]) -> np.ndarray:
         return np.array([self.update_seconds(layer, tiles.largest(config))
                          for config in configs])
+
+    def configs_forward_seconds(self, layer: Layer, tiles: LayerTiles,
+                                configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """The measured forward; a profile from before forwards were recorded gives one of
+        the roofline's passes of the measured forward + backward instead."""
+        forwards = []
+        for config in configs:
+            tile = tiles.largest(config)
+            measured = (self.profile.tile_forward_seconds(layer.name, tile.key)
+                        if layer.kind != "input" else 0.0)
+            forwards.append(measured if measured is not None
+                            else self.tile_seconds(layer, tile) / passes(layer))
+        return np.array(forwards)

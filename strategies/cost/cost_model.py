@@ -48,7 +48,7 @@ from typing import Literal
 import numpy as np
 
 from layerwise.strategies.breakdown import Breakdown
-from layerwise.strategies.cost.compute_time import ComputeSource, passes
+from layerwise.strategies.cost.compute_time import ComputeSource
 from layerwise.strategies.cost.tables import LayerTiles, TransferTables
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.hardware.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
@@ -165,8 +165,9 @@ class CostModel:
 
     def recompute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """What recomputing each config's tile forward in the backward adds to t_c: the
-        forward's share of the tile's forward + backward (`forward_share`)."""
-        return self.pass_seconds(layer, configs) * forward_share(layer)
+        tile's forward, measured by the profile (the device model's or roofline's share of
+        the pass without one)."""
+        return self.compute.configs_forward_seconds(layer, self.tiles(layer), configs)
 
     def update_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """The SGD update of each config's largest weight shard (once per step)."""
@@ -425,12 +426,6 @@ class GroupLinks:
 
     slowest: Link
     server: tuple[Link, ...]
-
-
-def forward_share(layer: Layer) -> float:
-    """The forward's share of a tile's forward + backward: one of the roofline's passes
-    (`compute_time.passes`)."""
-    return 1 / passes(layer)
 
 
 def _batch_norms(layer: Layer) -> int:

@@ -15,7 +15,8 @@ never needed (a meta-device model works).
 
 Many configs share a tile (`TileWork.key`): each distinct key of each layer is measured once. A
 `Profile` holds the medians, layer name -> tile key -> seconds (forward + backward in
-`seconds`, the update in `update_seconds`), with the identity of what was measured (model
+`seconds`, the update in `update_seconds`, the forward alone in `forward_seconds`: what
+recomputing the tile in the backward costs), with the identity of what was measured (model
 structure, global batch, device, torch version, dtype, and how many profilers ran at once). It
 is stored as JSON under data/profiles/, named so that a different model, batch, device, torch
 version or concurrency gets its own file; `profile_graph(existing=...)` extends a profile with
@@ -38,7 +39,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
 
@@ -150,6 +150,8 @@ class Profile(BaseModel):
     repeats: int
     seconds: dict[str, dict[str, Seconds]]
     update_seconds: dict[str, dict[str, Seconds]]
+    # the forward alone, of the tiles measured since it was recorded (none in older files)
+    forward_seconds: dict[str, dict[str, Seconds]] = {}
     created: str
 
     @property
@@ -166,6 +168,10 @@ class Profile(BaseModel):
         """The measured forward + backward of one tile; LayerwiseError (one line) when it was
         not measured."""
         return self._lookup(self.seconds, layer_name, tile_key)
+
+    def tile_forward_seconds(self, layer_name: str, tile_key: str) -> float | None:
+        """The measured forward alone of one tile; None where the file predates it."""
+        return self.forward_seconds.get(layer_name, {}).get(tile_key)
 
     def tile_update_seconds(self, layer_name: str, tile_key: str) -> float:
         """The measured SGD update of one tile's weight shard (0 for a layer without weights);
@@ -531,20 +537,32 @@ def run_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu") -
 
 class TileTimes(NamedTuple):
     """Median seconds of one tile's training step, in its two parts: forward + backward (run
-    once per micro-batch) and the SGD update of its weight shard (once per step)."""
+    once per micro-batch) and the SGD update of its weight shard (once per step); and the
+    forward alone (what recomputing the tile in the backward costs)."""
 
     passes: float
     update: float
+    forward: float = 0.0
 
 
-def _passes(program: TileProgram, grad_output: torch.Tensor) -> None:
-    """Forward and backward of the tile as a step runs them: the gradients cleared (set to
-    None, as zero_grad does), then backward into the leaves' .grad."""
-    for leaf in program.leaves:
-        leaf.grad = None
-    output = program.forward()
-    if output.requires_grad:
-        output.backward(grad_output)
+class _Passes:
+    """Forward and backward of the tile as a step runs them, timed apart: the forward with
+    the gradients cleared (set to None, as zero_grad does), then the backward into the leaves'
+    .grad."""
+
+    def __init__(self, program: TileProgram, grad_output: torch.Tensor) -> None:
+        self.program, self.grad_output = program, grad_output
+        self.output: torch.Tensor | None = None
+
+    def forward(self) -> None:
+        for leaf in self.program.leaves:
+            leaf.grad = None
+        self.output = self.program.forward()
+
+    def backward(self) -> None:
+        if self.output is not None and self.output.requires_grad:
+            self.output.backward(self.grad_output)
+        self.output = None
 
 
 def _cpu_times(parts: Sequence[Callable[[], None]], repeats: int, budget_s: float,
@@ -604,7 +622,8 @@ def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu
     program = build_tile(layer, tile, target, needs_input_grad)
     grad_output = torch.randn(tile.output_shape, generator=torch.Generator().manual_seed(1))
     grad_output = grad_output.to(target)
-    parts = [partial(_passes, program, grad_output)]
+    passes = _Passes(program, grad_output)
+    parts = [passes.forward, passes.backward]
     if program.params:
         optimizer = Sgd(program.params.values(), lr=UPDATE_LR, momentum=SGD_MOMENTUM,
                         weight_decay=SGD_WEIGHT_DECAY)  # the runtime's step
@@ -617,8 +636,10 @@ def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu
         else:
             _cpu_times(parts, warmup, budget_s)
             times = _cpu_times(parts, repeats, budget_s)
-    medians = [statistics.median(column) for column in zip(*times, strict=True)]
-    return TileTimes(medians[0], medians[1] if len(medians) > 1 else 0.0)
+    return TileTimes(passes=statistics.median(run[0] + run[1] for run in times),
+                     update=statistics.median(run[2] for run in times) if len(parts) > 2
+                     else 0.0,
+                     forward=statistics.median(run[0] for run in times))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -712,6 +733,8 @@ def profile_graph(
                (existing.seconds if existing is not None else {}).items()}
     updates = {layer: dict(tiles) for layer, tiles in
                (existing.update_seconds if existing is not None else {}).items()}
+    forwards = {layer: dict(tiles) for layer, tiles in
+                (existing.forward_seconds if existing is not None else {}).items()}
     rng_devices = [target.index or 0] if kind == "cuda" else []
     with _threads(threads), torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(0)  # dropout masks: the same inputs on every run
@@ -719,10 +742,11 @@ def profile_graph(
             grads = [producers[source].kind != "input" for source in layer.inputs]
             layer_seconds = seconds.setdefault(layer.name, {})
             layer_updates = updates.setdefault(layer.name, {})
+            layer_forwards = forwards.setdefault(layer.name, {})
             for key, tile in todo[layer.name].items():
                 if layer.kind != "input" and lockstep is not None:
                     lockstep()
-                layer_seconds[key], layer_updates[key] = measure_tile(
+                layer_seconds[key], layer_updates[key], layer_forwards[key] = measure_tile(
                     layer, tile, target, warmup, repeats, budget_s, grads)
             if progress is not None:
                 progress(done, len(graph.layers), layer.name)
@@ -746,6 +770,7 @@ def profile_graph(
         repeats=repeats,
         seconds=seconds,
         update_seconds=updates,
+        forward_seconds=forwards,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
@@ -803,6 +828,7 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
 
     return profiles[0].model_copy(update={
         "seconds": slowest("seconds"), "update_seconds": slowest("update_seconds"),
+        "forward_seconds": slowest("forward_seconds"),
         "method": f"{profiles[0].method}-{processes}-concurrent"})
 
 

@@ -14,7 +14,7 @@ is a lower bound of the constrained optimum (Lagrangian duality: every plan that
 bracket non-positive). Each L(lambda) is one run of the exact elimination with the multiplied bytes
 added to the node vectors. A layer may also recompute its forward in the backward: its tile then
 holds nothing of what its ops save for the backward (a_forward_end less those bytes) for the
-forward's share of its t_c more (cost_model.forward_share). The choice is the layer's own, touching
+tile's forward more (cost_model.recompute_seconds). The choice is the layer's own, touching
 no edge, so each node's entry is the cheaper of keeping and recomputing under the multipliers, and
 the elimination stays exact over the doubled space. The multipliers follow the subgradient of the
 exact predicted moments (Polyak's step towards the best plan that fits so far), so that a plan whose
