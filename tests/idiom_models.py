@@ -207,7 +207,11 @@ class Activations(nn.Module):
     """Activations of model libraries no list in layerwise names, taken by their elementwise
     nature: modules (Hardsigmoid, Mish, SELU, Softplus, CELU) and functions (F.hardswish,
     F.mish), each fused after a convolution that splits along every dim; with the volumes
-    model's leaky ReLU and average pool (cosmoflow2d's float64 verify is `make verify-zoo`'s)."""
+    model's leaky ReLU and average pool (cosmoflow2d's float64 verify is `make verify-zoo`'s);
+    and the gates of MobileNetV3's, EfficientNet's and RegNetY's blocks: a squeeze-and-excitation
+    scale [N, C, 1, 1] (pool to one pixel, a 1x1 conv down, ReLU, a 1x1 conv up, sigmoid) times
+    the feature map, a spatial gate [N, 1, H, W] (a one-channel conv, sigmoid) times it, and the
+    scale added back, each broadcast along the dims where it has size 1."""
 
     def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
         super().__init__()
@@ -220,12 +224,18 @@ class Activations(nn.Module):
         self.softplus = nn.Softplus(beta=2.0)
         self.conv4 = nn.Conv2d(8, 8, 3, padding=1)
         self.celu = nn.CELU(0.5)
+        self.squeeze = nn.Conv2d(8, 2, 1)
+        self.excite = nn.Conv2d(2, 8, 1)
+        self.spatial = nn.Conv2d(8, 1, 3, padding=1)
         self.pool = nn.AvgPool2d(2)
         self.leaky = nn.LeakyReLU(0.01)
         self.fc = nn.Linear(8, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.gate(self.conv1(x))
+        scale = torch.sigmoid(self.excite(F.relu(self.squeeze(F.adaptive_avg_pool2d(x, 1)))))
+        x = scale * x
+        x = x * torch.sigmoid(self.spatial(x)) + scale
         x = self.pool(F.hardswish(self.mish(self.conv2(x))))
         x = self.softplus(self.selu(self.conv3(x)))
         x = self.leaky(F.mish(self.celu(self.conv4(x))))

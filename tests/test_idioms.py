@@ -179,8 +179,9 @@ def test_activations_by_their_elementwise_nature_split_everywhere_exactly(
         tmp_path, workers_import_tests) -> None:
     """Hardsigmoid, Mish, SELU, Softplus, CELU, F.hardswish and F.mish, named by no list, fuse
     into their convolutions as elementwise ops, so every conv splits along n, c, h and w; the
-    strategies splitting them (and a leaky ReLU and an average pool, cosmoflow2d's) train equal
-    to one process in float64."""
+    gates multiply and add along every dim too, each tile reading all of a gate's broadcast
+    dims (their gradients summed back over the tiles); the strategies splitting them (and a
+    leaky ReLU and an average pool, cosmoflow2d's) train equal to one process in float64."""
     graph = build_graph("tests.idiom_models:Activations", batch=8, image_size=8)
     fused = {layer.name: [op.op for op in layer.fused] for layer in graph.layers}
     assert fused["conv1"] == ["Hardsigmoid"] and fused["conv2"] == ["Mish", "hardswish"]
@@ -188,7 +189,14 @@ def test_activations_by_their_elementwise_nature_split_everywhere_exactly(
     assert fused["conv4"] == ["CELU", "mish", "LeakyReLU"] and graph.by_name["pool"].kind == "pool"
     assert all(parallel_dims(graph.by_name[name]) == ("n", "c", "h", "w")
                and not graph.by_name[name].max_degrees
-               for name in ("conv1", "conv2", "conv3", "conv4"))
+               for name in ("conv1", "conv2", "conv3", "conv4", "mul", "mul_1", "add"))
+    # the gates broadcast: a squeeze-and-excitation scale along h and w, a spatial one along c
+    assert graph.by_name["mul"].input_shapes == ((8, 8, 1, 1), (8, 8, 8, 8))
+    assert graph.by_name["mul_1"].input_shapes == ((8, 8, 8, 8), (8, 1, 8, 8))
+    assert graph.by_name["add"].inputs == ("mul_1", "excite")
+    for name, degrees in (("spatial_h", (1, 1, 2, 1)), ("model", (1, 2, 1, 1))):
+        plan = baseline(name, graph, 2)
+        assert all(plan[layer].degrees == degrees for layer in ("mul", "mul_1", "add"))
     result = runner.invoke(app, ["verify", "tests.idiom_models:Activations", "--strategy",
                                  "layerwise,model,spatial_h,spatial_w", "--nproc", "2",
                                  "--image-size", "8", "--steps", "2",

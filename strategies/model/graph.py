@@ -728,9 +728,14 @@ class _Builder:
                           target: str) -> _Raw:
         out = _numel(common["output_shape"])
         if len(common["inputs"]) == 2:
-            if any(shape != common["output_shape"] for shape in common["input_shapes"]):
-                raise self._unsupported(node, f"{op} with broadcasting "
-                                        f"{common['input_shapes']} -> {common['output_shape']}")
+            output = common["output_shape"]
+            for shape in common["input_shapes"]:
+                if not _broadcasts(shape, output):
+                    raise self._unsupported(node, (
+                        f"{op} with broadcasting {common['input_shapes']} -> {output} (an "
+                        "input may broadcast along channels, height or width, as a gate "
+                        "[N, C, 1, 1] or [N, 1, H, W] does, not along the batch or from fewer "
+                        "dims)"))
             return _Raw(kind="add", op=op, target=target, param_shapes={}, flops=out, **common)
         if len(common["inputs"]) == 1:
             return _Raw(kind="elementwise", op=f"{op}_scalar", target=target, param_shapes={},
@@ -745,6 +750,15 @@ class _Builder:
             "add, cat, "
             "flatten and the mean over h and w"
         )
+
+
+def _broadcasts(shape: tuple[int, ...], output: tuple[int, ...]) -> bool:
+    """Whether a binary op's input of `shape` reaches its output's shape by broadcasting only
+    along dims after the batch where it has size 1 (a squeeze-and-excitation gate's
+    [N, C, 1, 1], a spatial gate's [N, 1, H, W]): each tile then needs that input's whole
+    extent, 1, along those dims (tiles.needed_range)."""
+    return (len(shape) == len(output) and shape[0] == output[0]
+            and all(size in (1, whole) for size, whole in zip(shape[1:], output[1:], strict=True)))
 
 
 def _fuse(raw_layers: list[_Raw], users: dict[str, int]) -> tuple[list[_Raw], dict[str, str]]:

@@ -268,7 +268,8 @@ def flatten(x: Tensor) -> Tensor:
 
 
 def binary(op: str, first: Tensor, second: Tensor) -> Tensor:
-    """add, sub or mul of two same-shaped tiles (graph.py's kind "add")."""
+    """add, sub or mul of two tiles (graph.py's kind "add"): of one shape, or one of them a
+    broadcast gate's tile of size 1 along the dims it broadcasts."""
     combine = _BINARY.get(op)
     if combine is None:
         raise ConfigError(f"binary op '{op}' is not one of {sorted(_BINARY)}")

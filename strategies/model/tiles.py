@@ -66,6 +66,8 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
             return out
         offset = sum(as_4d(shape)[dim] for shape in layer.input_shapes[:input_index])
         return (max(start - offset, 0), min(stop - offset, in_size))
+    if kind == "add" and in_size == 1 and as_4d(layer.output_shape)[dim] > 1:
+        return (0, 1)  # a broadcast input (graph.py's _broadcasts): every tile needs all of it
     geometry = layer.geometry
     if dim == 1:
         if kind == "conv" and geometry is not None:
