@@ -1,6 +1,7 @@
 """What recomputing costs and frees, measured against its prediction, side by side in one run.
 
     .venv/bin/python benchmarks/bench_recompute.py                      # resnet18, 2 processes
+    .venv/bin/python benchmarks/bench_recompute.py --profile            # t_c measured here
     .venv/bin/python benchmarks/bench_recompute.py --model resnet50 --image-size 64
     python3 benchmarks/bench_recompute.py --nproc 1 --image-size 224 --batch 32 \\
         --cluster h200x8                                                 # one GPU
@@ -10,7 +11,9 @@ stands, and with every layer that saves tensors for its backward (all but the ou
 the strategy file's `recompute` list. Both runs take --steps steps and report the median step and
 each rank's peak memory (the allocator's peak on CUDA, the step's tensors on the CPU); the memory
 model (strategies/cost/memory.py) and Eq. 1 (strategies/cost/cost_model.py, the recomputed layers'
-forward share added; t_c from the cluster's device model) predict both. Printed: per run the
+forwards added) predict both: t_c from the cluster's device model (a share of each pass for the
+forward), or with --profile from a profile measured first on --nproc profilers at once (`layerwise
+profile --processes`), whose forwards are timed apart. Printed: per run the
 measured and predicted peak of the fullest rank and the step, then the ratios recomputed / kept of
 each.
 """
@@ -18,6 +21,8 @@ each.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -55,6 +60,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="the global batch")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--cluster", default="local")
+    parser.add_argument("--profile", action="store_true",
+                        help="price t_c from a profile measured here first")
     args = parser.parse_args()
     console = Console(width=160)
     shape = {"image_size": args.image_size, "batch": args.batch, "cluster": args.cluster}
@@ -66,6 +73,13 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "run" else "right")
     measured: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-recompute-") as folder:
+        if args.profile:
+            profile = Path(folder) / "profile.json"
+            subprocess.run([sys.executable, "-m", "layerwise", "profile", args.model,
+                            "--devices", str(args.nproc), "--processes", str(args.nproc),
+                            "--image-size", str(args.image_size), "--batch", str(args.batch),
+                            "--out", str(profile)], check=True, capture_output=True)
+            shape["profile"] = str(profile)
         first = layerwise.train(args.model, args.strategy, nproc=args.nproc, steps=1,
                                 out=Path(folder) / "plan", **shape)
         graph = LayerGraph.model_validate_json((Path(folder) / "plan" / "graph.json")
