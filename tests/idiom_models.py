@@ -419,3 +419,40 @@ class DarknetBlocks(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.features(x).mean((2, 3)))
+
+
+class TinyUNet(nn.Module):
+    """An encoder-decoder written as MONAI's BasicUNet writes its blocks (not its code): two
+    conv-InstanceNorm-LeakyReLU per block, max pooling down, a stride-2 ConvTranspose2d up,
+    the skip concatenated with the upsampled map, then a 1x1 head; pooled to class scores,
+    as a training run needs one (batch, classes) tensor. Two levels, and a third
+    ConvTranspose2d with an odd kernel, padding and output padding."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+
+        def block(inputs: int, outputs: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(inputs, outputs, 3, padding=1), nn.InstanceNorm2d(outputs, affine=True),
+                nn.LeakyReLU(0.1),
+                nn.Conv2d(outputs, outputs, 3, padding=1), nn.InstanceNorm2d(outputs),
+                nn.LeakyReLU(0.1))
+
+        self.down0 = block(in_channels, 8)
+        self.down1 = block(8, 16)
+        self.bottom = block(16, 16)
+        self.up1 = nn.ConvTranspose2d(16, 16, 2, stride=2)
+        self.merge1 = block(32, 8)
+        self.up0 = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.merge0 = block(16, 8)
+        self.refine = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1)
+        self.head = nn.Conv2d(8, num_classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip0 = self.down0(x)
+        skip1 = self.down1(F.max_pool2d(skip0, 2))
+        bottom = self.bottom(F.max_pool2d(skip1, 2))
+        x = self.merge1(torch.cat([skip1, self.up1(bottom)], dim=1))
+        x = self.merge0(torch.cat([skip0, self.up0(x)], dim=1))
+        x = F.max_pool2d(self.refine(x), 2)
+        return self.head(x).mean((2, 3))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import layerwise
 from layerwise.flows.cli import app
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.exactness.reference import EXACT_TOLERANCE
@@ -34,6 +35,7 @@ from layerwise.strategies.model.space import (
     degree_choices,
     parallel_dims,
 )
+from layerwise.strategies.model.tiles import needed_range
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.schedules import INEXACT
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
@@ -237,3 +239,51 @@ def test_owt_schemes_hand_off_a_view_flatten(tmp_path, workers_import_tests) -> 
     divergences = json.loads(result.stdout)["divergences"]
     assert [d["strategy"] for d in divergences] == ["owt_a", "owt_b", "owt_c"]
     assert all(d["exact"] is True for d in divergences), divergences
+
+
+def test_an_encoder_decoder_traces_with_its_transposed_convs_and_instance_norms() -> None:
+    """A U-Net written as MONAI's BasicUNet writes its blocks: each ConvTranspose2d is a conv
+    layer reading a halo on its input side, held whole along c (its weight's output channels
+    are dim 1), and each InstanceNorm fuses into its conv, which still splits along h and w."""
+    graph = build_graph("tests.idiom_models:TinyUNet", batch=4, image_size=16)
+    plain = build_model("tests.idiom_models:TinyUNet", image_size=16)
+    assert graph.param_count == sum(p.numel() for p in plain.parameters())
+    up = graph.by_name["up1"]
+    assert up.kind == "conv" and up.geometry.transposed and up.max_degrees == {"c": 1}
+    assert up.output_shape == (4, 16, 8, 8) and up.input_shapes == ((4, 16, 4, 4),)
+    # stride 2, kernel 3, padding 1: input row i adds into output rows 2i - 1 .. 2i + 1, so
+    # output rows [4, 8) read input rows [2, 5) (row 4 reaches row 7) and rows [0, 3) [0, 2)
+    refine = graph.by_name["refine"]
+    assert needed_range(refine, 0, 2, (4, 8)) == (2, 5)
+    assert needed_range(refine, 0, 2, (0, 3)) == (0, 2)
+    block = graph.by_name["down0_0"]
+    assert [op.op for op in block.fused] == ["InstanceNorm2d", "LeakyReLU"]
+    assert parallel_dims(block) == ("n", "c", "h", "w") and not block.max_degrees
+
+
+@pytest.mark.slow
+def test_an_encoder_decoder_split_along_h_and_w_equals_one_process(
+        tmp_path, workers_import_tests) -> None:
+    """Its transposed convolutions, InstanceNorms (statistics summed over each plane's tiles),
+    skip concatenations and pools split along h, along w and as searched train equal to one
+    process in float64 on 4 processes; split along h, the statistics' all-reduces move the
+    bytes predicted."""
+    result = runner.invoke(app, ["verify", "tests.idiom_models:TinyUNet", "--strategy",
+                                 "layerwise,spatial_h,spatial_w,data", "--nproc", "4",
+                                 "--image-size", "16", "--steps", "2",
+                                 "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert {d["strategy"] for d in report["divergences"]} == {
+        "layerwise", "spatial_h", "spatial_w", "data"}
+    for divergence in report["divergences"]:
+        assert divergence["exact"] is True, divergence
+    graph = build_graph("tests.idiom_models:TinyUNet", batch=16, image_size=16)
+    split = baseline("spatial_h", graph, 4)
+    assert split["up0"].degrees == (1, 1, 4, 1) and split["down0_0"].degrees == (1, 1, 4, 1)
+    # the InstanceNorms' statistics all-reduces move exactly the bytes the cost model prices
+    run = layerwise.train("tests.idiom_models:TinyUNet", "spatial_h", nproc=4, steps=1,
+                          out=tmp_path / "run", image_size=16, batch_per_device=4)
+    assert run.bytes_per_step == run.predicted_bytes_per_step
+    assert all(layer["sync"] for name, layer in run.bytes_per_step_by_layer.items()
+               if name.startswith(("down", "bottom", "merge")))

@@ -187,6 +187,9 @@ class CostModel:
         seconds = np.zeros(len(configs))
         total_bytes = np.zeros(len(configs), dtype=np.int64)
         norms = _batch_norms(layer) if self.batch_norm_statistics == "synced" else 0
+        instance = _instance_norms(layer)
+        if instance:
+            self._instance_sync(layer, configs, instance, seconds, total_bytes)
         if not layer.param_count and not norms:
             return seconds, total_bytes
         out_channels = as_4d(layer.output_shape)[1]
@@ -201,7 +204,7 @@ class CostModel:
             # every device of a ring sends 2(r-1) chunks of 1/r of its shard; the shards of
             # all groups add up to the layer's weights; the parameter server moves as much
             reduced = param_count + statistics * out_channels
-            total_bytes[row] = 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
+            total_bytes[row] += 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
             worst = 0.0
             ranges = output_ranges(layer, 1, config.c)
             if self._shared_ports and self.cluster.sync == "parameter_server" and param_count:
@@ -217,8 +220,29 @@ class CostModel:
                         param_count * (c_stop - c_start) // out_channels, c_stop - c_start,
                         replicas, self._link_groups[links], norms)
                 worst = max(worst, self._group_seconds[key])
-            seconds[row] = worst
+            seconds[row] += worst
         return seconds, total_bytes
+
+    def _instance_sync(self, layer: Layer, configs: Sequence[ParallelConfig], instance: int,
+                       seconds: np.ndarray, total_bytes: np.ndarray) -> None:
+        """Add the InstanceNorms' statistics sync under each config that splits h or w: per
+        InstanceNorm one all-reduce forward (sums and second moments) and one backward (sums
+        of dy and dy * x_hat), each of 2 values per (sample, channel) of the tile, over the
+        devices holding one plane's tiles (ops.sync_instance_norm)."""
+        batch, channels = as_4d(layer.output_shape)[:2]
+        for row, config in enumerate(configs):
+            planes = config.h * config.w
+            if planes == 1:
+                continue
+            values = 2 * -(-batch // config.n) * -(-channels // config.c)
+            groups = np.array(config.devices).reshape(config.n * config.c, planes)
+            slowest = max((self.cluster.slowest_link(group.tolist()) for group in groups),
+                          key=lambda link: link.allreduce_seconds(values * BYTES_PER_ELEMENT,
+                                                                  planes))
+            seconds[row] += 2 * instance * slowest.allreduce_seconds(
+                values * BYTES_PER_ELEMENT, planes)
+            total_bytes[row] += (2 * instance * 2 * (planes - 1) * 2 * batch * channels
+                                 * BYTES_PER_ELEMENT)
 
     def _group_sync_seconds(self, shard: int, channels: int, replicas: int,
                             links: GroupLinks, norms: int) -> float:
@@ -426,6 +450,12 @@ class GroupLinks:
 
     slowest: Link
     server: tuple[Link, ...]
+
+
+def _instance_norms(layer: Layer) -> int:
+    """InstanceNorms a layer runs (fused into it, or the layer itself)."""
+    ops = [layer.op, *(fused.op for fused in layer.fused)]
+    return sum(op.startswith("InstanceNorm") for op in ops)
 
 
 def _batch_norms(layer: Layer) -> int:

@@ -378,7 +378,7 @@ def _conv_backward(layer: Layer, box: Box, input_elements: int, input_channels: 
 
 def _whole_padded(layer: Layer) -> int:
     """Elements of the layer's input padded on every side: no tile's padded copy is larger."""
-    if layer.kind not in ("conv", "pool") or layer.geometry is None:
+    if layer.kind not in ("conv", "pool") or layer.geometry is None or layer.geometry.transposed:
         return 0
     n, c, h, w = as_4d(layer.input_shapes[0])
     padding = layer.geometry.padding
@@ -388,8 +388,9 @@ def _whole_padded(layer: Layer) -> int:
 def _padded_copy(layer: Layer, box: Box, needed: Box) -> int:
     """Elements of the padded copy a conv or pool tile makes of its needed box (ops.py's
     `_pad_borders`): one whose rows or columns are not whole pads the tensor's border itself,
-    and the op saves that copy for its backward. 0 where the op pads or needs no padding."""
-    if layer.kind not in ("conv", "pool") or layer.geometry is None:
+    and the op saves that copy for its backward. 0 where the op pads or needs no padding, and
+    for a transposed convolution, whose tile crops its output instead."""
+    if layer.kind not in ("conv", "pool") or layer.geometry is None or layer.geometry.transposed:
         return 0
     in_hw = as_4d(layer.input_shapes[0])[2:]
     if not pads_a_copy(box, (in_hw[0], in_hw[1]), layer.geometry):

@@ -457,6 +457,10 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
         return _batch_norm(layer, tile, prefix, device)
     if op in ("GroupNorm", "group_norm"):
         return _group_norm(prefix)
+    if op == "InstanceNorm2d":
+        return lambda x, params: ops.sync_instance_norm(
+            x, params.get(f"{prefix}weight"), params.get(f"{prefix}bias"), BATCH_NORM_EPS,
+            x.shape[2] * x.shape[3], None)
     if op.partition("(")[0] in ("LayerNorm", "layer_norm"):
         return lambda x, params: ops.layer_norm(x, params.get(f"{prefix}weight"),
                                                 params.get(f"{prefix}bias"), BATCH_NORM_EPS,

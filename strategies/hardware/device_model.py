@@ -147,12 +147,30 @@ def layer_gemms(rows: np.ndarray, out_channels: np.ndarray, in_rows: np.ndarray,
             Gemm(out_channels, np.full(np.shape(out_channels), reduction), rows))
 
 
+def transposed_gemms(layer: Layer, out_elements: np.ndarray, out_channels: np.ndarray,
+                     input_elements: np.ndarray) -> tuple[Gemm, Gemm, Gemm]:
+    """A transposed convolution's forward, backward data and backward weights GEMMs: those of
+    the convolution it is the adjoint of (from its output to its input), the forward and the
+    backward data swapped. Its channels are whole (graph.py), one count per tile."""
+    geometry = layer.geometry
+    assert geometry is not None
+    in_channels = as_4d(layer.input_shapes[0])[1]
+    channels = int(np.max(out_channels))
+    adjoint = layer_gemms(np.asarray(input_elements) // in_channels,
+                          np.full(np.shape(out_channels), in_channels),
+                          out_elements // np.maximum(out_channels, 1), channels,
+                          geometry.kernel[0] * geometry.kernel[1], geometry.groups,
+                          geometry.stride[0] * geometry.stride[1])
+    return adjoint[1], adjoint[0], adjoint[2]
+
+
 def winograd(layer: Layer) -> bool:
     """Whether the layer is a convolution that cuDNN runs by Winograd: 3x3, stride 1, no
     dilation, no groups."""
     geometry = layer.geometry
-    return (layer.kind == "conv" and geometry is not None and geometry.kernel == (3, 3)
-            and geometry.stride == (1, 1) and geometry.dilation == (1, 1) and geometry.groups == 1)
+    return (layer.kind == "conv" and geometry is not None and not geometry.transposed
+            and geometry.kernel == (3, 3) and geometry.stride == (1, 1)
+            and geometry.dilation == (1, 1) and geometry.groups == 1)
 
 
 def convolution_efficiencies(by_winograd: bool, strided: bool) -> tuple[float, float, float]:
@@ -288,6 +306,8 @@ class DeviceModel:
                 geometry.kernel[0] * geometry.kernel[1] if geometry else 1,
                 geometry.groups if geometry else 1,
                 geometry.stride[0] * geometry.stride[1] if geometry else 1)
+            if geometry is not None and geometry.transposed:
+                gemms = transposed_gemms(layer, out_elements, out_channels, input_elements)
             filtered = forward_flops / (WINOGRAD_MULTIPLY_REDUCTION if winograd(layer) else 1)
             compute = sum(self.layer_gemm_seconds(filtered, gemms, op_kind_efficiencies(layer)))
             passes = 3

@@ -6,13 +6,14 @@ becomes a layer with its kind, output shape, parameter shapes, forward FLOPs and
 geometry the cost model and the halo exchange need.
 
 Fusion (Jia et al. 2018 treat these as part of the layer that produces their input): an
-elementwise op with one input (BatchNorm, GroupNorm, LayerNorm, ReLU and other activations, Dropout,
-Identity, scalar arithmetic, and any other module or function found elementwise by running it:
-strategies/model/elementwise.py) is fused into its producer when that producer has no other
-consumer and is not the network input. Fused ops keep their names and order in `Layer.fused`; the
-producer's output shape does not change. Everything else (conv, linear, pool, the mean over h
-and w, add, concat, flatten) is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`)
-is none, but runs with the layer that reads it (`Layer.reads`).
+elementwise op with one input (BatchNorm, GroupNorm, InstanceNorm, LayerNorm, ReLU and other
+activations, Dropout, Identity, scalar arithmetic, and any other module or function found
+elementwise by running it: strategies/model/elementwise.py) is fused into its producer when that
+producer has no other consumer and is not the network input. Fused ops keep their names and
+order in `Layer.fused`; the producer's output shape does not change. Everything else (conv and
+transposed conv, linear, pool, the mean over h and w, add and broadcast gates, concat, flatten)
+is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`) is none, but runs with the
+layer that reads it (`Layer.reads`).
 
 LayerNorm over the channels alone, written as ConvNeXt does (`x.permute(0, 2, 3, 1)`, then
 `nn.LayerNorm(C)` or `F.layer_norm(..., (C,))`, then `.permute(0, 3, 1, 2)`), is one layer on the
@@ -23,7 +24,9 @@ Some ops limit the degree of their layer along some dims (`Layer.max_degrees`, 1
 with the reason): GroupNorm's statistics span a group's channels and the whole plane (a channel
 split keeps whole groups), LayerNorm's span every value of a sample or, over the channels alone,
 every channel of a position; a reflect or replicate padding is applied by the tiles on the border,
-which must hold the rows it mirrors, and a circular one reads the opposite border (h, w whole).
+which must hold the rows it mirrors, and a circular one reads the opposite border (h, w whole);
+a transposed convolution keeps c whole (its weight's output channels are dim 1). InstanceNorm
+splits along every dim: the tiles of one plane sum their statistics (ops.sync_instance_norm).
 A module with weights called twice (shared weights) is refused here, so that every command
 refuses it before anything is priced or launched.
 """
@@ -118,6 +121,9 @@ class Geometry(BaseModel):
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
     ceil_mode: bool = False
+    # a transposed convolution (ConvTranspose2d): each input position spreads over a window of
+    # the output, so an output tile needs the input rows whose windows reach it
+    transposed: bool = False
 
 
 class FusedOp(BaseModel):
@@ -249,7 +255,8 @@ class LayerGraph(BaseModel):
                 [list(shape[1:]) for shape in layer.input_shapes],
                 list(layer.output_shape[1:]),
                 sorted((key, list(shape)) for key, shape in layer.param_shapes.items()),
-                layer.geometry.model_dump() if layer.geometry else None,
+                layer.geometry.model_dump(exclude=None if layer.geometry.transposed
+                                          else {"transposed"}) if layer.geometry else None,
                 layer.concat_dim,
             ]
             for layer in self.layers
@@ -540,8 +547,18 @@ class _Builder:
                 raw.limit(*_padding_limits(geometry, module.padding_mode,
                                            common["input_shapes"][0], common["output_shape"]))
             return raw
+        if isinstance(module, nn.ConvTranspose2d):
+            return self._conv_transpose(node, common, module, op, target, params)
         if isinstance(module, nn.GroupNorm):
             return self._group_norm(common, op, target, params, module.num_groups)
+        if isinstance(module, nn.InstanceNorm2d):
+            if module.track_running_stats:
+                raise self._unsupported(node, f"{op}(track_running_stats=True) (running "
+                                        "statistics of an instance norm; the default False "
+                                        "normalises every sample by its own)")
+            # per (sample, channel) statistics over the plane: the tiles of one plane sum
+            # theirs (ops.sync_instance_norm), so it splits along every dim
+            return _norm(common, op, target, params, {}, "")
         if isinstance(module, nn.LayerNorm):
             return self._layer_norm(node, common, op, target, params,
                                     tuple(module.normalized_shape))
@@ -680,6 +697,26 @@ class _Builder:
         return _Raw(kind="adaptive_pool", op="mean", target=target, param_shapes={},
                     flops=_numel(common["input_shapes"][0]), **common)
 
+    def _conv_transpose(self, node: fx.Node, common: dict[str, Any],
+                        module: nn.ConvTranspose2d, op: str, target: str,
+                        params: dict[str, tuple[int, ...]]) -> _Raw:
+        """ConvTranspose2d: every input position adds its kernel window into the output, so an
+        output tile needs the input rows whose windows reach it, a halo on the input side
+        (tiles.needed_range); its output padding (or an output_size given to the call) is read
+        off the traced output shape. A channel split is held: its weight keeps the output
+        channels in dim 1, which the weight shards (rows of dim 0) do not cut."""
+        geometry = Geometry(kernel=_pair(module.kernel_size), stride=_pair(module.stride),
+                            padding=_pair(module.padding), dilation=_pair(module.dilation),
+                            groups=module.groups, transposed=True)
+        per_input = 2 * (module.out_channels // module.groups) * _numel(geometry.kernel)
+        flops = (per_input * _numel(common["input_shapes"][0])
+                 + (_numel(common["output_shape"]) if module.bias is not None else 0))
+        raw = _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
+                   geometry=geometry, **common)
+        raw.limit({"c": 1}, f"{op} keeps its weight's output channels in dim 1, which the "
+                  "weight shards do not cut, so c stays whole")
+        return raw
+
     def _group_norm(self, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
         """GroupNorm: per-sample statistics over each group's channels and the whole h/w
@@ -746,7 +783,8 @@ class _Builder:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
-            "Conv2d, Linear, pooling, BatchNorm, GroupNorm, LayerNorm, activations, dropout, "
+            "Conv2d, ConvTranspose2d, Linear, pooling, BatchNorm, GroupNorm, InstanceNorm, "
+            "LayerNorm, activations, dropout, "
             "add, cat, "
             "flatten and the mean over h and w"
         )

@@ -153,6 +153,40 @@ def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
     return torch.cat(pieces, dim=1)
 
 
+def conv_transpose(x: Tensor, out_box: Box, in_start_hw: tuple[int, int], weight: Tensor,
+                   bias: Tensor | None, geometry: Geometry) -> Tensor:
+    """Rows/cols out_box of a conv_transpose2d (every channel: graph.py holds c whole) from
+    the needed input box x, whose first row and column are global `in_start_hw`.
+
+    The box's whole transposed convolution, unpadded, puts input row i0 + u's window at output
+    rows (i0 + u) * stride - padding + j * dilation, so global output row o sits at local row
+    o - i0 * stride + padding: the tile is that crop. Rows past the box's reach (the output
+    padding at the bottom, or a tile no input reaches) get no contribution, as in the full
+    op: zeros, then the bias.
+    """
+    shape = [x.shape[0], weight.shape[1] * geometry.groups]
+    if x.shape[2] and x.shape[3]:
+        full = F.conv_transpose2d(x, weight, None, geometry.stride, 0, 0, geometry.groups,
+                                  geometry.dilation)
+    else:
+        full = x.new_zeros((*shape, 0, 0))
+    starts, pads = [], []
+    for axis in (0, 1):
+        first = (out_box[2 + axis][0] - in_start_hw[axis] * geometry.stride[axis]
+                 + geometry.padding[axis])
+        length = out_box[2 + axis][1] - out_box[2 + axis][0]
+        # a stride past the dilated kernel leaves rows no window reaches, before or after
+        before, after = max(-first, 0), max(first + length - full.shape[2 + axis], 0)
+        starts.append(first + before)
+        pads.append((before, after))
+    if any(any(pad) for pad in pads):
+        full = F.pad(full, (*pads[1], *pads[0]))
+    top, left = starts
+    tile = full[:, :, top:top + out_box[2][1] - out_box[2][0],
+                left:left + out_box[3][1] - out_box[3][0]]
+    return tile if bias is None else tile + bias.view(1, -1, 1, 1)
+
+
 def _avg_divisors(out: Range, kernel: int, stride: int, padding: int, in_size: int,
                   count_include_pad: bool, like: Tensor) -> Tensor:
     """torch's avg_pool2d divisor along one axis for output positions [start, stop).
@@ -334,6 +368,24 @@ class _SyncBatchNorm(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None, None
 
 
+def sync_instance_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                       plane: int, reduce: Reduce | None) -> Tensor:
+    """InstanceNorm (statistics per sample and channel over the whole h/w plane of `plane`
+    values) of a tile holding part of each plane: a BatchNorm of the tile viewed as one sample
+    of n * c channels, its statistics summed over the plane's tiles by `reduce` (_SyncBatchNorm:
+    one all-reduce forward, one backward), or the tile's own when it holds the whole plane.
+    The affine weight and bias, per channel, are repeated for each sample."""
+    samples, channels = x.shape[:2]
+    flat = x.reshape(1, samples * channels, *x.shape[2:])
+    scale = None if weight is None else weight.repeat(samples)
+    shift = None if bias is None else bias.repeat(samples)
+    if reduce is None:
+        out = F.batch_norm(flat, None, None, scale, shift, True, 0.0, eps)
+    else:
+        out = _SyncBatchNorm.apply(flat, scale, shift, plane, eps, reduce)[0]
+    return out.reshape(x.shape)
+
+
 def sync_batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
                     running_mean: Tensor | None, running_var: Tensor | None,
                     momentum: float, eps: float, count: int, reduce: Reduce) -> Tensor:
@@ -435,6 +487,11 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
     if kind == "concat":
         return concat(inputs, layer.concat_dim or 0)
     assert first is not None
+    if kind == "conv" and layer.geometry is not None and layer.geometry.transposed:
+        assert weight is not None
+        return conv_transpose(first, box, (needed_range(layer, 0, 2, box[2])[0],
+                                           needed_range(layer, 0, 3, box[3])[0]),
+                              weight, bias, layer.geometry)
     if kind == "conv":
         assert weight is not None and layer.geometry is not None
         in_channel_start = needed_range(layer, 0, 1, box[1])[0]

@@ -49,6 +49,16 @@ def _window(start: int, stop: int, kernel: int, stride: int, padding: int, dilat
     return (max(first, 0), min(last + 1, size))
 
 
+def _transposed_window(start: int, stop: int, kernel: int, stride: int, padding: int,
+                       dilation: int, size: int) -> Range:
+    """Input rows whose windows reach output rows [start, stop) of a transposed convolution
+    (input row i adds into output rows i * stride - padding + j * dilation, j < kernel),
+    clipped to [0, size)."""
+    first = -(-(start + padding - dilation * (kernel - 1)) // stride)
+    last = (stop - 1 + padding) // stride
+    return (max(first, 0), min(last + 1, size))
+
+
 def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
     """The range along `dim` of input `input_index` that output range `out` needs.
 
@@ -80,7 +90,8 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
         return out
     if kind in ("conv", "pool") and geometry is not None:
         axis = dim - 2
-        return _window(start, stop, geometry.kernel[axis], geometry.stride[axis],
+        window = _transposed_window if geometry.transposed else _window
+        return window(start, stop, geometry.kernel[axis], geometry.stride[axis],
                        geometry.padding[axis], geometry.dilation[axis], in_size)
     if kind == "adaptive_pool":
         out_size = as_4d(layer.output_shape)[dim]

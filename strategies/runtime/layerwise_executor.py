@@ -218,6 +218,18 @@ class LayerwiseModel(ShardedModel):
         module = self._submodules.get(node.name)
         if isinstance(module, BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))
+        if isinstance(module, nn.InstanceNorm2d):  # statistics summed over the plane's tiles
+            shards = state.modules.get(str(node.target), {})
+            weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None
+                            for key in ("weight", "bias"))
+            group = state.plan.plane_group(self.rank)
+            sizes = as_4d(layer.output_shape)
+
+            def reduce(values: torch.Tensor) -> torch.Tensor:
+                return self.comm.all_reduce(values, group, (layer.name, "sync"))
+
+            return ops.sync_instance_norm(tile, weight, bias, module.eps, sizes[2] * sizes[3],
+                                          reduce if len(group) > 1 else None)
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
             shards = state.modules.get(str(node.target), {})
             weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None

@@ -119,6 +119,13 @@ class LayerPlan:
             if (t.index[0], t.index[2], t.index[3]) == (index[0], index[2], index[3])
         ))
 
+    def plane_group(self, device: int) -> tuple[int, ...]:
+        """Devices holding the other h/w tiles of `device`'s samples and channels: those an
+        InstanceNorm's statistics are summed over."""
+        index = self.tiles[device].index
+        return tuple(sorted(t.device for t in self.tiles.values()
+                            if t.index[:2] == index[:2]))
+
     def replica_groups(self) -> list[tuple[int, ...]]:
         return sorted({self.replica_group(device) for device in self.tiles})
 
