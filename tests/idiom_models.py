@@ -456,3 +456,28 @@ class TinyUNet(nn.Module):
         x = self.merge0(torch.cat([skip0, self.up0(x)], dim=1))
         x = F.max_pool2d(self.refine(x), 2)
         return self.head(x).mean((2, 3))
+
+
+class Upsampling(nn.Module):
+    """A decoder upsampling as model libraries write it (MONAI's and segmentation heads'
+    "nontrainable" upsampling): nn.Upsample by a scale factor (nearest; bilinear with and
+    without align_corners) and F.interpolate to another tensor's size or by a fractional
+    factor, with convolutions and a skip concatenation between them; pooled to class scores."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 8, 3, stride=2, padding=1)
+        self.nearest = nn.Upsample(scale_factor=2, mode="nearest")
+        self.smooth = nn.Conv2d(8, 8, 3, padding=1)
+        self.cornered = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+        self.fuse = nn.Conv2d(16, 8, 3, padding=1)
+        self.bilinear = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = F.relu(self.smooth(self.nearest(F.relu(self.stem(x)))))
+        down = F.max_pool2d(up, 2)
+        sized = F.interpolate(down, size=up.shape[2:], mode="bilinear", align_corners=False)
+        x = F.relu(self.fuse(torch.cat([self.cornered(down), sized], dim=1)))
+        x = F.interpolate(self.bilinear(x), scale_factor=1.5, mode="nearest")
+        return self.fc(x.mean((2, 3)))

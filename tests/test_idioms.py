@@ -287,3 +287,38 @@ def test_an_encoder_decoder_split_along_h_and_w_equals_one_process(
     assert run.bytes_per_step == run.predicted_bytes_per_step
     assert all(layer["sync"] for name, layer in run.bytes_per_step_by_layer.items()
                if name.startswith(("down", "bottom", "merge")))
+
+
+def test_upsampling_reads_the_rows_its_interpolation_weights_reach() -> None:
+    """nn.Upsample and F.interpolate are layers of their own, each output tile needing the
+    input rows torch's interpolation weights reach: half the rows of a 2x nearest upsampling
+    read their own half of the input; a bilinear one one row past it (align_corners or not),
+    which the halo exchange brings; a fractional nearest factor (1.5) its own share again."""
+    graph = build_graph("tests.idiom_models:Upsampling", batch=4, image_size=16)
+    reads = {name: (needed_range(graph.by_name[name], 0, 2, (0, size // 2)),
+                    needed_range(graph.by_name[name], 0, 2, (size // 2, size)))
+             for name, size in (("nearest", 16), ("interpolate", 16), ("cornered", 16),
+                                ("bilinear", 32), ("interpolate_1", 48))}
+    assert reads == {"nearest": ((0, 4), (4, 8)), "interpolate": ((0, 5), (3, 8)),
+                     "cornered": ((0, 5), (3, 8)), "bilinear": ((0, 9), (7, 16)),
+                     "interpolate_1": ((0, 16), (16, 32))}
+    assert graph.by_name["cornered"].op == "Upsample(bilinear, align_corners=True)"
+    assert graph.by_name["interpolate"].resize.scales == (None, None)  # given a size
+    assert graph.by_name["interpolate_1"].resize.scales == (1.5, 1.5)
+    assert all(graph.by_name[name].kind == "resize" and not graph.by_name[name].max_degrees
+               for name in reads)
+
+
+@pytest.mark.slow
+def test_upsampling_split_along_h_and_w_equals_one_process(tmp_path, workers_import_tests
+                                                            ) -> None:
+    """Nearest and bilinear upsampling tiles (both align_corners, by a factor or to a size)
+    train equal to one process in float64 on 4 processes under every split of h, w and c."""
+    result = runner.invoke(app, ["verify", "tests.idiom_models:Upsampling", "--strategy",
+                                 "layerwise,spatial_h,spatial_w,model", "--nproc", "4",
+                                 "--image-size", "16", "--steps", "2",
+                                 "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    divergences = json.loads(result.stdout)["divergences"]
+    assert len(divergences) == 4
+    assert all(divergence["exact"] is True for divergence in divergences), divergences

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.ops import border_padding, pads_a_copy
+from layerwise.strategies.model.resize import resize_taps
 from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.tiles import (
     Box,
@@ -90,10 +91,15 @@ class DeviceMemory(BaseModel):
     backward_gradients: int  # the weight gradients made so far
     pending_gradients: int  # output gradients waiting for their layer's backward
     workspace: int  # the call's own tensors
+    # what a layer's forward holds for a moment beyond the forward's end (an upsampling tile's
+    # gathered rows), where that moment is fuller than the end
+    forward_workspace: int = 0
 
     @property
     def forward_end(self) -> int:
-        return self.weights + self.momentum + self.buckets + self.inputs + self.kept + self.saved
+        """The forward's fullest moment: its end, or a tile's forward transient before it."""
+        return (self.weights + self.momentum + self.buckets + self.inputs + self.kept
+                + self.saved + self.forward_workspace)
 
     @property
     def backward_end(self) -> int:
@@ -218,6 +224,8 @@ def any_plan_bound(graph: LayerGraph, element_bytes: int) -> int:
                     + inputs  # input gradients
                     + 2 * (saved + padded)  # saved, and again while a chained backward holds it
                     + (1 + len(layer.fused)) * out + inputs)  # the backward's gradients
+        if layer.kind == "resize":  # a tile's gathered rows and their gradients, at most
+            elements += 4 * out + 2 * inputs
         if layer.kind == "conv":  # its own backward, its tiles' channels blocked at worst
             channels = as_4d(layer.input_shapes[0])[1]
             elements += (out * max(16, -(-box[1][1] // 16) * 16) // box[1][1]
@@ -274,6 +282,11 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
             # the main op's own backward: its fused ops' saved tensors are freed by then, its
             # own saved input (the padded copy) is not
             main_op = padded + (box_volume(box) + inputs) * element_bytes
+            forward_extra = 0
+            if layer.kind == "resize":
+                forward_extra, backward = _resize_workspaces(layer, box, needed[layer.inputs[0]])
+                main_op = (box_volume(box) + backward) * element_bytes
+                forward_extra *= element_bytes
             if layer.kind == "conv":
                 first = needed[layer.inputs[0]]
                 main_op = padded + (box_volume(box) + _conv_backward(
@@ -287,7 +300,7 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
                 # (in the backward's order) that sends one back, on an edge that is a leaf
                 waits_from=max((position[consumer] for consumer in graph.consumers[layer.name]
                                 if chains.get(consumer) != layer.name), default=-1),
-                output=own.output))
+                output=own.output, forward_extra=forward_extra))
     return tuple(_device_memory(device, static[device], records[device], position, call,
                                 step_input_bytes(graph, element_bytes))
                  for device in range(devices))
@@ -305,6 +318,7 @@ class _TileRecord(BaseModel):
     workspace: int  # the most its own backward call holds
     waits_from: int  # position of the consumer whose backward first sends its output gradient
     output: int  # its output tile, the size of that gradient
+    forward_extra: int = 0  # what its forward holds for a moment beyond its kept and saved
 
 
 def _device_memory(device: int, static: dict[str, int], records: list[_TileRecord],
@@ -324,6 +338,8 @@ def _device_memory(device: int, static: dict[str, int], records: list[_TileRecor
         kept_before.append(kept_before[-1] + record.kept)
         saved_before.append(saved_before[-1] + record.saved)
     upto = {record.layer: index for index, record in enumerate(records)}
+    forward_fullest = max((kept_before[index + 1] + saved_before[index + 1] + record.forward_extra
+                           for index, record in enumerate(records)), default=0)
     gradients_done = 0
     for index in reversed(range(len(records))):
         record = records[index]
@@ -339,6 +355,8 @@ def _device_memory(device: int, static: dict[str, int], records: list[_TileRecor
         if total > fullest_total:
             fullest, fullest_layer, fullest_total = moment, record.layer, total
     return DeviceMemory(device=device, inputs=inputs, backward_layer=fullest_layer,
+                        forward_workspace=max(0, forward_fullest - kept_before[-1]
+                                              - saved_before[-1]),
                         **static, **fullest)
 
 
@@ -374,6 +392,30 @@ def _conv_backward(layer: Layer, box: Box, input_elements: int, input_channels: 
     if layer.geometry is not None and layer.geometry.stride == (1, 1):
         return out_blocked + max(_blocked(input_elements, input_channels), 2 * input_elements)
     return max(3 * input_elements, out_blocked + 2 * input_elements)
+
+
+def _resize_workspaces(layer: Layer, box: Box, needed: Box) -> tuple[int, int]:
+    """(forward, backward) elements an upsampling tile's op holds beyond its output and its
+    output's gradient (ops.resize), measured with torch's profiler. A tile of whole rows and
+    columns is torch's own call: nothing in the forward, its input's gradient in the backward.
+    Any other gathers rows, then columns: the forward holds the row stage's result (T0: the
+    tile's rows by the box's columns) and, with two taps, one gathered tap of the output's
+    size; the backward holds the weighted gradient and two T0-sized gathers' gradients with
+    two taps, the T0 gradient and the input's with one."""
+    out = box_volume(box)
+    resize = layer.resize
+    assert resize is not None
+    in_h, in_w = as_4d(layer.input_shapes[0])[2:]
+    out_h, out_w = as_4d(layer.output_shape)[2:]
+    if box[2] == (0, out_h) and box[3] == (0, out_w):
+        return 0, box_volume(needed)
+    stage = (box[0][1] - box[0][0]) * (box[1][1] - box[1][0]) * (box[2][1] - box[2][0]) * (
+        needed[3][1] - needed[3][0])
+    taps = len(resize_taps(in_w, out_w, resize.mode, resize.align_corners,
+                           resize.scales[1]).indices)
+    if taps > 1:
+        return stage + out, out + 2 * stage
+    return stage, stage + box_volume(needed)
 
 
 def _whole_padded(layer: Layer) -> int:

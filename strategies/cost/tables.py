@@ -875,7 +875,7 @@ class TransferTables:
         power-of-two degree in turn (the order of `DimTable`)."""
         if consumer.name not in self._geometry_ids:  # what needed_range reads of the layer
             geometry = (consumer.kind, consumer.output_shape, consumer.input_shapes,
-                        consumer.geometry, consumer.concat_dim)
+                        consumer.geometry, consumer.concat_dim, consumer.resize)
             self._geometry_ids[consumer.name] = self._geometries.setdefault(
                 geometry, len(self._geometries))
         key = (self._geometry_ids[consumer.name], input_index, dim)

@@ -56,7 +56,8 @@ from layerwise.strategies.errors import GraphError
 from layerwise.strategies.model.elementwise import elementwise_refusal
 
 LayerKind = Literal[
-    "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten"
+    "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten",
+    "resize",
 ]
 
 BYTES_PER_ELEMENT = 4  # fp32 training, the setting of every paper layerwise implements
@@ -126,6 +127,22 @@ class Geometry(BaseModel):
     transposed: bool = False
 
 
+class Resize(BaseModel):
+    """How an upsampling layer (nn.Upsample, F.interpolate) maps output rows and columns to
+    input ones: torch's interpolate mode, its align_corners, and the scale factor per axis the
+    call was given (None: the ratio of the sizes, as torch takes it then)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: str
+    align_corners: bool | None = None
+    scales: tuple[float | None, float | None] = (None, None)
+
+
+# interpolate modes whose tiles are exact along h and w (ops.resize); the others hold them whole
+SPLIT_RESIZE_MODES = ("nearest", "nearest-exact", "bilinear")
+
+
 class FusedOp(BaseModel):
     """An elementwise op executed as part of the layer it follows."""
 
@@ -163,6 +180,7 @@ class Layer(BaseModel):
     flops: int
     geometry: Geometry | None = None
     concat_dim: int | None = None
+    resize: Resize | None = None
     fused: tuple[FusedOp, ...] = ()
     # dim -> the largest degree its ops allow along it (1: held whole); a dim not named is
     # bounded by its size alone (space.py)
@@ -258,6 +276,7 @@ class LayerGraph(BaseModel):
                 layer.geometry.model_dump(exclude=None if layer.geometry.transposed
                                           else {"transposed"}) if layer.geometry else None,
                 layer.concat_dim,
+                *([layer.resize.model_dump()] if layer.resize else []),
             ]
             for layer in self.layers
         ]
@@ -422,6 +441,7 @@ class _Raw(BaseModel):
     flops: int
     geometry: Geometry | None = None
     concat_dim: int | None = None
+    resize: Resize | None = None
     fused: list[FusedOp] = []
     elementwise_flops_per_element: float = 0.0
     max_degrees: dict[str, int] = {}
@@ -584,6 +604,9 @@ class _Builder:
                         flops=_numel(common["input_shapes"][0]), **common)
         if isinstance(module, nn.Flatten):
             return self._flatten(node, common, op, target, module.start_dim, module.end_dim)
+        if isinstance(module, nn.Upsample):
+            return self._resize(node, common, op, target, module.scale_factor, module.mode,
+                                module.align_corners, module.recompute_scale_factor, False)
         for module_type, per_element in _ELEMENTWISE_MODULES.items():
             if type(module) is module_type:
                 return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
@@ -613,6 +636,13 @@ class _Builder:
             )
             return _Raw(kind="pool", op=_POOL_FUNCTIONS[fn], target=name, param_shapes={},
                         flops=out * _numel(kernel), geometry=geometry, **common)
+        if fn is F.interpolate:
+            return self._resize(node, common, "interpolate", name,
+                                _call_arg(node, 2, "scale_factor", None),
+                                _call_arg(node, 3, "mode", "nearest"),
+                                _call_arg(node, 4, "align_corners", None),
+                                _call_arg(node, 5, "recompute_scale_factor", None),
+                                _call_arg(node, 6, "antialias", False))
         if fn in _ADAPTIVE_POOL_FUNCTIONS:
             return _Raw(kind="adaptive_pool", op=_ADAPTIVE_POOL_FUNCTIONS[fn], target=name,
                         param_shapes={}, flops=_numel(common["input_shapes"][0]), **common)
@@ -715,6 +745,33 @@ class _Builder:
                    geometry=geometry, **common)
         raw.limit({"c": 1}, f"{op} keeps its weight's output channels in dim 1, which the "
                   "weight shards do not cut, so c stays whole")
+        return raw
+
+    def _resize(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
+                scale_factor: Any, mode: str, align_corners: bool | None,
+                recompute_scale_factor: bool | None, antialias: bool) -> _Raw:
+        """Upsampling (nn.Upsample, F.interpolate) of an (N, C, H, W) tensor: each output row
+        reads the input rows its interpolation weights reach (one for nearest, two for
+        bilinear), so a tile of rows needs a box of input rows (tiles.needed_range) and
+        computes with torch's own weights (ops.resize). Other modes keep h and w whole."""
+        if len(common["input_shapes"][0]) != 4 or antialias:
+            raise self._unsupported(node, f"{op} of a {len(common['input_shapes'][0])}-d "
+                                    "tensor" if not antialias else f"{op} with antialias")
+        scales: tuple[float | None, float | None] = (None, None)
+        if scale_factor is not None and not recompute_scale_factor:
+            pair = (scale_factor, scale_factor) if isinstance(scale_factor, (int, float)) \
+                else tuple(scale_factor)
+            scales = (float(pair[0]), float(pair[1]))
+        taps = {"nearest": 1, "nearest-exact": 1, "bilinear": 2, "bicubic": 4}.get(mode, 1)
+        label = f"{op}({mode}" + (f", align_corners={align_corners}"
+                                  if align_corners is not None else "") + ")"
+        raw = _Raw(kind="resize", op=label, target=target, param_shapes={},
+                   flops=taps * _numel(common["output_shape"]),
+                   resize=Resize(mode=mode, align_corners=align_corners, scales=scales),
+                   **common)
+        if mode not in SPLIT_RESIZE_MODES:
+            raw.limit({"h": 1, "w": 1}, f"{mode} interpolation is computed by the full op "
+                      "only, so h and w stay whole")
         return raw
 
     def _group_norm(self, common: dict[str, Any], op: str, target: str,
@@ -981,7 +1038,8 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             name=raw.name, kind=raw.kind, op=raw.op, target=raw.target,
             inputs=tuple(raw.inputs), input_shapes=tuple(raw.input_shapes),
             output_shape=raw.output_shape, param_shapes=raw.param_shapes, flops=raw.flops,
-            geometry=raw.geometry, concat_dim=raw.concat_dim, fused=tuple(raw.fused),
+            geometry=raw.geometry, concat_dim=raw.concat_dim, resize=raw.resize,
+            fused=tuple(raw.fused),
             max_degrees=raw.max_degrees, held_reason=raw.held_reason, reads=tuple(raw.reads),
             layout=raw.layout,
         )

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.model.graph import OVER_CHANNELS, Geometry, Layer
+from layerwise.strategies.model.graph import OVER_CHANNELS, Geometry, Layer, Resize
+from layerwise.strategies.model.resize import resize_taps
 from layerwise.strategies.model.tiles import Box, Range, as_4d, needed_range
 
 PoolMode = Literal["max", "avg"]
@@ -185,6 +186,47 @@ def conv_transpose(x: Tensor, out_box: Box, in_start_hw: tuple[int, int], weight
     tile = full[:, :, top:top + out_box[2][1] - out_box[2][0],
                 left:left + out_box[3][1] - out_box[3][0]]
     return tile if bias is None else tile + bias.view(1, -1, 1, 1)
+
+
+def resize(x: Tensor, out_box: Box, in_start_hw: tuple[int, int], layer_resize: Resize,
+           in_size_hw: tuple[int, int], out_size_hw: tuple[int, int]) -> Tensor:
+    """Rows/cols out_box of an upsampling (graph.py's kind "resize") from the needed input box
+    x, whose first row and column are global `in_start_hw`.
+
+    A tile of whole rows and columns is the full op's own call. Any other gathers, per axis,
+    each output row's input rows and weighs them with torch's own interpolation weights
+    (`resize_taps`), rows first, then columns: the same products torch sums, in float64 equal
+    to the full op's to rounding. Each tap is added into the axis's result in place, so an
+    axis holds its result and one gathered tap at a time (a nearest tap, of weight 1, is the
+    result itself); memory.py counts that.
+    """
+    whole = all(out_box[2 + axis] == (0, out_size_hw[axis]) for axis in (0, 1))
+    scales = layer_resize.scales
+    if whole:
+        sized = scales[0] is None or scales[1] is None
+        return F.interpolate(x, size=out_size_hw if sized else None,
+                             scale_factor=None if sized else (scales[0], scales[1]),
+                             mode=layer_resize.mode, align_corners=layer_resize.align_corners)
+    for axis in (0, 1):
+        taps = resize_taps(in_size_hw[axis], out_size_hw[axis], layer_resize.mode,
+                           layer_resize.align_corners, scales[axis])
+        start, stop = out_box[2 + axis]
+        dim = 2 + axis
+        shape = [1, 1, 1, 1]
+        shape[dim] = stop - start
+        total: Tensor | None = None
+        for index, weight in zip(taps.indices, taps.weights, strict=True):
+            rows = torch.tensor(index[start:stop], device=x.device) - in_start_hw[axis]
+            gathered = x.index_select(dim, rows)
+            if len(taps.indices) == 1 and all(value == 1.0 for value in weight[start:stop]):
+                total = gathered  # nearest: every weight is 1
+                continue
+            scale = torch.tensor(weight[start:stop], dtype=x.dtype, device=x.device).view(shape)
+            total = gathered.mul_(scale) if total is None else total.addcmul_(gathered, scale)
+            del gathered  # the next tap's gather takes its place
+        assert total is not None
+        x = total
+    return x
 
 
 def _avg_divisors(out: Range, kernel: int, stride: int, padding: int, in_size: int,
@@ -512,6 +554,11 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
         return pooled.flatten(1) if len(layer.output_shape) == 2 else pooled
     if kind == "flatten":
         return flatten(first)
+    if kind == "resize":
+        assert layer.resize is not None
+        return resize(first, box, (needed_range(layer, 0, 2, box[2])[0],
+                                   needed_range(layer, 0, 3, box[3])[0]), layer.resize,
+                      as_4d(layer.input_shapes[0])[2:], as_4d(layer.output_shape)[2:])
     if kind == "add":
         second = inputs[1]
         assert second is not None

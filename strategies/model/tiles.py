@@ -22,7 +22,8 @@ from collections.abc import Collection, Mapping
 from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.model.graph import Layer, LayerGraph
+from layerwise.strategies.model.graph import SPLIT_RESIZE_MODES, Layer, LayerGraph
+from layerwise.strategies.model.resize import resize_taps
 from layerwise.strategies.model.space import DIMS, ParallelConfig, tile_range
 
 Range = tuple[int, int]
@@ -59,6 +60,16 @@ def _transposed_window(start: int, stop: int, kernel: int, stride: int, padding:
     return (max(first, 0), min(last + 1, size))
 
 
+def resize_reach(layer: Layer, axis: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """For each output row (axis 0) or column (axis 1) of an upsampling layer, the first and
+    last input one its interpolation weights reach (torch's own weights: resize.py)."""
+    resize = layer.resize
+    assert resize is not None
+    return resize_taps(as_4d(layer.input_shapes[0])[2 + axis],
+                       as_4d(layer.output_shape)[2 + axis], resize.mode, resize.align_corners,
+                       resize.scales[axis]).reach
+
+
 def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
     """The range along `dim` of input `input_index` that output range `out` needs.
 
@@ -93,6 +104,11 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
         window = _transposed_window if geometry.transposed else _window
         return window(start, stop, geometry.kernel[axis], geometry.stride[axis],
                        geometry.padding[axis], geometry.dilation[axis], in_size)
+    if kind == "resize" and layer.resize is not None:
+        if layer.resize.mode not in SPLIT_RESIZE_MODES:  # held whole (graph.py)
+            return (0, in_size)
+        first, last = resize_reach(layer, dim - 2)
+        return (first[start], last[stop - 1] + 1)
     if kind == "adaptive_pool":
         out_size = as_4d(layer.output_shape)[dim]
         return (start * in_size // out_size, -(-stop * in_size // out_size))

@@ -129,7 +129,8 @@ Bottleneck = Literal["compute", "communication", "memory", "infeasible"]
 # Layers a summary keeps, as the paper's per-layer model counts them: conv, fc, pooling and
 # BatchNorm-like ops left unfused; the input, residual adds, concatenations and flatten views
 # are left out.
-_SUMMARISED_KINDS = frozenset({"conv", "linear", "pool", "adaptive_pool", "elementwise"})
+_SUMMARISED_KINDS = frozenset({"conv", "linear", "pool", "adaptive_pool", "resize",
+                               "elementwise"})
 _CHANNEL_MIXING_KINDS = frozenset({"conv", "linear"})
 
 
