@@ -293,9 +293,12 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
                     layer, box, padded // element_bytes or box_volume(first),
                     first[1][1] - first[1][0],
                     by_name[layer.inputs[0]].kind != "input")) * element_bytes
+            returned = _returned_gradients(layer, device, needed, leaves, tiles, position,
+                                           graph.consumers, chains)
             records[device].append(_TileRecord(
                 layer=layer.name, kept=kept, saved=saved, gradients=own.gradients,
-                workspace=max(own.saved + padded + gradients, main_op),
+                workspace=max(own.saved + padded + gradients, main_op,
+                              (inputs + returned) * element_bytes),
                 # where its output's gradient waits for its backward: from the first consumer
                 # (in the backward's order) that sends one back, on an edge that is a leaf
                 waits_from=max((position[consumer] for consumer in graph.consumers[layer.name]
@@ -392,6 +395,38 @@ def _conv_backward(layer: Layer, box: Box, input_elements: int, input_channels: 
     if layer.geometry is not None and layer.geometry.stride == (1, 1):
         return out_blocked + max(_blocked(input_elements, input_channels), 2 * input_elements)
     return max(3 * input_elements, out_blocked + 2 * input_elements)
+
+
+def _returned_gradients(layer: Layer, device: int, needed: Mapping[str, Box],
+                        leaves: Collection[str], tiles: Mapping[str, Mapping[int, Box]],
+                        position: Mapping[str, int], consumers: Mapping[str, Collection[str]],
+                        chains: Mapping[str, str]) -> int:
+    """Elements the return of a layer's input gradients to their producers' tiles holds beside
+    those gradients (halo_exchange.return_gradient): the parts of each needed box held by
+    other devices, copied to be sent; the parts of this device's producer tile coming back
+    from others (at most the tile less what this device needs of it); and the producer tile's
+    gradient, begun here when this layer is the first of the producer's consumers to send one
+    back (later ones add into it, already counted as pending)."""
+    total = 0
+    for producer in leaves:
+        box = needed[producer]
+        mine = tiles[producer].get(device)
+        local = _overlap(box, mine) if mine is not None else 0
+        total += box_volume(box) - local
+        if mine is None:
+            continue
+        total += box_volume(mine) - local
+        first = max(position[consumer] for consumer in consumers[producer]
+                    if chains.get(consumer) != producer)
+        if first == position[layer.name]:
+            total += box_volume(mine)
+    return total
+
+
+def _overlap(first: Box, second: Box) -> int:
+    """Elements two boxes share."""
+    return math.prod(max(0, min(a[1], b[1]) - max(a[0], b[0]))
+                     for a, b in zip(first, second, strict=True))
 
 
 def _resize_workspaces(layer: Layer, box: Box, needed: Box) -> tuple[int, int]:

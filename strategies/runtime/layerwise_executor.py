@@ -131,6 +131,10 @@ class LayerwiseModel(ShardedModel):
         gradients: dict[str, torch.Tensor] = {}
         for index in reversed(range(len(self.plan.layers))):
             self._backward_layer(index, self.plan.layers[index], gradients, loss_share)
+            if self.plan.layers[index].layer.name == self.plan.output.layer.name:
+                # its graph holds the leaves of the layers its call ran through (a chain into
+                # the output layer): let them go with the layers' own tensors
+                loss_share = loss_share.detach()
         # the global loss is summed in the last gradient bucket of all ranks where there is one
         everyone = tuple(range(self.comm.world))
         self._buckets.finish(riders={everyone: loss})

@@ -1,0 +1,215 @@
+"""The cost model (Eq. 1) against measured steps over many plans, side by side in one run.
+
+    .venv/bin/python benchmarks/bench_cost_model.py                 # 4 models, 24 plans each
+    .venv/bin/python benchmarks/bench_cost_model.py --models lenet5 --plans 12 --steps 4
+    .venv/bin/python benchmarks/bench_cost_model.py --mlflow        # and log the sweep
+
+For each model, plans drawn from the whole search space on --nproc processes: the data, OWT
+and spatial baselines, the plan searched with this machine's profile and calibration, and random
+plans of three kinds (each layer's config drawn on its own; runs of consecutive layers sharing a
+config; one config, changed at a random cut), so that sample, channel, height and width splits,
+mixed ones, uneven tiles and plans on fewer devices than there are all appear. Every plan is
+priced by one calibration of the links and one concurrent profile of the tiles it uses (t_c as a
+run of --nproc ranks meets it), taken just before, and measured in one set of processes that
+build every plan and give each a step on every batch in turn, in a new order per batch
+(bench_runtime.py's interleaving: each plan meets the same state of the machine).
+
+Printed per model: mean and worst |measured / predicted - 1|, the median ratio, Kendall's tau
+between the measured and predicted orders (1: the model ranks every pair of plans as measured),
+and the plans it misprices most with their predicted terms (compute, transfer, sync). With
+--mlflow, one MLflow run per sweep (the tracking URI from MLFLOW_TRACKING_URI, else ./mlflow.db):
+per plan the predicted and measured step as a table artifact, the scatter as a figure, the
+summary numbers as metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from scipy.stats import kendalltau
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_runtime import Job, Run, run  # noqa: E402  (the interleaved runs, shared)
+
+from layerwise.strategies.breakdown import Breakdown  # noqa: E402
+from layerwise.strategies.cost.compute_time import ProfiledCompute  # noqa: E402
+from layerwise.strategies.cost.cost_model import CostModel  # noqa: E402
+from layerwise.strategies.cost.profile import (  # noqa: E402
+    concurrent_threads,
+    profile_graph_concurrently,
+)
+from layerwise.strategies.hardware.calibrate import calibrate, calibrated_cluster  # noqa: E402
+from layerwise.strategies.model.graph import LayerGraph, build_graph  # noqa: E402
+from layerwise.strategies.model.space import ParallelConfig  # noqa: E402
+from layerwise.strategies.search.baselines import baseline  # noqa: E402
+from layerwise.strategies.search.elimination import optimal_strategy  # noqa: E402
+
+# a model of each shape: plain conv stack, one wide FC layer, residual adds, concatenations
+MODELS = ("lenet5", "wide_fc", "resnet18", "tiny_cnn")
+IMAGE_SIZE = {"lenet5": 32, "wide_fc": 16, "resnet18": 32, "tiny_cnn": 32}
+BASELINES = ("data", "owt", "spatial_h", "spatial_w", "model")
+Assignment = dict[str, ParallelConfig]
+
+
+def random_plans(graph: LayerGraph, space: Mapping[str, Sequence[ParallelConfig]], count: int,
+                 rng: random.Random) -> dict[str, Assignment]:
+    """`count` distinct plans drawn from `space` in turn by three rules: each layer's config on
+    its own; runs of 1-4 consecutive layers sharing one config (where each allows it); one
+    config for every layer that has it, another after a random cut."""
+    names = [layer.name for layer in graph.layers]
+    plans: dict[str, Assignment] = {}
+    tries = 0
+    while len(plans) < count and tries < 50 * count:
+        tries += 1
+        rule = len(plans) % 3
+        plan: Assignment = {}
+        if rule == 0:
+            plan = {name: rng.choice(space[name]) for name in names}
+        elif rule == 1:
+            index = 0
+            while index < len(names):
+                run_length = rng.randint(1, 4)
+                wanted = rng.choice(space[names[index]])
+                for name in names[index:index + run_length]:
+                    plan[name] = wanted if wanted in space[name] else rng.choice(space[name])
+                index += run_length
+        else:
+            cut = rng.randint(1, len(names) - 1)
+            first, second = rng.choice(space[names[1]]), rng.choice(space[names[-1]])
+            for position, name in enumerate(names):
+                wanted = first if position < cut else second
+                plan[name] = wanted if wanted in space[name] else rng.choice(space[name])
+        key = "|".join(plan[name].text for name in names)
+        if key not in {"|".join(p[name].text for name in names) for p in plans.values()}:
+            plans[f"random-{len(plans) + 1:02d}"] = plan
+    return plans
+
+
+def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Random
+          ) -> list[tuple[str, Breakdown, float]]:
+    """(plan, prediction, measured median step) for every plan of one model."""
+    world = args.nproc
+    batch = args.batch_per_device * world
+    graph = build_graph(model, batch, IMAGE_SIZE[model], 10)
+    threads = concurrent_threads(world)
+    console.print(f"{model}: calibrating {world} gloo processes and profiling every config ...")
+    cluster = calibrated_cluster(calibrate(world, "gloo"))
+    profile = profile_graph_concurrently(graph, world, world, device="cpu", threads=threads)
+    cost = CostModel(graph, cluster, world, ProfiledCompute(profile))
+    plans: dict[str, Assignment] = {name: dict(baseline(name, graph, world))
+                                    for name in BASELINES}
+    plans["searched"] = dict(optimal_strategy(cost).assignment)
+    plans |= random_plans(graph, cost.configs, args.plans - len(plans), rng)
+    predicted = {name: cost.evaluate(plan) for name, plan in plans.items()}
+    runs = tuple(Run(name, "layerwise", {layer: config.text for layer, config in plan.items()})
+                 for name, plan in plans.items())
+    console.print(f"{model}: {len(runs)} plans side by side, {args.warmup} + {args.steps} "
+                  "steps each, interleaved ...")
+    job = Job(model=model, image_size=IMAGE_SIZE[model], batch=batch, steps=args.steps,
+              warmup=args.warmup, runs=runs, threads=threads, cuda=False)
+    measured = run(job, world)["seconds"]
+    return [(name, predicted[name], statistics.median(measured[name])) for name in plans]
+
+
+def summary(rows: list[tuple[str, Breakdown, float]]) -> dict[str, float]:
+    """Mean and worst |measured/predicted - 1|, the median ratio, Kendall's tau."""
+    ratios = [seconds / prediction.step_seconds for _, prediction, seconds in rows]
+    errors = [abs(ratio - 1) for ratio in ratios]
+    tau = kendalltau([prediction.step_seconds for _, prediction, _ in rows],
+                     [seconds for _, _, seconds in rows]).statistic
+    return {"mean_error": statistics.fmean(errors), "worst_error": max(errors),
+            "median_ratio": statistics.median(ratios), "kendall_tau": float(tau),
+            "plans": float(len(rows))}
+
+
+def log_to_mlflow(results: dict[str, list[tuple[str, Breakdown, float]]],
+                  summaries: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+    """One MLflow run for the sweep: the per-plan table, the scatter, the summary metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI",
+                                           f"sqlite:///{Path('mlflow.db').resolve()}"))
+    mlflow.set_experiment("layerwise-cost-model")
+    with mlflow.start_run(run_name=f"cost model over {args.plans} plans x "
+                                   f"{len(results)} models") as active:
+        mlflow.log_params({"nproc": args.nproc, "plans": args.plans, "steps": args.steps,
+                           "models": ",".join(results)})
+        for model, numbers in summaries.items():
+            mlflow.log_metrics({f"{model}.{key}": value for key, value in numbers.items()})
+        table: dict[str, list[object]] = {key: [] for key in (
+            "model", "plan", "predicted_s", "measured_s", "ratio", "compute_s", "transfer_s",
+            "sync_s")}
+        figure, axes = plt.subplots(figsize=(6, 6))
+        for model, rows in results.items():
+            for name, prediction, seconds in rows:
+                for key, value in zip(table, (
+                        model, name, prediction.step_seconds, seconds,
+                        seconds / prediction.step_seconds, prediction.compute_seconds,
+                        prediction.transfer_seconds, prediction.sync_seconds), strict=True):
+                    table[key].append(value)
+            axes.scatter([p.step_seconds * 1e3 for _, p, _ in rows],
+                         [s * 1e3 for _, _, s in rows], label=model, s=18)
+        limit = max(max(table["predicted_s"]), max(table["measured_s"])) * 1e3 * 1.05
+        axes.plot([0, limit], [0, limit], color="grey", linewidth=1, label="measured = predicted")
+        axes.set(xlabel="predicted step (ms)", ylabel="measured step (ms)", xlim=(0, limit),
+                 ylim=(0, limit), title=f"Eq. 1 against {args.nproc} CPU processes")
+        axes.legend()
+        mlflow.log_table(table, "cost_model_plans.json")
+        mlflow.log_figure(figure, "cost_model_scatter.png")
+        plt.close(figure)
+        return active.info.run_id
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(IMAGE_SIZE))
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--batch-per-device", type=int, default=16)
+    parser.add_argument("--plans", type=int, default=24, help="plans per model, baselines and "
+                        "the searched one among them")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mlflow", action="store_true", help="log the sweep as one MLflow run")
+    args = parser.parse_args()
+    if args.plans < len(BASELINES) + 2:
+        parser.error(f"--plans must be at least {len(BASELINES) + 2} (the baselines, the "
+                     "searched plan and a random one)")
+    console = Console(width=150)
+    rng = random.Random(args.seed)
+    results = {model: sweep(model, args, console, rng) for model in args.models}
+    summaries = {model: summary(rows) for model, rows in results.items()}
+    table = Table(title=f"Eq. 1 against measured steps, {args.nproc} CPU processes, "
+                        f"{args.plans} plans per model")
+    for column in ("model", "plans", "mean |m/p - 1|", "worst", "median m/p", "Kendall tau",
+                   "most mispriced (m/p: compute, transfer, sync ms predicted)"):
+        table.add_column(column, justify="left" if column in ("model", "most mispriced (m/p: "
+                         "compute, transfer, sync ms predicted)") else "right")
+    for model, rows in results.items():
+        numbers = summaries[model]
+        worst = sorted(rows, key=lambda row: -abs(row[2] / row[1].step_seconds - 1))[:3]
+        table.add_row(model, f"{int(numbers['plans'])}", f"{numbers['mean_error']:.2f}",
+                      f"{numbers['worst_error']:.2f}", f"{numbers['median_ratio']:.2f}",
+                      f"{numbers['kendall_tau']:.2f}",
+                      "; ".join(f"{name} {seconds / p.step_seconds:.2f}: "
+                                f"{p.compute_seconds * 1e3:.1f}, {p.transfer_seconds * 1e3:.1f}, "
+                                f"{p.sync_seconds * 1e3:.1f}" for name, p, seconds in worst))
+    console.print(table)
+    if args.mlflow:
+        console.print(f"logged MLflow run {log_to_mlflow(results, summaries, args)}")
+
+
+if __name__ == "__main__":
+    main()
