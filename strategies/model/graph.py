@@ -840,10 +840,8 @@ class _Builder:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
-            "Conv2d, ConvTranspose2d, Linear, pooling, BatchNorm, GroupNorm, InstanceNorm, "
-            "LayerNorm, activations, dropout, "
-            "add, cat, "
-            "flatten and the mean over h and w"
+            "Conv2d, ConvTranspose2d, Linear, pooling, upsampling, norms, activations, dropout, "
+            "add, cat, flatten, the mean over h and w"
         )
 
 
