@@ -13,8 +13,10 @@ of, with the tile's exact box (`space.tile_range`):
 - saved: what the tile's ops save for their backward beyond those: the intermediate tensors
   of its fused ops that a backward reads (a normalisation's input; a leaky ReLU's, GELU's or
   SiLU's input; a ReLU's output when a dropout follows it), max pooling's indices (int64);
-  freed as the layer's backward runs; nothing for a layer the plan recomputes, whose forward
-  keeps no autograd graph and whose backward makes them again as its workspace;
+  the padded copy a conv or pool tile whose rows or columns are not whole makes of its needed
+  box (it pads the tensor's border itself) and its op saves; freed as the layer's backward
+  runs; nothing for a layer the plan recomputes, whose forward keeps no autograd graph and
+  whose backward makes them again as its workspace;
 - pending gradients: the gradient of a layer's output tile, from the backward of its first
   consumer (in the backward's order) that sends it back until its own backward; none on a
   chained edge, where the layer computes on its sole producer's tile itself (the runtime's
@@ -24,10 +26,14 @@ of, with the tile's exact box (`space.tile_range`):
   slices its tiles) and every dropout mask, drawn at the layer's full shape;
 - workspace: the most one layer's part of a backward call holds at once: the gradient of its
   output tile, of each fused op's input on the way back and of its input boxes, with what its
-  ops saved, or, in its main op's own backward, the gradient of that op's output, a
-  convolution's channel-blocked copy of it (oneDNN on CPUs) and the input boxes; and the
-  update's weight-decay temporary (the largest weight shard).
-The peak is the largest of three moments: the forward's end (kept + saved, no gradients yet);
+  ops saved; or, in its main op's own backward, the gradient of that op's output and what the
+  op allocates (a convolution's oneDNN buffers, measured: `_conv_backward`; an upsampling
+  tile's gathered gradients; else the input boxes' gradients); or the return of its input
+  gradients to their producers (copies of the parts sent, buffers of the parts received, the
+  producer tile's gradient begun there); and the update's weight-decay temporary (the largest
+  weight shard). An upsampling tile's forward also holds its gathered rows for a moment.
+The peak is the largest of three moments: the forward's fullest (kept + saved at its end, or a
+tile's forward transient before it; no gradients yet);
 the backward's fullest moment, found by walking the layers in the backward's order: at a layer,
 the kept tensors of the layers up to its call's, the saved ones of those before it, the weight
 gradients made so far, the pending gradients and its workspace; and the update (gradients, the
@@ -279,20 +285,10 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
             held["kept"] += kept
             inputs = sum(box_volume(box) for box in needed.values())
             gradients = ((1 + len(layer.fused)) * box_volume(box) + inputs) * element_bytes
-            # the main op's own backward: its fused ops' saved tensors are freed by then, its
-            # own saved input (the padded copy) is not
-            main_op = padded + (box_volume(box) + inputs) * element_bytes
-            forward_extra = 0
-            if layer.kind == "resize":
-                forward_extra, backward = _resize_workspaces(layer, box, needed[layer.inputs[0]])
-                main_op = (box_volume(box) + backward) * element_bytes
-                forward_extra *= element_bytes
-            if layer.kind == "conv":
-                first = needed[layer.inputs[0]]
-                main_op = padded + (box_volume(box) + _conv_backward(
-                    layer, box, padded // element_bytes or box_volume(first),
-                    first[1][1] - first[1][0],
-                    by_name[layer.inputs[0]].kind != "input")) * element_bytes
+            forward_extra, main_op = (
+                elements * element_bytes for elements in _main_op_workspaces(
+                    layer, box, needed[layer.inputs[0]], inputs, padded // element_bytes,
+                    by_name[layer.inputs[0]].kind != "input"))
             returned = _returned_gradients(layer, device, needed, leaves, tiles, position,
                                            graph.consumers, chains)
             records[device].append(_TileRecord(
@@ -395,6 +391,23 @@ def _conv_backward(layer: Layer, box: Box, input_elements: int, input_channels: 
     if layer.geometry is not None and layer.geometry.stride == (1, 1):
         return out_blocked + max(_blocked(input_elements, input_channels), 2 * input_elements)
     return max(3 * input_elements, out_blocked + 2 * input_elements)
+
+
+def _main_op_workspaces(layer: Layer, box: Box, first: Box, inputs: int, padded: int,
+                        input_gradient: bool) -> tuple[int, int]:
+    """(forward, backward) elements of the layer's main op beyond its kept and saved tensors:
+    what its forward holds for a moment (an upsampling tile's gathered rows), and what its own
+    backward holds (the gradient of its output, then, by kind: a convolution's oneDNN buffers,
+    an upsampling tile's gathered gradients, or the input boxes' gradients), the padded copy it
+    saved included, its fused ops' saved tensors freed by then."""
+    out = box_volume(box)
+    if layer.kind == "resize":
+        forward, backward = _resize_workspaces(layer, box, first)
+        return forward, out + backward
+    if layer.kind == "conv":
+        return 0, padded + out + _conv_backward(layer, box, padded or box_volume(first),
+                                                first[1][1] - first[1][0], input_gradient)
+    return 0, padded + out + inputs
 
 
 def _returned_gradients(layer: Layer, device: int, needed: Mapping[str, Box],
