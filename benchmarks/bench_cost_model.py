@@ -16,7 +16,9 @@ build every plan and give each a step on every batch in turn, in a new order per
 
 Printed per model: mean and worst |measured / predicted - 1|, the median ratio, Kendall's tau
 between the measured and predicted orders (1: the model ranks every pair of plans as measured),
-and the plans it misprices most with their predicted terms (compute, transfer, sync). With
+the measurement's own spread (the slowest over the fastest of plans that are the same configs
+under different names, a baseline the search or a draw also found: no model can be closer than
+that), and the plans it misprices most with their predicted terms (compute, transfer, sync). With
 --mlflow, one MLflow run per sweep (the tracking URI from MLFLOW_TRACKING_URI, else ./mlflow.db):
 per plan the predicted and measured step as a table artifact, the scatter as a figure, the
 summary numbers as metrics.
@@ -94,8 +96,10 @@ def random_plans(graph: LayerGraph, space: Mapping[str, Sequence[ParallelConfig]
 
 
 def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Random
-          ) -> list[tuple[str, Breakdown, float]]:
-    """(plan, prediction, measured median step) for every plan of one model."""
+          ) -> tuple[list[tuple[str, Breakdown, float]], float | None]:
+    """(plan, prediction, measured median step) for every plan of one model, and the largest
+    ratio of the slowest to the fastest measured step among plans of identical configs (None
+    when no two are identical)."""
     world = args.nproc
     batch = args.batch_per_device * world
     graph = build_graph(model, batch, IMAGE_SIZE[model], 10)
@@ -115,8 +119,15 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
                   "steps each, interleaved ...")
     job = Job(model=model, image_size=IMAGE_SIZE[model], batch=batch, steps=args.steps,
               warmup=args.warmup, runs=runs, threads=threads, cuda=False)
-    measured = run(job, world)["seconds"]
-    return [(name, predicted[name], statistics.median(measured[name])) for name in plans]
+    measured = {name: statistics.median(steps)
+                for name, steps in run(job, world)["seconds"].items()}
+    same: dict[str, list[float]] = {}
+    for name, plan in plans.items():
+        same.setdefault("|".join(plan[layer.name].text for layer in graph.layers), []).append(
+            measured[name])
+    spreads = [max(steps) / min(steps) for steps in same.values() if len(steps) > 1]
+    return ([(name, predicted[name], measured[name]) for name in plans],
+            max(spreads) if spreads else None)
 
 
 def summary(rows: list[tuple[str, Breakdown, float]]) -> dict[str, float]:
@@ -189,11 +200,16 @@ def main() -> None:
                      "searched plan and a random one)")
     console = Console(width=150)
     rng = random.Random(args.seed)
-    results = {model: sweep(model, args, console, rng) for model in args.models}
+    swept = {model: sweep(model, args, console, rng) for model in args.models}
+    results = {model: rows for model, (rows, _) in swept.items()}
     summaries = {model: summary(rows) for model, rows in results.items()}
+    for model, (_, spread) in swept.items():
+        if spread is not None:
+            summaries[model]["identical_spread"] = spread
     table = Table(title=f"Eq. 1 against measured steps, {args.nproc} CPU processes, "
                         f"{args.plans} plans per model")
     for column in ("model", "plans", "mean |m/p - 1|", "worst", "median m/p", "Kendall tau",
+                   "identical plans' spread",
                    "most mispriced (m/p: compute, transfer, sync ms predicted)"):
         table.add_column(column, justify="left" if column in ("model", "most mispriced (m/p: "
                          "compute, transfer, sync ms predicted)") else "right")
@@ -203,6 +219,8 @@ def main() -> None:
         table.add_row(model, f"{int(numbers['plans'])}", f"{numbers['mean_error']:.2f}",
                       f"{numbers['worst_error']:.2f}", f"{numbers['median_ratio']:.2f}",
                       f"{numbers['kendall_tau']:.2f}",
+                      f"{numbers['identical_spread']:.2f}" if "identical_spread" in numbers
+                      else "-",
                       "; ".join(f"{name} {seconds / p.step_seconds:.2f}: "
                                 f"{p.compute_seconds * 1e3:.1f}, {p.transfer_seconds * 1e3:.1f}, "
                                 f"{p.sync_seconds * 1e3:.1f}" for name, p, seconds in worst))
