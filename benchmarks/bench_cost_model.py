@@ -34,6 +34,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 from scipy.stats import kendalltau
@@ -162,7 +163,6 @@ def log_to_mlflow(results: dict[str, list[tuple[str, Breakdown, float]]],
         table: dict[str, list[object]] = {key: [] for key in (
             "model", "plan", "predicted_s", "measured_s", "ratio", "compute_s", "transfer_s",
             "sync_s")}
-        figure, axes = plt.subplots(figsize=(6, 6))
         for model, rows in results.items():
             for name, prediction, seconds in rows:
                 for key, value in zip(table, (
@@ -170,17 +170,36 @@ def log_to_mlflow(results: dict[str, list[tuple[str, Breakdown, float]]],
                         seconds / prediction.step_seconds, prediction.compute_seconds,
                         prediction.transfer_seconds, prediction.sync_seconds), strict=True):
                     table[key].append(value)
-            axes.scatter([p.step_seconds * 1e3 for _, p, _ in rows],
-                         [s * 1e3 for _, _, s in rows], label=model, s=18)
-        limit = max(max(table["predicted_s"]), max(table["measured_s"])) * 1e3 * 1.05
-        axes.plot([0, limit], [0, limit], color="grey", linewidth=1, label="measured = predicted")
-        axes.set(xlabel="predicted step (ms)", ylabel="measured step (ms)", xlim=(0, limit),
-                 ylim=(0, limit), title=f"Eq. 1 against {args.nproc} CPU processes")
-        axes.legend()
+        figure = scatter_figure(table, f"Eq. 1 against {args.nproc} CPU processes")
         mlflow.log_table(table, "cost_model_plans.json")
         mlflow.log_figure(figure, "cost_model_scatter.png")
         plt.close(figure)
         return active.info.run_id
+
+
+def scatter_figure(table: Mapping[str, Sequence[object]], title: str) -> Figure:
+    """Measured against predicted step per plan, a colour per model, on log axes (the models'
+    steps span two decades), with the diagonal and the +-25% band around it."""
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.5, 6))
+    models = list(dict.fromkeys(table["model"]))
+    for model in models:
+        rows = [index for index, name in enumerate(table["model"]) if name == model]
+        axes.scatter([float(table["predicted_s"][i]) * 1e3 for i in rows],  # type: ignore[arg-type]
+                     [float(table["measured_s"][i]) * 1e3 for i in rows],  # type: ignore[arg-type]
+                     label=model, s=18)
+    values = [float(v) * 1e3 for key in ("predicted_s", "measured_s")  # type: ignore[arg-type]
+              for v in table[key]]
+    low, high = min(values) / 1.3, max(values) * 1.3
+    axes.plot([low, high], [low, high], color="grey", linewidth=1, label="measured = predicted")
+    for factor in (0.75, 1.25):
+        axes.plot([low, high], [low * factor, high * factor], color="grey", linewidth=0.6,
+                  linestyle="--")
+    axes.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), title=title,
+             xlabel="predicted step (ms)", ylabel="measured step (ms; dashed: +-25%)")
+    axes.legend()
+    return figure
 
 
 def main() -> None:
