@@ -425,8 +425,9 @@ class TinyUNet(nn.Module):
     """An encoder-decoder written as MONAI's BasicUNet writes its blocks (not its code): two
     conv-InstanceNorm-LeakyReLU per block, max pooling down, a stride-2 ConvTranspose2d up,
     the skip concatenated with the upsampled map, then a 1x1 head; pooled to class scores,
-    as a training run needs one (batch, classes) tensor. Two levels, and a third
-    ConvTranspose2d with an odd kernel, padding and output padding."""
+    as a training run needs one (batch, classes) tensor. Two levels (the deeper transposed
+    conv halving the channels), and a third ConvTranspose2d with an odd kernel, padding and
+    output padding."""
 
     def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
         super().__init__()
@@ -441,8 +442,8 @@ class TinyUNet(nn.Module):
         self.down0 = block(in_channels, 8)
         self.down1 = block(8, 16)
         self.bottom = block(16, 16)
-        self.up1 = nn.ConvTranspose2d(16, 16, 2, stride=2)
-        self.merge1 = block(32, 8)
+        self.up1 = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.merge1 = block(24, 8)
         self.up0 = nn.ConvTranspose2d(8, 8, 2, stride=2)
         self.merge0 = block(16, 8)
         self.refine = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1)

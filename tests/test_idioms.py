@@ -250,7 +250,7 @@ def test_an_encoder_decoder_traces_with_its_transposed_convs_and_instance_norms(
     assert graph.param_count == sum(p.numel() for p in plain.parameters())
     up = graph.by_name["up1"]
     assert up.kind == "conv" and up.geometry.transposed and up.max_degrees == {"c": 1}
-    assert up.output_shape == (4, 16, 8, 8) and up.input_shapes == ((4, 16, 4, 4),)
+    assert up.output_shape == (4, 8, 8, 8) and up.input_shapes == ((4, 16, 4, 4),)
     # stride 2, kernel 3, padding 1: input row i adds into output rows 2i - 1 .. 2i + 1, so
     # output rows [4, 8) read input rows [2, 5) (row 4 reaches row 7) and rows [0, 3) [0, 2)
     refine = graph.by_name["refine"]

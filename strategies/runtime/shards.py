@@ -20,6 +20,7 @@ import torch
 from torch import fx, nn
 
 from layerwise.strategies.model.graph import Layer
+from layerwise.strategies.model.tiles import as_4d
 from layerwise.strategies.runtime.comm import exchange_tagged
 from layerwise.strategies.runtime.plan import StrategyPlan
 
@@ -62,7 +63,7 @@ class ShardedModel:
             tile = layer_plan.tiles.get(rank)
             if tile is not None:
                 self.layer_shards[layer_plan.layer.name] = {
-                    target: self._shards(target, tile.box[1], full_state)
+                    target: self._shards(target, layer_plan.layer, tile.box[1], full_state)
                     for target in self._module_targets(layer_plan.layer)}
         self._plan_of_target = {target: layer_plan for layer_plan in plan.layers
                                 for target in self._module_targets(layer_plan.layer)}
@@ -82,8 +83,10 @@ class ShardedModel:
                 targets.append(str(node.target))
         return targets
 
-    def _shards(self, target: str, channels: tuple[int, int],
+    def _shards(self, target: str, layer: Layer, channels: tuple[int, int],
                 full_state: dict[str, torch.Tensor]) -> dict[str, Shard]:
+        """The rows of each of the module's tensors that the tile of `channels` holds
+        (`_rows`)."""
         module = self.graph_module.get_submodule(target)
         shards: dict[str, Shard] = {}
         parameters = dict(module.named_parameters(recurse=False))
@@ -92,7 +95,7 @@ class ShardedModel:
             key = f"{target}.{name}"
             full = full_state[key]
             sliced = full.dim() > 0
-            start, stop = channels if sliced else (0, 1)
+            start, stop = _rows(layer, channels, full.shape)
             data = full[start:stop].detach().clone() if sliced else full.detach().clone()
             tensor = nn.Parameter(data) if name in parameters else data
             shards[name] = Shard(key=key, tensor=tensor, start=start, stop=stop, sliced=sliced)
@@ -170,7 +173,7 @@ class ShardedModel:
                 if tile.index[0] or tile.index[2] or tile.index[3] or (
                         not shape and tile.index[1]):
                     continue
-                start, stop = tile.box[1] if shape else (0, 1)
+                start, stop = _rows(layer_plan.layer, tile.box[1], shape)
                 table.append((key, tile.device, start, stop))
         return table
 
@@ -185,6 +188,18 @@ class ShardedModel:
         return {shard.key: (full[shard.key][shard.start:shard.stop] if shard.sliced
                             else full[shard.key]).to(self.device, shard.tensor.dtype)
                 for shard in self.shards() if shard.key in full}
+
+
+def _rows(layer: Layer, channels: tuple[int, int], shape: torch.Size) -> tuple[int, int]:
+    """Rows [start, stop) of dim 0 of a tensor of `shape` that the tile of output channels
+    `channels` holds: those channels, all of it where the tile holds every channel (a
+    transposed convolution's weight runs along its input channels in dim 0, which a layer held
+    whole along c must not cut), (0, 1) for a scalar."""
+    if not shape:
+        return (0, 1)
+    if channels == (0, as_4d(layer.output_shape)[1]):
+        return (0, shape[0])
+    return channels
 
 
 def _place(full: torch.Tensor, start: int, stop: int, part: torch.Tensor) -> None:
