@@ -281,9 +281,16 @@ def test_an_encoder_decoder_split_along_h_and_w_equals_one_process(
     graph = build_graph("tests.idiom_models:TinyUNet", batch=16, image_size=16)
     split = baseline("spatial_h", graph, 4)
     assert split["up0"].degrees == (1, 1, 4, 1) and split["down0_0"].degrees == (1, 1, 4, 1)
-    # the InstanceNorms' statistics all-reduces move exactly the bytes the cost model prices
-    run = layerwise.train("tests.idiom_models:TinyUNet", "spatial_h", nproc=4, steps=1,
-                          out=tmp_path / "run", image_size=16, batch_per_device=4)
+    # the InstanceNorms' statistics all-reduces move exactly the bytes the cost model prices,
+    # a recomputed block's too (its second forward takes back the statistics of its first)
+    shape = {"image_size": 16, "batch_per_device": 4}
+    planned = layerwise.search("tests.idiom_models:TinyUNet", devices=4, cluster="local",
+                               baselines=("spatial_h",), **shape).strategies["spatial_h"]
+    recomputed = planned.model_copy(update={"recompute": ("down0_0", "merge1_3")})
+    recomputed.save(tmp_path / "recomputed.json")
+    run = layerwise.train("tests.idiom_models:TinyUNet", str(tmp_path / "recomputed.json"),
+                          nproc=4, steps=1, out=tmp_path / "run", **shape)
+    assert run.strategy.recompute == ("down0_0", "merge1_3")
     assert run.bytes_per_step == run.predicted_bytes_per_step
     assert all(layer["sync"] for name, layer in run.bytes_per_step_by_layer.items()
                if name.startswith(("down", "bottom", "merge")))

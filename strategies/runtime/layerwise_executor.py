@@ -24,6 +24,7 @@ tilings.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -223,21 +224,14 @@ class LayerwiseModel(ShardedModel):
         if isinstance(module, BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))
         if isinstance(module, nn.InstanceNorm2d):  # statistics summed over the plane's tiles
-            shards = state.modules.get(str(node.target), {})
-            weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None
-                            for key in ("weight", "bias"))
-            group = state.plan.plane_group(self.rank)
+            weight, bias = _affine(state, str(node.target))
             sizes = as_4d(layer.output_shape)
-
-            def reduce(values: torch.Tensor) -> torch.Tensor:
-                return self.comm.all_reduce(values, group, (layer.name, "sync"))
-
-            return ops.sync_instance_norm(tile, weight, bias, module.eps, sizes[2] * sizes[3],
-                                          reduce if len(group) > 1 else None)
+            return ops.sync_instance_norm(
+                tile, weight, bias, module.eps, sizes[2] * sizes[3],
+                self._statistics_reduce(layer, str(node.target),
+                                        state.plan.plane_group(self.rank)))
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
-            shards = state.modules.get(str(node.target), {})
-            weight, bias = (shard.tensor if (shard := shards.get(key)) is not None else None
-                            for key in ("weight", "bias"))
+            weight, bias = _affine(state, str(node.target))
             if isinstance(module, nn.GroupNorm):
                 return ops.group_norm(tile, module.num_groups, module.num_channels, weight,
                                       bias, module.eps)
@@ -262,14 +256,31 @@ class LayerwiseModel(ShardedModel):
             shard = shards.get(name)
             return shard.tensor if shard is not None else None
 
-        group = state.plan.replica_group(self.rank)
         sizes = as_4d(layer.output_shape)
-        recomputed = layer.name in self.plan.recompute
-        replay = recomputed and torch.is_grad_enabled()  # in the backward: the forward again
-        statistics = self._statistics.setdefault((layer.name, target), [])
+        replay = self._replaying(layer)
         tracked = shards.get("num_batches_tracked")
         if tracked is not None and not replay:
             tracked.tensor.add_(1)
+        running = (None, None) if replay else (tensor("running_mean"), tensor("running_var"))
+        return ops.batch_norm(x, tensor("weight"), tensor("bias"), *running, momentum,
+                              module.eps, sizes[0] * sizes[2] * sizes[3],
+                              self._statistics_reduce(layer, target,
+                                                      state.plan.replica_group(self.rank)))
+
+    def _replaying(self, layer: Layer) -> bool:
+        """Whether the layer's forward runs again now: recomputed, in its backward."""
+        return layer.name in self.plan.recompute and torch.is_grad_enabled()
+
+    def _statistics_reduce(self, layer: Layer, target: str, group: tuple[int, ...]
+                           ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The all-reduce of a normalisation's statistics over `group` (None alone). For a
+        recomputed layer the forward keeps what it reduced and the backward's second forward
+        takes it back instead of reducing again, so the recomputed tile is the forward's bit
+        for bit and the step moves the bytes a kept layer moves."""
+        if len(group) == 1:
+            return None
+        recomputed, replay = layer.name in self.plan.recompute, self._replaying(layer)
+        statistics = self._statistics.setdefault((layer.name, target), [])
 
         def reduce(values: torch.Tensor) -> torch.Tensor:
             if replay and statistics:  # the forward's sums; the backward's are reduced anew
@@ -279,10 +290,7 @@ class LayerwiseModel(ShardedModel):
                 statistics.append(summed.clone())
             return summed
 
-        running = (None, None) if replay else (tensor("running_mean"), tensor("running_var"))
-        return ops.batch_norm(x, tensor("weight"), tensor("bias"), *running, momentum,
-                              module.eps, sizes[0] * sizes[2] * sizes[3],
-                              reduce if len(group) > 1 else None)
+        return reduce
 
     def _writes_input(self, node: fx.Node) -> bool:
         """Whether an elementwise node writes into its input (inplace=True or a `method_`)."""
@@ -370,3 +378,12 @@ class LayerwiseModel(ShardedModel):
 def _full_box(layer: Layer) -> Box:
     n, c, h, w = ((0, size) for size in as_4d(layer.output_shape))
     return (n, c, h, w)
+
+
+def _affine(state: _LayerState, target: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """This rank's shards of a normalisation module's weight and bias (None where it has
+    none)."""
+    shards = state.modules.get(target, {})
+    weight, bias = (shards.get(key) for key in ("weight", "bias"))
+    return (weight.tensor if weight is not None else None,
+            bias.tensor if bias is not None else None)
