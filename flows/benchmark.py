@@ -597,11 +597,11 @@ def _why_it_splits(result: RunResult) -> str:
     """Why a plan held to a memory limit splits as it does, where that follows from its
     configs: space splits below a sample per device, channel splits of weight shards."""
     degrees = [ParallelConfig.parse(choice.config) for choice in result.strategy.layers]
-    if any(config.h > 1 or config.w > 1 for config in degrees):
+    if any(config.d > 1 or config.h > 1 or config.w > 1 for config in degrees):
         below = (" at fewer samples than devices, where a split over samples runs out"
                  if result.global_batch < result.nproc else "")
-        return ("; a split over height or width puts a part of each sample's activations on "
-                f"each device{below}")
+        return ("; a split over depth, height or width puts a part of each sample's "
+                f"activations on each device{below}")
     if any(config.c > 1 for config in degrees):
         return "; a split over channels puts a shard of each layer's weights on each device"
     return ""

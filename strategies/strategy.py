@@ -14,7 +14,7 @@ from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.execution import LayerwiseExecution
 from layerwise.strategies.files.atomic import read_json_model, write_atomic
 from layerwise.strategies.model.graph import LayerGraph
-from layerwise.strategies.model.space import ParallelConfig, check_config
+from layerwise.strategies.model.space import ParallelConfig, check_config, config_text
 from layerwise.strategies.schedules import Execution
 from layerwise.strategies.text import Name
 
@@ -73,7 +73,8 @@ class Strategy(BaseModel):
             name=name, model=graph.model, structure_hash=graph.structure_hash,
             input_shape=graph.input_shape, devices=devices, cluster=cluster,
             cost_source=cost_source,
-            layers=tuple(LayerChoice(name=layer.name, config=assignment[layer.name].text)
+            layers=tuple(LayerChoice(name=layer.name,
+                                     config=config_text(layer, assignment[layer.name]))
                          for layer in graph.layers),
             predicted=predicted, execution=execution or LayerwiseExecution(),
             recompute=tuple(recompute),

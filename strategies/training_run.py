@@ -28,6 +28,7 @@ from layerwise.strategies.learning_rate import (
     LrDecay,
     learning_rate,
 )
+from layerwise.strategies.model.input_size import InputSize
 from layerwise.strategies.strategy import Strategy
 
 SCHEMA_VERSION = 2  # 2: the learning-rate schedule; a diverged loss (NaN, inf) is kept
@@ -50,7 +51,7 @@ class TrainSettings(BaseModel):
     # the global batch: `batch`, else batch_per_device on every process (exactly one is set)
     batch_per_device: int | None = None
     batch: int | None = None
-    image_size: int
+    image_size: InputSize  # the square image's side, or each spatial dim's size
     classes: ClassCount
     in_channels: int
     lr: LearningRate  # the peak of the schedule

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +60,12 @@ def prefect_server() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture()
+def workers_import_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun workers import the test models by reference (tests.idiom_models), from this
+    checkout."""
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, (str(root), os.environ.get("PYTHONPATH")))))

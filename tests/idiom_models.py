@@ -482,3 +482,61 @@ class Upsampling(nn.Module):
         x = F.relu(self.fuse(torch.cat([self.cornered(down), sized], dim=1)))
         x = F.interpolate(self.bilinear(x), scale_factor=1.5, mode="nearest")
         return self.fc(x.mean((2, 3)))
+
+
+class Volume(nn.Module):
+    """A 3-d network with each 3-d layer kind, written as MONAI's and torchvision's video
+    models write theirs: an anisotropic strided stem with BatchNorm3d, ceil-mode max pooling, a
+    dilated grouped convolution with an anisotropic kernel, InstanceNorm3d, Dropout3d, average
+    pooling without the padding in its divisor, a transposed convolution and a trilinear
+    upsampling of one map concatenated, and adaptive max pooling to class scores."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 1) -> None:
+        super().__init__()
+        self.stem = nn.Conv3d(in_channels, 8, 3, stride=(1, 2, 2), padding=1)
+        self.bn = nn.BatchNorm3d(8)
+        self.pool = nn.MaxPool3d(3, stride=2, padding=1, ceil_mode=True)
+        self.dilated = nn.Conv3d(8, 8, (3, 1, 3), padding=(2, 0, 2), dilation=2, groups=2)
+        self.norm = nn.InstanceNorm3d(8, affine=True)
+        self.drop = nn.Dropout3d(0.2)
+        self.avg = nn.AvgPool3d(2, stride=1, padding=1, count_include_pad=False)
+        self.up = nn.ConvTranspose3d(8, 8, 2, stride=2)
+        self.upsample = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False)
+        self.fuse = nn.Conv3d(16, 8, 1)
+        self.head = nn.AdaptiveMaxPool3d((1, 2, 2))
+        self.fc = nn.Linear(8 * 4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.bn(self.stem(x))))
+        y = self.avg(self.drop(F.leaky_relu(self.norm(self.dilated(x)), 0.1)))
+        z = F.relu(self.fuse(torch.cat([self.up(y), self.upsample(y)], dim=1)))
+        return self.fc(torch.flatten(self.head(z), 1))
+
+
+class Signal(nn.Module):
+    """A 1-d network with each 1-d layer kind, written as audio models (torchaudio's
+    wav2letter, M5) write theirs: a wide strided stem with BatchNorm1d, max pooling, a dilated
+    grouped convolution, InstanceNorm1d, Dropout1d, average pooling without the padding in its
+    divisor, a transposed convolution and a linear interpolation with aligned corners
+    concatenated, a reflect-padded convolution, adaptive average pooling to class scores."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 2) -> None:
+        super().__init__()
+        self.stem = nn.Conv1d(in_channels, 8, 9, stride=2, padding=4)
+        self.bn = nn.BatchNorm1d(8)
+        self.pool = nn.MaxPool1d(3, stride=2, padding=1)
+        self.grouped = nn.Conv1d(8, 8, 3, padding=2, dilation=2, groups=4)
+        self.norm = nn.InstanceNorm1d(8, affine=True)
+        self.drop = nn.Dropout1d(0.2)
+        self.avg = nn.AvgPool1d(3, stride=1, padding=1, count_include_pad=False)
+        self.up = nn.ConvTranspose1d(8, 8, 4, stride=2, padding=1)
+        self.reflect = nn.Conv1d(16, 8, 5, padding=2, padding_mode="reflect")
+        self.head = nn.AdaptiveAvgPool1d(3)
+        self.fc = nn.Linear(8 * 3, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.bn(self.stem(x))))
+        y = self.avg(self.drop(F.gelu(self.norm(self.grouped(x)))))
+        up = F.interpolate(y, scale_factor=2, mode="linear", align_corners=True)
+        z = F.relu(self.reflect(torch.cat([self.up(y), up], dim=1)))
+        return self.fc(torch.flatten(self.head(z), 1))

@@ -19,7 +19,7 @@ from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.hardware.cluster import DeviceGroups, Link, Racks, load_cluster
 from layerwise.strategies.model.graph import build_graph, trace
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
-from layerwise.strategies.model.tiles import as_4d, largest_tile, needed_range, output_ranges
+from layerwise.strategies.model.tiles import as_view, largest_tile, needed_range, output_ranges
 
 P = ParallelConfig.parse
 CLUSTER = load_cluster("p100x16")
@@ -145,14 +145,14 @@ def naive_edge_elements(producer, consumer, pconf, qconf) -> int:
     p_tiles = list(pconf.tiles())
     for q_index, q_device in qconf.tiles():
         needed = []
-        for dim in range(4):
+        for dim in range(5):
             out = output_ranges(consumer, dim, qconf.degrees[dim])[q_index[dim]]
             needed.append(needed_range(consumer, input_index, dim, out))
         for p_index, p_device in p_tiles:
             if p_device == q_device:
                 continue
             volume = 1
-            for dim in range(4):
+            for dim in range(5):
                 have = output_ranges(producer, dim, pconf.degrees[dim])[p_index[dim]]
                 volume *= max(0, min(have[1], needed[dim][1]) - max(have[0], needed[dim][0]))
             moved += volume
@@ -216,7 +216,7 @@ def naive_edge(cost, producer, consumer, pconf, qconf) -> tuple[float, int]:
 
     def box(layer, config, index, needed):
         ranges = []
-        for dim in range(4):
+        for dim in range(5):
             out = output_ranges(layer, dim, config.degrees[dim])[index[dim]]
             ranges.append(needed_range(layer, input_index, dim, out) if needed else out)
         return ranges
@@ -345,7 +345,7 @@ def test_each_element_crosses_its_own_link():
     other."""
     graph = build_graph("tiny_cnn", batch=8, image_size=8)
     producer, consumer = graph.layers[1], graph.layers[2]  # two convs: a sample needs its own
-    half = math.prod(as_4d(producer.output_shape)) // 2
+    half = math.prod(as_view(producer.output_shape)) // 2
     nvlink, infiniband = CLUSTER.links.intra_node, CLUSTER.links.inter_node
     cost = model_for(graph, 8)
     seconds, moved = cost.edge(producer, consumer, [P("n2c1h1w1@3-4")], [P("n2c1h1w1@2,5")])
@@ -421,8 +421,11 @@ def test_evaluate_names_missing_layers():
         model_for(graph, 2).evaluate({})
 
 
-def test_as_4d_pads_two_dimensional_shapes():
-    assert as_4d((8, 10)) == (8, 10, 1, 1)
+def test_the_view_aligns_spatial_dims_to_the_right():
+    assert as_view((8, 10)) == (8, 10, 1, 1, 1)
+    assert as_view((8, 3, 100)) == (8, 3, 1, 1, 100)
+    assert as_view((8, 3, 32, 24)) == (8, 3, 1, 32, 24)
+    assert as_view((8, 3, 16, 32, 24)) == (8, 3, 16, 32, 24)
 
 
 def test_the_parameter_server_reaches_each_replica_over_its_own_link():

@@ -14,7 +14,6 @@ run) are rows of tests/test_bad_input.py.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ from layerwise.strategies.model.space import (
     check_config,
     degree_choices,
     parallel_dims,
+    view_dims,
 )
 from layerwise.strategies.model.tiles import needed_range
 from layerwise.strategies.model.zoo import build_model
@@ -92,7 +92,7 @@ def test_layer_norm_over_the_channels_is_one_layer_with_its_permutes() -> None:
 def _offered(layer, devices: int) -> dict[str, list[int]]:
     choices = degree_choices(layer, devices)
     return {dim: sorted({degrees[index] for degrees in choices})
-            for index, dim in enumerate(SPLIT_DIMS)}
+            for index, dim in enumerate(SPLIT_DIMS) if index in view_dims(len(layer.output_shape))}
 
 
 def test_the_space_offers_and_accepts_only_the_degrees_the_ops_allow() -> None:
@@ -140,13 +140,6 @@ def test_train_says_which_layers_are_held_before_it_starts(tmp_path) -> None:
         assert job.strategy.assignment()["conv1"].text == "n2c1h1w1@0-1"
 
 
-@pytest.fixture()
-def workers_import_tests(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torchrun workers import the test models by reference, from this checkout."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_every_idiom_trains_equal_to_one_process(tmp_path, workers_import_tests,
@@ -157,17 +150,18 @@ def test_every_idiom_trains_equal_to_one_process(tmp_path, workers_import_tests,
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     checked = {d["strategy"]: d for d in report["divergences"]}
-    assert {"data", "model", "spatial_h", "spatial_w", "layerwise", "pipeline"} <= set(checked)
+    assert {"data", "model", "spatial_h", "spatial_w", "spatial", "layerwise",
+            "pipeline"} <= set(checked)
     graph = build_graph("tests.idiom_models:Idioms", batch=4 * nproc, image_size=8)
     split = {name: {layer: baseline(name, graph, nproc)[layer].degrees for layer in
                     ("same", "dilated", "reflect", "wide", "replicate", "layer_norm_1")}
              for name in ("model", "spatial_h", "spatial_w")}
-    assert split["model"]["same"] == (1, 2, 1, 1) and split["model"]["dilated"][1] == nproc
-    assert split["spatial_h"]["wide"] == (1, 1, 2, 1) and split["spatial_w"]["wide"] == (
-        1, 1, 1, 2)
+    assert split["model"]["same"] == (1, 2, 1, 1, 1) and split["model"]["dilated"][1] == nproc
+    assert split["spatial_h"]["wide"] == (1, 1, 1, 2, 1) and split["spatial_w"]["wide"] == (
+        1, 1, 1, 1, 2)
     for layer in ("reflect", "replicate", "layer_norm_1"):
-        assert split["spatial_h"][layer] == (1, 1, nproc, 1), layer
-        assert split["spatial_w"][layer] == (1, 1, 1, nproc), layer
+        assert split["spatial_h"][layer] == (1, 1, 1, nproc, 1), layer
+        assert split["spatial_w"][layer] == (1, 1, 1, 1, nproc), layer
     for name, divergence in checked.items():
         largest = max(divergence["max_loss_difference"], divergence["max_parameter_difference"])
         if name in INEXACT:
@@ -196,7 +190,7 @@ def test_activations_by_their_elementwise_nature_split_everywhere_exactly(
     assert graph.by_name["mul"].input_shapes == ((8, 8, 1, 1), (8, 8, 8, 8))
     assert graph.by_name["mul_1"].input_shapes == ((8, 8, 8, 8), (8, 1, 8, 8))
     assert graph.by_name["add"].inputs == ("mul_1", "excite")
-    for name, degrees in (("spatial_h", (1, 1, 2, 1)), ("model", (1, 2, 1, 1))):
+    for name, degrees in (("spatial_h", (1, 1, 1, 2, 1)), ("model", (1, 2, 1, 1, 1))):
         plan = baseline(name, graph, 2)
         assert all(plan[layer].degrees == degrees for layer in ("mul", "mul_1", "add"))
     result = runner.invoke(app, ["verify", "tests.idiom_models:Activations", "--strategy",
@@ -254,8 +248,9 @@ def test_an_encoder_decoder_traces_with_its_transposed_convs_and_instance_norms(
     # stride 2, kernel 3, padding 1: input row i adds into output rows 2i - 1 .. 2i + 1, so
     # output rows [4, 8) read input rows [2, 5) (row 4 reaches row 7) and rows [0, 3) [0, 2)
     refine = graph.by_name["refine"]
-    assert needed_range(refine, 0, 2, (4, 8)) == (2, 5)
-    assert needed_range(refine, 0, 2, (0, 3)) == (0, 2)
+    height = SPLIT_DIMS.index("h")
+    assert needed_range(refine, 0, height, (4, 8)) == (2, 5)
+    assert needed_range(refine, 0, height, (0, 3)) == (0, 2)
     block = graph.by_name["down0_0"]
     assert [op.op for op in block.fused] == ["InstanceNorm2d", "LeakyReLU"]
     assert parallel_dims(block) == ("n", "c", "h", "w") and not block.max_degrees
@@ -280,7 +275,7 @@ def test_an_encoder_decoder_split_along_h_and_w_equals_one_process(
         assert divergence["exact"] is True, divergence
     graph = build_graph("tests.idiom_models:TinyUNet", batch=16, image_size=16)
     split = baseline("spatial_h", graph, 4)
-    assert split["up0"].degrees == (1, 1, 4, 1) and split["down0_0"].degrees == (1, 1, 4, 1)
+    assert split["up0"].degrees == (1, 1, 1, 4, 1) and split["down0_0"].degrees == (1, 1, 1, 4, 1)
     # the InstanceNorms' statistics all-reduces move exactly the bytes the cost model prices,
     # a recomputed block's too (its second forward takes back the statistics of its first)
     shape = {"image_size": 16, "batch_per_device": 4}
@@ -302,8 +297,9 @@ def test_upsampling_reads_the_rows_its_interpolation_weights_reach() -> None:
     read their own half of the input; a bilinear one one row past it (align_corners or not),
     which the halo exchange brings; a fractional nearest factor (1.5) its own share again."""
     graph = build_graph("tests.idiom_models:Upsampling", batch=4, image_size=16)
-    reads = {name: (needed_range(graph.by_name[name], 0, 2, (0, size // 2)),
-                    needed_range(graph.by_name[name], 0, 2, (size // 2, size)))
+    height = SPLIT_DIMS.index("h")
+    reads = {name: (needed_range(graph.by_name[name], 0, height, (0, size // 2)),
+                    needed_range(graph.by_name[name], 0, height, (size // 2, size)))
              for name, size in (("nearest", 16), ("interpolate", 16), ("cornered", 16),
                                 ("bilinear", 32), ("interpolate_1", 48))}
     assert reads == {"nearest": ((0, 4), (4, 8)), "interpolate": ((0, 5), (3, 8)),

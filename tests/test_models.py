@@ -23,8 +23,11 @@ from layerwise.strategies.model.zoo import (
 
 ZOO_NAMES = [
     "tiny_cnn", "lenet5", "wide_fc", "cosmoflow2d", "alexnet", "vgg16", "resnet18", "resnet50",
-    "resnet101", "resnet152", "inception_v3",
+    "resnet101", "resnet152", "inception_v3", "cosmoflow3d", "unet3d", "m5",
 ]
+# the image classifiers, with their stems and minimum sizes (the 1-d and 3-d networks:
+# tests/test_nd_layers.py)
+IMAGE_MODELS = [name for name in ZOO_NAMES if name not in ("cosmoflow3d", "unet3d", "m5")]
 
 PARAMS_1000 = {  # torchvision's counts at 1000 classes (lenet5, wide_fc: 10; cosmoflow2d: 3)
     "alexnet": 61_100_840,
@@ -108,7 +111,7 @@ def test_resnet_module_names() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_output_shape_at_32(name: str) -> None:
     torch.manual_seed(0)
     model = build_model(name, num_classes=10, image_size=32).eval()
@@ -146,7 +149,7 @@ def test_inception_aux_returns_pair_in_training_only() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_small_input_keeps_parameter_shapes(name: str) -> None:
     small = build_model(name, image_size=32, device="meta")
     standard = build_model(name, device="meta")
@@ -174,7 +177,7 @@ def _forward_meta(model: nn.Module, name: str, size: int) -> torch.Tensor:
     return model(torch.empty(input_shape(name, 1, size, None), device="meta"))
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_minimum_sizes_are_tight(name: str) -> None:
     """The computed minimum runs; one pixel less breaks the network (or the stem switches)."""
     for size in {min_image_size(name), ZOO[name].min_standard_size}:

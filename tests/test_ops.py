@@ -33,7 +33,7 @@ from layerwise.strategies.model.ops import (
     pool,
 )
 from layerwise.strategies.model.space import tile_range
-from layerwise.strategies.model.tiles import Box, Range, needed_range
+from layerwise.strategies.model.tiles import Box, Range, needed_box, view_box
 
 EXAMPLES = settings(max_examples=25, deadline=None)
 MODES: tuple[PoolMode, ...] = ("max", "avg")
@@ -89,7 +89,7 @@ def _sliding_box(layer: Layer, out_box: Box, channels: Range) -> Box:
         for axis in (0, 1)
     )
     box = (out_box[0], channels, h, w)
-    assert box == tuple(needed_range(layer, 0, dim, out_box[dim]) for dim in range(4))
+    assert view_box(box) == needed_box(layer, 0, view_box(out_box))
     return box
 
 
@@ -328,7 +328,7 @@ def _check_adaptive(x: Tensor, out_size: tuple[int, int], mode: PoolMode,
         h, w = (_adaptive_span(out_box[2 + axis], in_size[axis], out_size[axis])
                 for axis in (0, 1))
         box = (out_box[0], out_box[1], h, w)
-        assert box == tuple(needed_range(layer, 0, dim, out_box[dim]) for dim in range(4))
+        assert view_box(box) == needed_box(layer, 0, view_box(out_box))
         return box
 
     def tile_op(box_x: Tensor, out_box: Box, *_: Tensor | None) -> Tensor:
@@ -371,8 +371,8 @@ def test_dropout_tiles_apply_their_part_of_the_whole_mask(per_channel: bool) -> 
     assert set(mask.unique().tolist()) <= {0.0, 1 / 0.6}
     whole = x * mask
     _check_tiles(x, whole, [mask.expand_as(x)], torch.ones_like(x), (2, 3, 2, 1),
-                 lambda box: box, lambda box_x, box, *_: dropout(box_x, mask, box, per_channel),
-                 [])
+                 lambda box: box,
+                 lambda box_x, box, *_: dropout(box_x, mask, view_box(box), per_channel), [])
 
 
 def test_layer_ops_without_geometry_are_the_full_ops_slices() -> None:

@@ -36,7 +36,7 @@ from layerwise.strategies.hardware.this_machine import device_name
 from layerwise.strategies.model import ops
 from layerwise.strategies.model.graph import build_graph, trace
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
-from layerwise.strategies.model.tiles import as_4d, largest_tile, needed_range, tile_box
+from layerwise.strategies.model.tiles import as_view, largest_tile, needed_range, tile_box
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
 from layerwise.strategies.schedules.loader import profiled_configs
 from layerwise.strategies.schedules.owt.planner import build_strategy, pass_config
@@ -168,10 +168,10 @@ def test_a_tile_box_has_the_tiles_shapes(tiny):
         for config in enumerate_configs(layer, 8):
             tile = largest_tile(layer, config)
             box = tile_box(layer, tile)
-            assert tuple(stop - start for start, stop in box) == as_4d(tile.output_shape)
+            assert tuple(stop - start for start, stop in box) == as_view(tile.output_shape)
             for index, shape in enumerate(tile.input_shapes):
-                needed = [needed_range(layer, index, dim, box[dim]) for dim in range(4)]
-                assert tuple(max(stop - start, 0) for start, stop in needed) == as_4d(shape)
+                needed = [needed_range(layer, index, dim, box[dim]) for dim in range(5)]
+                assert tuple(max(stop - start, 0) for start, stop in needed) == as_view(shape)
 
 
 def _conv_only(layer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import assume, given
@@ -13,6 +14,7 @@ from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.model.space import (
     DIMS,
     ParallelConfig,
+    as_view,
     check_config,
     count_configs,
     enumerate_configs,
@@ -64,7 +66,7 @@ def test_enumeration_obeys_every_constraint_and_misses_nothing(tiny_graph, devic
     for layer in tiny_graph.layers:
         configs = enumerate_configs(layer, devices)
         assert len(configs) == count_configs(layer, devices) == len(set(configs))
-        sizes = dict(zip(DIMS, (*layer.output_shape, 1, 1)[:4], strict=True))
+        sizes = dict(zip(DIMS, as_view(layer.output_shape), strict=True))
         for config in configs:
             assert config.size <= devices
             for dim, degree in zip(DIMS, config.degrees, strict=True):
@@ -79,8 +81,8 @@ def test_enumeration_obeys_every_constraint_and_misses_nothing(tiny_graph, devic
         # brute force: every power-of-two tuple and every aligned block, filtered by the rules
         expected = set()
         powers = [2**k for k in range(5)]
-        for degrees in itertools.product(powers, repeat=4):
-            size = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+        for degrees in itertools.product(powers, repeat=len(DIMS)):
+            size = math.prod(degrees)
             legal = size <= devices and all(
                 d <= sizes[dim] and (d == 1 or dim in parallel_dims(layer))
                 for dim, d in zip(DIMS, degrees, strict=True)
@@ -93,32 +95,34 @@ def test_enumeration_obeys_every_constraint_and_misses_nothing(tiny_graph, devic
 
 def test_layers_may_use_fewer_devices_at_any_aligned_offset(vgg_graph):
     conv = vgg_graph.by_name["features_2"]
-    blocks = {c.devices for c in enumerate_configs(conv, 16) if c.degrees == (4, 1, 1, 1)}
+    blocks = {c.devices for c in enumerate_configs(conv, 16) if c.degrees == (4, 1, 1, 1, 1)}
     assert blocks == {(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)}
 
 
 @given(
-    degrees=st.tuples(*(st.sampled_from([1, 2, 4, 8]) for _ in range(4))),
+    degrees=st.tuples(*(st.sampled_from([1, 2, 4, 8]) for _ in range(len(DIMS)))),
     data=st.data(),
 )
 def test_text_form_round_trips(degrees, data):
-    size = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+    size = math.prod(degrees)
     devices = data.draw(st.permutations(range(size + data.draw(st.integers(0, 8)))))[:size]
-    config = ParallelConfig(n=degrees[0], c=degrees[1], h=degrees[2], w=degrees[3],
-                            devices=tuple(devices))
+    config = ParallelConfig(**dict(zip(DIMS, degrees, strict=True)), devices=tuple(devices))
     parsed = ParallelConfig.parse(config.text)
     assert parsed == config and hash(parsed) == hash(config)
 
 
 def test_text_form_examples():
     config = ParallelConfig.parse("n4c1h2w1@0-7")
-    assert config.degrees == (4, 1, 2, 1) and config.devices == tuple(range(8))
+    assert config.degrees == (4, 1, 1, 2, 1) and config.devices == tuple(range(8))
     assert str(config) == "n4c1h2w1@0-7"
+    deep = ParallelConfig.parse("n1c1d2h2w1@0-3")
+    assert deep.degrees == (1, 1, 2, 2, 1) and deep.text == "n1c1d2h2w1@0-3"
+    assert ParallelConfig.parse("n2c1l4@0-7").degrees == (2, 1, 1, 1, 4)
     assert ParallelConfig.parse("n1c2h1w1@3,6").devices == (3, 6)
     assert format_devices((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
     assert parse_devices("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
     tiles = list(ParallelConfig.parse("n2c1h2w1@4-7").tiles())
-    assert tiles[1] == ((0, 0, 1, 0), 5) and tiles[2] == ((1, 0, 0, 0), 6)
+    assert tiles[1] == ((0, 0, 0, 1, 0), 5) and tiles[2] == ((1, 0, 0, 0, 0), 6)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ runner = CliRunner()
 # handful of values (a 1x1 map over 8 samples is as ill-conditioned as float64 rounding allows)
 IMAGE_SIZE = {"tiny_cnn": 8, "lenet5": 16, "wide_fc": 8, "cosmoflow2d": 16, "alexnet": 21,
               "vgg16": 32, "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
-              "inception_v3": 20}
+              "inception_v3": 20, "cosmoflow3d": 8, "unet3d": 8, "m5": 1024}
 SMALL = ("tiny_cnn", "lenet5", "wide_fc")  # three steps, so momentum and decay act twice
 # One step for the deep BatchNorm networks: over a second step at these sizes float64 rounding
 # grows through their 50-150 BatchNorms to within 2-10x of the tolerance (ResNet-50 `data`:

@@ -14,12 +14,30 @@ from rich.console import Console
 from rich.text import Text
 
 from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.model.input_size import InputSize, parse_input_shape
 from layerwise.strategies.text import printable
 
 # `--batch G` of search, profile, train and verify: the global batch, beside --batch-per-device
 GlobalBatch = Annotated[int | None, typer.Option(
     "--batch", help="Global batch instead of --batch-per-device; it may be smaller than the "
                     "devices (a sample or less each: spatial and channel splits share it).")]
+
+# `--input-shape` of every command that takes --image-size: 1-d signals, images, 3-d volumes
+InputShape = Annotated[str | None, typer.Option(
+    "--input-shape", help="Input channels and spatial sizes instead of --image-size and "
+                          "--in-channels: C,L (a signal), C,H,W (an image) or C,D,H,W (a "
+                          "volume), e.g. 1,64,64,64.")]
+
+
+def input_options(image_size: int | None, in_channels: int | None,
+                  input_shape: str | None) -> tuple[InputSize | None, int | None]:
+    """(image size, channels) from --image-size and --in-channels, or from --input-shape."""
+    if input_shape is None:
+        return image_size, in_channels
+    if image_size is not None or in_channels is not None:
+        raise LayerwiseError("give --input-shape, or --image-size and --in-channels, not both")
+    channels, sizes = parse_input_shape(input_shape)
+    return sizes, channels
 
 
 # Printed text is never markup or emoji codes: model names, paths and messages come from the

@@ -16,7 +16,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from layerwise.flows.cli.console import console, human_count, print_json, user_errors
+from layerwise.flows.cli.console import (
+    InputShape,
+    console,
+    human_count,
+    input_options,
+    print_json,
+    user_errors,
+)
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 
@@ -72,6 +79,7 @@ def graph(
     image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of output classes.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
+    input_shape: InputShape = None,
     devices: Annotated[
         int | None,
         typer.Option(help="Devices to count configurations for (default: the cluster's, else 4)."),
@@ -82,10 +90,11 @@ def graph(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Print a model's layer graph and each layer's number of parallel configurations."""
+    image_size, in_channels = input_options(image_size, in_channels, input_shape)
     from layerwise.strategies.errors import ConfigError
     from layerwise.strategies.hardware.cluster import load_cluster
     from layerwise.strategies.model.graph import build_graph
-    from layerwise.strategies.model.space import count_configs, parallel_dims
+    from layerwise.strategies.model.space import count_configs, dim_name, parallel_dims
 
     spec = load_cluster(cluster) if cluster else None
     if devices is not None and devices < 1:
@@ -119,7 +128,7 @@ def graph(
                     **layer.model_dump(mode="json"),
                     "label": layer.label,
                     "param_count": layer.param_count,
-                    "parallel_dims": "".join(parallel_dims(layer)),
+                    "parallel_dims": "".join(dim_name(layer, dim) for dim in parallel_dims(layer)),
                     "configs": counts[layer.name],
                 }
                 for layer in layer_graph.layers
@@ -141,7 +150,8 @@ def graph(
             str(index), layer.name, layer.label, "x".join(map(str, layer.output_shape)),
             f"{layer.param_count:,}" if layer.param_count else "",
             human_count(layer.flops) if layer.flops else "",
-            ", ".join(layer.inputs), "".join(parallel_dims(layer)), f"{counts[layer.name]:,}",
+            ", ".join(layer.inputs), "".join(dim_name(layer, dim) for dim in parallel_dims(layer)),
+            f"{counts[layer.name]:,}",
         )
     console.print(table)
     total_configs = sum(counts.values())

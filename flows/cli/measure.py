@@ -34,7 +34,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from layerwise.flows.cli.console import GlobalBatch, console, human_count, print_json, user_errors
+from layerwise.flows.cli.console import (
+    GlobalBatch,
+    InputShape,
+    console,
+    human_count,
+    input_options,
+    print_json,
+    user_errors,
+)
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
 
 DEFAULT_CLUSTER_OUT = Path("data") / "profiles" / "cluster-local.yaml"
@@ -67,6 +75,7 @@ def profile(
     image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of output classes.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
+    input_shape: InputShape = None,
     device: Annotated[str | None, typer.Option(
         help="cpu or cuda (default: cuda when available, else cpu).")] = None,
     repeats: Annotated[int | None, typer.Option(
@@ -99,6 +108,7 @@ def profile(
     With --processes P, P profilers measure at once and each tile keeps the slowest time: a
     CPU run of P ranks on this machine is predicted from that profile.
     """
+    image_size, in_channels = input_options(image_size, in_channels, input_shape)
     from layerwise.strategies.cost.profile import concurrent_threads, total_seconds
     from layerwise.strategies.errors import ConfigError, LayerwiseError
     from layerwise.strategies.files.atomic import writable_file
@@ -219,12 +229,7 @@ def _at_once(processes: int) -> str:
 
 def _tile_weight(layer: Any, tile: Any) -> float:
     """Rough cost of measuring a tile, for the time-left estimate: its share of the FLOPs."""
-    from layerwise.strategies.model.tiles import as_4d
-
-    out = as_4d(layer.output_shape)
-    share = as_4d(tile.output_shape)
-    fraction = (share[0] * share[1] * share[2] * share[3]) / max(
-        out[0] * out[1] * out[2] * out[3], 1)
+    fraction = math.prod(tile.output_shape) / max(math.prod(layer.output_shape), 1)
     return layer.flops * fraction + _TILE_OVERHEAD_FLOPS
 
 

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from layerwise.flows.cli.console import GlobalBatch, console, print_json, user_errors
+from layerwise.flows.cli.console import (
+    GlobalBatch,
+    InputShape,
+    console,
+    input_options,
+    print_json,
+    user_errors,
+)
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files.atomic import writable_file
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
@@ -51,6 +58,7 @@ def register(app: typer.Typer) -> None:
         image_size: Annotated[int | None, typer.Option(help="Input height and width.")] = None,
         classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
         in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
+        input_shape: InputShape = None,
         baselines: Annotated[
             str, typer.Option(help="Comma-separated strategy names besides the searched one: "
                                    f"{schedule_help()}; paradl (the ParaDL oracle's analytic "
@@ -74,6 +82,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Find the optimal layer-wise strategy and compare it with the baselines."""
+        image_size, in_channels = input_options(image_size, in_channels, input_shape)
         names = [name.strip() for name in baselines.split(",") if name.strip()]
         if batch is not None and batch_per_device is not None:
             raise LayerwiseError("give --batch (global) or --batch-per-device, not both")

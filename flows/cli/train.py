@@ -35,9 +35,11 @@ from rich.table import Table
 
 from layerwise.flows.cli.console import (
     GlobalBatch,
+    InputShape,
     console,
     error_console,
     human_count,
+    input_options,
     print_error,
     print_warning,
     user_errors,
@@ -69,7 +71,8 @@ def register(app: typer.Typer) -> None:
 def train(
     model: Annotated[str, typer.Argument(help="Zoo name or package.module:factory.")],
     strategy: Annotated[str | None, typer.Option(
-        help="layerwise (search now), a baseline (data, model, owt, spatial_h, spatial_w), "
+        help="layerwise (search now), a baseline (data, model, owt, spatial_h, spatial_w, "
+             "spatial), "
              f"a scheduled strategy: {schedule_help()}; or a strategy JSON file from "
              "`layerwise search --save`.")] = None,
     nproc: Annotated[int | None, typer.Option(help="Processes per node.")] = None,
@@ -94,6 +97,7 @@ def train(
         help="Input height and width (default: the dataset's, else the model's).")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
+    input_shape: InputShape = None,
     lr: Annotated[float | None, typer.Option(
         help=f"SGD's peak learning rate, reached after the warm-up (default {DEFAULT_LR:g}).")
     ] = None,
@@ -128,6 +132,7 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the RunResult JSON.")] = False,
 ) -> None:
     """Train MODEL under a strategy on N processes with torchrun; measure it against Eq. 1."""
+    image_size, in_channels = input_options(image_size, in_channels, input_shape)
     from layerwise.strategies.jobs.job import new_job, resumed_job
     from layerwise.strategies.jobs.launch import TrainingFailed
     from layerwise.strategies.jobs.options import TrainOptions, check_launch_numbers

@@ -23,7 +23,14 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from layerwise.flows.cli.console import GlobalBatch, console, print_error, user_errors
+from layerwise.flows.cli.console import (
+    GlobalBatch,
+    InputShape,
+    console,
+    input_options,
+    print_error,
+    user_errors,
+)
 from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE, DEFAULT_VERIFY_STEPS
 
 if TYPE_CHECKING:
@@ -56,6 +63,7 @@ def verify(
         help="Input height and width (default: the dataset's, else the model's).")] = None,
     classes: Annotated[int | None, typer.Option(help="Number of classes.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels.")] = None,
+    input_shape: InputShape = None,
     lr: Annotated[float | None, typer.Option(help="SGD learning rate (default 0.05).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed (default 0).")] = None,
     cluster: Annotated[str | None, typer.Option(
@@ -66,6 +74,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train strategies in float64 and compare every loss and weight with one device."""
+    image_size, in_channels = input_options(image_size, in_channels, input_shape)
     from layerwise.strategies.jobs.exactness_check import (
         VerifyFailed,
         requested_strategies,

@@ -24,7 +24,7 @@ from layerwise.strategies.hardware.cluster import Cluster
 from layerwise.strategies.hardware.device_model import DeviceModel
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer
 from layerwise.strategies.model.space import ParallelConfig
-from layerwise.strategies.model.tiles import TileWork, as_4d
+from layerwise.strategies.model.tiles import TileWork, as_view
 
 if TYPE_CHECKING:
     from layerwise.strategies.cost.profile import Profile
@@ -101,7 +101,7 @@ class AnalyticCompute:
     def tile_seconds(self, layer: Layer, tile: TileWork) -> float:
         return float(self.volume_seconds(
             layer, np.int64(math.prod(tile.output_shape)),
-            np.int64(as_4d(tile.output_shape)[1]),
+            np.int64(as_view(tile.output_shape)[1]),
             np.int64(sum(math.prod(s) for s in tile.input_shapes)),
             np.int64(tile.param_elements)))
 
@@ -155,7 +155,7 @@ def passes(layer: Layer) -> float:
 
 def tile_channels(layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
     """Output channels of each config's largest tile: ceil(C / c)."""
-    channels = as_4d(layer.output_shape)[1]
+    channels = as_view(layer.output_shape)[1]
     degrees = np.fromiter((config.c for config in configs), dtype=np.int64, count=len(configs))
     return -(-channels // degrees)
 

@@ -55,6 +55,7 @@ from layerwise.strategies.hardware.cluster import GRADIENT_BUCKET_BYTES, Cluster
 from layerwise.strategies.hardware.ports import ServerPorts, ring_links, shares_ports
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from layerwise.strategies.model.space import (
+    Degrees,
     ParallelConfig,
     check_config,
     degree_choices,
@@ -63,7 +64,7 @@ from layerwise.strategies.model.space import (
     parallel_dims,
     placements,
 )
-from layerwise.strategies.model.tiles import as_4d, output_ranges
+from layerwise.strategies.model.tiles import as_view, output_ranges
 
 Placement = Literal["origin", "aligned"]
 BatchNormStatistics = Literal["synced", "local"]
@@ -135,12 +136,11 @@ class CostModel:
             ]
         return list(self._spaces[key])
 
-    def _config(self, degrees: tuple[int, int, int, int],
-                block: tuple[int, ...]) -> ParallelConfig:
+    def _config(self, degrees: Degrees, block: tuple[int, ...]) -> ParallelConfig:
         if (degrees, block) not in self._built:
-            n, c, h, w = degrees
+            n, c, d, h, w = degrees
             self._built[(degrees, block)] = ParallelConfig.model_construct(
-                n=n, c=c, h=h, w=w, devices=block)
+                n=n, c=c, d=d, h=h, w=w, devices=block)
         return self._built[(degrees, block)]
 
     # ---- node cost: t_c + t_s ----------------------------------------------------------
@@ -192,7 +192,7 @@ class CostModel:
             self._instance_sync(layer, configs, instance, seconds, total_bytes)
         if not layer.param_count and not norms:
             return seconds, total_bytes
-        out_channels = as_4d(layer.output_shape)[1]
+        out_channels = as_view(layer.output_shape)[1]
         param_count = layer.param_count
         # SyncBatchNorm: per BatchNorm, one all-reduce of 2 C_shard values forward (sums of
         # the tiles' means and second moments) and one backward (sums of dy and dy * x_hat)
@@ -225,13 +225,13 @@ class CostModel:
 
     def _instance_sync(self, layer: Layer, configs: Sequence[ParallelConfig], instance: int,
                        seconds: np.ndarray, total_bytes: np.ndarray) -> None:
-        """Add the InstanceNorms' statistics sync under each config that splits h or w: per
+        """Add the InstanceNorms' statistics sync under each config that splits d, h or w: per
         InstanceNorm one all-reduce forward (sums and second moments) and one backward (sums
         of dy and dy * x_hat), each of 2 values per (sample, channel) of the tile, over the
         devices holding one plane's tiles (ops.sync_instance_norm)."""
-        batch, channels = as_4d(layer.output_shape)[:2]
+        batch, channels = as_view(layer.output_shape)[:2]
         for row, config in enumerate(configs):
-            planes = config.h * config.w
+            planes = config.d * config.h * config.w
             if planes == 1:
                 continue
             values = 2 * -(-batch // config.n) * -(-channels // config.c)
@@ -268,8 +268,8 @@ class CostModel:
 
     def _replica_groups(self, config: ParallelConfig) -> list[list[int]]:
         """The devices of each channel index: the replicas of one weight shard."""
-        n, c, h, w = config.degrees
-        devices = np.array(config.devices).reshape(n, c, h * w)
+        n, c, d, h, w = config.degrees
+        devices = np.array(config.devices).reshape(n, c, d * h * w)
         return [devices[:, c_index].ravel().tolist() for c_index in range(c)]
 
     def _servers(self, config: ParallelConfig) -> ServerPorts:
@@ -336,8 +336,8 @@ class CostModel:
             replicas = config.size // config.c
             if replicas == 1 or not layer.param_count:
                 continue
-            out_channels = as_4d(layer.output_shape)[1]
-            devices = np.array(config.devices).reshape(config.n, config.c, config.h * config.w)
+            out_channels = as_view(layer.output_shape)[1]
+            devices = np.array(config.devices).reshape(config.n, config.c, -1)
             for c_index, ((c_start, c_stop), link) in enumerate(zip(
                     output_ranges(layer, 1, config.c), self._group_links(config), strict=True)):
                 group = tuple(sorted(devices[:, c_index].ravel().tolist()))

@@ -55,11 +55,12 @@ from layerwise.strategies.model.resize import resize_taps
 from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.tiles import (
     Box,
-    as_4d,
+    as_view,
     box_volume,
     chained_edges,
     config_boxes,
     needed_box,
+    real_box,
 )
 
 INDEX_BYTES = 8  # max pooling's int64 indices
@@ -132,7 +133,7 @@ def memory_budget(device_memory: int) -> int:
 
 def _weight_elements(layer: Layer, box: Box) -> int:
     """The tile's shard of the layer's weights: its share of the output channels."""
-    channels = as_4d(layer.output_shape)[1]
+    channels = as_view(layer.output_shape)[1]
     return layer.param_count * (box[1][1] - box[1][0]) // channels
 
 
@@ -206,8 +207,8 @@ def tile_terms(layer: Layer, config: ParallelConfig, box: Box, element_bytes: in
 
 def step_input_bytes(graph: LayerGraph, element_bytes: int) -> int:
     """The step's inputs every rank holds: the global batch, its labels, every dropout mask."""
-    batch = as_4d(graph.layers[0].output_shape)
-    return ((batch[0] * batch[1] * batch[2] * batch[3] + _dropout_masks(graph)) * element_bytes
+    batch = graph.layers[0].output_shape
+    return ((math.prod(batch) + _dropout_masks(graph)) * element_bytes
             + batch[0] * INDEX_BYTES)
 
 
@@ -219,7 +220,7 @@ def any_plan_bound(graph: LayerGraph, element_bytes: int) -> int:
     for layer in graph.layers:
         if layer.kind == "input":
             continue
-        box = tuple((0, size) for size in as_4d(layer.output_shape))
+        box = tuple((0, size) for size in as_view(layer.output_shape))
         out = box_volume(box)
         inputs = sum(math.prod(graph.by_name[name].output_shape) for name in layer.inputs)
         saved, indices = _saved_elements(layer, box)
@@ -233,7 +234,7 @@ def any_plan_bound(graph: LayerGraph, element_bytes: int) -> int:
         if layer.kind == "resize":  # a tile's gathered rows and their gradients, at most
             elements += 4 * out + 2 * inputs
         if layer.kind == "conv":  # its own backward, its tiles' channels blocked at worst
-            channels = as_4d(layer.input_shapes[0])[1]
+            channels = as_view(layer.input_shapes[0])[1]
             elements += (out * max(16, -(-box[1][1] // 16) * 16) // box[1][1]
                          + max(padded * (-(-channels // 16) * 16) // channels, 3 * padded))
         whole += elements * element_bytes + 2 * indices * INDEX_BYTES
@@ -388,7 +389,7 @@ def _conv_backward(layer: Layer, box: Box, input_elements: int, input_channels: 
     out_blocked = _blocked(out, box[1][1] - box[1][0])
     if not input_gradient:
         return out_blocked + (input_elements if input_channels >= 8 else 0)
-    if layer.geometry is not None and layer.geometry.stride == (1, 1):
+    if layer.geometry is not None and all(stride == 1 for stride in layer.geometry.stride):
         return out_blocked + max(_blocked(input_elements, input_channels), 2 * input_elements)
     return max(3 * input_elements, out_blocked + 2 * input_elements)
 
@@ -444,23 +445,27 @@ def _overlap(first: Box, second: Box) -> int:
 
 def _resize_workspaces(layer: Layer, box: Box, needed: Box) -> tuple[int, int]:
     """(forward, backward) elements an upsampling tile's op holds beyond its output and its
-    output's gradient (ops.resize), measured with torch's profiler. A tile of whole rows and
-    columns is torch's own call: nothing in the forward, its input's gradient in the backward.
-    Any other gathers rows, then columns: the forward holds the row stage's result (T0: the
-    tile's rows by the box's columns) and, with two taps, one gathered tap of the output's
-    size; the backward holds the weighted gradient and two T0-sized gathers' gradients with
-    two taps, the T0 gradient and the input's with one."""
+    output's gradient (ops.resize), measured with torch's profiler on 2-d layers. A tile of
+    whole rows along every spatial dim is torch's own call: nothing in the forward, its
+    input's gradient in the backward. Any other gathers one dim after the other: the forward
+    holds the stage before the last dim's (T0: the tile's rows along the dims done, the box's
+    along the rest; the largest such stage for a 3-d layer, none for a 1-d one) and, with two
+    taps, one gathered tap of the output's size; the backward holds the weighted gradient and
+    two T0-sized gathers' gradients with two taps, the T0 gradient and the input's with one."""
     out = box_volume(box)
     resize = layer.resize
     assert resize is not None
-    in_h, in_w = as_4d(layer.input_shapes[0])[2:]
-    out_h, out_w = as_4d(layer.output_shape)[2:]
-    if box[2] == (0, out_h) and box[3] == (0, out_w):
+    rank = len(layer.output_shape)
+    own, box_in = real_box(box, rank), real_box(needed, rank)
+    sizes, in_sizes = layer.output_shape, layer.input_shapes[0]
+    if all(own[dim] == (0, sizes[dim]) for dim in range(2, rank)):
         return 0, box_volume(needed)
-    stage = (box[0][1] - box[0][0]) * (box[1][1] - box[1][0]) * (box[2][1] - box[2][0]) * (
-        needed[3][1] - needed[3][0])
-    taps = len(resize_taps(in_w, out_w, resize.mode, resize.align_corners,
-                           resize.scales[1]).indices)
+    lengths = [stop - start for start, stop in own]
+    stage = max((math.prod(lengths[:dim + 1]) * math.prod(
+        stop - start for start, stop in box_in[dim + 1:]) for dim in range(2, rank - 1)),
+        default=0)
+    taps = len(resize_taps(in_sizes[-1], sizes[-1], resize.mode, resize.align_corners,
+                           resize.scales[-1]).indices)
     if taps > 1:
         return stage + out, out + 2 * stage
     return stage, stage + box_volume(needed)
@@ -470,9 +475,10 @@ def _whole_padded(layer: Layer) -> int:
     """Elements of the layer's input padded on every side: no tile's padded copy is larger."""
     if layer.kind not in ("conv", "pool") or layer.geometry is None or layer.geometry.transposed:
         return 0
-    n, c, h, w = as_4d(layer.input_shapes[0])
+    shape = layer.input_shapes[0]
     padding = layer.geometry.padding
-    return n * c * (h + 2 * padding[0]) * (w + 2 * padding[1])
+    return math.prod(shape[:2]) * math.prod(
+        size + 2 * pad for size, pad in zip(shape[2:], padding, strict=True))
 
 
 def _padded_copy(layer: Layer, box: Box, needed: Box) -> int:
@@ -482,12 +488,15 @@ def _padded_copy(layer: Layer, box: Box, needed: Box) -> int:
     for a transposed convolution, whose tile crops its output instead."""
     if layer.kind not in ("conv", "pool") or layer.geometry is None or layer.geometry.transposed:
         return 0
-    in_hw = as_4d(layer.input_shapes[0])[2:]
-    if not pads_a_copy(box, (in_hw[0], in_hw[1]), layer.geometry):
+    rank = len(layer.input_shapes[0])
+    own, in_size = real_box(box, len(layer.output_shape)), layer.input_shapes[0][2:]
+    if not pads_a_copy(own, in_size, layer.geometry):
         return 0
-    top, bottom, left, right = border_padding(box, (in_hw[0], in_hw[1]), layer.geometry)
-    n, c, h, w = (stop - start for start, stop in needed)
-    return n * c * (h + top + bottom) * (w + left + right)
+    lengths = [stop - start for start, stop in real_box(needed, rank)]
+    sides = border_padding(own, in_size, layer.geometry)
+    return math.prod(lengths[:2]) * math.prod(
+        length + before + after for length, (before, after) in zip(lengths[2:], sides,
+                                                                    strict=True))
 
 
 def _dropout_masks(graph: LayerGraph) -> int:

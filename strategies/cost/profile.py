@@ -56,7 +56,7 @@ from layerwise.strategies.model import ops
 from layerwise.strategies.model.fx_nodes import count_include_pad
 from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
-from layerwise.strategies.model.tiles import TileWork, as_4d, largest_tile, tile_box
+from layerwise.strategies.model.tiles import TileWork, as_view, largest_tile, tile_box
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
 from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
@@ -352,7 +352,7 @@ class TileProgram:
 
 
 def _tile_channels(tile: TileWork) -> int:
-    return as_4d(tile.output_shape)[1]
+    return as_view(tile.output_shape)[1]
 
 
 def _tile_param_shapes(layer: Layer, tile: TileWork) -> dict[str, tuple[int, ...]]:
@@ -362,7 +362,7 @@ def _tile_param_shapes(layer: Layer, tile: TileWork) -> dict[str, tuple[int, ...
     output channels (Jia et al. 2018: a channel split shards the weights); anything else is
     replicated.
     """
-    out_channels = as_4d(layer.output_shape)[1]
+    out_channels = as_view(layer.output_shape)[1]
     channels = _tile_channels(tile)
     shapes: dict[str, tuple[int, ...]] = {}
     for name, shape in layer.param_shapes.items():
@@ -383,10 +383,9 @@ def _batch_norm(layer: Layer, tile: TileWork, prefix: str,
     """BatchNorm of the tile as the runtime's tile runs it (`ops.batch_norm`): torch's own
     when the tile holds every sample and position of its channels, else synchronised over its
     replica group; its running statistics updated as the runtime's shards are."""
-    n, _, h, w = as_4d(layer.output_shape)
-    tile_n, channels, tile_h, tile_w = as_4d(tile.output_shape)
-    count = n * h * w
-    reduce = None if tile_n * tile_h * tile_w == count else _whole_group
+    channels = as_view(tile.output_shape)[1]
+    count = math.prod(layer.output_shape) // layer.output_shape[1]
+    reduce = None if math.prod(tile.output_shape) // channels == count else _whole_group
     running_mean = torch.zeros(channels, device=device)
     running_var = torch.ones(channels, device=device)
 
@@ -413,8 +412,7 @@ def _dropout(tile: TileWork, per_channel: bool) -> Elementwise:
     """Dropout of the tile (`ops.dropout`) with its mask drawn as it runs (`ops.dropout_mask`):
     a step draws every mask, so the draw is timed with the op."""
     shape = tuple(tile.output_shape)
-    n, c, h, w = as_4d(shape)
-    box = ((0, n), (0, c), (0, h), (0, w))  # the mask is the tile's own
+    box = tuple((0, size) for size in as_view(shape))  # the mask is the tile's own
 
     def apply(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         mask = ops.dropout_mask(shape, DROPOUT_P, per_channel, x.device, x.dtype)

@@ -21,6 +21,7 @@ is in tests/test_cost.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -30,8 +31,8 @@ import numpy as np
 from layerwise.strategies.hardware.cluster import Cluster
 from layerwise.strategies.hardware.host_memory import check_memory, human_bytes
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer
-from layerwise.strategies.model.space import ParallelConfig, tile_range
-from layerwise.strategies.model.tiles import TileWork, as_4d, needed_range, output_ranges
+from layerwise.strategies.model.space import DIMS, ParallelConfig, tile_range, view_dims
+from layerwise.strategies.model.tiles import TileWork, as_view, needed_range, output_ranges
 
 # Cap on elements of one (producer configs x devices x consumer configs) work array; small
 # enough that the passes over it stay in cache.
@@ -43,8 +44,15 @@ _INT32_LIMIT = 2**31
 _CONFIG_TABLE_BYTES = 112
 _PAIR_BYTES = 32
 
-# Dimensions whose per-dim tables are multiplied into one table: (n, c) and (h, w).
-_GROUPS = ((0, 1), (2, 3))
+# Dimensions whose per-dim tables are multiplied into one table: (n, c), (h, w) and (d, pad).
+# Every group is two dims, so depth is paired with a padding dim of size 1 that no config
+# splits (`_PAD`); an edge whose producer has no depth skips that group (`EdgeDims.active`):
+# every term of it is 1 on a device holding a tile, and the other groups already give 0 on
+# one that holds none.
+_PAD = len(DIMS)
+_TABLE_DIMS = _PAD + 1
+_GROUPS = ((0, 1), (3, 4), (2, _PAD))
+_DEPTH_GROUP = 2
 
 
 # ---- t_c: the largest tile of each config ----------------------------------------------------
@@ -98,14 +106,14 @@ class LayerTiles:
         if config.degrees not in self._largest:
             layer = self.layer
             parts = [self.along(dim, degree) for dim, degree in enumerate(config.degrees)]
-            rank = len(layer.output_shape)
-            output_shape = tuple(part.output[1] - part.output[0] for part in parts)[:rank]
+            output_shape = tuple(parts[dim].output[1] - parts[dim].output[0]
+                                 for dim in view_dims(len(layer.output_shape)))
             input_shapes = tuple(
-                tuple(part.needed[index] for part in parts)[: len(shape)]
+                tuple(parts[dim].needed[index] for dim in view_dims(len(shape)))
                 for index, shape in enumerate(layer.input_shapes)
             )
             c_start, c_stop = parts[1].output
-            param_elements = layer.param_count * (c_stop - c_start) // as_4d(layer.output_shape)[1]
+            param_elements = layer.param_count * (c_stop - c_start) // layer.output_shape[1]
             self._largest[config.degrees] = TileWork.model_construct(
                 output_shape=output_shape, input_shapes=input_shapes,
                 param_elements=param_elements)
@@ -117,11 +125,12 @@ class LayerTiles:
             return self._volumes
         layer = self.layer
         degrees = np.array([config.degrees for config in configs], dtype=np.int64)
-        exponents = np.frexp(degrees.reshape(-1, 4))[1].astype(np.int64) - 1  # 2^e = 0.5 * 2^(e+1)
+        # 2^e = 0.5 * 2^(e+1)
+        exponents = np.frexp(degrees.reshape(-1, len(DIMS)))[1].astype(np.int64) - 1
         out = np.ones(len(configs), dtype=np.int64)
         inputs = np.ones((len(layer.input_shapes), len(configs)), dtype=np.int64)
         out_lengths = []
-        for dim in range(4):
+        for dim in range(len(DIMS)):
             parts = [self.along(dim, 1 << level)
                      for level in range(int(exponents[:, dim].max(initial=0)) + 1)]
             out_lengths.append(
@@ -130,7 +139,7 @@ class LayerTiles:
             inputs *= np.array([part.needed for part in parts], dtype=np.int64).reshape(
                 len(parts), -1).T[:, exponents[:, dim]]
         # a channel split shards the weights
-        params = layer.param_count * out_lengths[1] // as_4d(layer.output_shape)[1]
+        params = layer.param_count * out_lengths[1] // as_view(layer.output_shape)[1]
         self._volumes_of = configs
         self._volumes = TileVolumes(output=out, inputs=inputs.sum(axis=0), params=params)
         return self._volumes
@@ -140,10 +149,12 @@ class LayerTiles:
 
 
 @cache
-def _tile_indices(degrees: tuple[int, int, int, int]) -> np.ndarray:
-    """(size, 4) tile index along (n, c, h, w) of each tile, in `ParallelConfig.tiles` order."""
-    size = degrees[0] * degrees[1] * degrees[2] * degrees[3]
-    return np.stack(np.unravel_index(np.arange(size), degrees), axis=1).astype(np.int64)
+def _tile_indices(degrees: tuple[int, ...]) -> np.ndarray:
+    """(size, 6) tile index along (n, c, d, h, w, pad) of each tile, in `ParallelConfig.tiles`
+    order."""
+    padded = (*degrees, 1)
+    return np.stack(np.unravel_index(np.arange(math.prod(degrees)), padded),
+                    axis=1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -229,11 +240,11 @@ def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, device
                for slot, (start, step) in enumerate(runs)]
     slots = 1 + max((record[1] for record in records), default=0)
     coarse = np.broadcast_to(exponents[:, None, None, :],
-                             (len(configs), slots, devices, 4)).copy()
-    tiles = np.full((len(configs), slots, devices, 4), width - 1, dtype=np.int64)
+                             (len(configs), slots, devices, _TABLE_DIMS)).copy()
+    tiles = np.full((len(configs), slots, devices, _TABLE_DIMS), width - 1, dtype=np.int64)
     if records:
         row, slot, first, last, start, step = np.array(records, dtype=np.int64).T
-        fine = exponents[row]  # (R, 4)
+        fine = exponents[row]  # (R, 6)
         # the low bits of a position are the last dims': a run of 2^step spreads over them
         below = np.cumsum(fine[:, ::-1], axis=1)[:, ::-1] - fine  # exponents after each dim
         spread = np.clip(step[:, None] - below, 0, fine)
@@ -302,11 +313,11 @@ class ConfigTable:
                  single: np.ndarray, shared_by: Sequence[int]) -> None:
         count = len(configs)
         self.single = single
-        self.exponents = np.zeros((count, 4), dtype=np.int64)
+        self.exponents = np.zeros((count, _TABLE_DIMS), dtype=np.int64)
         # tile index along each dim of the tile held by each device; -1 where none
-        self.tile_of = np.full((count, devices, 4), -1, dtype=np.int64)
+        self.tile_of = np.full((count, devices, _TABLE_DIMS), -1, dtype=np.int64)
         for row, config in enumerate(configs):
-            self.exponents[row] = [degree.bit_length() - 1 for degree in config.degrees]
+            self.exponents[row, :_PAD] = [degree.bit_length() - 1 for degree in config.degrees]
             self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
         # one past the highest device of each config: devices beyond hold no tile
         levels = devices.bit_length()
@@ -376,6 +387,7 @@ class DimTable:
     def __init__(self, producer_size: int, starts: np.ndarray, stops: np.ndarray,
                  levels: int) -> None:
         width = (1 << (levels - 1)) + 1
+        self.producer_size = producer_size
         # every (exponent, tile index) of one side, all exponents together
         exponent = np.repeat(np.arange(levels), 1 << np.arange(levels))
         index = np.concatenate([np.arange(1 << level) for level in range(levels)])
@@ -420,9 +432,8 @@ class GroupTerms:
 
 def _bound(groups: Sequence[GroupTerms]) -> int:
     """An upper bound on every element count the pairs multiply out to."""
-    first, second = groups
-    return max(int(first.same.max(initial=0)) * int(second.same.max(initial=0)),
-               int(first.row.max(initial=0)) * int(second.row.max(initial=0)))
+    return max(math.prod(int(group.same.max(initial=0)) for group in groups),
+               math.prod(int(group.row.max(initial=0)) for group in groups))
 
 
 def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -434,11 +445,19 @@ def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class EdgeDims:
-    """The four per-dimension tables of one edge (n, c, h, w) and their ids: edges with equal
-    ids have equal tables."""
+    """The per-dimension tables of one edge (n, c, d, h, w and the padding dim) and their ids:
+    edges with equal ids have equal tables."""
 
     ids: tuple[int, ...]
     dims: tuple[DimTable, ...]
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        """The groups of `_GROUPS` the edge's terms multiply: the depth group only where the
+        producer has depth (elsewhere every config holds all of its one row)."""
+        deep = self.dims[_GROUPS[_DEPTH_GROUP][0]].producer_size > 1
+        return tuple(group for group in range(len(_GROUPS))
+                     if group != _DEPTH_GROUP or deep)
 
     def need(self, qtab: ConfigTable) -> np.ndarray:
         """(Q, D) elements each consumer tile needs."""
@@ -451,7 +470,8 @@ class EdgeDims:
         """The per-dim tables of each group of two dims multiplied into one table."""
         width = self.dims[0].need_len.shape[1]
         groups = []
-        for group, dims in enumerate(_GROUPS):
+        for group in self.active:
+            dims = _GROUPS[group]
             p, q = ptab.groups[group], qtab.groups[group]
             parts = []
             for k, dim in enumerate(dims):
@@ -482,9 +502,11 @@ class EdgeDims:
         computed over the distinct runs and tiles of the dim, then spread over the states."""
         levels, width = self.dims[0].need_len.shape
         tiers = []
+        active = self.active
         for p_view, q_view in zip(ptab.tiers, qtab.tiers, strict=True):
             same, touch, row, sent = [], [], [], []
-            for group, dims in enumerate(_GROUPS):
+            for group in active:
+                dims = _GROUPS[group]
                 p, q = ptab.groups[group], qtab.groups[group]
                 parts = []
                 for k, dim in enumerate(dims):
@@ -636,7 +658,7 @@ def _tier_sums(tier: TierSide, other: Sequence[np.ndarray],
             elements = part if elements is None else np.multiply(elements, part, out=elements)
             part = counts.ravel().take(at)
             messages = part if messages is None else np.multiply(messages, part, out=messages)
-        assert elements is not None and messages is not None  # two groups
+        assert elements is not None and messages is not None  # two groups at least
         inside = elements if inside is None else np.add(inside, elements, out=inside)
         sending = messages if sending is None else np.add(sending, messages, out=sending)
     assert inside is not None and sending is not None  # one slot at least
@@ -679,7 +701,7 @@ def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequen
     zero and leave the max and the sum unchanged."""
     same = recv = None
     q_states = []
-    for group in range(len(_GROUPS)):
+    for group in range(len(producer.state)):
         table = producer.same[group]
         q_state = consumer.state[group][devices, columns[:, None]]  # (C, K)
         q_states.append(q_state[..., None])
@@ -688,7 +710,7 @@ def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequen
         same = part if same is None else np.multiply(same, part, out=same)
         part = producer.recv[group][q_state]
         recv = part if recv is None else np.multiply(recv, part, out=recv)
-    assert same is not None and recv is not None  # two groups
+    assert same is not None and recv is not None  # two groups at least
     need = consumer.need[devices, columns[:, None]][..., None]
     remote = np.subtract(need, same)
     forward = np.empty((len(columns), same.shape[2]))
@@ -716,7 +738,7 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Seque
     elsewhere there is no gradient to send. Per device as `_pairs` describes."""
     same = row_sum = sent = None
     p_states = []
-    for group in range(len(_GROUPS)):
+    for group in range(len(producer.state)):
         table = producer.same[group]
         p_state = producer.state[group][devices, rows[:, None]]  # (R, K)
         p_states.append(p_state[..., None])
@@ -727,7 +749,7 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Seque
         row_sum = part if row_sum is None else np.multiply(row_sum, part, out=row_sum)
         part = np.take(consumer.sent[group], p_state, axis=0)
         sent = part if sent is None else np.multiply(sent, part, out=sent)
-    assert same is not None and row_sum is not None and sent is not None  # two groups
+    assert same is not None and row_sum is not None and sent is not None  # two groups at least
     back = np.empty((len(rows), same.shape[2]))
     first = consumer.seconds_per_element.shape[1]
     sharing = (None if producer.sharing is None
@@ -838,7 +860,7 @@ class TransferTables:
         spaces, and `pairs` producer x consumer configs in all) would not fit in memory. The
         per-dimension tables grow as (log2 D x D)^2 on D devices: the search's limit."""
         keys = {self._dim_key(producer, consumer, dim)
-                for producer, consumer in edges for dim in range(4)}
+                for producer, consumer in edges for dim in range(len(DIMS))}
         per_table = dim_table_bytes(self._levels)
         per_config = _CONFIG_TABLE_BYTES + (  # and `ConfigTable.sharing` where a port is shared
             4 * len(self._links) if any(link.shared_by > 1 for link in self._links) else 0)
@@ -852,13 +874,13 @@ class TransferTables:
     def _dim_key(self, producer: Layer, consumer: Layer, dim: int) -> tuple[int, bytes, bytes]:
         """What the edge's table along `dim` depends on: equal keys share one table."""
         starts, stops = self._needed_ranges(consumer, consumer.inputs.index(producer.name), dim)
-        return as_4d(producer.output_shape)[dim], starts.tobytes(), stops.tobytes()
+        return as_view(producer.output_shape)[dim], starts.tobytes(), stops.tobytes()
 
     def _edge_dims(self, producer: Layer, consumer: Layer) -> EdgeDims:
         """The edge's per-dimension tables and their ids; equal ranges share one table."""
         input_index = consumer.inputs.index(producer.name)
         ids, dims = [], []
-        for dim, size in enumerate(as_4d(producer.output_shape)):
+        for dim, size in enumerate(as_view(producer.output_shape)):
             key = self._dim_key(producer, consumer, dim)
             if key not in self._dim_tables:
                 starts, stops = self._needed_ranges(consumer, input_index, dim)
@@ -867,7 +889,17 @@ class TransferTables:
             ident, table = self._dim_tables[key]
             ids.append(ident)
             dims.append(table)
-        return EdgeDims(ids=tuple(ids), dims=tuple(dims))
+        ident, table = self._padding_table()
+        return EdgeDims(ids=(*ids, ident), dims=(*dims, table))
+
+    def _padding_table(self) -> tuple[int, DimTable]:
+        """The table along the padding dim: one row that every tile holds and needs."""
+        key = (1, b"", b"")
+        if key not in self._dim_tables:
+            ones = np.ones((1 << self._levels) - 1, dtype=np.int64)  # a range per tile
+            self._dim_tables[key] = (len(self._dim_tables),
+                                     DimTable(1, np.zeros_like(ones), ones, self._levels))
+        return self._dim_tables[key]
 
     def _needed_ranges(self, consumer: Layer, input_index: int,
                        dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -963,7 +995,8 @@ class TransferTables:
             sharing=ptab.sharing,
             tiers=[TierSide(
                 state=[np.ascontiguousarray(state.transpose(1, 2, 0) * same.shape[1])
-                       for state, same in zip(view.state, terms.same, strict=True)],
+                       for state, same in zip([view.state[g] for g in dims.active],
+                                              terms.same, strict=True)],
                 elements=[_rows(same, dtype) for same in terms.same],
                 messages=[_rows(touch, counts) for touch in terms.touch])
                 for view, terms in zip(ptab.tiers, tiers, strict=True)],
@@ -978,7 +1011,8 @@ class TransferTables:
             classes=np.ascontiguousarray(qtab.single.T),
             sharing=qtab.sharing,
             tiers=[TierSide(
-                state=[np.ascontiguousarray(state.transpose(1, 2, 0)) for state in view.state],
+                state=[np.ascontiguousarray(view.state[g].transpose(1, 2, 0))
+                       for g in dims.active],
                 elements=[_rows(row, dtype) for row in terms.row],
                 messages=[_rows(sent, counts) for sent in terms.sent])
                 for view, terms in zip(qtab.tiers, tiers, strict=True)],

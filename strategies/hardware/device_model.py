@@ -36,12 +36,13 @@ ones, and a profile replaces this model wherever one is given.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer
-from layerwise.strategies.model.tiles import as_4d
+from layerwise.strategies.model.tiles import as_view
 
 # The thread-block output tiles (rows x columns) of the fp32 GEMM kernels a library picks from:
 # CUTLASS's SGEMM set, the SIMT kernels its library instantiates for every GPU from Maxwell on
@@ -154,13 +155,13 @@ def transposed_gemms(layer: Layer, out_elements: np.ndarray, out_channels: np.nd
     backward data swapped. Its channels are whole (graph.py), one count per tile."""
     geometry = layer.geometry
     assert geometry is not None
-    in_channels = as_4d(layer.input_shapes[0])[1]
+    in_channels = as_view(layer.input_shapes[0])[1]
     channels = int(np.max(out_channels))
     adjoint = layer_gemms(np.asarray(input_elements) // in_channels,
                           np.full(np.shape(out_channels), in_channels),
                           out_elements // np.maximum(out_channels, 1), channels,
-                          geometry.kernel[0] * geometry.kernel[1], geometry.groups,
-                          geometry.stride[0] * geometry.stride[1])
+                          math.prod(geometry.kernel), geometry.groups,
+                          math.prod(geometry.stride))
     return adjoint[1], adjoint[0], adjoint[2]
 
 
@@ -188,7 +189,8 @@ def op_kind_efficiencies(layer: Layer) -> tuple[float, float, float]:
     if layer.kind != "conv":
         return GEMM_EFFICIENCY, GEMM_EFFICIENCY, GEMM_EFFICIENCY
     assert layer.geometry is not None  # a conv layer has its geometry
-    return convolution_efficiencies(winograd(layer), layer.geometry.stride != (1, 1))
+    return convolution_efficiencies(winograd(layer),
+                                    any(stride != 1 for stride in layer.geometry.stride))
 
 
 def blocks_per_multiprocessor(tile: tuple[int, int]) -> int:
@@ -298,14 +300,14 @@ class DeviceModel:
         fused_bytes = fused * 2 * 2 * out_elements * BYTES_PER_ELEMENT
         if layer.kind in GEMM_KINDS:
             out_channels = np.asarray(out_channels)
-            in_channels = as_4d(layer.input_shapes[0])[1]
+            in_channels = as_view(layer.input_shapes[0])[1]
             geometry = layer.geometry
             gemms = layer_gemms(
                 out_elements // np.maximum(out_channels, 1), out_channels,
                 np.asarray(input_elements) // in_channels, in_channels,
-                geometry.kernel[0] * geometry.kernel[1] if geometry else 1,
+                math.prod(geometry.kernel) if geometry else 1,
                 geometry.groups if geometry else 1,
-                geometry.stride[0] * geometry.stride[1] if geometry else 1)
+                math.prod(geometry.stride) if geometry else 1)
             if geometry is not None and geometry.transposed:
                 gemms = transposed_gemms(layer, out_elements, out_channels, input_elements)
             filtered = forward_flops / (WINOGRAD_MULTIPLY_REDUCTION if winograd(layer) else 1)

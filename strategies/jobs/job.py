@@ -42,6 +42,7 @@ from layerwise.strategies.jobs.run_folder import (
     claim_stamped_folder,
 )
 from layerwise.strategies.model.graph import SEVERAL_OUTPUTS, LayerGraph, build_graph
+from layerwise.strategies.model.input_size import InputSize, compact_size, spatial_size
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.checkpoint import resume_point
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset, prepared_spec
@@ -140,7 +141,8 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
     chosen = _resolve_strategy(strategy, graph, world, options, analytic)
     settings = TrainSettings(
         model=model, strategy=strategy, data_root=str(PREPARED_DIR.resolve()),
-        image_size=graph.input_shape[2], in_channels=graph.input_shape[1], classes=classes,
+        image_size=compact_size(graph.input_shape[2:]), in_channels=graph.input_shape[1],
+        classes=classes,
         batch_per_device=options.per_device,
         **options.model_dump(exclude={"image_size", "classes", "in_channels",
                                       "batch_per_device"}))
@@ -151,12 +153,13 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
                          *(f"held: {note}" for note in graph.held_notes)))
 
 
-def _check_graph_fits(graph: LayerGraph, model: str, batch: int, image_size: int | None,
+def _check_graph_fits(graph: LayerGraph, model: str, batch: int, image_size: InputSize | None,
                       in_channels: int | None) -> None:
     """A graph handed in must be the one these options build (a caller's mistake, not a
     user's)."""
+    sizes = graph.input_shape[2:]
     if graph.model != model or graph.batch != batch or (
-            image_size is not None and graph.input_shape[2] != image_size) or (
+            image_size is not None and spatial_size(image_size, len(sizes)) != sizes) or (
             in_channels is not None and graph.input_shape[1] != in_channels):
         raise ValueError(f"the graph of {graph.model} at batch {graph.batch}, input "
                          f"{graph.input_shape}, is not {model}'s at batch {batch}")
@@ -187,6 +190,8 @@ def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOp
         raise LayerwiseError(f"--resume continues in {folder}; drop --out {out}")
     repeated = {"model": model, **options.given_values(),
                 **({"strategy": strategy} if strategy else {})}
+    if isinstance(repeated.get("image_size"), tuple):  # --input-shape: settings keep squares
+        repeated["image_size"] = compact_size(repeated["image_size"])  # as their side
     for key, value in repeated.items():
         if value != getattr(settings, key):
             raise LayerwiseError(

@@ -29,6 +29,7 @@ from layerwise.strategies.learning_rate import (
     DEFAULT_WARMUP_STEPS,
     LrDecay,
 )
+from layerwise.strategies.model.input_size import InputSize
 
 # The order in which out-of-range options are reported (the first one found is named).
 _RANGE_CHECK_ORDER = ("nproc", "nnodes", "batch", "batch_per_device", "classes", "lr", "seed",
@@ -54,7 +55,7 @@ class TrainOptions(BaseModel):
     dataset: str = "synthetic"
     batch_per_device: int | None = Field(default=None, gt=0)
     batch: int | None = Field(default=None, gt=0)  # global
-    image_size: int | None = None
+    image_size: InputSize | None = None  # a side for every spatial dim, or each dim's size
     classes: ClassCount | None = None
     in_channels: int | None = None
     lr: LearningRate = DEFAULT_LR

@@ -17,6 +17,7 @@ from layerwise.strategies.execution import LayerwiseExecution
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
 from layerwise.strategies.jobs.pricing import cost_model
 from layerwise.strategies.model.graph import LayerGraph, build_graph
+from layerwise.strategies.model.input_size import InputSize
 from layerwise.strategies.oracle.paradl import OracleCase, step_cases, summary_from_graph
 from layerwise.strategies.schedules import SEARCHED, STRATEGY_NAMES
 from layerwise.strategies.schedules.loader import schedule_report
@@ -110,7 +111,7 @@ def predicted_peaks(graph: LayerGraph, strategy: Strategy,
 
 
 def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
-         image_size: int | None, classes: int | None, in_channels: int | None,
+         image_size: InputSize | None, classes: int | None, in_channels: int | None,
          profile: Path | None, analytic: bool, baselines: list[str], placement: str,
          memory_limit: int | None = None, batch: int | None = None) -> Plan:
     """Search the optimal strategy and price every other named strategy on the same cost

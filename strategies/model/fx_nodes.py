@@ -3,7 +3,7 @@
 Every engine replays the plain module's forward from its torch.fx graph and must draw the
 same dropout masks in the same order as the plain forward (and as each other), so they all
 ask this module which nodes are dropouts that drop in training, with which p and whether per
-channel: one answer for nn.Dropout, nn.Dropout2d, F.dropout and F.dropout2d alike.
+channel: one answer for nn.Dropout, nn.Dropout1d/2d/3d and their functions alike.
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from typing import Any, NamedTuple
 import torch.nn.functional as F
 from torch import fx, nn
 
-_DROPOUT_MODULES = (nn.Dropout, nn.Dropout2d)
+_CHANNEL_DROPOUTS = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+_DROPOUT_MODULES = (nn.Dropout, *_CHANNEL_DROPOUTS)
 # dropout function -> whether it draws one value per (sample, channel)
-_DROPOUT_FUNCTIONS: dict[Any, bool] = {F.dropout: False, F.dropout2d: True}
+_DROPOUT_FUNCTIONS: dict[Any, bool] = {F.dropout: False, F.dropout1d: True, F.dropout2d: True,
+                                       F.dropout3d: True}
 
 
 class ActiveDropout(NamedTuple):
     """A dropout that drops in training: its probability and whether its mask is drawn per
-    (sample, channel) (dropout2d) rather than per element."""
+    (sample, channel) (dropout1d/2d/3d) rather than per element."""
 
     probability: float
     per_channel: bool
@@ -42,7 +44,7 @@ def active_dropout(node: fx.Node, graph_module: fx.GraphModule) -> ActiveDropout
     if node.op == "call_module":
         module = graph_module.get_submodule(str(node.target))
         if isinstance(module, _DROPOUT_MODULES) and module.p > 0:
-            return ActiveDropout(float(module.p), isinstance(module, nn.Dropout2d))
+            return ActiveDropout(float(module.p), isinstance(module, _CHANNEL_DROPOUTS))
     elif node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
         probability = float(argument(node, 1, "p", 0.5))
         if argument(node, 2, "training", True) and probability > 0:

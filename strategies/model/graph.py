@@ -67,6 +67,7 @@ _ELEMENTWISE_MODULES: dict[type[nn.Module], float] = {
     # module type -> forward FLOPs per output element (BatchNorm: normalise + affine)
     nn.BatchNorm1d: 4.0,
     nn.BatchNorm2d: 4.0,
+    nn.BatchNorm3d: 4.0,
     nn.ReLU: 1.0,
     nn.ReLU6: 1.0,
     nn.LeakyReLU: 1.0,
@@ -77,7 +78,9 @@ _ELEMENTWISE_MODULES: dict[type[nn.Module], float] = {
     nn.Tanh: 1.0,
     nn.Hardswish: 1.0,
     nn.Dropout: 1.0,
+    nn.Dropout1d: 1.0,
     nn.Dropout2d: 1.0,
+    nn.Dropout3d: 1.0,
     nn.Identity: 0.0,
 }
 _ELEMENTWISE_FUNCTIONS: dict[Any, str] = {
@@ -91,6 +94,9 @@ _ELEMENTWISE_FUNCTIONS: dict[Any, str] = {
     F.sigmoid: "sigmoid",
     torch.tanh: "tanh",
     F.dropout: "dropout",
+    F.dropout1d: "dropout1d",
+    F.dropout2d: "dropout2d",
+    F.dropout3d: "dropout3d",
 }
 _ELEMENTWISE_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous"}
 _BINARY_FUNCTIONS: dict[Any, str] = {
@@ -104,27 +110,48 @@ _BINARY_FUNCTIONS: dict[Any, str] = {
     torch.mul: "mul",
 }
 _BINARY_METHODS = {"add": "add", "add_": "add", "sub": "sub", "mul": "mul", "mul_": "mul"}
-_POOL_FUNCTIONS: dict[Any, str] = {F.max_pool2d: "max_pool2d", F.avg_pool2d: "avg_pool2d"}
+_MAX_POOL_FUNCTIONS = (F.max_pool1d, F.max_pool2d, F.max_pool3d)
+_POOL_FUNCTIONS: dict[Any, str] = {
+    fn: fn.__name__ for fn in (*_MAX_POOL_FUNCTIONS, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)}
 _ADAPTIVE_POOL_FUNCTIONS: dict[Any, str] = {
-    F.adaptive_avg_pool2d: "adaptive_avg_pool2d",
-    F.adaptive_max_pool2d: "adaptive_max_pool2d",
-}
+    fn: fn.__name__ for fn in (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
+                               F.adaptive_avg_pool3d, F.adaptive_max_pool1d,
+                               F.adaptive_max_pool2d, F.adaptive_max_pool3d)}
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_CONV_TRANSPOSES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
+_ADAPTIVE_POOLS = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+                   nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+_INSTANCE_NORMS = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+SPATIAL_DIMS = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}  # view dims of the spatial axes
 
 
 class Geometry(BaseModel):
-    """Sliding-window geometry of a conv or pool layer: what an output tile needs of its input."""
+    """Sliding-window geometry of a conv or pool layer: what an output tile needs of its input.
+
+    One entry per spatial dim of the layer, in order: (l,) of a 1-d layer, (h, w) of a 2-d one,
+    (d, h, w) of a 3-d one."""
 
     model_config = ConfigDict(frozen=True)
 
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int] = (1, 1)
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...] = (1, 1)
     groups: int = 1
     ceil_mode: bool = False
     # a transposed convolution (ConvTranspose2d): each input position spreads over a window of
     # the output, so an output tile needs the input rows whose windows reach it
     transposed: bool = False
+
+    def along(self, dim: int) -> tuple[int, int, int, int]:
+        """(kernel, stride, padding, dilation) along position `dim` of the 5-d view (2, 3, 4:
+        d, h, w; the layer's spatial dims are its last ones); a position the layer lacks is a
+        window of one row."""
+        axis = dim - 5 + len(self.kernel)
+        if axis < 0:
+            return (1, 1, 0, 1)
+        return (self.kernel[axis], self.stride[axis], self.padding[axis], self.dilation[axis])
 
 
 class Resize(BaseModel):
@@ -136,11 +163,12 @@ class Resize(BaseModel):
 
     mode: str
     align_corners: bool | None = None
-    scales: tuple[float | None, float | None] = (None, None)
+    scales: tuple[float | None, ...] = (None, None)  # one per spatial dim
 
 
-# interpolate modes whose tiles are exact along h and w (ops.resize); the others hold them whole
-SPLIT_RESIZE_MODES = ("nearest", "nearest-exact", "bilinear")
+# interpolate modes whose tiles are exact along every spatial dim (ops.resize); the others hold
+# them whole
+SPLIT_RESIZE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
 
 
 class FusedOp(BaseModel):
@@ -287,12 +315,27 @@ class LayerGraph(BaseModel):
 def _limits(layer: Layer) -> str:
     """'splits only along n, c (c at most 2 ways)': the dims its ops let it split and the
     largest degree of those they limit."""
-    dims = ("n", "c", "h", "w")[:len(layer.output_shape)]
+    dims = _view_names(len(layer.output_shape))
     free = [dim for dim in dims if layer.max_degrees.get(dim, 2) > 1]
-    capped = [f"{dim} at most {layer.max_degrees[dim]} ways" for dim in free
+    named = {"w": "l"} if len(layer.output_shape) == 3 else {}
+    capped = [f"{named.get(dim, dim)} at most {layer.max_degrees[dim]} ways" for dim in free
               if dim in layer.max_degrees]
-    text = f"splits {'only ' if len(free) < len(dims) else ''}along {', '.join(free)}"
+    text = (f"splits {'only ' if len(free) < len(dims) else ''}along "
+            f"{', '.join(named.get(dim, dim) for dim in free)}")
     return text + (f" ({', '.join(capped)})" if capped else "")
+
+
+def _whole_positions(spatial: int) -> str:
+    """'the whole h/w plane, so h and w stay whole', as a statistic over every position of a
+    sample is said for a layer of `spatial` spatial dims."""
+    return {0: "every feature", 1: "the whole length, so l stays whole",
+            2: "the whole h/w plane, so h and w stay whole",
+            3: "the whole d/h/w volume, so d, h and w stay whole"}[spatial]
+
+
+def _view_names(rank: int) -> tuple[str, ...]:
+    """The view dims (space.DIMS) a tensor of `rank` dims has: n, c, then its spatial ones."""
+    return ("n", "c", *SPATIAL_DIMS.get(rank - 2, ()))
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -302,12 +345,13 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+def _per_dim(value: int | tuple[int, ...], spatial: int) -> tuple[int, ...]:
+    """A window argument (kernel, stride, padding, dilation) as one entry per spatial dim."""
     if isinstance(value, int):
-        return (value, value)
+        return (value,) * spatial
     if len(value) == 1:
-        return (value[0], value[0])
-    return (int(value[0]), int(value[1]))
+        return (int(value[0]),) * spatial
+    return tuple(int(entry) for entry in value)
 
 
 def _norm(common: dict[str, Any], op: str, target: str, params: dict[str, tuple[int, ...]],
@@ -324,8 +368,8 @@ def _norm(common: dict[str, Any], op: str, target: str, params: dict[str, tuple[
 
 def _mirrored_degree(geometry: Geometry, axis: int, in_size: int, out_size: int,
                      mode: str) -> int:
-    """The largest power-of-two degree along h (axis 0) or w (axis 1) at which every tile of
-    a reflect- or replicate-padded conv can pad its own border.
+    """The largest power-of-two degree along spatial axis `axis` at which every tile of a
+    reflect- or replicate-padded conv can pad its own border.
 
     A tile whose receptive field reaches past the border pads its needed input box as the whole
     tensor is padded: reflect padding of t rows mirrors rows 1..t, which the box (it starts at
@@ -356,27 +400,32 @@ def _mirrored_degree(geometry: Geometry, axis: int, in_size: int, out_size: int,
 
 def _padding_limits(geometry: Geometry, mode: str, in_shape: tuple[int, ...],
                     out_shape: tuple[int, ...]) -> tuple[dict[str, int], str]:
-    """The h and w degrees a conv padded by `mode` allows, and why: circular padding reads the
-    opposite border (h, w whole); reflect and replicate are padded by the border tiles."""
+    """The spatial degrees a conv padded by `mode` allows, and why: circular padding reads
+    the opposite border (spatial dims whole); reflect and replicate are padded by the border
+    tiles."""
+    dims = SPATIAL_DIMS[len(geometry.kernel)]
     if mode == "circular":
-        return {"h": 1, "w": 1}, ("circular padding wraps around to the opposite border, so "
-                                  "h and w stay whole")
+        return dict.fromkeys(dims, 1), ("circular padding wraps around to the opposite "
+                                        "border, so the spatial dims stay whole")
     limits = {dim: _mirrored_degree(geometry, axis, in_shape[2 + axis], out_shape[2 + axis],
                                     mode)
-              for axis, dim in enumerate(("h", "w"))}
+              for axis, dim in enumerate(dims)}
     copies = "mirrors" if mode == "reflect" else "repeats"
     return limits, (f"{mode} padding {geometry.padding} is applied by the border tiles, which "
                     f"must hold the rows and columns it {copies}")
 
 
-def _conv_padding(node: fx.Node, module: nn.Conv2d) -> tuple[int, int]:
-    """A Conv2d's padding per axis: numbers as given, "valid" none, "same" half the dilated
-    kernel on each side (torch pads the odd extra row of an even kernel on one side only, which
-    a symmetric window cannot express)."""
+def _conv_padding(node: fx.Node, module: nn.Conv1d | nn.Conv2d | nn.Conv3d
+                  ) -> tuple[int, ...]:
+    """A convolution's padding per spatial dim: numbers as given, "valid" none, "same" half
+    the dilated kernel on each side (torch pads the odd extra row of an even kernel on one
+    side only, which a symmetric window cannot express)."""
+    spatial = len(module.kernel_size)
     if module.padding == "valid":
-        return (0, 0)
+        return (0,) * spatial
     if module.padding == "same":
-        reach = [d * (k - 1) for d, k in zip(_pair(module.dilation), _pair(module.kernel_size),
+        reach = [d * (k - 1) for d, k in zip(_per_dim(module.dilation, spatial),
+                                              _per_dim(module.kernel_size, spatial),
                                               strict=True)]
         if any(total % 2 for total in reach):
             raise GraphError(
@@ -384,8 +433,8 @@ def _conv_padding(node: fx.Node, module: nn.Conv2d) -> tuple[int, int]:
                 f"{module.kernel_size} and dilation {module.dilation} pads one side more than "
                 "the other; use an odd kernel or give the padding as numbers"
             )
-        return (reach[0] // 2, reach[1] // 2)
-    return _pair(module.padding)  # type: ignore[arg-type]
+        return tuple(total // 2 for total in reach)
+    return _per_dim(module.padding, spatial)  # type: ignore[arg-type]
 
 
 def _call_arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
@@ -452,7 +501,7 @@ class _Raw(BaseModel):
     def limit(self, max_degrees: dict[str, int], reason: str) -> None:
         """Limit the degree along each dim of `max_degrees` (to less where a fused op already
         limits it to less); a limit the dim's size already sets is no limit and no note."""
-        sizes = dict(zip(("n", "c", "h", "w"), self.output_shape, strict=False))
+        sizes = dict(zip(_view_names(len(self.output_shape)), self.output_shape, strict=False))
         tighter = {dim: degree for dim, degree in max_degrees.items()
                    if dim in sizes
                    and degree < min(sizes[dim], self.max_degrees.get(dim, sizes[dim]))}
@@ -549,12 +598,13 @@ class _Builder:
         op = type(module).__name__
         params = _param_shapes(module)
         out = _numel(common["output_shape"])
-        if isinstance(module, nn.Conv2d):
+        spatial = len(common["output_shape"]) - 2
+        if isinstance(module, _CONVS):
             geometry = Geometry(
-                kernel=_pair(module.kernel_size),
-                stride=_pair(module.stride),
+                kernel=_per_dim(module.kernel_size, spatial),
+                stride=_per_dim(module.stride, spatial),
                 padding=_conv_padding(node, module),
-                dilation=_pair(module.dilation),
+                dilation=_per_dim(module.dilation, spatial),
                 groups=module.groups,
             )
             macs_per_output = (module.in_channels // module.groups) * _numel(geometry.kernel)
@@ -563,15 +613,15 @@ class _Builder:
                 op = f"{op}(padding_mode={module.padding_mode})"
             raw = _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
                        geometry=geometry, **common)
-            if module.padding_mode != "zeros" and geometry.padding != (0, 0):
+            if module.padding_mode != "zeros" and any(geometry.padding):
                 raw.limit(*_padding_limits(geometry, module.padding_mode,
                                            common["input_shapes"][0], common["output_shape"]))
             return raw
-        if isinstance(module, nn.ConvTranspose2d):
+        if isinstance(module, _CONV_TRANSPOSES):
             return self._conv_transpose(node, common, module, op, target, params)
         if isinstance(module, nn.GroupNorm):
             return self._group_norm(common, op, target, params, module.num_groups)
-        if isinstance(module, nn.InstanceNorm2d):
+        if isinstance(module, _INSTANCE_NORMS):
             if module.track_running_stats:
                 raise self._unsupported(node, f"{op}(track_running_stats=True) (running "
                                         "statistics of an instance norm; the default False "
@@ -586,20 +636,23 @@ class _Builder:
             flops = 2 * out * module.in_features + (out if module.bias is not None else 0)
             return _Raw(kind="linear", op=op, target=target, param_shapes=params, flops=flops,
                         **common)
-        if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
-            dilation = module.dilation if isinstance(module, nn.MaxPool2d) else 1
-            if isinstance(module, nn.AvgPool2d) and not module.count_include_pad:
+        if isinstance(module, _POOLS):
+            average = not isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d))
+            dilation = 1 if average else module.dilation
+            if average and not module.count_include_pad:
                 op = f"{op}(count_include_pad=False)"
+            if average and getattr(module, "divisor_override", None):
+                raise self._unsupported(node, f"{op}(divisor_override=...)")
             geometry = Geometry(
-                kernel=_pair(module.kernel_size),
-                stride=_pair(module.stride or module.kernel_size),
-                padding=_pair(module.padding),
-                dilation=_pair(dilation),
+                kernel=_per_dim(module.kernel_size, spatial),
+                stride=_per_dim(module.stride or module.kernel_size, spatial),
+                padding=_per_dim(module.padding, spatial),
+                dilation=_per_dim(dilation, spatial),
                 ceil_mode=module.ceil_mode,
             )
             return _Raw(kind="pool", op=op, target=target, param_shapes={},
                         flops=out * _numel(geometry.kernel), geometry=geometry, **common)
-        if isinstance(module, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+        if isinstance(module, _ADAPTIVE_POOLS):
             return _Raw(kind="adaptive_pool", op=op, target=target, param_shapes={},
                         flops=_numel(common["input_shapes"][0]), **common)
         if isinstance(module, nn.Flatten):
@@ -623,16 +676,16 @@ class _Builder:
         name = getattr(fn, "__name__", str(fn))
         out = _numel(common["output_shape"])
         if fn in _POOL_FUNCTIONS:
-            kernel = _pair(_call_arg(node, 1, "kernel_size", None))
+            spatial = len(common["output_shape"]) - 2
+            kernel = _per_dim(_call_arg(node, 1, "kernel_size", None), spatial)
             stride = _call_arg(node, 2, "stride", None)
+            is_max = fn in _MAX_POOL_FUNCTIONS
             geometry = Geometry(
                 kernel=kernel,
-                stride=_pair(stride) if stride else kernel,
-                padding=_pair(_call_arg(node, 3, "padding", 0)),
-                dilation=_pair(_call_arg(node, 4, "dilation", 1))
-                if fn is F.max_pool2d else (1, 1),
-                ceil_mode=bool(_call_arg(node, 5 if fn is F.max_pool2d else 4, "ceil_mode",
-                                         False)),
+                stride=_per_dim(stride, spatial) if stride else kernel,
+                padding=_per_dim(_call_arg(node, 3, "padding", 0), spatial),
+                dilation=_per_dim(_call_arg(node, 4, "dilation", 1) if is_max else 1, spatial),
+                ceil_mode=bool(_call_arg(node, 5 if is_max else 4, "ceil_mode", False)),
             )
             return _Raw(kind="pool", op=_POOL_FUNCTIONS[fn], target=name, param_shapes={},
                         flops=out * _numel(kernel), geometry=geometry, **common)
@@ -716,27 +769,32 @@ class _Builder:
         return _Raw(kind="flatten", op=op, target=target, param_shapes={}, flops=0, **common)
 
     def _mean(self, node: fx.Node, common: dict[str, Any], target: str) -> _Raw:
-        """A mean over h and w (global average pooling written as `x.mean((2, 3))`): an
-        adaptive average pool to 1x1, keeping its (N, C, 1, 1) or (N, C) shape."""
+        """A mean over every spatial dim (global average pooling written as `x.mean((2, 3))`,
+        or `x.mean(-1)` of a 1-d signal): an adaptive average pool to one position, keeping
+        its (N, C, 1, ...) or (N, C) shape."""
         dims = _call_arg(node, 1, "dim", None)
         rank = len(common["input_shapes"][0])
         chosen = (dims,) if isinstance(dims, int) else tuple(dims or ())
-        if rank != 4 or sorted(dim % rank for dim in chosen) != [2, 3]:
-            raise self._unsupported(node, f"mean over dims {dims} (only the mean over h and w, "
-                                    "x.mean((2, 3)), is a layer)")
+        if rank < 3 or sorted(dim % rank for dim in chosen) != list(range(2, rank)):
+            raise self._unsupported(node, f"mean over dims {dims} (only the mean over every "
+                                    "spatial dim, x.mean((2, 3)), is a layer)")
         return _Raw(kind="adaptive_pool", op="mean", target=target, param_shapes={},
                     flops=_numel(common["input_shapes"][0]), **common)
 
     def _conv_transpose(self, node: fx.Node, common: dict[str, Any],
-                        module: nn.ConvTranspose2d, op: str, target: str,
-                        params: dict[str, tuple[int, ...]]) -> _Raw:
-        """ConvTranspose2d: every input position adds its kernel window into the output, so an
+                        module: nn.ConvTranspose1d | nn.ConvTranspose2d | nn.ConvTranspose3d,
+                        op: str, target: str, params: dict[str, tuple[int, ...]]) -> _Raw:
+        """ConvTranspose1d/2d/3d: every input position adds its kernel window into the output,
+        so an
         output tile needs the input rows whose windows reach it, a halo on the input side
         (tiles.needed_range); its output padding (or an output_size given to the call) is read
         off the traced output shape. A channel split is held: its weight keeps the output
         channels in dim 1, which the weight shards (rows of dim 0) do not cut."""
-        geometry = Geometry(kernel=_pair(module.kernel_size), stride=_pair(module.stride),
-                            padding=_pair(module.padding), dilation=_pair(module.dilation),
+        spatial = len(module.kernel_size)
+        geometry = Geometry(kernel=_per_dim(module.kernel_size, spatial),
+                            stride=_per_dim(module.stride, spatial),
+                            padding=_per_dim(module.padding, spatial),
+                            dilation=_per_dim(module.dilation, spatial),
                             groups=module.groups, transposed=True)
         per_input = 2 * (module.out_channels // module.groups) * _numel(geometry.kernel)
         flops = (per_input * _numel(common["input_shapes"][0])
@@ -750,19 +808,23 @@ class _Builder:
     def _resize(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
                 scale_factor: Any, mode: str, align_corners: bool | None,
                 recompute_scale_factor: bool | None, antialias: bool) -> _Raw:
-        """Upsampling (nn.Upsample, F.interpolate) of an (N, C, H, W) tensor: each output row
-        reads the input rows its interpolation weights reach (one for nearest, two for
-        bilinear), so a tile of rows needs a box of input rows (tiles.needed_range) and
-        computes with torch's own weights (ops.resize). Other modes keep h and w whole."""
-        if len(common["input_shapes"][0]) != 4 or antialias:
+        """Upsampling (nn.Upsample, F.interpolate) of an (N, C, L), (N, C, H, W) or
+        (N, C, D, H, W) tensor: each output row reads the input rows its interpolation weights
+        reach (one for nearest, two per dim for (bi/tri)linear), so a tile of rows needs a box
+        of input rows (tiles.needed_range) and computes with torch's own weights (ops.resize).
+        Other modes keep the spatial dims whole."""
+        spatial = len(common["input_shapes"][0]) - 2
+        if spatial not in SPATIAL_DIMS or antialias:
             raise self._unsupported(node, f"{op} of a {len(common['input_shapes'][0])}-d "
                                     "tensor" if not antialias else f"{op} with antialias")
-        scales: tuple[float | None, float | None] = (None, None)
+        scales: tuple[float | None, ...] = (None,) * spatial  # one per spatial dim
         if scale_factor is not None and not recompute_scale_factor:
-            pair = (scale_factor, scale_factor) if isinstance(scale_factor, (int, float)) \
-                else tuple(scale_factor)
-            scales = (float(pair[0]), float(pair[1]))
-        taps = {"nearest": 1, "nearest-exact": 1, "bilinear": 2, "bicubic": 4}.get(mode, 1)
+            given = ((scale_factor,) * spatial if isinstance(scale_factor, (int, float))
+                     else tuple(scale_factor))
+            scales = tuple(float(value) for value in given)
+        linear = {"linear": 1, "bilinear": 2, "trilinear": 3}
+        taps = ({"nearest": 1, "nearest-exact": 1, "bicubic": 4}.get(mode, 1)
+                if mode not in linear else 2 ** linear[mode])
         label = f"{op}({mode}" + (f", align_corners={align_corners}"
                                   if align_corners is not None else "") + ")"
         raw = _Raw(kind="resize", op=label, target=target, param_shapes={},
@@ -770,8 +832,8 @@ class _Builder:
                    resize=Resize(mode=mode, align_corners=align_corners, scales=scales),
                    **common)
         if mode not in SPLIT_RESIZE_MODES:
-            raw.limit({"h": 1, "w": 1}, f"{mode} interpolation is computed by the full op "
-                      "only, so h and w stay whole")
+            raw.limit(dict.fromkeys(SPATIAL_DIMS[spatial], 1), f"{mode} interpolation is "
+                      "computed by the full op only, so the spatial dims stay whole")
         return raw
 
     def _group_norm(self, common: dict[str, Any], op: str, target: str,
@@ -785,9 +847,11 @@ class _Builder:
         channels = (f" and a channel split keeps whole groups (a degree dividing {groups})"
                     if whole_groups > 1 else ", and so does c" + (
                         f" (no power-of-two degree divides {groups})" if groups > 1 else ""))
-        return _norm(common, op, target, params, {"c": whole_groups, "h": 1, "w": 1},
+        spatial = SPATIAL_DIMS.get(len(common["output_shape"]) - 2, ())
+        return _norm(common, op, target, params,
+                     {"c": whole_groups, **dict.fromkeys(spatial, 1)},
                      f"GroupNorm({groups}) takes its statistics over each group's channels and "
-                     f"the whole h/w plane, so h and w stay whole{channels}")
+                     f"{_whole_positions(len(spatial))}{channels}")
 
     def _layer_norm(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], normalized: tuple[int, ...]) -> _Raw:
@@ -814,7 +878,8 @@ class _Builder:
             raise self._unsupported(node, f"LayerNorm over {list(normalized)} of "
                                     f"{common['output_shape']} (only over every dim after "
                                     "the batch, or over the channels between permutes)")
-        return _norm(common, op, target, params, {"c": 1, "h": 1, "w": 1},
+        spatial = SPATIAL_DIMS.get(len(common["output_shape"]) - 2, ())
+        return _norm(common, op, target, params, {"c": 1, **dict.fromkeys(spatial, 1)},
                      "LayerNorm takes its statistics over every value of a sample, so only n "
                      "splits")
 
@@ -840,8 +905,8 @@ class _Builder:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
-            "Conv2d, ConvTranspose2d, Linear, pooling, upsampling, norms, activations, dropout, "
-            "add, cat, flatten, the mean over h and w"
+            "1-3d convolutions (transposed too), Linear, pooling, upsampling, norms, "
+            "activations, dropout, add, cat, flatten, spatial means"
         )
 
 
@@ -922,7 +987,7 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
     _refuse_shared_modules(gm)
     for node in gm.graph.nodes:  # before shapes: torch would warn of what is refused here
         if node.op == "call_module" and isinstance(
-                conv := gm.get_submodule(str(node.target)), nn.Conv2d):
+                conv := gm.get_submodule(str(node.target)), _CONVS):
             _conv_padding(node, conv)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     # Meta tensors carry shapes only, so a meta module propagates as is (about 3x faster);
@@ -1050,7 +1115,7 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
 def build_graph(
     model: str,
     batch: int = 1,
-    image_size: int | None = None,
+    image_size: int | tuple[int, ...] | None = None,
     num_classes: int | None = None,
     in_channels: int | None = None,
 ) -> LayerGraph:

@@ -17,7 +17,8 @@ takes its statistics over the whole group of such tiles (`sync_batch_norm`), and
 multiplies by the tile's part of a mask drawn over the whole tensor, so no op's result depends
 on how its layer is split.
 
-Boxes are (start, stop) ranges over (n, c, h, w), as in `layerwise.strategies.model.tiles`.
+The ops take boxes over their tensor's own dims ((n, c, h, w) of a 2-d layer, (n, c, l) of a
+1-d one); `layer_op` cuts the runtime's 5-d view boxes (`tiles.real_box`) down to those.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from torch import Tensor
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import OVER_CHANNELS, Geometry, Layer, Resize
 from layerwise.strategies.model.resize import resize_taps
-from layerwise.strategies.model.tiles import Box, Range, as_4d, needed_range
+from layerwise.strategies.model.tiles import Box, Range, needed_range, real_box
 
 PoolMode = Literal["max", "avg"]
+Sizes = tuple[int, ...]  # one per spatial dim of the tensor: (l,), (h, w) or (d, h, w)
 Reduce = Callable[[Tensor], Tensor]  # in-place sum over a group of tiles, returns it
 
 _BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
@@ -57,73 +59,87 @@ def global_padding(start: int, stop: int, kernel: int, stride: int, padding: int
     return max(0, -first), max(0, last + 1 - in_size)
 
 
-def border_padding(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry
-                   ) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right): what the tile `out_box` of a sliding window adds to its
-    needed box's h/w (`global_padding` per axis)."""
-    top, bottom, left, right = (
-        side
-        for axis in (0, 1)
-        for side in global_padding(*out_box[2 + axis], geometry.kernel[axis],
-                                   geometry.stride[axis], geometry.padding[axis],
-                                   geometry.dilation[axis], in_size_hw[axis])
-    )
-    return top, bottom, left, right
+def border_padding(out_box: Box, in_size: Sizes, geometry: Geometry) -> list[tuple[int, int]]:
+    """(before, after) per spatial dim: what the tile `out_box` (its tensor's own dims) of a
+    sliding window adds to its needed box (`global_padding` per dim)."""
+    return [global_padding(*out_box[2 + axis], geometry.kernel[axis], geometry.stride[axis],
+                           geometry.padding[axis], geometry.dilation[axis], in_size[axis])
+            for axis in range(len(in_size))]
 
 
-def pads_a_copy(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
+def _pad_argument(sides: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """F.pad's argument: the last dim's (before, after) first."""
+    return tuple(side for pair in reversed(sides) for side in pair)
+
+
+def pads_a_copy(out_box: Box, in_size: Sizes, geometry: Geometry) -> bool:
     """Whether a zero-padded conv or a pool tile pads a copy of its needed box
     (`_pad_borders`) rather than letting the op pad the whole tensor's border itself."""
-    return (not whole_rows_and_cols(out_box, in_size_hw, geometry)
-            and any(border_padding(out_box, in_size_hw, geometry)))
+    return (not whole_rows_and_cols(out_box, in_size, geometry)
+            and any(any(pair) for pair in border_padding(out_box, in_size, geometry)))
 
 
-def _pad_borders(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry,
+def _pad_borders(x: Tensor, out_box: Box, in_size: Sizes, geometry: Geometry,
                  value: float = 0.0, mode: str = "zeros") -> Tensor:
-    """The box's h/w extended to the tile's whole receptive field: with `value`, or by a
-    reflect, replicate or circular `mode`.
+    """The box extended along its spatial dims to the tile's whole receptive field: with
+    `value`, or by a reflect, replicate or circular `mode`.
 
     Only sides on the tensor's border are padded, and the box starts (ends) there, so a
     reflection or replication of the box is that of the whole tensor wherever the box holds
     the rows it mirrors (graph.py limits the degrees to those); circular padding pads a box
-    of the whole plane (its h and w stay whole).
+    of the whole plane (its spatial dims stay whole).
     """
-    top, bottom, left, right = border_padding(out_box, in_size_hw, geometry)
-    if not (top or bottom or left or right):
+    sides = border_padding(out_box, in_size, geometry)
+    if not any(any(pair) for pair in sides):
         return x  # F.pad would copy the box for nothing (and the op would save the copy)
     if mode != "zeros":
-        return F.pad(x, (left, right, top, bottom), mode=mode)
-    return F.pad(x, (left, right, top, bottom), value=value)
+        return F.pad(x, _pad_argument(sides), mode=mode)
+    return F.pad(x, _pad_argument(sides), value=value)
 
 
-def whole_rows_and_cols(out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry) -> bool:
-    """Whether the tile holds every output row and column (a sample or channel split).
+def whole_rows_and_cols(out_box: Box, in_size: Sizes, geometry: Geometry) -> bool:
+    """Whether the tile holds every output row along every spatial dim (a sample or channel
+    split).
 
-    Then conv2d's own padding is the global padding, and rows past the last window that the
-    needed box leaves out (a strided 1x1 conv) would produce no output anyway: one call, no
-    padded copy of the input.
+    Then the torch op's own padding is the global padding, and rows past the last window that
+    the needed box leaves out (a strided 1x1 conv) would produce no output anyway: one call,
+    no padded copy of the input.
     """
-    for axis in (0, 1):
-        size = in_size_hw[axis] + 2 * geometry.padding[axis]
+    for axis in range(len(in_size)):
+        size = in_size[axis] + 2 * geometry.padding[axis]
         reach = geometry.dilation[axis] * (geometry.kernel[axis] - 1) + 1
         if out_box[2 + axis] != (0, (size - reach) // geometry.stride[axis] + 1):
             return False
     return True
 
 
-def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
+def _by_rank(functions: Sequence[Callable[..., Tensor]], spatial: int) -> Callable[..., Tensor]:
+    """The torch op of a layer with `spatial` spatial dims, from its 1-d, 2-d, 3-d variants."""
+    return functions[spatial - 1]
+
+
+_CONV = (F.conv1d, F.conv2d, F.conv3d)
+_CONV_TRANSPOSE = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
+_MAX_POOL = (F.max_pool1d, F.max_pool2d, F.max_pool3d)
+_AVG_POOL = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)
+_ADAPTIVE = {"max": (F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d),
+             "avg": (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d)}
+
+
+def conv(x: Tensor, out_box: Box, in_size: Sizes, weight: Tensor,
          bias: Tensor | None, geometry: Geometry, out_channels_total: int,
          in_channel_start: int, padding_mode: str = "zeros") -> Tensor:
-    """Output channels out_box[1] = [c0, c1) over out_box's rows/cols of a zero-padded conv2d.
+    """Output channels out_box[1] = [c0, c1) over out_box's rows of a zero-padded conv1d,
+    conv2d or conv3d (by the number of spatial sizes in `in_size`).
 
     x is the needed input box; its first channel is global input channel `in_channel_start`
     (0 for groups == 1, where it holds every input channel). weight and bias are the shard of
     output channels [c0, c1). A shard whose ends fall on group boundaries is one grouped conv;
     one that cuts a group is convolved group by group, each part with its group's input
-    channels, because conv2d's `groups` assumes every group is whole. A reflect or
+    channels, because the conv's `groups` assumes every group is whole. A reflect or
     replicate padding is applied by the tiles on the tensor's border to their own box
-    (`_pad_borders`); a circular one keeps h and w whole (graph.py), so its tile pads the
-    whole plane as nn.Conv2d does.
+    (`_pad_borders`); a circular one keeps the spatial dims whole (graph.py), so its tile pads
+    the whole tensor as nn.Conv2d does.
     """
     per_group_out = out_channels_total // geometry.groups
     per_group_in = weight.shape[1]
@@ -133,14 +149,15 @@ def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
     width = (last_group - first_group + 1) * per_group_in
     if offset or width != x.shape[1]:  # a slice is an autograd node: only when it cuts
         x = x[:, offset:offset + width]
+    unpadded = (0,) * len(in_size)
     if padding_mode != "zeros":
-        padded = _pad_borders(x, out_box, in_size_hw, geometry, mode=padding_mode)
-        padding = (0, 0)
-    elif whole_rows_and_cols(out_box, in_size_hw, geometry):
-        padded, padding = x, geometry.padding  # conv2d pads the global border itself
+        padded = _pad_borders(x, out_box, in_size, geometry, mode=padding_mode)
+        padding = unpadded
+    elif whole_rows_and_cols(out_box, in_size, geometry):
+        padded, padding = x, geometry.padding  # the op pads the global border itself
     else:
-        padded, padding = _pad_borders(x, out_box, in_size_hw, geometry, 0.0), (0, 0)
-    convolve = partial(F.conv2d, stride=geometry.stride, padding=padding,
+        padded, padding = _pad_borders(x, out_box, in_size, geometry, 0.0), unpadded
+    convolve = partial(_by_rank(_CONV, len(in_size)), stride=geometry.stride, padding=padding,
                        dilation=geometry.dilation)
     if first_group == last_group or (c0 % per_group_out == 0 and c1 % per_group_out == 0):
         return convolve(padded, weight, bias, groups=last_group - first_group + 1)
@@ -154,26 +171,28 @@ def conv(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], weight: Tensor,
     return torch.cat(pieces, dim=1)
 
 
-def conv_transpose(x: Tensor, out_box: Box, in_start_hw: tuple[int, int], weight: Tensor,
+def conv_transpose(x: Tensor, out_box: Box, in_start: Sizes, weight: Tensor,
                    bias: Tensor | None, geometry: Geometry) -> Tensor:
-    """Rows/cols out_box of a conv_transpose2d (every channel: graph.py holds c whole) from
-    the needed input box x, whose first row and column are global `in_start_hw`.
+    """The rows out_box of a transposed convolution (every channel: graph.py holds c whole)
+    from the needed input box x, whose first row along each spatial dim is global
+    `in_start`.
 
     The box's whole transposed convolution, unpadded, puts input row i0 + u's window at output
     rows (i0 + u) * stride - padding + j * dilation, so global output row o sits at local row
     o - i0 * stride + padding: the tile is that crop. Rows past the box's reach (the output
-    padding at the bottom, or a tile no input reaches) get no contribution, as in the full
+    padding at the end, or a tile no input reaches) get no contribution, as in the full
     op: zeros, then the bias.
     """
+    spatial = len(in_start)
     shape = [x.shape[0], weight.shape[1] * geometry.groups]
-    if x.shape[2] and x.shape[3]:
-        full = F.conv_transpose2d(x, weight, None, geometry.stride, 0, 0, geometry.groups,
-                                  geometry.dilation)
+    if all(x.shape[2:]):
+        full = _by_rank(_CONV_TRANSPOSE, spatial)(x, weight, None, geometry.stride, 0, 0,
+                                                  geometry.groups, geometry.dilation)
     else:
-        full = x.new_zeros((*shape, 0, 0))
+        full = x.new_zeros((*shape, *([0] * spatial)))
     starts, pads = [], []
-    for axis in (0, 1):
-        first = (out_box[2 + axis][0] - in_start_hw[axis] * geometry.stride[axis]
+    for axis in range(spatial):
+        first = (out_box[2 + axis][0] - in_start[axis] * geometry.stride[axis]
                  + geometry.padding[axis])
         length = out_box[2 + axis][1] - out_box[2 + axis][0]
         # a stride past the dilated kernel leaves rows no window reaches, before or after
@@ -181,42 +200,43 @@ def conv_transpose(x: Tensor, out_box: Box, in_start_hw: tuple[int, int], weight
         starts.append(first + before)
         pads.append((before, after))
     if any(any(pad) for pad in pads):
-        full = F.pad(full, (*pads[1], *pads[0]))
-    top, left = starts
-    tile = full[:, :, top:top + out_box[2][1] - out_box[2][0],
-                left:left + out_box[3][1] - out_box[3][0]]
-    return tile if bias is None else tile + bias.view(1, -1, 1, 1)
+        full = F.pad(full, _pad_argument(pads))
+    crop = tuple(slice(start, start + out_box[2 + axis][1] - out_box[2 + axis][0])
+                 for axis, start in enumerate(starts))
+    tile = full[(slice(None), slice(None), *crop)]
+    return tile if bias is None else tile + bias.view(1, -1, *([1] * spatial))
 
 
-def resize(x: Tensor, out_box: Box, in_start_hw: tuple[int, int], layer_resize: Resize,
-           in_size_hw: tuple[int, int], out_size_hw: tuple[int, int]) -> Tensor:
-    """Rows/cols out_box of an upsampling (graph.py's kind "resize") from the needed input box
-    x, whose first row and column are global `in_start_hw`.
+def resize(x: Tensor, out_box: Box, in_start: Sizes, layer_resize: Resize,
+           in_size: Sizes, out_size: Sizes) -> Tensor:
+    """The rows out_box of an upsampling (graph.py's kind "resize") from the needed input box
+    x, whose first row along each spatial dim is global `in_start`.
 
-    A tile of whole rows and columns is the full op's own call. Any other gathers, per axis,
-    each output row's input rows and weighs them with torch's own interpolation weights
-    (`resize_taps`), rows first, then columns: the same products torch sums, in float64 equal
-    to the full op's to rounding. Each tap is added into the axis's result in place, so an
-    axis holds its result and one gathered tap at a time (a nearest tap, of weight 1, is the
-    result itself); memory.py counts that.
+    A tile of whole rows along every spatial dim is the full op's own call. Any other
+    gathers, per dim, each output row's input rows and weighs them with torch's own
+    interpolation weights (`resize_taps`), one dim after the other: the same products torch
+    sums, in float64 equal to the full op's to rounding. Each tap is added into the dim's
+    result in place, so a dim holds its result and one gathered tap at a time (a nearest tap,
+    of weight 1, is the result itself); memory.py counts that.
     """
-    whole = all(out_box[2 + axis] == (0, out_size_hw[axis]) for axis in (0, 1))
+    spatial = len(in_size)
+    whole = all(out_box[2 + axis] == (0, out_size[axis]) for axis in range(spatial))
     scales = layer_resize.scales
     if whole:
-        sized = scales[0] is None or scales[1] is None
-        return F.interpolate(x, size=out_size_hw if sized else None,
-                             scale_factor=None if sized else (scales[0], scales[1]),
+        sized = any(scale is None for scale in scales)
+        return F.interpolate(x, size=out_size if sized else None,
+                             scale_factor=None if sized else scales,
                              mode=layer_resize.mode, align_corners=layer_resize.align_corners)
-    for axis in (0, 1):
-        taps = resize_taps(in_size_hw[axis], out_size_hw[axis], layer_resize.mode,
+    for axis in range(spatial):
+        taps = resize_taps(in_size[axis], out_size[axis], layer_resize.mode,
                            layer_resize.align_corners, scales[axis])
         start, stop = out_box[2 + axis]
         dim = 2 + axis
-        shape = [1, 1, 1, 1]
+        shape = [1] * x.dim()
         shape[dim] = stop - start
         total: Tensor | None = None
         for index, weight in zip(taps.indices, taps.weights, strict=True):
-            rows = torch.tensor(index[start:stop], device=x.device) - in_start_hw[axis]
+            rows = torch.tensor(index[start:stop], device=x.device) - in_start[axis]
             gathered = x.index_select(dim, rows)
             if len(taps.indices) == 1 and all(value == 1.0 for value in weight[start:stop]):
                 total = gathered  # nearest: every weight is 1
@@ -231,11 +251,11 @@ def resize(x: Tensor, out_box: Box, in_start_hw: tuple[int, int], layer_resize: 
 
 def _avg_divisors(out: Range, kernel: int, stride: int, padding: int, in_size: int,
                   count_include_pad: bool, like: Tensor) -> Tensor:
-    """torch's avg_pool2d divisor along one axis for output positions [start, stop).
+    """torch's average pooling divisor along one dim for output positions [start, stop).
 
-    As in aten's AvgPool2d: a window's size counts padding but stops at in_size + padding (only
-    a ceil_mode window runs past it); count_include_pad=False counts only in-bounds elements.
-    The 2-d divisor is the product of the two axes' divisors.
+    As in aten's AvgPool2d/3d: a window's size counts padding but stops at in_size + padding
+    (only a ceil_mode window runs past it); count_include_pad=False counts only in-bounds
+    elements. The N-d divisor is the product of the dims' divisors.
     """
     counts = []
     for index in range(*out):
@@ -246,33 +266,44 @@ def _avg_divisors(out: Range, kernel: int, stride: int, padding: int, in_size: i
     return torch.tensor(counts, dtype=like.dtype, device=like.device)
 
 
-def pool(x: Tensor, out_box: Box, in_size_hw: tuple[int, int], geometry: Geometry,
+def pool(x: Tensor, out_box: Box, in_size: Sizes, geometry: Geometry,
          mode: PoolMode, count_include_pad: bool = True) -> Tensor:
-    """Rows/cols out_box of max_pool2d or avg_pool2d (any ceil_mode) over the needed box x.
+    """The rows out_box of max or average pooling (1-d to 3-d, any ceil_mode) over the needed
+    box x.
 
     Max pooling pads with -inf, which never wins, so even a ceil_mode window that runs past the
     padding takes the full op's maximum (and, on ties, the same first element). Average pooling
     sums the zero-padded windows and divides by torch's own divisor for each output position,
-    which a plain avg_pool2d of the tile cannot know: it depends on where the window sits in the
-    whole tensor, not in the tile. A tile of whole rows and columns is the full op's own call.
+    which a plain average pool of the tile cannot know: it depends on where the window sits in
+    the whole tensor, not in the tile. A tile of whole rows is the full op's own call.
     """
-    if whole_rows_and_cols(out_box, in_size_hw, geometry):  # the full op's own call
+    spatial = len(in_size)
+    if whole_rows_and_cols(out_box, in_size, geometry):  # the full op's own call
         if mode == "max":
-            return F.max_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
-                                geometry.dilation)
-        return F.avg_pool2d(x, geometry.kernel, geometry.stride, geometry.padding,
-                            count_include_pad=count_include_pad)
+            return _by_rank(_MAX_POOL, spatial)(x, geometry.kernel, geometry.stride,
+                                                geometry.padding, geometry.dilation)
+        return _by_rank(_AVG_POOL, spatial)(x, geometry.kernel, geometry.stride,
+                                            geometry.padding,
+                                            count_include_pad=count_include_pad)
     if mode == "max":
-        padded = _pad_borders(x, out_box, in_size_hw, geometry, float("-inf"))
-        return F.max_pool2d(padded, geometry.kernel, geometry.stride, 0, geometry.dilation)
-    padded = _pad_borders(x, out_box, in_size_hw, geometry, 0.0)
-    sums = F.avg_pool2d(padded, geometry.kernel, geometry.stride, divisor_override=1)
-    rows, cols = (
-        _avg_divisors(out_box[2 + axis], geometry.kernel[axis], geometry.stride[axis],
-                      geometry.padding[axis], in_size_hw[axis], count_include_pad, sums)
-        for axis in (0, 1)
-    )
-    return sums / (rows[:, None] * cols[None, :])
+        padded = _pad_borders(x, out_box, in_size, geometry, float("-inf"))
+        return _by_rank(_MAX_POOL, spatial)(padded, geometry.kernel, geometry.stride, 0,
+                                            geometry.dilation)
+    padded = _pad_borders(x, out_box, in_size, geometry, 0.0)
+    if spatial == 1:  # avg_pool1d takes no divisor_override: the 2-d op on a row of one
+        sums = F.avg_pool2d(padded.unsqueeze(2), (1, geometry.kernel[0]),
+                            (1, geometry.stride[0]), divisor_override=1).squeeze(2)
+    else:
+        sums = _by_rank(_AVG_POOL, spatial)(padded, geometry.kernel, geometry.stride,
+                                            divisor_override=1)
+    divisor: Tensor | None = None
+    for axis in range(spatial):
+        along = _avg_divisors(out_box[2 + axis], geometry.kernel[axis], geometry.stride[axis],
+                              geometry.padding[axis], in_size[axis], count_include_pad, sums)
+        along = along.view(*([1] * axis), -1, *([1] * (spatial - axis - 1)))
+        divisor = along if divisor is None else divisor * along
+    assert divisor is not None
+    return sums / divisor
 
 
 def _reduce(x: Tensor, dim: int, mode: PoolMode) -> Tensor:
@@ -299,20 +330,21 @@ def _adaptive_axis(x: Tensor, dim: int, out: Range, in_size: int, out_size: int,
     return torch.stack(windows, dim=dim)
 
 
-def adaptive_pool(x: Tensor, out_box: Box, in_size_hw: tuple[int, int],
-                  out_size_hw: tuple[int, int], mode: PoolMode) -> Tensor:
-    """Rows/cols out_box of adaptive_max_pool2d or adaptive_avg_pool2d over the needed box x.
+def adaptive_pool(x: Tensor, out_box: Box, in_size: Sizes, out_size: Sizes,
+                  mode: PoolMode) -> Tensor:
+    """The rows out_box of adaptive max or average pooling (1-d to 3-d) over the needed box x.
 
-    An adaptive window is a rectangle, so pooling cols then rows equals pooling it at once: the
-    mean of row means of equal-width rows, and the max of row maxima. Cols go first so that the
-    element a max picks on ties is the full op's first one in row-major order. A tile of every
-    output row and column is torch's own adaptive pool.
+    An adaptive window is a box, so pooling one dim after the other equals pooling it at once:
+    the mean of means of equal-length rows, and the max of maxima. The last dim goes first so
+    that the element a max picks on ties is the full op's first one in row-major order. A tile
+    of every output row is torch's own adaptive pool.
     """
-    if (out_box[2], out_box[3]) == ((0, out_size_hw[0]), (0, out_size_hw[1])):
-        pool = F.adaptive_max_pool2d if mode == "max" else F.adaptive_avg_pool2d
-        return pool(x, out_size_hw)
-    cols = _adaptive_axis(x, 3, out_box[3], in_size_hw[1], out_size_hw[1], mode)
-    return _adaptive_axis(cols, 2, out_box[2], in_size_hw[0], out_size_hw[0], mode)
+    spatial = len(in_size)
+    if all(out_box[2 + axis] == (0, out_size[axis]) for axis in range(spatial)):
+        return _by_rank(_ADAPTIVE[mode], spatial)(x, out_size)
+    for axis in reversed(range(spatial)):
+        x = _adaptive_axis(x, 2 + axis, out_box[2 + axis], in_size[axis], out_size[axis], mode)
+    return x
 
 
 def conv_padding_mode(op: str) -> str:
@@ -499,12 +531,13 @@ def dropout_mask(shape: tuple[int, ...], p: float, per_channel: bool, device: to
 
 
 def dropout(x: Tensor, mask: Tensor, box: Box, per_channel: bool) -> Tensor:
-    """The tile `box` of dropout: x times its part of `mask`, drawn over the whole tensor.
+    """The tile `box` (of the 5-d view) of dropout: x times its part of `mask`, drawn over the
+    whole tensor.
 
     Every rank draws the same masks in the same order (`dropout_mask`) and applies its tile's
     part, so a split layer drops what the unsplit one drops.
     """
-    slices = tuple(slice(start, stop) for start, stop in box[: x.dim()])
+    slices = tuple(slice(start, stop) for start, stop in real_box(box, x.dim()))
     return x * mask[slices[:2] if per_channel else slices]
 
 
@@ -519,7 +552,8 @@ def activation(x: Tensor, function: Callable[[Tensor], Tensor], writes_input: bo
 
 def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | None,
              bias: Tensor | None, box: Box, count_include_pad: bool = True) -> Tensor:
-    """The main op of `layer` (any kind but input and elementwise) on the tile `box`.
+    """The main op of `layer` (any kind but input and elementwise) on the tile `box` (a box
+    of the 5-d view, `tiles.as_view`).
 
     `inputs` are the tile's needed boxes of the layer's inputs (None where it needs nothing of
     one, a concat's), `weight` and `bias` its shards of the layer's own parameters.
@@ -529,38 +563,44 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
     if kind == "concat":
         return concat(inputs, layer.concat_dim or 0)
     assert first is not None
+    rank = len(layer.input_shapes[0])
+    own = real_box(box, len(layer.output_shape))
+    in_size = layer.input_shapes[0][2:]
     if kind == "conv" and layer.geometry is not None and layer.geometry.transposed:
         assert weight is not None
-        return conv_transpose(first, box, (needed_range(layer, 0, 2, box[2])[0],
-                                           needed_range(layer, 0, 3, box[3])[0]),
-                              weight, bias, layer.geometry)
+        return conv_transpose(first, own, _needed_starts(layer, box, rank), weight, bias,
+                              layer.geometry)
     if kind == "conv":
         assert weight is not None and layer.geometry is not None
         in_channel_start = needed_range(layer, 0, 1, box[1])[0]
-        return conv(first, box, as_4d(layer.input_shapes[0])[2:], weight, bias, layer.geometry,
-                    as_4d(layer.output_shape)[1], in_channel_start,
-                    conv_padding_mode(layer.op))
+        return conv(first, own, in_size, weight, bias, layer.geometry,
+                    layer.output_shape[1], in_channel_start, conv_padding_mode(layer.op))
     if kind == "linear":
         assert weight is not None
         return linear(first, weight, bias)
     if kind == "pool":
         assert layer.geometry is not None
-        return pool(first, box, as_4d(layer.input_shapes[0])[2:], layer.geometry,
-                    pool_mode(layer.op), count_include_pad)
+        return pool(first, own, in_size, layer.geometry, pool_mode(layer.op), count_include_pad)
     if kind == "adaptive_pool":
-        pooled = adaptive_pool(first, box, as_4d(layer.input_shapes[0])[2:],
-                               as_4d(layer.output_shape)[2:], pool_mode(layer.op))
-        # x.mean((2, 3)) without keepdim: the (N, C) of a 1x1 pool
-        return pooled.flatten(1) if len(layer.output_shape) == 2 else pooled
+        if len(layer.output_shape) == 2:  # x.mean((2, 3)) without keepdim: the (N, C) of 1x1
+            pooled = adaptive_pool(first, real_box(box, rank), in_size,
+                                   (1,) * len(in_size), pool_mode(layer.op))
+            return pooled.flatten(1)
+        return adaptive_pool(first, own, in_size, layer.output_shape[2:], pool_mode(layer.op))
     if kind == "flatten":
         return flatten(first)
     if kind == "resize":
         assert layer.resize is not None
-        return resize(first, box, (needed_range(layer, 0, 2, box[2])[0],
-                                   needed_range(layer, 0, 3, box[3])[0]), layer.resize,
-                      as_4d(layer.input_shapes[0])[2:], as_4d(layer.output_shape)[2:])
+        return resize(first, own, _needed_starts(layer, box, rank), layer.resize, in_size,
+                      layer.output_shape[2:])
     if kind == "add":
         second = inputs[1]
         assert second is not None
         return binary(layer.op, first, second)
     raise ConfigError(f"layer '{layer.name}': no tile op for kind '{kind}'")
+
+
+def _needed_starts(layer: Layer, box: Box, rank: int) -> Sizes:
+    """The first global row along each spatial dim of the input box the tile `box` needs."""
+    needed = tuple(needed_range(layer, 0, dim, box[dim]) for dim in range(len(box)))
+    return tuple(start for start, _ in real_box(needed, rank)[2:])

@@ -27,8 +27,9 @@ def resize_taps(in_size: int, out_size: int, mode: str, align_corners: bool | No
                 scale: float | None) -> ResizeTaps:
     """torch's own interpolation weights along one axis: F.interpolate (1-d, the same source
     index rule as 2-d) of the identity's rows, in float64; row o of the result holds the
-    weight of every input row for output row o. Its nonzero entries are the taps."""
-    one_d = {"bilinear": "linear"}.get(mode, mode)
+    weight of every input row for output row o (bilinear and trilinear interpolation are
+    linear along each axis in turn). Its nonzero entries are the taps."""
+    one_d = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
     basis = torch.eye(in_size, dtype=torch.float64).unsqueeze(0)
     weights = F.interpolate(basis, size=None if scale is not None else out_size,
                             scale_factor=scale, mode=one_d,

@@ -1,11 +1,13 @@
 """Tile geometry: what each tile of a layer owns and what it needs from each input.
 
-Every tensor is seen as 4-d (n, c, h, w); a 2-d (N, F) tensor is (N, F, 1, 1). A layer's output
-tile owns a box, one range per dimension (`space.tile_range`). To compute it, the tile needs a
-box of each input tensor (Jia et al. 2018, section 4: t_x counts exactly these regions):
+Every tensor is seen through the 5-d view (n, c, d, h, w) of `space.as_view`: an (N, F) tensor
+is (N, F, 1, 1, 1), an (N, C, L) one (N, C, 1, 1, L), an (N, C, H, W) one (N, C, 1, H, W). A
+layer's output tile owns a box, one range per dimension of the view (`space.tile_range`). To
+compute it, the tile needs a box of each input tensor (Jia et al. 2018, section 4: t_x counts
+exactly these regions):
 - n: the same samples (every layer is per-sample);
-- conv/pool h, w: the receptive field of its rows/columns (kernel, stride, padding, dilation),
-  clipped at the borders; adaptive pooling: the union of its adaptive windows;
+- conv/pool d, h, w (l): the receptive field of its rows (kernel, stride, padding, dilation
+  along that dim), clipped at the borders; adaptive pooling: the union of its adaptive windows;
 - conv c: all input channels, or only its groups' channels for a grouped/depthwise conv;
   pooling, elementwise and add: the same channels; concat: its channels shifted into each
   input (possibly none of an input);
@@ -24,21 +26,36 @@ from pydantic import BaseModel, ConfigDict
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import SPLIT_RESIZE_MODES, Layer, LayerGraph
 from layerwise.strategies.model.resize import resize_taps
-from layerwise.strategies.model.space import DIMS, ParallelConfig, tile_range
+from layerwise.strategies.model.space import (
+    DIMS,
+    Degrees,
+    ParallelConfig,
+    as_view,
+    tile_range,
+    view_dims,
+)
 
 Range = tuple[int, int]
-Box = tuple[Range, Range, Range, Range]  # one range per dimension of the 4-d view (n, c, h, w)
+Box = tuple[Range, ...]  # one range per dimension of the 5-d view (n, c, d, h, w)
+VIEW = len(DIMS)
 
 
-def as_4d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """(N, C, H, W), or (N, F, 1, 1) for a 2-d tensor."""
-    padded = (*shape, 1, 1)[:4]
-    return (padded[0], padded[1], padded[2], padded[3])
+def real_box(box: Box, rank: int) -> Box:
+    """The ranges of a view box along the dims a tensor of `rank` dims has, in its order."""
+    return tuple(box[position] for position in view_dims(rank))
+
+
+def view_box(box: Box) -> Box:
+    """A tensor's box (one range per its dim) in the 5-d view: (0, 1) where it lacks a dim."""
+    view = [(0, 1)] * VIEW
+    for position, extent in zip(view_dims(len(box)), box, strict=True):
+        view[position] = extent
+    return tuple(view)
 
 
 def output_ranges(layer: Layer, dim: int, degree: int) -> list[Range]:
-    """The output range of each tile index along dimension `dim` (0..3 for n, c, h, w)."""
-    size = as_4d(layer.output_shape)[dim]
+    """The output range of each tile index along view dimension `dim` (0..4: n, c, d, h, w)."""
+    size = as_view(layer.output_shape)[dim]
     return [tile_range(size, degree, index) for index in range(degree)]
 
 
@@ -60,14 +77,14 @@ def _transposed_window(start: int, stop: int, kernel: int, stride: int, padding:
     return (max(first, 0), min(last + 1, size))
 
 
-def resize_reach(layer: Layer, axis: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """For each output row (axis 0) or column (axis 1) of an upsampling layer, the first and
-    last input one its interpolation weights reach (torch's own weights: resize.py)."""
+def resize_reach(layer: Layer, dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """For each output row along view dim `dim` (2, 3, 4) of an upsampling layer, the first
+    and last input row its interpolation weights reach (torch's own weights: resize.py)."""
     resize = layer.resize
     assert resize is not None
-    return resize_taps(as_4d(layer.input_shapes[0])[2 + axis],
-                       as_4d(layer.output_shape)[2 + axis], resize.mode, resize.align_corners,
-                       resize.scales[axis]).reach
+    axis = dim - VIEW + len(resize.scales)
+    return resize_taps(as_view(layer.input_shapes[0])[dim], as_view(layer.output_shape)[dim],
+                       resize.mode, resize.align_corners, resize.scales[axis]).reach
 
 
 def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
@@ -75,42 +92,40 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
 
     An empty range (start >= stop) means the tile needs nothing of that input (concat).
     """
-    in_size = as_4d(layer.input_shapes[input_index])[dim]
+    in_size = as_view(layer.input_shapes[input_index])[dim]
     start, stop = out
-    if dim == 0:
-        return out
+    if dim == 0 or (dim >= 2 and in_size == 1 and as_view(layer.output_shape)[dim] == 1):
+        return out  # the batch, or a spatial dim neither tensor has
     kind = layer.kind
     if kind in ("linear", "flatten"):
         return (0, in_size)
     if kind == "concat":
-        if dim != layer.concat_dim:
+        if dim != view_dims(len(layer.output_shape))[layer.concat_dim or 0]:
             return out
-        offset = sum(as_4d(shape)[dim] for shape in layer.input_shapes[:input_index])
+        offset = sum(as_view(shape)[dim] for shape in layer.input_shapes[:input_index])
         return (max(start - offset, 0), min(stop - offset, in_size))
-    if kind == "add" and in_size == 1 and as_4d(layer.output_shape)[dim] > 1:
+    if kind == "add" and in_size == 1 and as_view(layer.output_shape)[dim] > 1:
         return (0, 1)  # a broadcast input (graph.py's _broadcasts): every tile needs all of it
     geometry = layer.geometry
     if dim == 1:
         if kind == "conv" and geometry is not None:
             if geometry.groups == 1:
                 return (0, in_size)
-            out_per_group = as_4d(layer.output_shape)[1] // geometry.groups
+            out_per_group = as_view(layer.output_shape)[1] // geometry.groups
             in_per_group = in_size // geometry.groups
             return (start // out_per_group * in_per_group,
                     ((stop - 1) // out_per_group + 1) * in_per_group)
         return out
     if kind in ("conv", "pool") and geometry is not None:
-        axis = dim - 2
         window = _transposed_window if geometry.transposed else _window
-        return window(start, stop, geometry.kernel[axis], geometry.stride[axis],
-                       geometry.padding[axis], geometry.dilation[axis], in_size)
+        return window(start, stop, *geometry.along(dim), in_size)
     if kind == "resize" and layer.resize is not None:
         if layer.resize.mode not in SPLIT_RESIZE_MODES:  # held whole (graph.py)
             return (0, in_size)
-        first, last = resize_reach(layer, dim - 2)
+        first, last = resize_reach(layer, dim)
         return (first[start], last[stop - 1] + 1)
     if kind == "adaptive_pool":
-        out_size = as_4d(layer.output_shape)[dim]
+        out_size = as_view(layer.output_shape)[dim]
         return (start * in_size // out_size, -(-stop * in_size // out_size))
     return out
 
@@ -142,14 +157,14 @@ def largest_tile(layer: Layer, config: ParallelConfig) -> TileWork:
     for dim, degree in enumerate(config.degrees):
         ranges = output_ranges(layer, dim, degree)
         per_dim.append(max(ranges, key=lambda r: r[1] - r[0]))
-    rank = len(layer.output_shape)
-    output_shape = tuple(stop - start for start, stop in per_dim)[:rank]
+    output_shape = tuple(stop - start for start, stop in real_box(tuple(per_dim),
+                                                                   len(layer.output_shape)))
     input_shapes = []
     for index, shape in enumerate(layer.input_shapes):
-        needed = [needed_range(layer, index, dim, per_dim[dim]) for dim in range(4)]
-        lengths = tuple(max(stop - start, 0) for start, stop in needed)
-        input_shapes.append(lengths[: len(shape)])
-    out_channels = as_4d(layer.output_shape)[1]
+        needed = tuple(needed_range(layer, index, dim, per_dim[dim]) for dim in range(VIEW))
+        input_shapes.append(tuple(max(stop - start, 0)
+                                  for start, stop in real_box(needed, len(shape))))
+    out_channels = as_view(layer.output_shape)[1]
     c_start, c_stop = per_dim[DIMS.index("c")]
     param_elements = layer.param_count * (c_stop - c_start) // out_channels
     return TileWork(output_shape=output_shape, input_shapes=tuple(input_shapes),
@@ -165,11 +180,11 @@ def tile_box(layer: Layer, tile: TileWork) -> Box:
     conv it spans. Any place with these shapes pads as much and spans as many groups, so the
     profiler times the tile at this one.
     """
-    out = as_4d(tile.output_shape)
-    sizes = as_4d(layer.output_shape)
-    inputs = [as_4d(shape) for shape in tile.input_shapes]
+    out = as_view(tile.output_shape)
+    sizes = as_view(layer.output_shape)
+    inputs = [as_view(shape) for shape in tile.input_shapes]
     box: list[Range] = []
-    for dim in range(4):
+    for dim in range(VIEW):
         length = out[dim]
         for start in range(sizes[dim] - length + 1):
             needed = [needed_range(layer, index, dim, (start, start + length))
@@ -181,15 +196,13 @@ def tile_box(layer: Layer, tile: TileWork) -> Box:
         else:
             raise ConfigError(f"layer '{layer.name}' has no tile of shape {tile.output_shape} "
                               f"needing {tile.input_shapes}")
-    return (box[0], box[1], box[2], box[3])
+    return tuple(box)
 
 
-def indexed_box(layer: Layer, index: tuple[int, int, int, int],
-                degrees: tuple[int, int, int, int]) -> Box:
+def indexed_box(layer: Layer, index: Degrees, degrees: Degrees) -> Box:
     """The output box of tile `index` when `layer`'s output is cut by `degrees`."""
-    sizes = as_4d(layer.output_shape)
-    n, c, h, w = (tile_range(sizes[d], degrees[d], index[d]) for d in range(4))
-    return (n, c, h, w)
+    sizes = as_view(layer.output_shape)
+    return tuple(tile_range(sizes[d], degrees[d], index[d]) for d in range(VIEW))
 
 
 def config_boxes(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
@@ -200,8 +213,7 @@ def config_boxes(layer: Layer, config: ParallelConfig) -> dict[int, Box]:
 
 def needed_box(layer: Layer, input_index: int, out_box: Box) -> Box:
     """The box of input `input_index` that output box `out_box` needs (empty ranges possible)."""
-    n, c, h, w = (needed_range(layer, input_index, d, out_box[d]) for d in range(4))
-    return (n, c, h, w)
+    return tuple(needed_range(layer, input_index, d, out_box[d]) for d in range(VIEW))
 
 
 def box_volume(box: Box) -> int:

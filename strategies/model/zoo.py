@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from layerwise.strategies.errors import LayerwiseError, UnknownModelError
+from layerwise.strategies.model.input_size import InputSize, compact_size, spatial_size
+from layerwise.strategies.model.zoo_nd import cosmoflow3d, m5, unet3d
 
 __all__ = [
     "ZOO",
@@ -76,13 +78,15 @@ USER_DEFAULT_CHANNELS = 3
 USER_DEFAULT_IMAGE_SIZE = 224
 
 
+
 class ModelSpec(pydantic.BaseModel, frozen=True):
     """What the zoo knows about one network before building it."""
 
     name: str  # zoo name, e.g. "resnet50"
     description: str  # one line
     in_channels: int  # default input channels
-    image_size: int  # default input height = width
+    image_size: int  # default input side along each spatial dim
+    spatial_dims: int = 2  # 1: (N, C, L) signals, 2: images, 3: (N, C, D, H, W) volumes
     num_classes: int  # default number of classes
     min_standard_size: int  # smallest input that uses the standard (torchvision) stem
 
@@ -151,16 +155,21 @@ def _spec_for(name: Any) -> ModelSpec:
 
 
 def min_image_size(name_or_spec: str | ModelSpec) -> int:
-    """Smallest input height = width a zoo model accepts (with its small-input stem if any)."""
+    """Smallest input side (height = width, or along each spatial dim of a 1-d or 3-d model)
+    a zoo model accepts (with its small-input stem if any)."""
     spec = _spec_for(name_or_spec)
+    if spec.spatial_dims != 2:
+        return spec.min_standard_size
     return _min_input(_paths(spec.name, small=spec.name in _SMALL_STEM_MODELS))
 
 
-def _check_positive(**values: int | None) -> None:
+def _check_positive(**values: InputSize | None) -> None:
     for what, value in values.items():
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        entries = value if isinstance(value, tuple) and what == "image_size" else (value,)
+        if not entries or any(isinstance(entry, bool) or not isinstance(entry, int) or entry < 1
+                              for entry in entries):
             raise UnknownModelError(f"{what} must be a positive integer, got {value!r}")
 
 
@@ -790,6 +799,9 @@ _FACTORIES: dict[str, Callable[..., nn.Module]] = {
     "resnet101": resnet101,
     "resnet152": resnet152,
     "inception_v3": inception_v3,
+    "cosmoflow3d": cosmoflow3d,
+    "unet3d": unet3d,
+    "m5": m5,
 }
 
 _DESCRIPTIONS: dict[str, tuple[str, int, int, int]] = {  # description, C, H=W, classes
@@ -808,12 +820,25 @@ _DESCRIPTIONS: dict[str, tuple[str, int, int, int]] = {  # description, C, H=W, 
     "inception_v3": ("Inception-v3 (Szegedy et al. 2016), torchvision layout", 3, 299, 1000),
 }
 
+# the 1-d and 3-d networks (zoo_nd.py): description, C, side of each spatial dim, classes,
+# spatial dims, smallest side
+_ND_DESCRIPTIONS: dict[str, tuple[str, int, int, int, int, int]] = {
+    "cosmoflow3d": ("CosmoFlow (Mathuriya et al. 2018): 3-d convolutions over volumes",
+                    1, 32, 3, 3, 8),
+    "unet3d": ("3-d U-Net (Cicek et al. 2016), MONAI's block layout, pooled to class scores",
+               1, 32, 3, 3, 4),
+    "m5": ("M5 (Dai et al. 2017): 1-d convolutions over raw signals", 1, 4096, 10, 1, 1024),
+}
+
 ZOO: dict[str, ModelSpec] = {
-    name: ModelSpec(
+    **{name: ModelSpec(
         name=name, description=desc, in_channels=c, image_size=size, num_classes=k,
         min_standard_size=_min_input(_paths(name, small=False)),
-    )
-    for name, (desc, c, size, k) in _DESCRIPTIONS.items()
+    ) for name, (desc, c, size, k) in _DESCRIPTIONS.items()},
+    **{name: ModelSpec(
+        name=name, description=desc, in_channels=c, image_size=size, num_classes=k,
+        spatial_dims=dims, min_standard_size=least,
+    ) for name, (desc, c, size, k, dims, least) in _ND_DESCRIPTIONS.items()},
 }
 
 
@@ -942,7 +967,7 @@ def _on_device(device: str | torch.device | None) -> contextlib.AbstractContextM
     return contextlib.nullcontext() if device is None else torch.device(device)
 
 
-def build_model(name: str, num_classes: int | None = None, image_size: int | None = None,
+def build_model(name: str, num_classes: int | None = None, image_size: InputSize | None = None,
                 in_channels: int | None = None,
                 device: str | torch.device | None = None) -> nn.Module:
     """Build a zoo model by name, or a user model given as ``package.module:factory``.
@@ -956,6 +981,8 @@ def build_model(name: str, num_classes: int | None = None, image_size: int | Non
     _check_positive(num_classes=num_classes, image_size=image_size, in_channels=in_channels)
     if isinstance(name, str) and ":" in name:
         factory = _resolve_reference(name)
+        if isinstance(image_size, tuple):  # a square image as its side, as --image-size gives
+            image_size = compact_size(image_size)
         offered = {k: v for k, v in (("num_classes", num_classes), ("image_size", image_size),
                                      ("in_channels", in_channels)) if v is not None}
         kwargs = _accepted_kwargs(factory, offered)
@@ -980,31 +1007,54 @@ def build_model(name: str, num_classes: int | None = None, image_size: int | Non
             )
         return model
     spec = _spec_for(name)
+    sizes = _zoo_sizes(spec, image_size)
     with _on_device(device):
         return _FACTORIES[spec.name](
             num_classes=spec.num_classes if num_classes is None else num_classes,
-            image_size=spec.image_size if image_size is None else image_size,
+            image_size=sizes[0] if spec.spatial_dims == 2 else sizes,
             in_channels=spec.in_channels if in_channels is None else in_channels,
         )
 
 
-def input_shape(name_or_spec: str | ModelSpec, batch: int, image_size: int | None = None,
-                in_channels: int | None = None) -> tuple[int, int, int, int]:
-    """(batch, C, H, W) of a model's input, with the spec's defaults for what is None.
+def _zoo_sizes(spec: ModelSpec, image_size: InputSize | None) -> tuple[int, ...]:
+    """A zoo model's spatial sizes: its default side, or the given side or sizes; 2-d zoo
+    models take square images, and every model its own number of spatial dims."""
+    sizes = spatial_size(spec.image_size if image_size is None else image_size,
+                         spec.spatial_dims)
+    if len(sizes) != spec.spatial_dims:
+        raise UnknownModelError(
+            f"{spec.name} takes {_INPUT_KINDS[spec.spatial_dims]}, not an input of "
+            f"{len(sizes)} spatial size(s) {sizes}: give --input-shape with "
+            f"{spec.spatial_dims} spatial size(s), or --image-size N")
+    if spec.spatial_dims == 2 and sizes[0] != sizes[1]:
+        raise UnknownModelError(f"{spec.name} takes square images, not {sizes[0]}x{sizes[1]}: "
+                                "use --image-size N")
+    return sizes
 
-    A user reference (``package.module:factory``) defaults to 3 channels at 224x224.
+
+_INPUT_KINDS = {1: "(N, C, L) signals", 2: "(N, C, H, W) images",
+                3: "(N, C, D, H, W) volumes"}
+
+
+def input_shape(name_or_spec: str | ModelSpec, batch: int, image_size: InputSize | None = None,
+                in_channels: int | None = None) -> tuple[int, ...]:
+    """(batch, C, *spatial) of a model's input, with the spec's defaults for what is None: a
+    side for every spatial dim of the model (`image_size` an int), or each dim's size.
+
+    A user reference (``package.module:factory``) defaults to 3 channels at 224x224; an int
+    `image_size` gives it a square image.
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise LayerwiseError(f"batch must be a positive integer, got {batch!r}")
     _check_positive(image_size=image_size, in_channels=in_channels)
     if isinstance(name_or_spec, str) and ":" in name_or_spec:
-        c, size = USER_DEFAULT_CHANNELS, USER_DEFAULT_IMAGE_SIZE
+        c = USER_DEFAULT_CHANNELS
+        sizes = spatial_size(USER_DEFAULT_IMAGE_SIZE if image_size is None else image_size, 2)
     else:
         spec = _spec_for(name_or_spec)
-        c, size = spec.in_channels, spec.image_size
+        c, sizes = spec.in_channels, _zoo_sizes(spec, image_size)
     c = c if in_channels is None else in_channels
-    size = size if image_size is None else image_size
-    return (batch, c, size, size)
+    return (batch, c, *sizes)
 
 
 class ModelSummary(pydantic.BaseModel):
@@ -1017,7 +1067,7 @@ class ModelSummary(pydantic.BaseModel):
     parameters: int
     conv_layers: int
     fc_layers: int
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]  # (C, *spatial)
     num_classes: int
 
 
@@ -1030,9 +1080,9 @@ def summarize_zoo() -> list[ModelSummary]:
         summaries.append(ModelSummary(
             name=spec.name, description=spec.description,
             parameters=sum(p.numel() for p in model.parameters()),
-            conv_layers=sum(isinstance(m, nn.Conv2d) for m in modules),
+            conv_layers=sum(isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for m in modules),
             fc_layers=sum(isinstance(m, nn.Linear) for m in modules),
-            input_shape=(spec.in_channels, spec.image_size, spec.image_size),
+            input_shape=input_shape(spec, 1)[1:],
             num_classes=spec.num_classes,
         ))
     return summaries

@@ -77,7 +77,7 @@ from layerwise.strategies.files.documents import YAML_SUFFIXES, read_document
 from layerwise.strategies.hardware.cluster import Cluster, Link
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from layerwise.strategies.model.space import ParallelConfig
-from layerwise.strategies.model.tiles import as_4d, largest_tile
+from layerwise.strategies.model.tiles import as_view, largest_tile
 from layerwise.strategies.oracle.platform import Platform
 
 __all__ = [
@@ -281,8 +281,10 @@ def _layer_summary(layer: Layer, compute: ComputeSource, batch: int) -> LayerSum
     whole_layer = largest_tile(layer, ParallelConfig(devices=(0,)))
     fw, bw = split_forward_backward(compute.tile_seconds(layer, whole_layer) / batch,
                                     layer.param_count)
-    _, in_channels, in_h, in_w = as_4d(layer.input_shapes[0])
-    _, out_channels, out_h, out_w = as_4d(layer.output_shape)
+    # ParaDL models 2-d layers: a 3-d layer's depth is folded into its height
+    _, in_channels, in_d, in_h, in_w = as_view(layer.input_shapes[0])
+    _, out_channels, out_d, out_h, out_w = as_view(layer.output_shape)
+    in_h, out_h = in_d * in_h, out_d * out_h
     return LayerSummary(
         name=layer.name,
         x=sum(math.prod(shape[1:]) for shape in layer.input_shapes),
@@ -305,7 +307,8 @@ def _kernel(layer: Layer, input_size: tuple[int, int],
             output_size: tuple[int, int]) -> tuple[int, int]:
     """The sliding window of a conv/pool layer; an adaptive pool's widest window; else 1x1."""
     if layer.geometry is not None:
-        return layer.geometry.kernel
+        _, height, width = (1, 1, *layer.geometry.kernel)[-3:]
+        return (height, width)
     if layer.kind == "adaptive_pool":
         return (-(-input_size[0] // output_size[0]), -(-input_size[1] // output_size[1]))
     return (1, 1)
@@ -955,6 +958,7 @@ def oracle(summary: ModelSummary, platform: Platform | Cluster, pes_counts: Sequ
 # model parallelism splits every layer's output channels (filters); the others have none.
 EXECUTED_EQUIVALENT: dict[str, StrategyName] = {
     "data": "data", "model": "filter", "spatial_h": "spatial", "spatial_w": "spatial",
+    "spatial": "spatial",
     "pipeline": "pipeline",
 }
 

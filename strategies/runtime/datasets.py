@@ -38,6 +38,7 @@ from layerwise.strategies.errors import LayerwiseError, shown
 from layerwise.strategies.files.documents import read_json
 from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.hardware.host_memory import check_memory
+from layerwise.strategies.model.input_size import InputSize, spatial_size
 
 DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "fields", "synthetic")
 # the datasets params.yaml's sections define, by the DVC stage that prepares each
@@ -51,15 +52,25 @@ _NOISE = 0.8  # per-pixel noise against prototypes of unit standard deviation
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """What a prepared dataset fixes about the model's input and output."""
+    """What a prepared dataset fixes about the model's input and output: `image_size` the side
+    of a square image, or each spatial dim's size ((L,) of a signal, (D, H, W) of a volume)."""
 
-    image_size: int
+    image_size: InputSize
     classes: int
     channels: int
 
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Each spatial dim's size."""
+        return spatial_size(self.image_size, 2)
+
+    @property
+    def shown_size(self) -> str:
+        return "x".join(map(str, self.sizes))
+
 
 class Split(Protocol):
-    """Samples addressed by index: x float32 (n, C, S, S), y int64 (n,)."""
+    """Samples addressed by index: x float32 (n, C, *spatial), y int64 (n,)."""
 
     def __len__(self) -> int: ...
 
@@ -84,7 +95,7 @@ class ArraySplit:
 class SyntheticSplit:
     """`count` samples generated on demand from the class prototypes and their own seed."""
 
-    prototypes: np.ndarray  # (classes, C, S, S), zero mean and unit std each
+    prototypes: np.ndarray  # (classes, C, *spatial), zero mean and unit std each
     count: int
     seed: int
     stream: int  # 0 train, 1 validation: disjoint sample seeds
@@ -99,11 +110,15 @@ class SyntheticSplit:
 
     def _sample(self, index: int) -> tuple[np.ndarray, int]:
         rng = np.random.default_rng([self.seed, self.stream, index])
-        classes, _, size, _ = self.prototypes.shape
+        classes, _, *sizes = self.prototypes.shape
         label = int(rng.integers(classes))
-        reach = max(1, size // 8)
-        shift = rng.integers(-reach, reach + 1, size=2)
-        image = np.roll(self.prototypes[label], tuple(shift), axis=(1, 2))
+        if len(sizes) == 2:  # as every 2-d dataset has always drawn it
+            reach = max(1, sizes[0] // 8)
+            shift = tuple(rng.integers(-reach, reach + 1, size=2))
+        else:
+            shift = tuple(int(rng.integers(-max(1, size // 8), max(1, size // 8) + 1))
+                          for size in sizes)
+        image = np.roll(self.prototypes[label], shift, axis=tuple(range(1, len(sizes) + 1)))
         return image + _NOISE * rng.standard_normal(image.shape, dtype=np.float32), label
 
 
@@ -128,8 +143,10 @@ def prepared_spec(name: str, root: Path = PREPARED_DIR) -> ImageSpec | None:
                              f"{_prepare_fix(name)}")
     meta = read_json(meta_path, str(meta_path), fix=f"{_prepare_fix(name)} again")
     try:
-        spec = ImageSpec(image_size=int(meta["image_size"]), classes=int(meta["classes"]),
-                         channels=int(meta["channels"]))
+        size = meta["image_size"]
+        spec = ImageSpec(image_size=int(size) if not isinstance(size, list)
+                         else tuple(int(side) for side in size),
+                         classes=int(meta["classes"]), channels=int(meta["channels"]))
     except (ValueError, KeyError, TypeError) as error:
         raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: "
                              f"{shown(str(error))}); "
@@ -157,14 +174,14 @@ def _prepare_fix(name: str, options: str = "") -> str:
     return f"run `python -m {PREPARE_MODULE} {command}{options}` from the project root"
 
 
-def _resize_fix(name: str, image_size: int) -> str:
+def _resize_fix(name: str, image_size: InputSize) -> str:
     if name in _STAGES:
         return (f"set {_STAGES[name]}.image_size: {image_size} in params.yaml and "
                 f"{_prepare_fix(name)}")
     return _prepare_fix(name, f" --image-size {image_size}")
 
 
-def load_dataset(name: str, image_size: int, num_classes: int, in_channels: int, seed: int,
+def load_dataset(name: str, image_size: InputSize, num_classes: int, in_channels: int, seed: int,
                  root: Path = PREPARED_DIR) -> Dataset:
     """The train and validation splits of `name` for a model with this input and class count."""
     wanted = ImageSpec(image_size=image_size, classes=num_classes, channels=in_channels)
@@ -184,11 +201,12 @@ def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
     if fixed.channels != wanted.channels:
         raise LayerwiseError(f"{name} images have {fixed.channels} channel(s) but the model takes "
                              f"{wanted.channels}; pass --in-channels {fixed.channels}")
-    if fixed.image_size != wanted.image_size:
+    if fixed.sizes != wanted.sizes:
+        given = (f"--image-size {fixed.image_size}" if isinstance(fixed.image_size, int)
+                 else f"--input-shape {','.join(map(str, (fixed.channels, *fixed.sizes)))}")
         raise LayerwiseError(
-            f"{name} was prepared at {fixed.image_size}x{fixed.image_size} but the model takes "
-            f"{wanted.image_size}x{wanted.image_size}; pass --image-size {fixed.image_size}, or "
-            f"{_resize_fix(name, wanted.image_size)}")
+            f"{name} was prepared at {fixed.shown_size} but the model takes "
+            f"{wanted.shown_size}; pass {given}, or {_resize_fix(name, wanted.image_size)}")
     if fixed.classes != wanted.classes:
         raise LayerwiseError(f"{name} has {fixed.classes} classes but the model outputs "
                              f"{wanted.classes}; pass --classes {fixed.classes}")
@@ -205,11 +223,11 @@ def _load_npz(path: Path, name: str, spec: ImageSpec) -> ArraySplit:
         with np.load(path) as arrays:  # never unpickles: allow_pickle is off
             x_shape, x_type = _npy_header(arrays.zip, "x.npy")
             y_shape, y_type = _npy_header(arrays.zip, "y.npy")
-            expected = (spec.channels, spec.image_size, spec.image_size)
+            expected = (spec.channels, *spec.sizes)
             if x_type.kind not in "uif" or y_type.kind not in "ui":
                 raise LayerwiseError(f"{path} holds {x_type} images and {y_type} labels, not "
                                      f"numbers; {fix}")
-            if (len(x_shape) != 4 or tuple(x_shape[1:]) != expected
+            if (len(x_shape) != len(expected) + 1 or tuple(x_shape[1:]) != expected
                     or tuple(y_shape) != x_shape[:1]):
                 raise LayerwiseError(f"{path} holds images {x_shape} and labels {y_shape}, "
                                      f"not (N, {', '.join(map(str, expected))}) and (N,) as "
@@ -239,14 +257,18 @@ def _npy_header(archive: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...],
 
 
 def synthetic_prototypes(spec: ImageSpec, seed: int) -> np.ndarray:
-    """One smooth random image per class, each with zero mean and unit standard deviation."""
+    """One smooth random image (signal, volume) per class, each with zero mean and unit
+    standard deviation: coarse noise interpolated up (bicubic for images, linear along each
+    dim of signals and volumes)."""
     rng = np.random.default_rng([seed, 2])
-    grid = min(_PROTOTYPE_GRID, spec.image_size)
-    coarse = torch.from_numpy(rng.standard_normal((spec.classes, spec.channels, grid, grid)))
-    smooth = F.interpolate(coarse, size=(spec.image_size, spec.image_size), mode="bicubic",
-                           align_corners=False).numpy()
-    centred = smooth - smooth.mean(axis=(1, 2, 3), keepdims=True)
-    scaled = centred / np.maximum(centred.std(axis=(1, 2, 3), keepdims=True), 1e-6)
+    sizes = spec.sizes
+    grid = tuple(min(_PROTOTYPE_GRID, size) for size in sizes)
+    coarse = torch.from_numpy(rng.standard_normal((spec.classes, spec.channels, *grid)))
+    mode = {1: "linear", 2: "bicubic", 3: "trilinear"}[len(sizes)]
+    smooth = F.interpolate(coarse, size=sizes, mode=mode, align_corners=False).numpy()
+    axes = tuple(range(1, len(sizes) + 2))
+    centred = smooth - smooth.mean(axis=axes, keepdims=True)
+    scaled = centred / np.maximum(centred.std(axis=axes, keepdims=True), 1e-6)
     return scaled.astype(np.float32)
 
 

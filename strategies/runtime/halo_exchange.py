@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from layerwise.strategies.model.tiles import Box
+from layerwise.strategies.model.tiles import Box, real_box
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.plan import InputPlan, local_slices, shape_of
 
@@ -31,12 +31,18 @@ from layerwise.strategies.runtime.plan import InputPlan, local_slices, shape_of
 def tile_part(tensor: torch.Tensor, box: Box, within: Box) -> torch.Tensor:
     """The part of a tile (or its gradient) covering `box`, the tile covering `within`.
 
-    Tiles keep their layer's own rank, (N, F) after a linear layer or a flatten, so that
-    no step pays a reshape in and out of 4-d per layer (each is an autograd node forward and
-    backward); a 2-d tile's box ranges over h and w are (0, 1), and its first two slices
-    index it.
+    Tiles keep their layer's own rank ((N, F) after a linear layer or a flatten, (N, C, L) in
+    a 1-d net), so that no step pays a reshape in and out of the 5-d view per layer (each is
+    an autograd node forward and backward); the view's dims a tile lacks have ranges (0, 1),
+    and the slices of the dims it has index it.
     """
-    return tensor[local_slices(box, within)[: tensor.dim()]]
+    rank = tensor.dim()
+    return tensor[local_slices(real_box(box, rank), real_box(within, rank))]
+
+
+def real_shape(box: Box, rank: int) -> tuple[int, ...]:
+    """The shape of a tensor of `rank` dims holding the view box `box`."""
+    return shape_of(real_box(box, rank))
 
 
 def phase_tag(layer_index: int, input_index: int, direction: int) -> int:
@@ -89,7 +95,7 @@ class HaloExchange:
                 assert producer is not None and producer_box is not None
                 part = tile_part(producer.detach(), piece.box, producer_box)
                 box[local_slices(piece.box, needed)] = part.reshape(shape_of(piece.box))
-        return box.reshape(box.shape[:producer_dims]) if producer_dims < 4 else box
+        return box.reshape(real_shape(needed, producer_dims)) if producer_dims < 5 else box
 
     def return_gradient(self, layer_index: int, input_plan: InputPlan,
                         needed_gradient: torch.Tensor | None, producer_box: Box | None,

@@ -24,6 +24,7 @@ tilings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,7 +37,8 @@ from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model import ops
 from layerwise.strategies.model.fx_nodes import argument, count_include_pad
 from layerwise.strategies.model.graph import Layer
-from layerwise.strategies.model.tiles import as_4d, chained_edges
+from layerwise.strategies.model.space import as_view
+from layerwise.strategies.model.tiles import chained_edges
 from layerwise.strategies.runtime.buckets import GradientBuckets
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.functions import sharded_cross_entropy
@@ -49,6 +51,7 @@ from layerwise.strategies.runtime.plan import (
 )
 from layerwise.strategies.runtime.replay import (
     BATCH_NORMS,
+    INSTANCE_NORMS,
     batch_norm_momentum,
     call_node,
     draw_masks,
@@ -223,11 +226,10 @@ class LayerwiseModel(ShardedModel):
         module = self._submodules.get(node.name)
         if isinstance(module, BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))
-        if isinstance(module, nn.InstanceNorm2d):  # statistics summed over the plane's tiles
+        if isinstance(module, INSTANCE_NORMS):  # statistics summed over the plane's tiles
             weight, bias = _affine(state, str(node.target))
-            sizes = as_4d(layer.output_shape)
             return ops.sync_instance_norm(
-                tile, weight, bias, module.eps, sizes[2] * sizes[3],
+                tile, weight, bias, module.eps, math.prod(layer.output_shape[2:]),
                 self._statistics_reduce(layer, str(node.target),
                                         state.plan.plane_group(self.rank)))
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
@@ -238,7 +240,7 @@ class LayerwiseModel(ShardedModel):
             return ops.layer_norm(tile, weight, bias, module.eps, ops.normalizes_channels(op))
         if node.target is F.group_norm:  # no weights: graph.py refuses them as tensors
             return ops.group_norm(tile, int(argument(node, 1, "num_groups", 1)),
-                                  as_4d(layer.output_shape)[1], None, None,
+                                  layer.output_shape[1], None, None,
                                   float(argument(node, 4, "eps", 1e-5)))
         if node.target is F.layer_norm and ops.normalizes_channels(op):
             return ops.layer_norm(tile, None, None, float(argument(node, 4, "eps", 1e-5)),
@@ -256,14 +258,13 @@ class LayerwiseModel(ShardedModel):
             shard = shards.get(name)
             return shard.tensor if shard is not None else None
 
-        sizes = as_4d(layer.output_shape)
         replay = self._replaying(layer)
         tracked = shards.get("num_batches_tracked")
         if tracked is not None and not replay:
             tracked.tensor.add_(1)
         running = (None, None) if replay else (tensor("running_mean"), tensor("running_var"))
         return ops.batch_norm(x, tensor("weight"), tensor("bias"), *running, momentum,
-                              module.eps, sizes[0] * sizes[2] * sizes[3],
+                              module.eps, math.prod(layer.output_shape) // layer.output_shape[1],
                               self._statistics_reduce(layer, target,
                                                       state.plan.replica_group(self.rank)))
 
@@ -308,7 +309,7 @@ class LayerwiseModel(ShardedModel):
         if state is None:
             return self._empty(()).zero_()
         assert state.output is not None
-        (n0, n1), (c0, _), _, _ = state.box
+        (n0, n1), (c0, _) = state.box[:2]
         scores = state.output
         group = output.channel_group(self.rank)
 
@@ -376,8 +377,7 @@ class LayerwiseModel(ShardedModel):
 
 
 def _full_box(layer: Layer) -> Box:
-    n, c, h, w = ((0, size) for size in as_4d(layer.output_shape))
-    return (n, c, h, w)
+    return tuple((0, size) for size in as_view(layer.output_shape))
 
 
 def _affine(state: _LayerState, target: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -1,8 +1,8 @@
 """The static plan of a Strategy: every tile's box, every message between layers, every group.
 
 All ranks build the same plan from the same graph and assignment, so they agree on who sends
-what to whom without talking. Boxes are global (start, stop) ranges over the 4-d view
-(n, c, h, w) of a layer's output (`tiles.as_4d`).
+what to whom without talking. Boxes are global (start, stop) ranges over the 5-d view
+(n, c, d, h, w) of a layer's output (`space.as_view`).
 
 Redistribution (Jia et al. 2018, section 4, the regions t_x counts): consumer tile q of layer L
 needs box B_q of input k (`tiles.needed_range`: receptive field, clipped); producer tile p
@@ -19,11 +19,11 @@ from functools import cached_property
 
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import Layer, LayerGraph
-from layerwise.strategies.model.space import ParallelConfig, check_config
+from layerwise.strategies.model.space import Degrees, ParallelConfig, check_config
 from layerwise.strategies.model.tiles import Box, box_volume, indexed_box, needed_box
 from layerwise.strategies.strategy import check_recompute
 
-TileIndex = tuple[int, int, int, int]
+TileIndex = Degrees
 
 
 def intersect(first: Box, second: Box) -> Box | None:
@@ -31,23 +31,20 @@ def intersect(first: Box, second: Box) -> Box | None:
     ranges = tuple((max(a[0], b[0]), min(a[1], b[1])) for a, b in zip(first, second, strict=True))
     if any(start >= stop for start, stop in ranges):
         return None
-    n, c, h, w = ranges
-    return (n, c, h, w)
+    return ranges
 
 
 def is_empty(box: Box) -> bool:
     return any(start >= stop for start, stop in box)
 
 
-def shape_of(box: Box) -> tuple[int, int, int, int]:
-    n, c, h, w = (stop - start for start, stop in box)
-    return (n, c, h, w)
+def shape_of(box: Box) -> tuple[int, ...]:
+    return tuple(stop - start for start, stop in box)
 
 
-def local_slices(box: Box, origin: Box) -> tuple[slice, slice, slice, slice]:
-    """Index of `box` inside a tensor that holds `origin` (both global)."""
-    n, c, h, w = (slice(b[0] - o[0], b[1] - o[0]) for b, o in zip(box, origin, strict=True))
-    return (n, c, h, w)
+def local_slices(box: Box, origin: Box) -> tuple[slice, ...]:
+    """Index of `box` inside a tensor that holds `origin` (both global, of one rank)."""
+    return tuple(slice(b[0] - o[0], b[1] - o[0]) for b, o in zip(box, origin, strict=True))
 
 
 @dataclass(frozen=True)
@@ -116,11 +113,11 @@ class LayerPlan:
         index = self.tiles[device].index
         return tuple(sorted(
             t.device for t in self.tiles.values()
-            if (t.index[0], t.index[2], t.index[3]) == (index[0], index[2], index[3])
+            if (t.index[0], *t.index[2:]) == (index[0], *index[2:])
         ))
 
     def plane_group(self, device: int) -> tuple[int, ...]:
-        """Devices holding the other h/w tiles of `device`'s samples and channels: those an
+        """Devices holding the other spatial tiles of `device`'s samples and channels: those an
         InstanceNorm's statistics are summed over."""
         index = self.tiles[device].index
         return tuple(sorted(t.device for t in self.tiles.values()

@@ -22,7 +22,8 @@ from layerwise.strategies.model.fx_nodes import active_dropout
 from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.model.ops import dropout_mask
 
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+INSTANCE_NORMS = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 
 
 class Dropout(NamedTuple):

@@ -20,7 +20,7 @@ import torch
 from torch import fx, nn
 
 from layerwise.strategies.model.graph import Layer
-from layerwise.strategies.model.tiles import as_4d
+from layerwise.strategies.model.tiles import as_view
 from layerwise.strategies.runtime.comm import exchange_tagged
 from layerwise.strategies.runtime.plan import StrategyPlan
 
@@ -163,14 +163,14 @@ class ShardedModel:
     def _shard_table(self, shapes: dict[str, torch.Size]) -> list[tuple[str, int, int, int]]:
         """(key, owner device, start, stop) of every shard of every state-dict entry.
 
-        The owner of a channel shard is its tile with n, h, w index 0 (its replicas are
+        The owner of a channel shard is its tile with n, d, h, w index 0 (its replicas are
         equal); a scalar is owned by the tile with index 0. Every rank builds the same table.
         """
         table = []
         for key, shape in shapes.items():
             layer_plan = self._plan_of_target[key.rsplit(".", 1)[0]]
             for tile in layer_plan.tiles.values():
-                if tile.index[0] or tile.index[2] or tile.index[3] or (
+                if tile.index[0] or any(tile.index[2:]) or (
                         not shape and tile.index[1]):
                     continue
                 start, stop = _rows(layer_plan.layer, tile.box[1], shape)
@@ -197,7 +197,7 @@ def _rows(layer: Layer, channels: tuple[int, int], shape: torch.Size) -> tuple[i
     whole along c must not cut), (0, 1) for a scalar."""
     if not shape:
         return (0, 1)
-    if channels == (0, as_4d(layer.output_shape)[1]):
+    if channels == (0, as_view(layer.output_shape)[1]):
         return (0, shape[0])
     return channels
 

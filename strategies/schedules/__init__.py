@@ -85,11 +85,11 @@ class Schedule:
 
 SCHEDULES: tuple[Schedule, ...] = (
     Schedule(
-        names=(SEARCHED, "data", "model", "owt", "spatial_h", "spatial_w"),
+        names=(SEARCHED, "data", "model", "owt", "spatial_h", "spatial_w", "spatial"),
         builder="layerwise.strategies.search.named:build_strategy",
         help="Jia et al. 2018: the searched optimum, and the baselines as one config per "
              "layer (owt: data-parallel convs, channel-parallel FC; spatial_h|w: height or "
-             "width splits)"),
+             "width (a signal's length) splits; spatial: every spatial dim split)"),
     Schedule(
         names=("owt_a", "owt_b", "owt_c", "owt_a_vb", "owt_b_vb", "owt_c_vb"),
         inexact=("owt_b_vb", "owt_c_vb"),  # FC weights step K times per step

@@ -10,20 +10,26 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from layerwise.strategies.model.space import DIMS, ParallelConfig
+from layerwise.strategies.model.space import DIMS, ParallelConfig, view_dims
 from layerwise.strategies.training_run import RunResult
 
-SPLIT_WORDS = {"n": "samples", "c": "channels", "h": "height", "w": "width"}
+SPLIT_WORDS = {"n": "samples", "c": "channels", "d": "depth", "h": "height", "w": "width",
+               "l": "length"}
 
 
 def degrees_figure(result: RunResult) -> Figure:
     """Where the strategy splits what, per layer: a heat map of log2 of each dim's degree
-    (n, c, h, w; the degree written in each cell, blank where it is 1), and below it the block
-    of devices each layer runs on (of the run's processes)."""
+    (n, c and the model's spatial dims: l; h, w; or d, h, w; the degree written in each cell,
+    blank where it is 1), and below it the block of devices each layer runs on (of the run's
+    processes)."""
     names = [choice.name for choice in result.strategy.layers]
     configs = [ParallelConfig.parse(choice.config) for choice in result.strategy.layers]
     devices = max([result.nproc, *(max(config.devices) + 1 for config in configs)])
-    exponents = np.log2(np.array([config.degrees for config in configs], dtype=float).T)
+    rank = len(result.strategy.input_shape)
+    rows = view_dims(rank)
+    labels = [("l" if rank == 3 and DIMS[row] == "w" else DIMS[row]) for row in rows]
+    exponents = np.log2(np.array([[config.degrees[row] for row in rows] for config in configs],
+                                 dtype=float).T)
     top = max(1, int(exponents.max()))
     figure = Figure(figsize=(max(6.0, 0.5 * len(names) + 2.0), 2.4 + 0.25 * (4 + devices)),
                     layout="constrained")
@@ -36,7 +42,7 @@ def degrees_figure(result: RunResult) -> Figure:
         if exponent > 0:
             heat_axes.text(column, row, str(2 ** int(exponent)), ha="center", va="center",
                            fontsize=8, color="white" if exponent > top / 2 else "black")
-    heat_axes.set_yticks(range(len(DIMS)), [f"{dim} ({SPLIT_WORDS[dim]})" for dim in DIMS])
+    heat_axes.set_yticks(range(len(rows)), [f"{dim} ({SPLIT_WORDS[dim]})" for dim in labels])
     heat_axes.set_title(f"{result.model} under '{result.strategy.name}': how far each layer "
                         "splits each dim")
     bar = figure.colorbar(image, ax=heat_axes, ticks=range(top + 1), pad=0.01)

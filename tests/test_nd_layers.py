@@ -1,0 +1,246 @@
+"""1-d and 3-d layers (Jia et al. 2018, Table 1: 1-D conv/pool {n, c, l}, 3-D {n, c, d, h, w}).
+
+Every layer kind of signals and volumes traces into the same layer graph as the 2-d ones, its
+configurations name the layer's own dims (`l`; `d`, `h`, `w`), each tile's op equals its part
+of the full op (any split, any window), and networks written the way model libraries write
+them (tests/idiom_models.py: Volume, Signal; the zoo's cosmoflow3d, unet3d and m5) train
+under searched and depth/height/width plans equal to one process in float64, moving the bytes
+the cost model predicts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+from typer.testing import CliRunner
+
+import layerwise
+from layerwise.flows.cli import app
+from layerwise.strategies.errors import ConfigError
+from layerwise.strategies.model import ops
+from layerwise.strategies.model.fx_nodes import count_include_pad
+from layerwise.strategies.model.graph import build_graph, trace
+from layerwise.strategies.model.space import (
+    DIMS,
+    ParallelConfig,
+    check_config,
+    config_text,
+    dim_name,
+    enumerate_configs,
+    max_degree,
+    parallel_dims,
+)
+from layerwise.strategies.model.tiles import config_boxes, needed_box, needed_range, real_box
+from layerwise.strategies.model.zoo import build_model, input_shape
+from layerwise.strategies.search.baselines import baseline
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(("model", "shape"), [
+    ("tests.idiom_models:Volume", (2, 1, 8, 12, 12)),
+    ("tests.idiom_models:Signal", (2, 2, 64)),
+    ("cosmoflow3d", (2, 1, 32, 32, 32)),
+    ("unet3d", (2, 1, 32, 32, 32)),
+    ("m5", (2, 1, 4096)),
+])
+def test_signals_and_volumes_trace_with_their_parameters(model: str, shape: tuple[int, ...]
+                                                         ) -> None:
+    graph = build_graph(model, batch=2, image_size=shape[2:], in_channels=shape[1])
+    plain = build_model(model, image_size=shape[2:], in_channels=shape[1])
+    assert graph.input_shape == shape
+    assert graph.param_count == sum(p.numel() for p in plain.parameters())
+    spatial = len(shape) - 2
+    for layer in graph.layers:
+        if layer.geometry is not None:
+            assert len(layer.geometry.kernel) == spatial, layer.name
+        if len(layer.output_shape) == len(shape) and not layer.max_degrees:
+            names = "".join(dim_name(layer, dim) for dim in parallel_dims(layer))
+            assert names == ("ncl" if spatial == 1 else "ncdhw"), layer.name
+
+
+def test_configs_are_written_with_the_layers_own_dims() -> None:
+    volume = build_graph("tests.idiom_models:Volume", batch=4, image_size=(8, 12, 12),
+                         in_channels=1)
+    signal = build_graph("tests.idiom_models:Signal", batch=4, image_size=(64,), in_channels=2)
+    conv3d, conv1d = volume.by_name["dilated"], signal.by_name["grouped"]
+    deep = ParallelConfig.parse("n1c1d2h2w1@0-3")
+    assert config_text(conv3d, deep) == "n1c1d2h2w1@0-3"
+    assert config_text(conv3d, ParallelConfig.parse("n4c1h1w1@0-3")) == "n4c1d1h1w1@0-3"
+    long = ParallelConfig.parse("n1c2l2@0-3")
+    assert long.degrees == (1, 2, 1, 1, 2) and config_text(conv1d, long) == "n1c2l2@0-3"
+    check_config(conv3d, deep, 4)
+    check_config(conv1d, long, 4)
+    with pytest.raises(ConfigError, match="cannot be split along h: it splits along n, c, l"):
+        check_config(conv1d, ParallelConfig.parse("n1c1h2w1@0-1"), 4)
+    with pytest.raises(ConfigError, match="degree 32 along l exceeds its size 16"):
+        check_config(conv1d, ParallelConfig.parse("n1c1l32@0-31"), 32)
+    # every config of a layer covers its output exactly once
+    for layer in (conv3d, conv1d, volume.by_name["up"], signal.by_name["up"]):
+        for config in enumerate_configs(layer, 8):
+            boxes = config_boxes(layer, config).values()
+            assert sum(math.prod(b - a for a, b in box) for box in boxes) == math.prod(
+                layer.output_shape)
+    assert max_degree(volume.by_name["up"], "c") == 1  # a transposed conv holds c whole
+
+
+def test_a_depth_split_reads_the_receptive_field_along_depth() -> None:
+    """Output planes [d0, d1) of a 3x1x3 convolution dilated by 2 read input planes
+    [d0 * 1 - 2, (d1 - 1) - 2 + 2 * 2], clipped: a halo of two planes each side."""
+    graph = build_graph("tests.idiom_models:Volume", batch=2, image_size=(8, 12, 12),
+                        in_channels=1)
+    dilated = graph.by_name["dilated"]
+    depth = DIMS.index("d")
+    assert needed_range(dilated, 0, depth, (0, 2)) == (0, 4)
+    assert needed_range(dilated, 0, depth, (2, 5)) == (0, 5)
+    assert needed_range(dilated, 0, DIMS.index("h"), (1, 3)) == (1, 3)  # kernel 1 along h
+    signal = build_graph("tests.idiom_models:Signal", batch=2, image_size=(64,), in_channels=2)
+    stem = signal.by_name["stem"]  # kernel 9, stride 2, padding 4 along the length
+    assert needed_range(stem, 0, DIMS.index("w"), (8, 16)) == (12, 35)
+
+
+def _window_module(draw: st.DrawFn, spatial: int) -> nn.Module:
+    kind = draw(st.sampled_from(["conv", "max", "avg", "adaptive", "transposed", "resize"]))
+    sizes = [draw(st.integers(1, 3)) for _ in range(spatial)]
+    strides = [draw(st.integers(1, 2)) for _ in range(spatial)]
+    conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[spatial - 1]
+    if kind == "conv":
+        groups = draw(st.sampled_from([1, 2]))
+        dilation = [draw(st.integers(1, 2)) for _ in range(spatial)]
+        padding = [draw(st.integers(0, size)) for size in sizes]
+        return conv(4, 4, sizes, stride=strides, padding=padding, dilation=dilation,
+                    groups=groups)
+    if kind == "transposed":
+        transposed = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[spatial - 1]
+        padding = [draw(st.integers(0, size - 1)) for size in sizes]
+        return transposed(4, 3, sizes, stride=strides, padding=padding)
+    if kind in ("max", "avg"):
+        padding = [draw(st.integers(0, size // 2)) for size in sizes]
+        ceil_mode = draw(st.booleans())
+        if kind == "max":
+            pool = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)[spatial - 1]
+            return pool(sizes, strides, padding, ceil_mode=ceil_mode)
+        pool = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)[spatial - 1]
+        return pool(sizes, strides, padding, ceil_mode=ceil_mode,
+                    count_include_pad=draw(st.booleans()))
+    if kind == "adaptive":
+        pool = draw(st.sampled_from([
+            (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d),
+            (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)]))[spatial - 1]
+        return pool(tuple(draw(st.integers(1, 4)) for _ in range(spatial)))
+    mode = draw(st.sampled_from(["nearest", ("linear", "bilinear", "trilinear")[spatial - 1]]))
+    return nn.Upsample(scale_factor=draw(st.sampled_from([2.0, 1.5])), mode=mode,
+                       align_corners=draw(st.booleans()) if mode != "nearest" else None)
+
+
+@st.composite
+def window_cases(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor, tuple[int, ...]]:
+    spatial = draw(st.sampled_from([1, 3]))
+    module = _window_module(draw, spatial)
+    shape = (2, 4, *(draw(st.integers(5, 8)) for _ in range(spatial)))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    x = torch.randn(shape, generator=generator, dtype=torch.float64)
+    degrees = tuple(draw(st.sampled_from([1, 2])) for _ in range(len(DIMS)))
+    return module, x, degrees
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(window_cases())
+def test_each_tile_of_a_1d_or_3d_window_op_is_its_part_of_the_full_op(case) -> None:
+    """Conv, transposed conv, max and average pooling (ceil mode, padding in the divisor or
+    not), adaptive pooling and upsampling of signals and volumes: each tile of any split,
+    computed from its needed input box alone, equals the full op's values there."""
+    module, x, wanted = case
+    layer = trace(nn.Sequential(module), tuple(x.shape)).layers[-1]
+    module.double()
+    degrees = {dim: degree if degree <= max_degree(layer, dim) else 1
+               for dim, degree in zip(DIMS, wanted, strict=True)}
+    config = ParallelConfig(**degrees, devices=tuple(range(math.prod(degrees.values()))))
+    check_config(layer, config, config.size)
+    with torch.no_grad():
+        full = module(x)
+        for box in config_boxes(layer, config).values():
+            needed = real_box(needed_box(layer, 0, box), x.dim())
+            part = x[tuple(slice(*extent) for extent in needed)]
+            weight = getattr(module, "weight", None)
+            bias = getattr(module, "bias", None)
+            if weight is not None and not layer.geometry.transposed:
+                weight, bias = weight[slice(*box[1])], bias[slice(*box[1])]
+            tile = ops.layer_op(layer, [part], weight, bias, box,
+                                count_include_pad(layer.op, None))
+            expected = full[tuple(slice(*extent) for extent in real_box(box, full.dim()))]
+            torch.testing.assert_close(tile, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_spatial_baseline_splits_every_spatial_dim() -> None:
+    volume = build_graph("tests.idiom_models:Volume", batch=4, image_size=(8, 12, 12),
+                         in_channels=1)
+    plan = baseline("spatial", volume, 4)
+    assert plan["stem"].degrees == (1, 1, 2, 2, 1)  # (8, 6, 6): depth first, then height
+    assert plan["up"].degrees == (1, 1, 2, 2, 1) and plan["fc"].degrees == (4, 1, 1, 1, 1)
+    signal = build_graph("tests.idiom_models:Signal", batch=4, image_size=(64,), in_channels=2)
+    assert baseline("spatial", signal, 4)["grouped"].degrees == (1, 1, 1, 1, 4)
+
+
+def test_input_shapes_are_given_as_channels_and_sizes(tmp_path) -> None:
+    assert input_shape("cosmoflow3d", 2) == (2, 1, 32, 32, 32)
+    assert input_shape("cosmoflow3d", 2, image_size=16) == (2, 1, 16, 16, 16)
+    assert input_shape("m5", 2, image_size=(2048,), in_channels=2) == (2, 2, 2048)
+    result = runner.invoke(app, ["graph", "unet3d", "--input-shape", "1,16,16,8", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["input_shape"][1:] == [1, 16, 16, 8]
+    for arguments, message in (
+            (["--input-shape", "1,16,x"], "cannot read --input-shape '1,16,x'"),
+            (["--input-shape", "1,16,16"], "unet3d takes (N, C, D, H, W) volumes"),
+            (["--input-shape", "1,16,16,16", "--image-size", "16"], "not both"),
+            (["--input-shape", "1,18,16,16"], "multiples of 4")):
+        result = runner.invoke(app, ["graph", "unet3d", *arguments])
+        assert result.exit_code != 0 and message in result.output, (arguments, result.output)
+    result = runner.invoke(app, ["graph", "resnet18", "--input-shape", "3,32,48"])
+    assert result.exit_code != 0 and "takes square images" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize(("model", "shape"), [("tests.idiom_models:Volume", "1,8,12,12"),
+                                              ("tests.idiom_models:Signal", "2,64")])
+def test_signals_and_volumes_train_equal_to_one_process(tmp_path, workers_import_tests,
+                                                        model: str, shape: str,
+                                                        nproc: int) -> None:
+    """The searched plan and one with every spatial dim split (and, for the volume, height
+    alone) train equal to one process in float64."""
+    strategies = "layerwise,spatial" + (",spatial_h" if "Volume" in model else "")
+    result = runner.invoke(app, ["verify", model, "--strategy", strategies, "--nproc",
+                                 str(nproc), "--input-shape", shape, "--batch", "4",
+                                 "--steps", "2", "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert {d["strategy"] for d in report["divergences"]} == set(strategies.split(","))
+    for divergence in report["divergences"]:
+        assert divergence["exact"] is True, divergence
+
+
+@pytest.mark.slow
+def test_a_volume_split_along_depth_height_and_width_moves_the_predicted_bytes(
+        tmp_path, workers_import_tests) -> None:
+    """cosmoflow3d at one sample on 2 processes, every 3-d layer split along depth (the
+    spatial plan's first doubling), then 4 processes along depth and height: the halos and
+    the gradients' returns move exactly the bytes the cost model prices."""
+    for nproc, depth_and_height in ((2, (2, 1)), (4, (2, 2))):
+        shape = {"image_size": (16, 16, 16), "batch": 1}
+        planned = layerwise.search("cosmoflow3d", devices=nproc, cluster="local",
+                                   baselines=("spatial",), **shape).strategies["spatial"]
+        first = ParallelConfig.parse(planned.layers[1].config)
+        assert (first.d, first.h) == depth_and_height, planned.layers[1]
+        path = tmp_path / f"spatial{nproc}.json"
+        planned.save(path)
+        run = layerwise.train("cosmoflow3d", str(path), nproc=nproc, steps=1,
+                              out=tmp_path / f"run{nproc}", **shape)
+        assert run.bytes_per_step == run.predicted_bytes_per_step
+        assert run.bytes_per_step.transfer > 0  # the halos and returned gradients
