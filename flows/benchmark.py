@@ -55,6 +55,7 @@ from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.jobs.planning import predicted_peaks
 from layerwise.strategies.jobs.run_folder import make_stamped_folder
 from layerwise.strategies.model.graph import LayerGraph, build_graph
+from layerwise.strategies.model.input_size import spatial_size
 from layerwise.strategies.model.space import DIMS, ParallelConfig
 from layerwise.strategies.runtime.datasets import ImageSpec
 from layerwise.strategies.schedules import SEARCHED, is_exact
@@ -229,7 +230,10 @@ def _check_image(config: BenchmarkConfig, image: ImageSpec | None) -> None:
     if image is None:
         return
     for name, fixed in (("image_size", image.image_size), ("classes", image.classes)):
-        if getattr(config, name) != fixed:
+        given = getattr(config, name)
+        if name == "image_size" and spatial_size(given, len(image.sizes)) == image.sizes:
+            continue  # a cube's side for a prepared volume
+        if given != fixed:
             raise LayerwiseError(
                 f"config {name}: {getattr(config, name)}, but {config.dataset} is prepared with "
                 f"{fixed}; set {name}: {fixed}, or change its section in params.yaml")

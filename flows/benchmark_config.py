@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -79,6 +79,9 @@ class ModelVersion(BaseModel):
         return value
 
 
+Side = Annotated[int, Field(ge=1, strict=True)]  # `image_size: true` is not 1 pixel
+
+
 class BenchmarkConfig(BaseModel):
     """Models, processes, strategies, data and training settings of one benchmark run."""
 
@@ -89,8 +92,11 @@ class BenchmarkConfig(BaseModel):
     models: tuple[ModelVersion, ...] = Field(min_length=1)
     nproc: int = Field(ge=1, strict=True)
     strategies: tuple[StrategyName, ...] = Field(min_length=1)
-    dataset: Literal["digits", "synthetic", "cifar10", "imagefolder", "fields"]
-    image_size: int = Field(ge=1, strict=True)
+    dataset: Literal["digits", "synthetic", "cifar10", "imagefolder", "fields", "fields3d",
+                     "signals"]
+    # a side for every spatial dim of the models (a square image, a cube volume), or a list of
+    # each dim's size: [L] of a signal, [D, H, W] of a volume
+    image_size: Side | tuple[Side, ...]
     classes: int = Field(ge=2, strict=True)
     # the global batch: `batch`, else batch_per_device on each of the nproc processes
     batch_per_device: int | None = Field(default=None, ge=1, strict=True)

@@ -17,9 +17,9 @@ import yaml
 from PIL import Image
 
 from layerwise.strategies.errors import LayerwiseError
+from layerwise.strategies.runtime.datasets import load_dataset
+from layerwise.tasks.stages.generated_fields import FIELD_SLOPES, gaussian_fields
 from layerwise.tasks.stages.prepare_data import (
-    FIELD_SLOPES,
-    gaussian_fields,
     load_params,
     main,
     prepare_cifar,
@@ -279,7 +279,8 @@ def test_the_command_line_overrides_params_yaml(tmp_path, monkeypatch, capsys):
         assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("stage", ["prepare", "prepare_fields"])
+@pytest.mark.parametrize("stage", ["prepare", "prepare_fields", "prepare_fields3d",
+                                   "prepare_signals"])
 def test_the_committed_lock_matches_the_code_that_prepares_the_data(stage):
     """`make run` reproduces `prepare` (`layerwise run --config configs/volumes.yaml`
     `prepare_fields`): a dvc.lock whose recorded hash of the stage's script is stale makes
@@ -297,10 +298,10 @@ def test_the_fields_are_reproducible_balanced_and_told_apart_by_their_roughness(
     every field has zero mean and unit variance, so intensity says nothing of the class; and
     the mean squared difference of neighbouring values, what a 3x3 convolution can measure in
     any window, falls with the spectrum's slope, far apart between the classes."""
-    fields, labels = gaussian_fields(60, 64, seed=3)
-    again, same_labels = gaussian_fields(60, 64, seed=3)
+    fields, labels = gaussian_fields(60, (64, 64), seed=3)
+    again, same_labels = gaussian_fields(60, (64, 64), seed=3)
     assert np.array_equal(fields, again) and np.array_equal(labels, same_labels)
-    assert not np.array_equal(fields, gaussian_fields(60, 64, seed=4)[0])
+    assert not np.array_equal(fields, gaussian_fields(60, (64, 64), seed=4)[0])
     assert np.bincount(labels).tolist() == [20] * len(FIELD_SLOPES)
     assert np.allclose(fields.mean(axis=(1, 2, 3)), 0, atol=1e-5)
     assert np.allclose(fields.std(axis=(1, 2, 3)), 1, atol=1e-4)
@@ -318,7 +319,7 @@ def test_the_fields_stage_writes_the_section_params_yaml_names(tmp_path, monkeyp
                            "val_fraction": 0.2, "seed": 0, "out": "data/prepared/fields"}}))
     monkeypatch.chdir(tmp_path)
     assert main(["--params", str(params), "--section", "prepare_fields"]) == 0
-    assert "prepared fields: 24 train / 6 validation images at 16x16" in capsys.readouterr().out
+    assert "prepared fields: 24 train / 6 validation samples at 16x16" in capsys.readouterr().out
     meta = json.loads((tmp_path / "data/prepared/fields/meta.json").read_text())
     assert (meta["channels"], meta["classes"], meta["class_names"][0]) == (1, 3, "alpha=1")
     assert not (tmp_path / "data/prepared/digits").exists()
@@ -326,3 +327,99 @@ def test_the_fields_stage_writes_the_section_params_yaml_names(tmp_path, monkeyp
     assert "set at least 6" in capsys.readouterr().err
     assert main(["--params", str(params), "--section", "prepare_volumes"]) == 2
     assert "has no 'prepare_volumes' section" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sizes", [(16, 16, 16), (1024,)])
+def test_volumes_and_signals_are_told_apart_by_their_roughness_along_every_dim(sizes):
+    """The 3-d fields (fields3d) and 1-d signals (signals) are the same task: zero mean, unit
+    variance, and a roughness (mean squared difference of neighbours, along any dim, what a
+    convolution measures in a window) that falls with the spectrum's slope."""
+    fields, labels = gaussian_fields(30, sizes, seed=1)
+    assert fields.shape == (30, 1, *sizes)
+    assert np.array_equal(fields, gaussian_fields(30, sizes, seed=1)[0])
+    axes = tuple(range(1, fields.ndim))
+    assert np.allclose(fields.mean(axis=axes), 0, atol=1e-5)
+    assert np.allclose(fields.std(axis=axes), 1, atol=1e-4)
+    for axis in range(2, fields.ndim):
+        roughness = (np.diff(fields, axis=axis) ** 2).mean(axis=axes)
+        by_class = [roughness[labels == label] for label in range(len(FIELD_SLOPES))]
+        for rougher, smoother in zip(by_class, by_class[1:], strict=False):
+            assert rougher.min() > 1.3 * smoother.max()  # 3-d: 1.66 against 1.09 at least
+
+
+def test_the_volume_and_signal_stages_write_what_a_3d_and_1d_model_train_on(
+        tmp_path, monkeypatch, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "prepare": {"dataset": "digits", "out": "data/prepared/digits"},
+        "prepare_fields3d": {"dataset": "fields3d", "image_size": [8, 12, 12], "images": 30,
+                             "seed": 0, "out": "data/prepared/fields3d"},
+        "prepare_signals": {"dataset": "signals", "image_size": 256, "images": 30,
+                            "seed": 0, "out": "data/prepared/signals"}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--params", str(params), "--section", "prepare_fields3d"]) == 0
+    assert "24 train / 6 validation samples at 8x12x12" in capsys.readouterr().out
+    assert main(["--params", str(params), "--section", "prepare_signals"]) == 0
+    assert "samples at 256, 1 channel(s)" in capsys.readouterr().out
+    root = tmp_path / "data/prepared"
+    volumes = load_dataset("fields3d", (8, 12, 12), 3, 1, 0, root)
+    x, y = volumes.train.take(np.arange(4))
+    assert x.shape == (4, 1, 8, 12, 12) and y.shape == (4,)
+    assert load_dataset("signals", (256,), 3, 1, 0, root).val.take(np.arange(2))[0].shape == (
+        2, 1, 256)
+    with pytest.raises(LayerwiseError, match="prepared at 8x12x12 but the model takes 8x8x8; "
+                                             "pass --input-shape 1,8,12,12"):
+        load_dataset("fields3d", (8, 8, 8), 3, 1, 0, root)
+    assert main(["--params", str(params), "--section", "prepare_signals",
+                 "--image-size", "16,16"]) == 2
+    assert "signals has 1 spatial dim(s), not the 2 of [16, 16]" in capsys.readouterr().err
+
+
+def _npy_tree(root: Path, shape: tuple[int, ...], per_class: int = 5) -> None:
+    rng = np.random.default_rng(0)
+    for name in ("ct", "mri"):
+        (root / name).mkdir(parents=True)
+        for index in range(per_class):
+            np.save(root / name / f"{index}.npy", rng.standard_normal(shape).astype(np.float32))
+
+
+def test_a_npy_folder_of_volumes_is_prepared_like_an_image_folder(tmp_path, capsys):
+    """Users' own volumes: ROOT/<class>/<sample>.npy, one channel or channels first, resized
+    by --image-size along every dim; the class index follows the sorted folder names."""
+    source = tmp_path / "scans"
+    _npy_tree(source, (6, 10, 10))
+    out = tmp_path / "prepared" / "scans"
+    assert main(["--dataset", "npyfolder", "--source", str(source), "--out", str(out)]) == 0
+    assert "8 train / 2 validation samples at 6x10x10, 1 channel(s), 2 classes" in (
+        capsys.readouterr().out)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["image_size"] == [6, 10, 10] and meta["class_names"] == ["ct", "mri"]
+    x, y = load_dataset("scans", (6, 10, 10), 2, 1, 0, tmp_path / "prepared").train.take(
+        np.arange(8))
+    assert x.shape == (8, 1, 6, 10, 10) and sorted(set(y.tolist())) == [0, 1]
+    resized = tmp_path / "prepared" / "small"
+    assert main(["--dataset", "npyfolder", "--source", str(source), "--out", str(resized),
+                 "--image-size", "8", "--channels", "6"]) == 0
+    assert "at 8x8, 6 channel(s)" in capsys.readouterr().out  # (6, 10, 10): 6 channels of 10x10
+
+
+def test_a_bad_npy_folder_is_one_line_and_writes_nothing(tmp_path, capsys):
+    source, out = tmp_path / "scans", tmp_path / "prepared"
+    _npy_tree(source, (4, 4, 4))
+    np.save(source / "ct" / "odd.npy", np.zeros((4, 4, 5), dtype=np.float32))
+    arguments = ["--dataset", "npyfolder", "--source", str(source), "--out", str(out)]
+    assert main(arguments) == 2
+    assert "has shape (4, 4, 5) but" in capsys.readouterr().err
+    (source / "ct" / "odd.npy").unlink()
+    np.save(source / "mri" / "words.npy", np.array(["a", "b"]))
+    assert main(arguments) == 2
+    assert "not a signal, image or volume of numbers" in capsys.readouterr().err
+    (source / "mri" / "words.npy").unlink()
+    np.save(source / "mri" / "objects.npy", np.array([{"a": 1}], dtype=object),
+            allow_pickle=True)
+    assert main(arguments) == 2
+    assert "not a signal, image or volume of numbers" in capsys.readouterr().err
+    shutil.rmtree(source / "mri")
+    assert main(arguments) == 2
+    assert "a classifier needs two classes or more" in capsys.readouterr().err
+    assert not out.exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +22,14 @@ from torch import nn
 from typer.testing import CliRunner
 
 import layerwise
+from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
+from layerwise.strategies.cost.profile import run_tile
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model import ops
 from layerwise.strategies.model.fx_nodes import count_include_pad
 from layerwise.strategies.model.graph import build_graph, trace
+from layerwise.strategies.model.input_size import spatial_size
 from layerwise.strategies.model.space import (
     DIMS,
     ParallelConfig,
@@ -36,10 +40,18 @@ from layerwise.strategies.model.space import (
     max_degree,
     parallel_dims,
 )
-from layerwise.strategies.model.tiles import config_boxes, needed_box, needed_range, real_box
+from layerwise.strategies.model.tiles import (
+    config_boxes,
+    largest_tile,
+    needed_box,
+    needed_range,
+    real_box,
+)
 from layerwise.strategies.model.zoo import build_model, input_shape
 from layerwise.strategies.search.baselines import baseline
+from layerwise.tasks.stages.prepare_data import load_params
 
+ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
@@ -178,6 +190,22 @@ def test_each_tile_of_a_1d_or_3d_window_op_is_its_part_of_the_full_op(case) -> N
             torch.testing.assert_close(tile, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize(("model", "sizes", "channels"), [
+    ("tests.idiom_models:Volume", (8, 12, 12), 1), ("tests.idiom_models:Signal", (64,), 2),
+    ("unet3d", (8, 8, 8), 1)])
+def test_every_layer_of_a_signal_or_volume_is_profiled_on_its_tiles(model: str,
+                                                                     sizes: tuple[int, ...],
+                                                                     channels: int) -> None:
+    """The profiler times each tile with the runtime's own ops: every 1-d and 3-d layer kind
+    and fused op (BatchNorm, InstanceNorm, Dropout of each rank) runs on its tiles."""
+    graph = build_graph(model, batch=4, image_size=sizes, in_channels=channels)
+    split = baseline("spatial", graph, 4)
+    for layer in graph.layers[1:]:
+        for config in (ParallelConfig(n=1, devices=(0,)), split[layer.name]):
+            tile = largest_tile(layer, config)
+            assert tuple(run_tile(layer, tile).shape) == tile.output_shape, (layer.name, config)
+
+
 def test_the_spatial_baseline_splits_every_spatial_dim() -> None:
     volume = build_graph("tests.idiom_models:Volume", batch=4, image_size=(8, 12, 12),
                          in_channels=1)
@@ -204,6 +232,21 @@ def test_input_shapes_are_given_as_channels_and_sizes(tmp_path) -> None:
         assert result.exit_code != 0 and message in result.output, (arguments, result.output)
     result = runner.invoke(app, ["graph", "resnet18", "--input-shape", "3,32,48"])
     assert result.exit_code != 0 and "takes square images" in result.output
+
+
+@pytest.mark.parametrize(("name", "section"), [("volumes3d.yaml", "prepare_fields3d"),
+                                              ("signals.yaml", "prepare_signals")])
+def test_the_volume_and_signal_configs_fit_their_generated_data(name: str, section: str) -> None:
+    """`layerwise run --config configs/volumes3d.yaml` (signals.yaml): the config's model
+    takes the inputs params.yaml's stage generates, and its strategies name the spatial plan."""
+    config = load_config(ROOT / "configs" / name)
+    stage = load_params(ROOT / "params.yaml", section)
+    assert stage["dataset"] == config.dataset and "spatial" in config.strategies
+    sizes = input_shape(config.models[0].name, config.global_batch, config.image_size)[2:]
+    assert sizes == spatial_size(stage["image_size"], len(sizes))
+    graph = build_graph(config.models[0].name, batch=config.global_batch,
+                        image_size=config.image_size, num_classes=config.classes)
+    assert graph.by_name[graph.outputs[0]].output_shape == (config.global_batch, config.classes)
 
 
 @pytest.mark.slow

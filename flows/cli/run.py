@@ -135,7 +135,7 @@ def check_before_start(config: BenchmarkConfig) -> None:
         except LayerwiseError as error:
             raise LayerwiseError(f"config models.{index}.name: {error}") from None
         check_memory(training_bytes(graph), f"training {model.name} at a global batch of "
-                     f"{batch} on {config.image_size}x{config.image_size} images",
+                     f"{batch} on inputs of {'x'.join(map(str, graph.input_shape[2:]))}",
                      "set a smaller batch or image_size")
     # a calibrated cluster is the `local` preset with this machine's measured links
     name = "local" if config.cluster == CALIBRATED else config.cluster

@@ -438,12 +438,12 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "mul_scalar": lambda x: x * 2.0,
 }
 # dropout op -> whether its mask is drawn per (sample, channel)
-_DROPOUTS = {"dropout": False, "dropout2d": True}
+_DROPOUTS = {"dropout": False, "dropout1d": True, "dropout2d": True, "dropout3d": True}
 # nn module class name -> the functional name above
 _MODULE_OPS = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "ELU": "elu",
                "GELU": "gelu", "SiLU": "silu", "Sigmoid": "sigmoid", "Tanh": "tanh",
-               "Hardswish": "hardswish", "Dropout": "dropout", "Dropout2d": "dropout2d",
-               "Identity": "identity"}
+               "Hardswish": "hardswish", "Dropout": "dropout", "Dropout1d": "dropout1d",
+               "Dropout2d": "dropout2d", "Dropout3d": "dropout3d", "Identity": "identity"}
 
 
 def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
@@ -451,14 +451,14 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
     """A one-input elementwise op on the tile, as the runtime's tile runs it: (tensor, params)
     -> tensor, its parameters named `prefix` + name in params ("" for the layer's own op,
     "target." for a fused one)."""
-    if op in ("BatchNorm1d", "BatchNorm2d"):
+    if op in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"):
         return _batch_norm(layer, tile, prefix, device)
     if op in ("GroupNorm", "group_norm"):
         return _group_norm(prefix)
-    if op == "InstanceNorm2d":
+    if op in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"):
         return lambda x, params: ops.sync_instance_norm(
             x, params.get(f"{prefix}weight"), params.get(f"{prefix}bias"), BATCH_NORM_EPS,
-            x.shape[2] * x.shape[3], None)
+            math.prod(x.shape[2:]), None)
     if op.partition("(")[0] in ("LayerNorm", "layer_norm"):
         return lambda x, params: ops.layer_norm(x, params.get(f"{prefix}weight"),
                                                 params.get(f"{prefix}bias"), BATCH_NORM_EPS,

@@ -4,7 +4,12 @@
   (data/prepared/digits/{train,val}.npz, `tasks/stages/prepare_data.py`): 1 channel, 10
   classes, the image size params.yaml sets.
 - fields: generated Gaussian random fields, the class their spectrum's slope, as the DVC
-  `prepare_fields` stage wrote them (high resolution: 256x256 by default, 1 channel, 3 classes).
+  `prepare_fields` stage wrote them (high resolution: 256x256 by default, 1 channel, 3 classes);
+  fields3d and signals: the same in 3-d (32x32x32 volumes, `prepare_fields3d`) and in 1-d
+  (4096-sample signals, `prepare_signals`).
+- npyfolder: users' own signals and volumes, one .npy array per sample under a folder per class,
+  prepared by the same stage's script (`--dataset npyfolder --source ROOT --out
+  data/prepared/NAME`).
 - cifar10, imagefolder: the same stage's output for a local CIFAR-10 (python version) folder or
   an ImageFolder tree (`python -m layerwise.tasks.stages.prepare_data --dataset NAME --source
   PATH`); and any other folder under data/prepared/ holding a meta.json (`--out
@@ -40,10 +45,12 @@ from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.hardware.host_memory import check_memory
 from layerwise.strategies.model.input_size import InputSize, spatial_size
 
-DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "fields", "synthetic")
+DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "fields", "fields3d", "signals",
+                             "npyfolder", "synthetic")
 # the datasets params.yaml's sections define, by the DVC stage that prepares each
-_STAGES = {"digits": "prepare", "fields": "prepare_fields"}
-_SOURCED = ("cifar10", "imagefolder")  # prepared from a local folder, not from params.yaml
+_STAGES = {"digits": "prepare", "fields": "prepare_fields", "fields3d": "prepare_fields3d",
+           "signals": "prepare_signals"}
+_SOURCED = ("cifar10", "imagefolder", "npyfolder")  # prepared from a local folder
 SYNTHETIC_TRAIN_SAMPLES = 4096
 SYNTHETIC_VAL_SAMPLES = 1024
 _PROTOTYPE_GRID = 4  # prototypes are 4x4 noise upsampled: smooth, so shifts keep them close
@@ -176,9 +183,10 @@ def _prepare_fix(name: str, options: str = "") -> str:
 
 def _resize_fix(name: str, image_size: InputSize) -> str:
     if name in _STAGES:
-        return (f"set {_STAGES[name]}.image_size: {image_size} in params.yaml and "
-                f"{_prepare_fix(name)}")
-    return _prepare_fix(name, f" --image-size {image_size}")
+        value = image_size if isinstance(image_size, int) else list(image_size)
+        return f"set {_STAGES[name]}.image_size: {value} in params.yaml and {_prepare_fix(name)}"
+    value = image_size if isinstance(image_size, int) else ",".join(map(str, image_size))
+    return _prepare_fix(name, f" --image-size {value}")
 
 
 def load_dataset(name: str, image_size: InputSize, num_classes: int, in_channels: int, seed: int,

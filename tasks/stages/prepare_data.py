@@ -8,6 +8,9 @@
         --source ~/data/flowers --out data/prepared/flowers
     python -m layerwise.tasks.stages.prepare_data --section prepare_fields
     dvc repro prepare_fields                         # the same, tracked by DVC
+    dvc repro prepare_fields3d prepare_signals       # the generated volumes and signals
+    python -m layerwise.tasks.stages.prepare_data --dataset npyfolder \
+        --source ~/data/scans --out data/prepared/scans
 
 `prepare.dataset` names the source (`--section NAME` reads another section of params.yaml:
 `prepare_fields` is the `fields` dataset's, its own DVC stage):
@@ -19,25 +22,26 @@
   too). Its official split: the data batches train, the test batch validates.
 - imagefolder: ROOT/<class>/<images> (png, jpg, jpeg, bmp, ppm); the class index follows the
   sorted folder names, as torchvision's ImageFolder does.
-- fields: generated, nothing to download: `images` high-resolution Gaussian random fields, one
-  channel, whose power spectrum falls as P(k) ~ k^-alpha, the class being alpha (FIELD_SLOPES).
-  It stands in for the density fields CosmoFlow reads cosmological parameters from (Mathuriya
-  et al. 2018): every field is scaled to zero mean and unit variance, so the class lives only in
-  its spatial correlation (a steep spectrum is smooth, a flat one rough), which a convolution
-  measures in any window of the field; that is why it is learnable, and why it is learnable
-  from a split field too. The same seed gives the same bytes.
+- fields, fields3d, signals: generated, nothing to download: `images` Gaussian random fields in
+  2-d (high-resolution images), 3-d (volumes) or 1-d (signals), one channel, whose power
+  spectrum falls as P(k) ~ k^-alpha, the class being alpha (tasks/stages/generated_fields.py
+  says why they are learnable); `image_size` is a side for every dim, or a list of sizes.
+- npyfolder: users' own signals and volumes, ROOT/<class>/<sample>.npy
+  (tasks/stages/npy_folder.py).
 
-Every source is scaled to [0, 1] and resized to the model's input size; digits and imagefolder
-are split into train and validation per class with a seeded permutation (so every class keeps
-its share). The training split's per-channel mean and standard deviation normalise both splits,
-written as `train.npz` / `val.npz` (x: float32 N x C x S x S, y: int64) plus `meta.json`. Nothing
-is written before the whole source has been read, so a bad file leaves the folder as it was.
+Every image source is scaled to [0, 1] and resized to the model's input size; digits,
+imagefolder and npyfolder are split into train and validation per class with a seeded
+permutation (so every class keeps its share). The training split's per-channel mean and standard
+deviation normalise both splits, written as `train.npz` / `val.npz` (x: float32 N x C x
+*spatial, y: int64) plus `meta.json`. Nothing is written before the whole source has been read,
+so a bad file leaves the folder as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import pickle
 import re
 import sys
@@ -56,20 +60,23 @@ from layerwise.strategies.files.atomic import atomic_path, creatable_folder, wri
 from layerwise.strategies.files.documents import read_yaml
 from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.hardware.host_memory import check_memory
+from layerwise.strategies.model.input_size import InputSize, compact_size, spatial_size
 from layerwise.strategies.text import printable
+from layerwise.tasks.stages.generated_fields import FIELD_SLOPES, class_names, gaussian_fields
+from layerwise.tasks.stages.npy_folder import NPY_FIX, prepare_arrays
 
 PARAMS_FILE = Path("params.yaml")  # the DVC project's parameters, at its root
 
-SOURCES = ("digits", "cifar10", "imagefolder", "fields")
+SOURCES = ("digits", "cifar10", "imagefolder", "fields", "fields3d", "signals", "npyfolder")
+GENERATED = {"fields": 2, "fields3d": 3, "signals": 1}  # the generated fields, by their dims
 PARAMETERS = ("dataset", "source", "image_size", "channels", "val_fraction", "seed", "out",
               "images")
 SECTION = "prepare"  # params.yaml's section of the default stage
-FIELD_SLOPES = (1.0, 2.5, 4.0)  # the fields' spectral indices alpha, one class each
 DEFAULT_FIELD_IMAGES = 480
 SCHEMA_VERSION = 2  # 2: mean and std per channel, class_names
 DIGITS_MAX_VALUE = 16.0  # pixel values of the UCI digits run from 0 to 16
 PIXEL_MAX_VALUE = 255.0  # 8-bit images
-FIXED_CHANNELS = {"digits": 1, "cifar10": 3, "fields": 1}
+FIXED_CHANNELS = {"digits": 1, "cifar10": 3, "fields": 1, "fields3d": 1, "signals": 1}
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm"})
 _RESIZE_CHUNK = 1024  # images resized at once: bounds the float copy of a large uint8 source
 _CIFAR_SHAPE = (3, 32, 32)  # each row of b"data": the R, G and B planes of a 32x32 image
@@ -87,7 +94,7 @@ _CIFAR_GLOBALS = frozenset({
     ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
 })
 
-Split = tuple[np.ndarray, np.ndarray]  # images (float32 N x C x S x S) and labels (int64 N)
+Split = tuple[np.ndarray, np.ndarray]  # samples (float32 N x C x *spatial), labels (int64 N)
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ class PrepareSettings:
 
     dataset: str
     source: Path | None
-    image_size: int
+    image_size: InputSize | None  # None: npyfolder's samples as they are
     channels: int | None
     val_fraction: float
     seed: int
@@ -119,15 +126,16 @@ def split_indices(labels: np.ndarray, val_fraction: float,
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
-def _check_image_size(image_size: int) -> None:
-    if image_size < 1:
+def _check_image_size(image_size: InputSize) -> None:
+    if min(spatial_size(image_size, 1)) < 1:
         raise LayerwiseError(f"image_size must be >= 1 (got {image_size})")
 
 
-def _check_memory(count: int, channels: int, image_size: int) -> None:
-    """MemoryNeedError (one line) before `count` float32 images of this size are allocated."""
-    check_memory(count * channels * image_size * image_size * 4,
-                 f"{count:,} images at {image_size}x{image_size}",
+def _check_memory(count: int, channels: int, image_size: InputSize, dims: int = 2) -> None:
+    """MemoryNeedError (one line) before `count` float32 samples of this size are allocated."""
+    sizes = spatial_size(image_size, dims)
+    check_memory(count * channels * math.prod(sizes) * 4,
+                 f"{count:,} samples at {'x'.join(map(str, sizes))}",
                  "set a smaller prepare.image_size (or --image-size)")
 
 
@@ -159,8 +167,9 @@ def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
 
 def _normalise(images: np.ndarray, mean: list[float], std: list[float]) -> None:
     """In place, so the largest array is never copied."""
-    images -= np.asarray(mean, dtype=np.float32)[:, None, None]
-    images /= np.asarray(std, dtype=np.float32)[:, None, None]
+    per_channel = (slice(None), *([None] * (images.ndim - 2)))
+    images -= np.asarray(mean, dtype=np.float32)[per_channel]
+    images /= np.asarray(std, dtype=np.float32)[per_channel]
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
@@ -183,8 +192,10 @@ def _write_prepared(out_dir: Path, train: Split, val: Split, meta: dict[str, Any
         raise FailedError(f"cannot make {out_dir}: {problem.strerror or problem}") from None
     _save_npz(out_dir / "train.npz", x=train[0], y=train[1])
     _save_npz(out_dir / "val.npz", x=val[0], y=val[1])
-    _, channels, image_size, _ = train[0].shape
-    full = {"schema_version": SCHEMA_VERSION, **meta, "image_size": image_size,
+    channels, sizes = train[0].shape[1], tuple(train[0].shape[2:])
+    compact = compact_size(sizes)
+    full = {"schema_version": SCHEMA_VERSION, **meta,
+            "image_size": compact if isinstance(compact, int) else list(compact),
             "channels": channels, "classes": len(meta["class_names"]), "train": len(train[1]),
             "val": len(val[1]), "mean": mean, "std": std}
     write_atomic(out_dir / "meta.json", json.dumps(full, indent=2) + "\n")
@@ -203,41 +214,40 @@ def prepare_digits(out_dir: Path, image_size: int, val_fraction: float, seed: in
         "val_fraction": val_fraction})
 
 
-def gaussian_fields(count: int, image_size: int, seed: int) -> Split:
-    """`count` fields of image_size x image_size with balanced classes: white noise coloured
-    in Fourier space by amplitude k^(-alpha/2), so that the power spectrum is k^-alpha (the mean,
-    k = 0, is removed), each then scaled to zero mean and unit variance."""
-    _check_image_size(image_size)
-    _check_memory(count, 1, image_size)
-    rng = np.random.default_rng(seed)
-    labels = np.arange(count, dtype=np.int64) % len(FIELD_SLOPES)
-    rng.shuffle(labels)
-    rows = np.fft.fftfreq(image_size)[:, None]
-    columns = np.fft.rfftfreq(image_size)[None, :]
-    frequency = np.sqrt(rows ** 2 + columns ** 2)
-    frequency[0, 0] = np.inf  # amplitude 0: no mean
-    fields = np.empty((count, 1, image_size, image_size), dtype=np.float32)
-    shape = frequency.shape
-    for index, label in enumerate(labels):
-        noise = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
-        field = np.fft.irfft2(noise * frequency ** (-FIELD_SLOPES[label] / 2),
-                              s=(image_size, image_size))
-        fields[index, 0] = (field - field.mean()) / field.std()
-    return fields, labels
-
-
-def prepare_fields(out_dir: Path, image_size: int, images: int, val_fraction: float,
-                   seed: int) -> dict:
-    """Write `images` generated fields (`gaussian_fields`), split per class."""
-    if images < 2 * len(FIELD_SLOPES):
+def prepare_fields(out_dir: Path, dataset: str, image_size: InputSize, images: int,
+                   val_fraction: float, seed: int) -> dict:
+    """Write `images` generated fields of `dataset` (fields, fields3d or signals:
+    generated_fields.py), split per class."""
+    classes = len(FIELD_SLOPES)
+    if images < 2 * classes:
         raise LayerwiseError(f"prepare.images: {images} fields cannot give each of the "
-                             f"{len(FIELD_SLOPES)} classes a training and a validation "
-                             f"field; set at least {2 * len(FIELD_SLOPES)}")
-    fields, labels = gaussian_fields(images, image_size, seed)
+                             f"{classes} classes a training and a validation field; set at "
+                             f"least {2 * classes}")
+    dims = GENERATED[dataset]
+    sizes = spatial_size(image_size, dims)
+    if len(sizes) != dims:
+        raise LayerwiseError(f"prepare.image_size: {dataset} has {dims} spatial dim(s), not "
+                             f"the {len(sizes)} of {list(sizes)}")
+    _check_image_size(sizes)
+    _check_memory(images, 1, sizes, dims)
+    fields, labels = gaussian_fields(images, sizes, seed)
     train, val = split_indices(labels, val_fraction, seed)
+    kind = {1: "signals", 2: "fields", 3: "volumes"}[dims]
     return _write_prepared(out_dir, (fields[train], labels[train]), (fields[val], labels[val]), {
-        "dataset": "fields", "source": f"generated: Gaussian random fields, seed {seed}",
-        "class_names": [f"alpha={slope:g}" for slope in FIELD_SLOPES], "seed": seed,
+        "dataset": dataset, "source": f"generated: Gaussian random {kind}, seed {seed}",
+        "class_names": class_names(), "seed": seed, "val_fraction": val_fraction})
+
+
+def prepare_npyfolder(source: Path, out_dir: Path, image_size: InputSize | None,
+                      channels: int | None, val_fraction: float, seed: int) -> dict:
+    """Write a .npy class tree (npy_folder.py) to `out_dir`, split per class with the seeded
+    permutation."""
+    folder = _source_folder(source, NPY_FIX)
+    names, samples, labels = prepare_arrays(folder, image_size, channels)
+    train, val = split_indices(labels, val_fraction, seed)
+    return _write_prepared(out_dir, (samples[train], labels[train]),
+                           (samples[val], labels[val]), {
+        "dataset": "npyfolder", "source": str(folder), "class_names": names, "seed": seed,
         "val_fraction": val_fraction})
 
 
@@ -406,6 +416,23 @@ def prepare_imagefolder(source: Path, out_dir: Path, image_size: int, channels: 
         "val_fraction": val_fraction})
 
 
+def _size(params: dict) -> InputSize | None:
+    """`image_size`: a side for every spatial dim, or a list of sizes (None: npyfolder's
+    samples as they are)."""
+    value = params.get("image_size", None if params.get("dataset") == "npyfolder" else 32)
+    if value is None:
+        return None
+    if isinstance(value, str) and "," in value:
+        value = value.split(",")
+    if isinstance(value, list | tuple):
+        try:
+            return tuple(int(side) for side in value)
+        except (TypeError, ValueError):
+            raise LayerwiseError(f"prepare.image_size: {shown(value)} is not a list of "
+                                 "numbers") from None
+    return _number(params, "image_size", int, 32)
+
+
 def _number(params: dict, key: str, kind: type[int] | type[float], default: float) -> Any:
     value = params.get(key, default)
     try:
@@ -423,7 +450,7 @@ def settings_from(params: dict) -> PrepareSettings:
     source, channels = params.get("source"), params.get("channels")
     settings = PrepareSettings(
         dataset=dataset, source=None if source is None else Path(str(source)).expanduser(),
-        image_size=_number(params, "image_size", int, 32),
+        image_size=_size(params),
         channels=None if channels is None else _number(params, "channels", int, 3),
         val_fraction=_number(params, "val_fraction", float, 0.2),
         seed=_number(params, "seed", int, 0),
@@ -453,18 +480,32 @@ def _check_settings(settings: PrepareSettings) -> None:
 def prepare(settings: PrepareSettings) -> dict:
     """Prepare the dataset `settings` names; returns the metadata written to meta.json."""
     if settings.dataset == "digits":
-        return prepare_digits(settings.out, settings.image_size, settings.val_fraction,
-                              settings.seed)
-    if settings.dataset == "fields":
-        return prepare_fields(settings.out, settings.image_size, settings.images,
+        return prepare_digits(settings.out, _square(settings.image_size),
                               settings.val_fraction, settings.seed)
+    if settings.dataset in GENERATED:
+        return prepare_fields(settings.out, settings.dataset, settings.image_size or 32,
+                              settings.images, settings.val_fraction, settings.seed)
     if settings.source is None:
         raise LayerwiseError(f"{settings.dataset} is read from a local folder; set "
                              "prepare.source in params.yaml or pass --source PATH")
+    if settings.dataset == "npyfolder":
+        return prepare_npyfolder(settings.source, settings.out, settings.image_size,
+                                 settings.channels, settings.val_fraction, settings.seed)
+    side = _square(settings.image_size)
     if settings.dataset == "cifar10":
-        return prepare_cifar(settings.source, settings.out, settings.image_size)
-    return prepare_imagefolder(settings.source, settings.out, settings.image_size,
+        return prepare_cifar(settings.source, settings.out, side)
+    return prepare_imagefolder(settings.source, settings.out, side,
                                settings.channels or 3, settings.val_fraction, settings.seed)
+
+
+def _square(image_size: InputSize | None) -> int:
+    """An image source's side: one number."""
+    if isinstance(image_size, int):
+        return image_size
+    if image_size is None:
+        return 32
+    raise LayerwiseError(f"prepare.image_size: images are resized to squares, give one side "
+                         f"(not {list(image_size)})")
 
 
 def load_params(path: Path, section: str = SECTION) -> dict:
@@ -498,12 +539,16 @@ def stage_sections(path: Path, names: tuple[str, ...] | None = None) -> dict[str
 def _with_overrides(params: dict, args: argparse.Namespace) -> dict:
     """params.yaml's section with the options given on the command line. Another --dataset
     than params.yaml's also moves the default output to data/prepared/DATASET: params.yaml's
-    `out` belongs to its own dataset."""
+    `out` belongs to its own dataset (and so does its image size, which npyfolder, keeping its
+    samples' sizes unless --image-size is given, does not take)."""
     given = {key: value for key, value in vars(args).items()
              if key in PARAMETERS and value is not None}
     default = params.get("dataset", "digits")
     if given.get("dataset", default) != default and "out" not in given:
         given["out"] = PREPARED_DIR / given["dataset"]
+    if given.get("dataset", default) != default and given["dataset"] == "npyfolder":
+        # params.yaml's image size is its own dataset's: npyfolder keeps its samples' sizes
+        params = {key: value for key, value in params.items() if key != "image_size"}
     return {**params, **given}
 
 
@@ -517,12 +562,15 @@ def _parser() -> argparse.ArgumentParser:
                              "for the generated fields)")
     parser.add_argument("--dataset", choices=SOURCES)
     parser.add_argument("--source", help="cifar10: the cifar-10-batches-py folder; "
-                                         "imagefolder: ROOT holding one folder per class")
-    parser.add_argument("--image-size", type=int)
-    parser.add_argument("--channels", type=int, help="imagefolder: 3 (RGB, default) or 1")
+                                         "imagefolder, npyfolder: ROOT holding one folder "
+                                         "per class")
+    parser.add_argument("--image-size", help="a side for every spatial dim, or sizes S1,S2,...")
+    parser.add_argument("--channels", type=int, help="imagefolder: 3 (RGB, default) or 1; "
+                                                     "npyfolder: the arrays' first dim")
     parser.add_argument("--val-fraction", type=float)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--images", type=int, help="fields: how many to generate")
+    parser.add_argument("--images", type=int, help="fields, fields3d, signals: how many to "
+                                                   "generate")
     parser.add_argument("--out", help="default: params.yaml's out, data/prepared/DATASET for "
                                       "another --dataset")
     return parser
@@ -536,9 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     except LayerwiseError as error:
         print(f"error: {printable(str(error))}", file=sys.stderr)
         return error.exit_code
-    print(f"prepared {meta['dataset']}: {meta['train']} train / {meta['val']} validation images "
-          f"at {meta['image_size']}x{meta['image_size']}, {meta['channels']} channel(s), "
-          f"{meta['classes']} classes in {settings.out}")
+    size = meta["image_size"]
+    shown_size = "x".join(map(str, size)) if isinstance(size, list) else f"{size}x{size}"
+    print(f"prepared {meta['dataset']}: {meta['train']} train / {meta['val']} validation "
+          f"samples at {shown_size}, {meta['channels']} channel(s), {meta['classes']} classes "
+          f"in {settings.out}")
     return 0
 
 

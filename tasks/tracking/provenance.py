@@ -100,7 +100,7 @@ def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
     locked = _prepared_output()
     digest = locked.get("md5") if locked.get("path") == folder.as_posix() else None
     schema = Schema([TensorSpec(np.dtype(np.float32),
-                                (-1, image.channels, image.image_size, image.image_size), "x"),
+                                (-1, image.channels, *image.sizes), "x"),
                      TensorSpec(np.dtype(np.int64), (-1,), "y")])
     with warnings.catch_warnings():  # MLflow registers its local source for two URI schemes
         warnings.simplefilter("ignore", UserWarning)  # and warns that both match a path
