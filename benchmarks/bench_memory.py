@@ -35,8 +35,8 @@ LAYERWISE = (sys.executable, "-m", "layerwise")  # also where no `layerwise` scr
 # small inputs each zoo model takes (its pools need some size)
 IMAGE_SIZE = {"tiny_cnn": 16, "lenet5": 32, "wide_fc": 16, "cosmoflow2d": 64, "alexnet": 64,
               "vgg16": 32, "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
-              "inception_v3": 75}
-STRATEGIES = ("data", "owt", "spatial_h", "layerwise")
+              "inception_v3": 75, "cosmoflow3d": 16, "unet3d": 16, "m5": 1024}
+STRATEGIES = ("data", "owt", "spatial_h", "spatial", "layerwise")
 
 
 def measure(model: str, strategy: str, image_size: int, folder: Path,
