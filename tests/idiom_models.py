@@ -540,3 +540,65 @@ class Signal(nn.Module):
         up = F.interpolate(y, scale_factor=2, mode="linear", align_corners=True)
         z = F.relu(self.reflect(torch.cat([self.up(y), up], dim=1)))
         return self.fc(torch.flatten(self.head(z), 1))
+
+
+class _ResidualUnit(nn.Module):
+    """MONAI's ResidualUnit as its docs describe it (not its code): `subunits` convolutions,
+    each followed by InstanceNorm, Dropout and PReLU (its "NDA" order), the first strided; the
+    residual is a strided 3x3 convolution where the size changes, a 1x1 one where only the
+    channels do, the input itself otherwise; their sum is the unit's output."""
+
+    def __init__(self, dims: int, inputs: int, outputs: int, stride: int, subunits: int,
+                 slopes: int = 1) -> None:
+        super().__init__()
+        conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1]
+        norm = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)[dims - 1]
+        units: list[nn.Module] = []
+        channels = inputs
+        for index in range(subunits):
+            units += [conv(channels, outputs, 3, stride=stride if index == 0 else 1, padding=1),
+                      norm(outputs), nn.Dropout(0.1), nn.PReLU(slopes)]
+            channels = outputs
+        self.conv = nn.Sequential(*units)
+        if stride != 1:
+            self.residual: nn.Module = conv(inputs, outputs, 3, stride=stride, padding=1)
+        elif inputs != outputs:
+            self.residual = conv(inputs, outputs, 1)
+        else:
+            self.residual = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) + self.residual(x)
+
+
+class MonaiUNet(nn.Module):
+    """MONAI's UNet as its docs describe it, at two levels: residual units down (stride 2),
+    a transposed convolution (kernel 3, stride 2, padding 1, output padding 1, as MONAI pads
+    it) with InstanceNorm and PReLU up, the skip concatenated before a one-subunit residual
+    unit, PReLU with one shared slope as MONAI's default act, one per channel in the bottom;
+    the voxel scores averaged into class scores, as a training run takes them."""
+
+    def __init__(self, dims: int = 2, num_classes: int = 4, in_channels: int = 1) -> None:
+        super().__init__()
+        transposed = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[dims - 1]
+        norm = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)[dims - 1]
+        self.dims = dims
+        self.down0 = _ResidualUnit(dims, in_channels, 4, 2, 2)
+        self.down1 = _ResidualUnit(dims, 4, 8, 2, 2)
+        self.bottom = _ResidualUnit(dims, 8, 8, 1, 2, slopes=8)
+        self.up1 = nn.Sequential(transposed(16, 4, 3, stride=2, padding=1, output_padding=1),
+                                 norm(4), nn.PReLU())
+        self.merge1 = _ResidualUnit(dims, 4, 4, 1, 1)
+        self.up0 = nn.Sequential(transposed(8, num_classes, 3, stride=2, padding=1,
+                                            output_padding=1), norm(num_classes), nn.PReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip0 = self.down0(x)
+        skip1 = self.down1(skip0)
+        x = self.merge1(self.up1(torch.cat([skip1, self.bottom(skip1)], dim=1)))
+        x = self.up0(torch.cat([skip0, x], dim=1))
+        return x.mean(tuple(range(2, 2 + self.dims)))
+
+
+def monai_unet3d(num_classes: int = 4, in_channels: int = 1) -> MonaiUNet:
+    return MonaiUNet(3, num_classes, in_channels)

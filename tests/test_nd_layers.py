@@ -269,6 +269,36 @@ def test_signals_and_volumes_train_equal_to_one_process(tmp_path, workers_import
         assert divergence["exact"] is True, divergence
 
 
+def test_monai_style_units_trace_with_prelu_sharded_or_held() -> None:
+    """MONAI's UNet as its docs describe it (tests.idiom_models:MonaiUNet): residual units of
+    convolution, InstanceNorm, Dropout and PReLU; a PReLU with a slope per channel splits
+    along c with its slopes sharded, one with a shared slope holds c whole and says why."""
+    for dims, sizes in ((2, 16), (3, (8, 8, 8))):
+        model = "tests.idiom_models:MonaiUNet" if dims == 2 else "tests.idiom_models:monai_unet3d"
+        graph = build_graph(model, batch=4, image_size=sizes, in_channels=1)
+        plain = build_model(model, image_size=sizes, in_channels=1)
+        assert graph.param_count == sum(p.numel() for p in plain.parameters())
+        shared, per_channel = graph.by_name["down0_conv_0"], graph.by_name["bottom_conv_0"]
+        assert [op.op for op in shared.fused] == [f"InstanceNorm{dims}d", "Dropout", "PReLU"]
+        assert max_degree(shared, "c") == 1 and "PReLU's one slope" in shared.held_reason
+        assert max_degree(per_channel, "c") == 8 and not per_channel.held_reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "shape", "nproc"), [
+    ("tests.idiom_models:MonaiUNet", "1,16,16", 4),
+    ("tests.idiom_models:monai_unet3d", "1,8,8,8", 2)])
+def test_a_monai_style_unet_in_2d_and_3d_trains_equal_to_one_process(
+        tmp_path, workers_import_tests, model: str, shape: str, nproc: int) -> None:
+    result = runner.invoke(app, ["verify", model, "--strategy", "layerwise,spatial,model",
+                                 "--nproc", str(nproc), "--input-shape", shape, "--batch",
+                                 str(nproc), "--steps", "2", "--out", str(tmp_path / "v"),
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    for divergence in json.loads(result.stdout)["divergences"]:
+        assert divergence["exact"] is True, divergence
+
+
 @pytest.mark.slow
 def test_a_volume_split_along_depth_height_and_width_moves_the_predicted_bytes(
         tmp_path, workers_import_tests) -> None:

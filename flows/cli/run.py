@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from layerwise.flows.benchmark_config import BenchmarkConfig
 
 
+_INPUTS = {1: "signals", 2: "images", 3: "volumes"}  # what an input of so many dims is
+
 def register(app: typer.Typer) -> None:
     """Add `run` to the CLI."""
     app.command("run")(run)
@@ -135,7 +137,8 @@ def check_before_start(config: BenchmarkConfig) -> None:
         except LayerwiseError as error:
             raise LayerwiseError(f"config models.{index}.name: {error}") from None
         check_memory(training_bytes(graph), f"training {model.name} at a global batch of "
-                     f"{batch} on inputs of {'x'.join(map(str, graph.input_shape[2:]))}",
+                     f"{batch} on {'x'.join(map(str, graph.input_shape[2:]))} "
+                     f"{_INPUTS[len(graph.input_shape) - 2]}",
                      "set a smaller batch or image_size")
     # a calibrated cluster is the `local` preset with this machine's measured links
     name = "local" if config.cluster == CALIBRATED else config.cluster

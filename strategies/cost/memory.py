@@ -74,7 +74,8 @@ NORMALIZATIONS = ("BatchNorm", "GroupNorm", "LayerNorm", "batch_norm", "group_no
 # op but these that save nothing is differentiated at its input and keeps it (normalisations,
 # leaky ReLU, ELU, GELU, SiLU, Hardswish, Mish, ReLU6 as hardtanh, ...)
 SAVES_RESULT = frozenset({"ReLU", "relu", "relu_", "Sigmoid", "sigmoid", "Tanh", "tanh"})
-SAVES_NOTHING = frozenset({"Dropout", "Dropout2d", "dropout", "Identity", "contiguous",
+SAVES_NOTHING = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "dropout",
+                           "dropout1d", "dropout2d", "dropout3d", "Identity", "contiguous",
                            "add_scalar", "sub_scalar", "mul_scalar"})
 
 

@@ -455,6 +455,8 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
         return _batch_norm(layer, tile, prefix, device)
     if op in ("GroupNorm", "group_norm"):
         return _group_norm(prefix)
+    if op == "PReLU":
+        return lambda x, params: F.prelu(x, params[f"{prefix}weight"])
     if op in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"):
         return lambda x, params: ops.sync_instance_norm(
             x, params.get(f"{prefix}weight"), params.get(f"{prefix}bias"), BATCH_NORM_EPS,

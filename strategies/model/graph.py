@@ -660,6 +660,13 @@ class _Builder:
         if isinstance(module, nn.Upsample):
             return self._resize(node, common, op, target, module.scale_factor, module.mode,
                                 module.align_corners, module.recompute_scale_factor, False)
+        if isinstance(module, nn.PReLU):  # a slope per channel, sharded along c, or one
+            raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                       flops=3 * out, elementwise_flops_per_element=3.0, **common)
+            if module.num_parameters == 1:
+                raw.limit({"c": 1}, "PReLU's one slope is shared by every channel, its "
+                          "gradient a sum over all of them, so c stays whole")
+            return raw
         for module_type, per_element in _ELEMENTWISE_MODULES.items():
             if type(module) is module_type:
                 return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,

@@ -232,6 +232,8 @@ class LayerwiseModel(ShardedModel):
                 tile, weight, bias, module.eps, math.prod(layer.output_shape[2:]),
                 self._statistics_reduce(layer, str(node.target),
                                         state.plan.plane_group(self.rank)))
+        if isinstance(module, nn.PReLU):  # its slopes: this rank's channels' (or the one)
+            return F.prelu(tile, _affine(state, str(node.target))[0])
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
             weight, bias = _affine(state, str(node.target))
             if isinstance(module, nn.GroupNorm):

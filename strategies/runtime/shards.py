@@ -194,10 +194,12 @@ def _rows(layer: Layer, channels: tuple[int, int], shape: torch.Size) -> tuple[i
     """Rows [start, stop) of dim 0 of a tensor of `shape` that the tile of output channels
     `channels` holds: those channels, all of it where the tile holds every channel (a
     transposed convolution's weight runs along its input channels in dim 0, which a layer held
-    whole along c must not cut), (0, 1) for a scalar."""
+    whole along c must not cut), all of it where dim 0 does not run along the channels (a
+    PReLU's one shared slope), (0, 1) for a scalar."""
     if not shape:
         return (0, 1)
-    if channels == (0, as_view(layer.output_shape)[1]):
+    out_channels = as_view(layer.output_shape)[1]
+    if channels == (0, out_channels) or shape[0] != out_channels:
         return (0, shape[0])
     return channels
 

@@ -134,8 +134,9 @@ def _check_image_size(image_size: InputSize) -> None:
 def _check_memory(count: int, channels: int, image_size: InputSize, dims: int = 2) -> None:
     """MemoryNeedError (one line) before `count` float32 samples of this size are allocated."""
     sizes = spatial_size(image_size, dims)
+    kind = {1: "signals", 2: "images", 3: "volumes"}[len(sizes)]
     check_memory(count * channels * math.prod(sizes) * 4,
-                 f"{count:,} samples at {'x'.join(map(str, sizes))}",
+                 f"{count:,} {kind} at {'x'.join(map(str, sizes))}",
                  "set a smaller prepare.image_size (or --image-size)")
 
 
