@@ -120,7 +120,7 @@ def random_assignment(model: str, batch: int, world: int, seed: int) -> dict[str
             for layer in graph.layers}
 
 
-@settings(max_examples=2, deadline=None, derandomize=True,
+@settings(max_examples=1, deadline=None, derandomize=True,  # 6 random plans, 4 processes
           suppress_health_check=[HealthCheck.too_slow])
 @given(seeds=st.lists(st.integers(0, 2**31), min_size=6, max_size=6))
 def test_random_legal_strategies_equal_one_device(seeds):
