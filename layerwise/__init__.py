@@ -38,10 +38,11 @@ if TYPE_CHECKING:
 __all__ = ["build_graph", "search", "train", "verify"]
 
 
-def build_graph(model: str, batch: int, image_size: int | None = None,
+def build_graph(model: str, batch: int, image_size: int | tuple[int, ...] | None = None,
                 num_classes: int | None = None, in_channels: int | None = None) -> LayerGraph:
     """The layer graph of a zoo model or a `package.module:factory` reference at a global
-    batch: its layers, edges, shapes and FLOPs (`layerwise graph`)."""
+    batch: its layers, edges, shapes and FLOPs (`layerwise graph`). `image_size` is a side of
+    every spatial dim, or each dim's size: (L,) of a signal, (D, H, W) of a volume."""
     from layerwise.strategies.model.graph import build_graph as build
 
     return build(model, batch=batch, image_size=image_size, num_classes=num_classes,
@@ -51,7 +52,7 @@ def build_graph(model: str, batch: int, image_size: int | None = None,
 def search(model: str, devices: int, cluster: str, *,
            batch_per_device: int = DEFAULT_BATCH_PER_DEVICE,
            baselines: Sequence[str] = ("data",), profile: str | Path | None = None,
-           image_size: int | None = None, classes: int | None = None,
+           image_size: int | tuple[int, ...] | None = None, classes: int | None = None,
            in_channels: int | None = None, placement: str = "auto",
            memory_limit: int | None = None, batch: int | None = None) -> Plan:
     """The optimal layer-wise strategy for `model` on `devices` devices of `cluster` (a preset

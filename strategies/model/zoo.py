@@ -36,7 +36,7 @@ from torch import nn
 
 from layerwise.strategies.errors import LayerwiseError, UnknownModelError
 from layerwise.strategies.model.input_size import InputSize, compact_size, spatial_size
-from layerwise.strategies.model.zoo_nd import cosmoflow3d, m5, unet3d
+from layerwise.strategies.model.zoo_nd import cosmoflow3d, field_classifier, m5, unet3d
 
 __all__ = [
     "ZOO",
@@ -294,28 +294,14 @@ class CosmoFlow2D(nn.Module):
 
     def __init__(self, num_classes: int = 3, in_channels: int = 1, width: int = 8) -> None:
         super().__init__()
-        widths = (width, 2 * width, 4 * width, 4 * width)
-        layers: list[nn.Module] = []
-        for index, (cin, cout) in enumerate(zip((in_channels, *widths[:-1]), widths,
-                                                strict=True)):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.LeakyReLU(_LEAK)]
-            if index < len(widths) - 1:
-                layers.append(nn.AvgPool2d(2))
-        self.features = nn.Sequential(*layers)
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(nn.Linear(widths[-1], 64), nn.LeakyReLU(_LEAK),
-                                        nn.Linear(64, num_classes))
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d | nn.Linear):
-                nn.init.kaiming_normal_(module.weight, a=_LEAK, nonlinearity="leaky_relu")
-                nn.init.zeros_(module.bias)
+        self.features, self.avgpool, self.classifier = field_classifier(
+            2, in_channels, (width, 2 * width, 4 * width, 4 * width), num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.flatten(self.avgpool(self.features(x)), 1)
         return self.classifier(x)
 
 
-_LEAK = 0.01  # the leaky ReLUs' negative slope
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,24 +40,34 @@ class CosmoFlow3D(nn.Module):
 
     def __init__(self, num_classes: int = 3, in_channels: int = 1, width: int = 8) -> None:
         super().__init__()
-        widths = (width, 2 * width, 4 * width, 8 * width)
-        layers: list[nn.Module] = []
-        for index, (cin, cout) in enumerate(zip((in_channels, *widths[:-1]), widths,
-                                                strict=True)):
-            layers += [nn.Conv3d(cin, cout, 3, padding=1), nn.LeakyReLU(_LEAK)]
-            if index < len(widths) - 1:
-                layers.append(nn.AvgPool3d(2))
-        self.features = nn.Sequential(*layers)
-        self.avgpool = nn.AdaptiveAvgPool3d(1)
-        self.classifier = nn.Sequential(nn.Linear(widths[-1], 64), nn.LeakyReLU(_LEAK),
-                                        nn.Linear(64, num_classes))
-        for module in self.modules():
-            if isinstance(module, nn.Conv3d | nn.Linear):
-                nn.init.kaiming_normal_(module.weight, a=_LEAK, nonlinearity="leaky_relu")
-                nn.init.zeros_(module.bias)
+        self.features, self.avgpool, self.classifier = field_classifier(
+            3, in_channels, (width, 2 * width, 4 * width, 8 * width), num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+def field_classifier(dims: int, in_channels: int, widths: tuple[int, ...], num_classes: int
+                     ) -> tuple[nn.Sequential, nn.Module, nn.Sequential]:
+    """CosmoFlow's layers in `dims` dimensions: convolution stages of `widths` channels with
+    leaky ReLUs, an average pool halving the field between stages, a global pool, two fully
+    connected layers; He initialisation for the leaky ReLUs, zero biases."""
+    conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1]
+    pool = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)[dims - 1]
+    layers: list[nn.Module] = []
+    for index, (cin, cout) in enumerate(zip((in_channels, *widths[:-1]), widths, strict=True)):
+        layers += [conv(cin, cout, 3, padding=1), nn.LeakyReLU(_LEAK)]
+        if index < len(widths) - 1:
+            layers.append(pool(2))
+    features = nn.Sequential(*layers)
+    average = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)[dims - 1](1)
+    classifier = nn.Sequential(nn.Linear(widths[-1], 64), nn.LeakyReLU(_LEAK),
+                               nn.Linear(64, num_classes))
+    for module in (*features, *classifier):
+        if isinstance(module, conv | nn.Linear):
+            nn.init.kaiming_normal_(module.weight, a=_LEAK, nonlinearity="leaky_relu")
+            nn.init.zeros_(module.bias)
+    return features, average, classifier
 
 
 class UNet3D(nn.Module):
