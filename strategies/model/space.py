@@ -28,6 +28,7 @@ size S split d ways covers [i*S//d, (i+1)*S//d), so every element belongs to exa
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -163,6 +164,7 @@ def tile_range(size: int, degree: int, index: int) -> tuple[int, int]:
     return (index * size // degree, (index + 1) * size // degree)
 
 
+@functools.cache  # asked for every range of every tile the cost tables price
 def view_dims(rank: int) -> tuple[int, ...]:
     """The positions in the 5-d view (n, c, d, h, w) of a tensor of `rank` dims: n and c,
     then its spatial dims aligned to the right (a 1-d layer's length is w, a 2-d layer's
@@ -173,6 +175,7 @@ def view_dims(rank: int) -> tuple[int, ...]:
     return (0, 1, *range(7 - rank, 5))
 
 
+@functools.lru_cache(maxsize=4096)  # the layers' shapes, asked per needed range
 def as_view(shape: tuple[int, ...]) -> Degrees:
     """A shape in the 5-d view: (N, C, D, H, W), 1 where the tensor lacks a dim."""
     view = [1, 1, 1, 1, 1]
