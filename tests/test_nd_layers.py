@@ -335,3 +335,16 @@ def test_one_volume_per_device_is_predicted_with_the_native_convolutions_columns
     assert len(predicted) == len(result.peak_memory_bytes_per_rank) == 2
     for measured, expected in zip(result.peak_memory_bytes_per_rank, predicted, strict=True):
         assert abs(measured / expected - 1) < 0.1, (measured, expected)
+
+
+def test_local_parallelisms_auxiliary_head_pools_every_spatial_dim() -> None:
+    """Local parallelism's block classifiers take a signal's or a volume's map as they take
+    an image's: the mean over every spatial dim, then their Linear."""
+    from layerwise.strategies.schedules.local.engine import AuxiliaryHead
+
+    head = AuxiliaryHead(8, 3, torch.Generator().manual_seed(0))
+    for shape in ((2, 8, 16), (2, 8, 4, 4), (2, 8, 2, 4, 4)):
+        x = torch.randn(shape)
+        expected = torch.nn.functional.linear(x.mean(tuple(range(2, x.dim()))), head.weight,
+                                              head.bias)
+        torch.testing.assert_close(head(x), expected)

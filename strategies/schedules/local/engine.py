@@ -75,7 +75,7 @@ AUX_KEY = "aux."  # prefix of auxiliary-head entries in "momentum" and "pending"
 
 
 class AuxiliaryHead(nn.Module):
-    """Block k's own classifier: global average pooling (4-d input) and one Linear.
+    """Block k's own classifier: global average pooling over its spatial dims and one Linear.
 
     Initialised from `generator` only (uniform in +-1/sqrt(features), as nn.Linear), so the
     global generator, and with it the dropout masks, are untouched.
@@ -89,7 +89,7 @@ class AuxiliaryHead(nn.Module):
         self.bias = nn.Parameter(torch.empty(classes).uniform_(-bound, bound, generator=generator))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = x.mean(dim=(2, 3)) if x.dim() == 4 else x
+        features = x.mean(dim=tuple(range(2, x.dim()))) if x.dim() > 2 else x  # every spatial dim
         return F.linear(features, self.weight, self.bias)
 
 
