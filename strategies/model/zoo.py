@@ -1057,6 +1057,11 @@ class ModelSummary(pydantic.BaseModel):
     num_classes: int
 
 
+# every convolution a zoo model may hold, transposed ones too (unet3d's upsampling)
+_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                 nn.ConvTranspose3d)
+
+
 def summarize_zoo() -> list[ModelSummary]:
     """Every zoo model at its defaults, built on the meta device (no weights allocated)."""
     summaries = []
@@ -1066,7 +1071,7 @@ def summarize_zoo() -> list[ModelSummary]:
         summaries.append(ModelSummary(
             name=spec.name, description=spec.description,
             parameters=sum(p.numel() for p in model.parameters()),
-            conv_layers=sum(isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for m in modules),
+            conv_layers=sum(isinstance(m, _CONVOLUTIONS) for m in modules),
             fc_layers=sum(isinstance(m, nn.Linear) for m in modules),
             input_shape=input_shape(spec, 1)[1:],
             num_classes=spec.num_classes,
