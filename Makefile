@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(BIN)/layerwise run
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
+	$(BIN)/python -m pytest -n 2 --dist worksteal -p no:cacheprovider
 
 # Every zoo model under `layerwise verify --strategy all` at 2 and 4 processes, one at a time
 # (VGG-16's float64 runs need ~20 GB at 4 processes); the suite checks one model per structure.
