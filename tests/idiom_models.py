@@ -136,19 +136,76 @@ class ChannelsLastNorm(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-class ChannelsLastLinear(nn.Module):
-    """ConvNeXt's block proper: a Linear over the channels between the permutes, which is
-    not a LayerNorm alone between them."""
+class ChannelsLastPool(nn.Module):
+    """A permute into channels-last with no way back: the mean then runs over positions of
+    the channels-last tensor, which no layer of the (N, C, H, W) tensor is."""
 
     def __init__(self, num_classes: int = 4) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.norm = nn.LayerNorm(8)
         self.pointwise = nn.Linear(8, 8)
         self.fc = nn.Linear(8, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pointwise(self.norm(self.conv(x).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return self.fc(self.pointwise(self.conv(x).permute(0, 2, 3, 1)).mean((1, 2)))
+
+
+class SharedScale(nn.Module):
+    """One parameter read by two ops: shared between two layers."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.scale = nn.Parameter(torch.ones(8, 1, 1))
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv2(self.conv1(x) * self.scale) * self.scale
+        return self.fc(x.mean((2, 3)))
+
+
+def stochastic_depth(x: torch.Tensor, p: float, mode: str, training: bool) -> torch.Tensor:
+    """Stochastic depth as torchvision writes it (a function fx keeps whole): in training,
+    each sample's residual branch is dropped with probability p ("row" mode)."""
+    if not training or p == 0.0:
+        return x
+    size = [x.shape[0]] + [1] * (x.ndim - 1) if mode == "row" else [1] * x.ndim
+    noise = torch.empty(size, dtype=x.dtype, device=x.device).bernoulli_(1.0 - p)
+    return x * noise / (1.0 - p)
+
+
+torch.fx.wrap("stochastic_depth")
+
+
+class DroppedBranch(nn.Module):
+    """A residual branch under stochastic depth with p > 0 (ConvNeXt's later blocks)."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.branch = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        x = x + stochastic_depth(self.branch(x), 0.1, "row", self.training)
+        return self.fc(x.mean((2, 3)))
+
+
+class MixedView(nn.Module):
+    """A view that moves values between channels and rows (pixel-shuffle-like, written by
+    hand): not a channel map."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        n, c, h, w = x.size()
+        x = x.view(n, c // 2, h * 2, w)
         return self.fc(x.mean((2, 3)))
 
 
@@ -602,3 +659,185 @@ class MonaiUNet(nn.Module):
 
 def monai_unet3d(num_classes: int = 4, in_channels: int = 1) -> MonaiUNet:
     return MonaiUNet(3, num_classes, in_channels)
+
+
+def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """ShuffleNet's channel shuffle, its sizes read off the tensor: a 5-d view of the groups,
+    the group and channel dims swapped, and the view back."""
+    batch, channels, height, width = x.size()
+    x = x.view(batch, groups, channels // groups, height, width)
+    x = torch.transpose(x, 1, 2).contiguous()
+    return x.view(batch, channels, height, width)
+
+
+class _ShuffleUnit(nn.Module):
+    """ShuffleNetV2's unit: at stride 1 half the channels pass through (`chunk`) and half go
+    through the branch; at stride 2 both halves are branches of the whole input; the halves
+    concatenated, then shuffled."""
+
+    def __init__(self, channels_in: int, channels_out: int, stride: int) -> None:
+        super().__init__()
+        half = channels_out // 2
+        self.stride = stride
+        if stride > 1:
+            self.branch1 = nn.Sequential(
+                nn.Conv2d(channels_in, channels_in, 3, stride, 1, groups=channels_in,
+                          bias=False),
+                nn.BatchNorm2d(channels_in),
+                nn.Conv2d(channels_in, half, 1, bias=False), nn.BatchNorm2d(half),
+                nn.ReLU(inplace=True))
+        else:
+            self.branch1 = nn.Sequential()
+        self.branch2 = nn.Sequential(
+            nn.Conv2d(channels_in if stride > 1 else half, half, 1, bias=False),
+            nn.BatchNorm2d(half), nn.ReLU(inplace=True),
+            nn.Conv2d(half, half, 3, stride, 1, groups=half, bias=False), nn.BatchNorm2d(half),
+            nn.Conv2d(half, half, 1, bias=False), nn.BatchNorm2d(half), nn.ReLU(inplace=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class ShuffleUnits(nn.Module):
+    """ShuffleNetV2 as torchvision writes it, narrow: a stem, a stride-2 unit and a stride-1
+    unit (chunk, concatenation, channel shuffle), a 1x1 conv, the mean over h and w, a
+    classifier; and a slice of the channels (`x[:, :4]`) beside them."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 8, 3, 1, 1, bias=False),
+                                  nn.BatchNorm2d(8), nn.ReLU(inplace=True))
+        self.stages = nn.Sequential(_ShuffleUnit(8, 16, 2), _ShuffleUnit(16, 16, 1))
+        self.conv5 = nn.Sequential(nn.Conv2d(16, 16, 1, bias=False), nn.BatchNorm2d(16),
+                                   nn.ReLU(inplace=True))
+        self.fc = nn.Linear(16 + 4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv5(self.stages(self.stem(x)))
+        return self.fc(torch.cat((x.mean([2, 3]), x[:, :4].mean([2, 3])), dim=1))
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """ConvNeXt's LayerNorm over the channels of an (N, C, H, W) tensor: a LayerNorm subclass
+    that permutes in its own forward and hands its weight and bias to F.layer_norm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class _ScaledBlock(nn.Module):
+    """A residual block whose branch is scaled per channel by a parameter of its own, used
+    directly (`self.layer_scale * branch`), as ConvNeXt's and CaiT's layer scale is."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.norm = LayerNorm2d(channels, eps=1e-6)
+        self.expand = nn.Conv2d(channels, 4 * channels, 1)
+        self.act = nn.GELU()
+        self.project = nn.Conv2d(4 * channels, channels, 1)
+        self.layer_scale = nn.Parameter(torch.full((channels, 1, 1), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        branch = self.project(self.act(self.expand(self.norm(self.depthwise(x)))))
+        result = self.layer_scale * branch
+        return result + x
+
+
+class LayerScale(nn.Module):
+    """A ConvNeXt-like network written channels-first: a patchify stem with LayerNorm2d,
+    layer-scaled residual blocks, a LayerNorm2d and a strided conv between stages, and the
+    head's LayerNorm2d before a classifier; plus a bias parameter added directly with a value
+    per position along w (held whole along w)."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 8, 2, stride=2), LayerNorm2d(8))
+        self.stage1 = _ScaledBlock(8)
+        self.down = nn.Sequential(LayerNorm2d(8), nn.Conv2d(8, 16, 2, stride=2))
+        self.stage2 = _ScaledBlock(16)
+        self.position_bias = nn.Parameter(torch.linspace(-1.0, 1.0, 4))
+        self.head_norm = LayerNorm2d(16)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stage2(self.down(self.stage1(self.stem(x))))
+        x = x + self.position_bias
+        return self.fc(torch.flatten(self.head_norm(F.adaptive_avg_pool2d(x, 1)), 1))
+
+
+class Permute(nn.Module):
+    """torchvision's Permute module: torch.permute with the dims it was built with."""
+
+    def __init__(self, dims: list[int]) -> None:
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.permute(x, self.dims)
+
+
+class _ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block as torchvision writes it: a 7x7 depthwise conv, then on the
+    channels-last tensor LayerNorm, Linear(C, 4C), GELU, Linear(4C, C), back to
+    channels-first, scaled per channel by a parameter used directly, added to the input."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(
+            nn.Conv2d(channels, channels, 7, padding=3, groups=channels),
+            Permute([0, 2, 3, 1]), nn.LayerNorm(channels, eps=1e-6),
+            nn.Linear(channels, 4 * channels), nn.GELU(), nn.Linear(4 * channels, channels),
+            Permute([0, 3, 1, 2]))
+        self.layer_scale = nn.Parameter(torch.full((channels, 1, 1), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.layer_scale * self.block(x)
+        result += x
+        return result
+
+
+class ConvNeXtBlocks(nn.Module):
+    """ConvNeXt as torchvision writes it, narrow: a patchify stem with LayerNorm2d, two
+    stages of blocks with a LayerNorm2d and a strided conv between them, and a head of
+    average pooling, LayerNorm2d, flatten and Linear."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Sequential(nn.Conv2d(in_channels, 8, 2, stride=2), LayerNorm2d(8, eps=1e-6)),
+            nn.Sequential(_ConvNeXtBlock(8)),
+            nn.Sequential(LayerNorm2d(8, eps=1e-6), nn.Conv2d(8, 16, 2, stride=2)),
+            nn.Sequential(_ConvNeXtBlock(16)))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(LayerNorm2d(16, eps=1e-6), nn.Flatten(1),
+                                        nn.Linear(16, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.avgpool(self.features(x)))
+
+
+class LibraryBlocks(nn.Module):
+    """The blocks above in one network, so one torchrun launch trains them all: ShuffleNetV2's
+    units (chunk, concatenation, channel shuffle), ConvNeXt's block (Linear layers on the
+    channels-last tensor, a layer scale), LayerNorm2d, and a bias per column used directly."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 8, 3, padding=1)
+        self.units = nn.Sequential(_ShuffleUnit(8, 16, 2), _ShuffleUnit(16, 16, 1))
+        self.block = _ConvNeXtBlock(16)
+        self.norm = LayerNorm2d(16)
+        self.column_bias = nn.Parameter(torch.linspace(-1.0, 1.0, 4))
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.block(self.units(self.stem(x)))) + self.column_bias
+        return self.fc(x.mean((2, 3)))

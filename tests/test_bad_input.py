@@ -294,9 +294,17 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     # cross-entropy needs (batch, classes): this failed only inside the workers
     (("train", "tests.idiom_models:ScoreMaps", "--strategy", "data", "--nproc", "1",
       "--image-size", "8"), "training needs one (batch, classes) tensor of class scores"),
-    (("search", "tests.idiom_models:ChannelsLastLinear", "--devices", "2", "--cluster", "local",
+    (("search", "tests.idiom_models:ChannelsLastPool", "--devices", "2", "--cluster", "local",
       "--analytic"),
-     "fx node 'permute': a permute other than the one around a LayerNorm over the channels"),
+     "fx node 'permute': a permute other than a pair around ops per position (x.permute("),
+    # a parameter read directly by two ops is shared; stochastic depth draws per sample; a
+    # view moving values between channels and rows is no channel map
+    (("graph", "tests.idiom_models:SharedScale"),
+     "parameter 'scale' is read by 2 ops (fx nodes mul, mul_1): shared weights"),
+    (("graph", "tests.idiom_models:DroppedBranch"),
+     "function stochastic_depth (not elementwise: it draws random numbers"),
+    (("graph", "tests.idiom_models:MixedView"),
+     "(only (N, -1) flattening, or views and transposes moving whole channels"),
     # strategy files checked against the run and priced before any process starts
     ((*TRAIN_8, "--strategy", "owt_a-2.json", "--nproc", "4"),
      "strategy 'owt_a' (OWT scheme a (all-gather), fixed batch) was planned for 2 processes, "

@@ -41,6 +41,7 @@ from layerwise.strategies.schedules import INEXACT
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
 from layerwise.strategies.search.baselines import baseline
 from layerwise.strategies.strategy import Strategy
+from layerwise.strategies.training_run import RunResult
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,11 @@ DIMS = {
     "LayerNormNet": ["nchw", "n", "n", "n", "nc"],
     "PaddingModes": ["nchw", "nchw", "nchw", "nchw", "nc", "nc", "nc"],
     "ChannelsLastNorm": ["nchw", "nhw", "nchw", "nhw", "nchw", "nc", "nc"],
+    "ShuffleUnits": ["nchw"] * 17 + ["nc", "nchw", "nc", "nc", "nc"],
+    "LayerScale": ["nchw", "nhw", "nhw", "nchw", "nchw", "nhw", "nchw", "nhw", "nchw", "nchw",
+                   "nh", "nhw", "n", "nc"],
+    "ConvNeXtBlocks": ["nchw", "nhw", "nhw", "nchw", "nchw", "nhw", "nchw", "nhw", "nchw",
+                       "nchw", "nchw", "nhw", "n", "nc"],
 }
 # model -> layer -> the largest degree its ops allow along a dim (graph --json's max_degrees)
 LIMITS = {
@@ -62,16 +68,24 @@ LIMITS = {
     "LayerNormNet": {"conv": {"c": 1, "h": 1, "w": 1}, "hidden": {"c": 1}},
     "PaddingModes": {"wide": {"h": 2, "w": 2}, "circular": {"h": 1, "w": 1}},
     "ChannelsLastNorm": {"conv": {"c": 1}, "layer_norm": {"c": 1}},
+    "LayerScale": {"stem_0": {"c": 1}, "stage1_depthwise": {"c": 1}, "add": {"c": 1},
+                   "stage2_depthwise": {"c": 1}, "add_1": {"c": 1, "w": 1},
+                   "adaptive_avg_pool2d": {"c": 1}},
+    "ConvNeXtBlocks": {"features_0_0": {"c": 1}, "features_1_0_block_0": {"c": 1},
+                       "add": {"c": 1}, "features_3_0_block_0": {"c": 1}, "avgpool": {"c": 1}},
 }
+# image size per model (a stem that halves twice needs 16)
+SIZES = {"LayerScale": 16, "ConvNeXtBlocks": 16}
 
 
 @pytest.mark.parametrize("name", sorted(DIMS))
 def test_each_idiom_traces_with_its_own_parameters(name: str) -> None:
     model = f"tests.idiom_models:{name}"
-    result = runner.invoke(app, ["graph", model, "--image-size", "8", "--json"])
+    size = SIZES.get(name, 8)
+    result = runner.invoke(app, ["graph", model, "--image-size", str(size), "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    plain = build_model(model, image_size=8)
+    plain = build_model(model, image_size=size)
     assert document["param_count"] == sum(p.numel() for p in plain.parameters())
     assert [layer["parallel_dims"] for layer in document["layers"]] == DIMS[name]
     assert {layer["name"]: layer["max_degrees"] for layer in document["layers"]
@@ -87,6 +101,55 @@ def test_layer_norm_over_the_channels_is_one_layer_with_its_permutes() -> None:
     assert alone.fx_nodes == ("permute_2", "layer_norm", "permute_3")
     assert alone.value_node == "permute_3" and alone.inputs == ("mix",)
     assert graph.by_name["add"].inputs == ("mix", "layer_norm")
+
+
+def test_chunks_slices_and_shuffles_of_the_channels_are_layers_reading_what_they_move() -> None:
+    """ShuffleNetV2's chunk (its getitems: a layer each, the chunk run with the first), its
+    channel shuffle (sizes read off the tensor, a 5-d view, a transpose, the view back: one
+    layer) and a slice x[:, :4] are channel maps: each output channel is one input channel,
+    and a tile of output channels needs the input channels its sources reach."""
+    graph = build_graph("tests.idiom_models:ShuffleUnits", batch=2, image_size=8)
+    shuffle, first, second = (graph.by_name[name]
+                              for name in ("view_1", "getitem_4", "getitem_5"))
+    assert shuffle.kind == first.kind == second.kind == "channels"
+    assert shuffle.channels == (0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
+    assert shuffle.op == "channels(view,transpose,contiguous,view)" and shuffle.inputs == ("cat",)
+    assert shuffle.fx_nodes == ("size", "getitem", "getitem_1", "getitem_2", "getitem_3",
+                                "floordiv", "view", "transpose", "contiguous", "view_1")
+    assert first.fx_nodes == ("chunk", "getitem_4") and second.fx_nodes == ("getitem_5",)
+    assert first.inputs == second.inputs == ("view_1",)
+    assert (first.channels, second.channels) == (tuple(range(8)), tuple(range(8, 16)))
+    assert graph.by_name["getitem_10"].channels == (0, 1, 2, 3)
+    assert needed_range(shuffle, 0, 1, (0, 8)) == (0, 12)  # sources 0, 8, 1, 9, ..., 3, 11
+    assert needed_range(shuffle, 0, 1, (8, 16)) == (4, 16)
+    assert needed_range(second, 0, 1, (0, 4)) == (8, 12) and needed_range(
+        second, 0, 3, (2, 4)) == (2, 4)
+
+
+def test_parameters_used_directly_are_held_by_the_op_that_reads_them() -> None:
+    """ConvNeXt's layer scale (`self.layer_scale * x`, one value per channel in dim 0) fuses
+    into its producer and shards along c with it; LayerNorm2d's F.layer_norm holds its
+    weight and bias; a bias with a value per column holds w whole and, shared by every
+    channel, c too; the Linear layers between the permutes are 1x1 convolutions of the
+    (N, C, H, W) tensor, their permutes run with the first and last op."""
+    graph = build_graph("tests.idiom_models:ConvNeXtBlocks", batch=2, image_size=16)
+    project = graph.by_name["features_1_0_block_5"]
+    assert project.label == "Linear(channels)+mul_param" and project.kind == "conv"
+    assert project.geometry.kernel == (1, 1) and project.output_shape == (2, 8, 8, 8)
+    assert project.param_shapes == {"weight": (8, 32), "bias": (8,),
+                                    "features.1.0.layer_scale": (8, 1, 1)}
+    assert project.fused[0].fx_nodes == ("features_1_0_layer_scale", "mul")
+    assert project.after == ("permute_3",) and not project.max_degrees
+    norm = graph.by_name["features_1_0_block_0"]
+    assert norm.fused[0].fx_nodes == ("permute_2", "features_1_0_block_2")
+    stem = graph.by_name["features_0_0"]
+    assert stem.fused[0].fx_nodes == ("features_0_1_weight", "features_0_1_bias", "permute",
+                                      "layer_norm", "permute_1")
+    assert stem.param_shapes["features.0.1.weight"] == (8,)
+    scaled = build_graph("tests.idiom_models:LayerScale", batch=2, image_size=16)
+    assert scaled.by_name["add_1"].max_degrees == {"c": 1, "w": 1}
+    assert "position_bias holds a value per position along w" in scaled.by_name[
+        "add_1"].held_reason
 
 
 def _offered(layer, devices: int) -> dict[str, list[int]]:
@@ -168,6 +231,28 @@ def test_every_idiom_trains_equal_to_one_process(tmp_path, workers_import_tests,
             assert largest > 1e3 * EXACT_TOLERANCE, divergence
         else:
             assert divergence["exact"] is True and largest <= EXACT_TOLERANCE, divergence
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_library_blocks_train_equal_to_one_process_and_move_the_predicted_bytes(
+        tmp_path, workers_import_tests, nproc: int) -> None:
+    """ShuffleNetV2's units, ConvNeXt's block (Linear layers between permutes, a layer scale),
+    LayerNorm2d and a bias used directly, in one network: the searched plan, the channel split
+    (through the chunk and the shuffles, each tile reading the channels its sources reach),
+    every spatial dim split and the pipeline train equal to one process in float64, and the
+    channel split moves exactly the bytes the cost model predicts."""
+    result = runner.invoke(app, ["verify", "tests.idiom_models:LibraryBlocks", "--strategy",
+                                 "layerwise,model,spatial,pipeline", "--nproc", str(nproc),
+                                 "--image-size", "8", "--steps", "2",
+                                 "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    checked = {d["strategy"]: d for d in json.loads(result.stdout)["divergences"]}
+    assert set(checked) == {"layerwise", "model", "spatial", "pipeline"}
+    for name in ("layerwise", "model", "spatial"):
+        assert checked[name]["exact"] is True, checked[name]
+    run = RunResult.load(tmp_path / "v" / "model" / "result.json")
+    assert run.bytes_per_step.transfer == 2 * run.predicted_bytes_per_step.transfer > 0
 
 
 @pytest.mark.slow

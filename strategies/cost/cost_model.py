@@ -467,7 +467,7 @@ def _batch_norms(layer: Layer) -> int:
 def _layer_key(layer: Layer) -> tuple[object, ...]:
     """What a layer's search space and analytic costs depend on (not its name)."""
     return (layer.kind, layer.label, layer.output_shape, layer.input_shapes, layer.geometry,
-            layer.concat_dim, layer.resize, layer.flops, layer.param_count)
+            layer.concat_dim, layer.resize, layer.channels, layer.flops, layer.param_count)
 
 
 def _space_key(layer: Layer) -> tuple[object, ...]:

@@ -54,7 +54,7 @@ from layerwise.strategies.files.locations import PROFILE_DIR, safe_name
 from layerwise.strategies.hardware.this_machine import device_name, resolve_device
 from layerwise.strategies.model import ops
 from layerwise.strategies.model.fx_nodes import count_include_pad
-from layerwise.strategies.model.graph import Layer, LayerGraph
+from layerwise.strategies.model.graph import Layer, LayerGraph, param_key
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.model.tiles import TileWork, as_view, largest_tile, tile_box
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
@@ -437,6 +437,9 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sub_scalar": lambda x: x - 1.0,
     "mul_scalar": lambda x: x * 2.0,
 }
+# graph.py's op of a tensor combined with a parameter it reads directly -> the combination
+_WITH_PARAMETER: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "mul_param": torch.mul, "add_param": torch.add, "sub_param": torch.sub}
 # dropout op -> whether its mask is drawn per (sample, channel)
 _DROPOUTS = {"dropout": False, "dropout1d": True, "dropout2d": True, "dropout3d": True}
 # nn module class name -> the functional name above
@@ -457,6 +460,10 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
         return _group_norm(prefix)
     if op == "PReLU":
         return lambda x, params: F.prelu(x, params[f"{prefix}weight"])
+    if op in _WITH_PARAMETER:  # a parameter used directly (a layer scale): the one it reads
+        return lambda x, params: _WITH_PARAMETER[op](x, next(
+            value for key, value in params.items()
+            if key.startswith(prefix) and "." not in key[len(prefix):]))
     if op in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"):
         return lambda x, params: ops.sync_instance_norm(
             x, params.get(f"{prefix}weight"), params.get(f"{prefix}bias"), BATCH_NORM_EPS,
@@ -494,7 +501,8 @@ def _main_op(layer: Layer, tile: TileWork, device: torch.device) -> Compute:
 def _tile_compute(layer: Layer, tile: TileWork, device: torch.device) -> Compute:
     """The layer's operation on the tile, then its fused ops in order."""
     main = _main_op(layer, tile, device)
-    fused = [_elementwise(op.op, layer, tile, f"{op.target}.", device) for op in layer.fused]
+    fused = [_elementwise(op.op, layer, tile, param_key(op.target, ""), device)
+             for op in layer.fused]
 
     def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):
         y = main(inputs, params)

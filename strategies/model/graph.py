@@ -12,12 +12,16 @@ elementwise by running it: strategies/model/elementwise.py) is fused into its pr
 producer has no other consumer and is not the network input. Fused ops keep their names and
 order in `Layer.fused`; the producer's output shape does not change. Everything else (conv and
 transposed conv, linear, pool, the mean over h and w, add and broadcast gates, concat, flatten)
-is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`) is none, but runs with the
-layer that reads it (`Layer.reads`).
+is a layer; a size query (`x.size(0)` of `x.view(x.size(0), -1)`, and arithmetic on sizes) is
+none, but runs with the layer that reads it (`Layer.reads`). A chunk, slice or shuffle of the
+channels (ShuffleNet's) is one layer of kind "channels" (channel_maps.py). A parameter an op
+reads directly (fx's get_attr: ConvNeXt's layer scale, a LayerNorm2d's weight handed to
+F.layer_norm) is held by that op, as a module holds its weights.
 
-LayerNorm over the channels alone, written as ConvNeXt does (`x.permute(0, 2, 3, 1)`, then
-`nn.LayerNorm(C)` or `F.layer_norm(..., (C,))`, then `.permute(0, 3, 1, 2)`), is one layer on the
-(N, C, H, W) tensor: the two permutes are layout (`Layer.layout`, `FusedOp.layout`), run with it,
+Ops on the channels-last tensor, written as ConvNeXt does (`x.permute(0, 2, 3, 1)`, then
+`nn.LayerNorm(C)`, `nn.Linear` and elementwise ops, then `.permute(0, 3, 1, 2)`), are layers of
+the (N, C, H, W) tensor: a LayerNorm over the channels alone, a Linear over them a 1x1
+convolution; the two permutes run with the first and last op (`Layer.before`, `Layer.after`),
 never layers of their own; any other permute is refused.
 
 Some ops limit the degree of their layer along some dims (`Layer.max_degrees`, 1: held whole,
@@ -43,7 +47,7 @@ from collections.abc import Callable
 from copy import deepcopy as copy_module
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -53,11 +57,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from layerwise.strategies.errors import GraphError
+from layerwise.strategies.model.channel_maps import channel_maps
 from layerwise.strategies.model.elementwise import elementwise_refusal
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten",
-    "resize",
+    "resize", "channels",
 ]
 
 BYTES_PER_ELEMENT = 4  # fp32 training, the setting of every paper layerwise implements
@@ -180,16 +185,12 @@ class FusedOp(BaseModel):
     op: str
     target: str
     flops_per_element: float
-    layout: tuple[str, ...] = ()  # the permutes into channels-last and back, run around it
+    before: tuple[str, ...] = ()  # fx nodes run just before its own (`Layer.before`)
+    after: tuple[str, ...] = ()  # the permute back to channels-first after it
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:
-        return _around(self.name, self.layout)
-
-
-def _around(name: str, layout: tuple[str, ...]) -> tuple[str, ...]:
-    """An op's fx node with the permutes of its layout before and after it."""
-    return (layout[0], name, layout[1]) if layout else (name,)
+        return (*self.before, self.name, *self.after)
 
 
 class Layer(BaseModel):
@@ -215,7 +216,12 @@ class Layer(BaseModel):
     max_degrees: dict[str, int] = {}
     held_reason: str = ""  # why its ops limit max_degrees
     reads: tuple[str, ...] = ()  # fx nodes of the size queries its op reads
-    layout: tuple[str, ...] = ()  # the permutes into channels-last and back around its op
+    # fx nodes run just before its own and part of it: the permute into channels-last, the
+    # parameters its op reads directly (get_attr), a channel map's chunk, views and transposes
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()  # the permute back to channels-first after its op
+    # a channel map's source: output channel j is input channel channels[j] (kind "channels")
+    channels: tuple[int, ...] = ()
 
     @property
     def param_count(self) -> int:
@@ -224,9 +230,9 @@ class Layer(BaseModel):
     @property
     def fx_nodes(self) -> tuple[str, ...]:
         """Every fx node this layer runs, in order: the size queries its op reads (`x.size(0)`
-        of `x.view(x.size(0), -1)`), its own node, then its fused ops', each op's layout
-        permutes around it."""
-        return (*self.reads, *_around(self.name, self.layout),
+        of `x.view(x.size(0), -1)`), the nodes before its own, its own, the permute back, then
+        its fused ops'."""
+        return (*self.reads, *self.before, self.name, *self.after,
                 *(node for fused in self.fused for node in fused.fx_nodes))
 
     @property
@@ -305,11 +311,17 @@ class LayerGraph(BaseModel):
                                           else {"transposed"}) if layer.geometry else None,
                 layer.concat_dim,
                 *([layer.resize.model_dump()] if layer.resize else []),
+                *([list(layer.channels)] if layer.channels else []),
             ]
             for layer in self.layers
         ]
         text = json.dumps([canonical, list(self.outputs)], separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def param_key(target: str, name: str) -> str:
+    """The state-dict key of parameter `name` of the module at `target` ("" is the root)."""
+    return f"{target}.{name}" if target else name
 
 
 def _limits(layer: Layer) -> str:
@@ -331,6 +343,11 @@ def _whole_positions(spatial: int) -> str:
     return {0: "every feature", 1: "the whole length, so l stays whole",
             2: "the whole h/w plane, so h and w stay whole",
             3: "the whole d/h/w volume, so d, h and w stay whole"}[spatial]
+
+
+def _channels_first(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The (N, C, ...) shape of a channels-last (N, ..., C) tensor."""
+    return (shape[0], shape[-1], *shape[1:-1])
 
 
 def _view_names(rank: int) -> tuple[str, ...]:
@@ -496,7 +513,9 @@ class _Raw(BaseModel):
     max_degrees: dict[str, int] = {}
     held_reason: str = ""
     reads: list[str] = []
-    layout: tuple[str, ...] = ()
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    channels: tuple[int, ...] = ()
 
     def limit(self, max_degrees: dict[str, int], reason: str) -> None:
         """Limit the degree along each dim of `max_degrees` (to less where a fused op already
@@ -511,9 +530,9 @@ class _Raw(BaseModel):
         self.held_reason = "; ".join(filter(None, (self.held_reason, reason)))
 
 
-_PERMUTE_REFUSAL = ("a permute other than the one around a LayerNorm over the channels "
-                    "(x.permute(0, 2, 3, 1), then nn.LayerNorm(C) or F.layer_norm(x, (C,)), "
-                    "then .permute(0, 3, 1, 2), each read by the next alone)")
+_PERMUTE_REFUSAL = ("a permute other than a pair around ops per position (x.permute(0, 2, 3, "
+                    "1), LayerNorm(C), Linear, elementwise ops, .permute(0, 3, 1, 2), each "
+                    "read by the next alone)")
 
 
 def _permutation(node: fx.Node) -> tuple[int, ...] | None:
@@ -543,22 +562,69 @@ def _on_probe(node: fx.Node, fn: Callable[..., Any]) -> Callable[[torch.Tensor],
                         **fx.node.map_arg(node.kwargs, lambda _: x))
 
 
-def _channels_last(gm: fx.GraphModule) -> dict[str, tuple[str, str]]:
-    """LayerNorm node -> (permute into channels-last, permute back) of each LayerNorm over
-    the channels written as ConvNeXt writes it: (N, C, H, W) -> permute(0, 2, 3, 1) ->
-    LayerNorm -> permute(0, 3, 1, 2), each node read by the next alone."""
-    found: dict[str, tuple[str, str]] = {}
+class _ChannelsLast(NamedTuple):
+    """A run of ops on the channels-last tensor between two permutes (ConvNeXt's block:
+    permute(0, 2, 3, 1), LayerNorm(C), Linear(C, 4C), GELU, Linear(4C, C), permute(0, 3, 1, 2)):
+    the permutes' fx nodes and the ops' between them, in order."""
+
+    into: str
+    back: str
+    ops: tuple[str, ...]
+
+
+def _channels_last(gm: fx.GraphModule) -> dict[str, _ChannelsLast]:
+    """Each op's fx node -> the channels-last run it belongs to: the nodes from a permute
+    moving the channels last (0, 2, 3, 1 of a 4-d tensor; 0, 2, 1 of a 3-d one) to the
+    permute moving them back, each node read by the next alone, every op between a LayerNorm
+    over the channels, a Linear over them, or an op of one tensor (elementwise by the
+    builder's own test)."""
+    found: dict[str, _ChannelsLast] = {}
     for node in gm.graph.nodes:
-        is_module = node.op == "call_module" and isinstance(
-            gm.get_submodule(str(node.target)), nn.LayerNorm)
-        if not (is_module or (node.op == "call_function" and node.target is F.layer_norm)):
+        rank = len(node.meta["tensor_meta"].shape) if isinstance(
+            node.meta.get("tensor_meta"), TensorMetadata) else 0
+        if rank < 3 or _permutation(node) != (0, *range(2, rank), 1):
             continue
-        into, users = node.args[0], list(node.users)
-        if (isinstance(into, fx.Node) and _permutation(into) == (0, 2, 3, 1)
-                and len(into.users) == 1 and len(users) == 1
-                and _permutation(users[0]) == (0, 3, 1, 2)):
-            found[node.name] = (into.name, users[0].name)
+        ops: list[fx.Node] = []
+        current = node
+        while len(current.users) == 1:
+            (current,) = current.users
+            if _permutation(current) == (0, rank - 1, *range(1, rank - 1)):
+                if ops:
+                    run = _ChannelsLast(node.name, current.name, tuple(op.name for op in ops))
+                    found.update(dict.fromkeys(run.ops, run))
+                break
+            if not _runs_channels_last(gm, current):
+                break
+            ops.append(current)
     return found
+
+
+def _runs_channels_last(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether an op may run between the permutes: F.layer_norm (with or without weights it
+    reads directly), or an op of one tensor and nothing else that is neither a reshape nor a
+    dropout (its mask is drawn per channels-first element) nor a module working along
+    positions or channels-first dims."""
+    inputs = node.all_input_nodes
+    if len([arg for arg in inputs if arg.op != "get_attr"]) != 1:
+        return False
+    if node.op == "call_function" and node.target is F.layer_norm:
+        return True
+    if len(inputs) != 1:
+        return False
+    if node.op == "call_module":
+        return not isinstance(gm.get_submodule(str(node.target)), _NOT_CHANNELS_LAST)
+    if node.target in _DROPOUT_FUNCTIONS or _permutation(node) is not None:
+        return False
+    return node.op == "call_function" or (
+        node.op == "call_method" and node.target not in ("view", "reshape", "flatten"))
+
+
+# modules whose op is not per position along the channels-last tensor's last dim
+_NOT_CHANNELS_LAST = (*_CONVS, *_CONV_TRANSPOSES, *_POOLS, *_ADAPTIVE_POOLS, nn.Flatten,
+                      nn.Upsample, nn.GroupNorm, *_INSTANCE_NORMS, nn.BatchNorm1d,
+                      nn.BatchNorm2d, nn.BatchNorm3d, nn.PReLU, nn.Softmax2d, nn.Dropout,
+                      nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+_DROPOUT_FUNCTIONS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d)
 
 
 class _Builder:
@@ -568,11 +634,22 @@ class _Builder:
         self.gm = gm
         self.modules = dict(gm.named_modules())
         self.nodes = {node.name: node for node in gm.graph.nodes}
-        self.layouts = _channels_last(gm)
+        self.channels_last = _channels_last(gm)
+        self.channel_maps = channel_maps(gm)
 
     def layer_for(self, node: fx.Node) -> _Raw:
         shape = _shape(node)
+        found = self.channel_maps.get(node.name)
+        if found is not None:  # a chunk, slice or shuffle of the channels (channel_maps.py)
+            source = self.nodes[found.source]
+            return _Raw(kind="channels", op=found.label, target=found.label, param_shapes={},
+                        flops=0, name=node.name, inputs=[source.name],
+                        input_shapes=[_shape(source)], output_shape=shape, before=found.steps,
+                        channels=found.channels)
         sources = _tensor_inputs(node)
+        attributes = [s for s in sources if s.op == "get_attr"]
+        if attributes:
+            sources = [s for s in sources if s.op != "get_attr"]
         inputs = [s.name for s in sources]
         input_shapes = [_shape(s) for s in sources]
         common = {
@@ -584,6 +661,28 @@ class _Builder:
         if node.op == "placeholder":
             return _Raw(kind="input", op="input", target=str(node.target), param_shapes={},
                         flops=0, **common)
+        run = self.channels_last.get(node.name)
+        if run is None:
+            return self._classify(node, common, attributes)
+        # between the permutes: the layer of the (N, C, ...) tensor, run with its permutes
+        first, last = run.ops[0] == node.name, run.ops[-1] == node.name
+        into = self.nodes[run.into]
+        source = into.args[0]
+        assert isinstance(source, fx.Node)
+        raw = self._classify(node, {
+            **common,
+            "inputs": [source.name] if first else common["inputs"],
+            "input_shapes": ([_shape(source)] if first
+                             else [_channels_first(shape) for shape in input_shapes]),
+            "output_shape": _channels_first(shape)}, attributes)
+        raw.before = (*raw.before, run.into) if first else raw.before
+        raw.after = (run.back,) if last else ()
+        return raw
+
+    def _classify(self, node: fx.Node, common: dict[str, Any],
+                  attributes: list[fx.Node]) -> _Raw:
+        if attributes:
+            return self._reading_parameters(node, common, attributes)
         if node.op == "call_module":
             return self._module_layer(node, common)
         if node.op == "call_function":
@@ -634,6 +733,12 @@ class _Builder:
                                     tuple(module.normalized_shape))
         if isinstance(module, nn.Linear):
             flops = 2 * out * module.in_features + (out if module.bias is not None else 0)
+            if node.name in self.channels_last:  # per position over the channels: a 1x1 conv
+                ones = (1,) * spatial
+                return _Raw(kind="conv", op=f"{op}{OVER_CHANNELS}", target=target,
+                            param_shapes=params, flops=flops,
+                            geometry=Geometry(kernel=ones, stride=ones, padding=(0,) * spatial,
+                                              dilation=ones), **common)
             return _Raw(kind="linear", op=op, target=target, param_shapes=params, flops=flops,
                         **common)
         if isinstance(module, _POOLS):
@@ -757,7 +862,9 @@ class _Builder:
             out_shape = common["output_shape"]
             if len(out_shape) == 2 and out_shape[0] == in_shape[0]:
                 return self._flatten(node, common, method, method, 1, -1)
-            raise self._unsupported(node, f"{method} to {out_shape} (only (N, -1) flattening)")
+            raise self._unsupported(node, f"{method} to {out_shape} (only (N, -1) flattening, "
+                                    "or views and transposes moving whole channels, as a "
+                                    "channel shuffle does)")
         if method in _BINARY_METHODS:
             return self._binary_or_scalar(node, common, _BINARY_METHODS[method], method)
         if method in _ELEMENTWISE_METHODS:
@@ -868,19 +975,12 @@ class _Builder:
         position, so any split but along c."""
         if len(common["inputs"]) != 1:
             raise self._unsupported(node, f"{op} with weight or bias tensors (use nn.LayerNorm)")
-        layout = self.layouts.get(node.name)
-        if layout is not None:
-            into, back = (self.nodes[name] for name in layout)
-            channels = common["output_shape"][-1]
-            if normalized != (channels,):
-                raise self._unsupported(into, _PERMUTE_REFUSAL)
-            raw = _norm({**common, "inputs": [into.args[0].name],
-                         "input_shapes": [_shape(into.args[0])], "output_shape": _shape(back)},
-                        f"{op}{OVER_CHANNELS}", target, params, {"c": 1},
-                        "LayerNorm over the channels takes one statistic per position over "
-                        "every channel, so c stays whole")
-            raw.layout = layout
-            return raw
+        if node.name in self.channels_last:  # between the permutes: shapes channels-first
+            if normalized != (common["output_shape"][1],):
+                raise self._unsupported(node, _PERMUTE_REFUSAL)
+            return _norm(common, f"{op}{OVER_CHANNELS}", target, params, {"c": 1},
+                         "LayerNorm over the channels takes one statistic per position over "
+                         "every channel, so c stays whole")
         if normalized != tuple(common["output_shape"][1:]):
             raise self._unsupported(node, f"LayerNorm over {list(normalized)} of "
                                     f"{common['output_shape']} (only over every dim after "
@@ -908,12 +1008,76 @@ class _Builder:
                         flops=out, elementwise_flops_per_element=1.0, **common)
         raise self._unsupported(node, f"{op} of {len(common['inputs'])} tensors")
 
+    def _reading_parameters(self, node: fx.Node, common: dict[str, Any],
+                            attributes: list[fx.Node]) -> _Raw:
+        """An op that reads a module's parameters or buffers directly (fx's get_attr): a
+        tensor scaled, shifted or gated by one (ConvNeXt's layer scale, `gamma * x`), or
+        F.layer_norm / F.group_norm given them as weight and bias (a LayerNorm subclass that
+        permutes in its own forward). The op holds them as a module holds its weights: a
+        shard per channel tile where they run along the channels in their dim 0, whole
+        otherwise; a dim along which they vary in any other way is held whole."""
+        owners = {str(attribute.target).rpartition(".")[0] for attribute in attributes}
+        names = ", ".join(str(attribute.target) for attribute in attributes)
+        binary = (_BINARY_FUNCTIONS.get(node.target) if node.op == "call_function"
+                  else _BINARY_METHODS.get(str(node.target)) if node.op == "call_method"
+                  else None)
+        norms = node.op == "call_function" and node.target in (F.layer_norm, F.group_norm)
+        if len(owners) > 1 or len(common["inputs"]) != 1 or not (binary or norms):
+            raise self._unsupported(node, f"{node.target} reading parameter {names} directly "
+                                    "(a parameter may scale, shift or gate one tensor, or be "
+                                    "the weight and bias of F.layer_norm / F.group_norm)")
+        params = {str(attribute.target).rpartition(".")[2]: _shape(attribute)
+                  for attribute in attributes}
+        if norms:
+            raw = self._function_layer(node, {**common, "inputs": common["inputs"]})
+        else:
+            out = _numel(common["output_shape"])
+            raw = _Raw(kind="elementwise", op=f"{binary}_param", target="", param_shapes={},
+                       flops=out, elementwise_flops_per_element=1.0, **common)
+            [attribute] = attributes
+            self._limit_by_parameter(node, raw, str(attribute.target), _shape(attribute))
+        raw.target = owners.pop()
+        raw.param_shapes = params
+        raw.before = (*(attribute.name for attribute in attributes), *raw.before)
+        return raw
+
+    def _limit_by_parameter(self, node: fx.Node, raw: _Raw, name: str,
+                            shape: tuple[int, ...]) -> None:
+        """The dims a tensor combined with parameter `name` of `shape` may split along: a
+        parameter running along the channels in its dim 0 is cut into channel shards; one
+        shared by every channel, or running along them in another dim, holds c whole (its
+        shards could not be cut, or its gradient sums over every channel); one that varies
+        along a spatial dim holds that dim whole."""
+        output = raw.output_shape
+        if len(shape) > len(output) or any(
+                size not in (1, whole) for size, whole in zip(
+                    shape, output[len(output) - len(shape):], strict=True)):
+            raise self._unsupported(node, f"parameter {name} of shape {list(shape)} "
+                                    f"broadcast to {list(output)}")
+        dims = _view_names(len(output))
+        aligned = dict(zip(dims[len(output) - len(shape):], shape, strict=True))
+        if aligned.get("n", 1) > 1:
+            raise self._unsupported(node, f"parameter {name} with one value per sample")
+        channel_axis = len(shape) - len(output) + 1
+        if aligned.get("c", 1) == 1 or output[1] == 1:
+            raw.limit({"c": 1}, f"{name} is shared by every channel, its gradient a sum over "
+                      "all of them, so c stays whole")
+        elif channel_axis != 0:
+            raw.limit({"c": 1}, f"{name} runs along the channels in its dim {channel_axis}, "
+                      "which the weight shards (rows of dim 0) do not cut, so c stays whole")
+        varying = [dim for dim in dims[2:] if aligned.get(dim, 1) > 1]
+        if varying:
+            raw.limit(dict.fromkeys(varying, 1), f"{name} holds a value per position along "
+                      f"{', '.join(varying)}, so {'they stay' if len(varying) > 1 else 'it stays'}"
+                      " whole")
+
     def _unsupported(self, node: fx.Node, what: str | None = None) -> GraphError:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
             "1-3d convolutions (transposed too), Linear, pooling, upsampling, norms, "
-            "activations, dropout, add, cat, flatten, spatial means"
+            "activations, dropout, add, cat, channel chunks and shuffles, flatten, spatial "
+            "means"
         )
 
 
@@ -944,14 +1108,14 @@ def _fuse(raw_layers: list[_Raw], users: dict[str, int]) -> tuple[list[_Raw], di
                 producer.fused.append(
                     FusedOp(name=layer.name, op=layer.op, target=layer.target,
                             flops_per_element=layer.elementwise_flops_per_element,
-                            layout=layer.layout)
+                            before=layer.before, after=layer.after)
                 )
                 producer.flops += layer.flops
                 producer.reads.extend(layer.reads)
                 producer.limit(layer.max_degrees, layer.held_reason)
                 producer.param_shapes.update(
-                    {f"{layer.target}.{key}": shape for key, shape in layer.param_shapes.items()}
-                )
+                    {param_key(layer.target, key): shape
+                     for key, shape in layer.param_shapes.items()})
                 users[producer.name] = users[original_input]
                 holder[original_input] = producer.name
                 continue
@@ -1014,8 +1178,9 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
 
 
 def _is_shape_query(node: fx.Node, shape_queries: set[str]) -> bool:
-    """Whether `node` reads a tensor's sizes (`x.size(0)`, `x.shape[0]`, `x.dim()`) rather
-    than computing a tensor: such a node is an argument of a reshape, not a layer."""
+    """Whether `node` reads a tensor's sizes (`x.size(0)`, `x.shape[0]`, `x.dim()`, or
+    arithmetic on them) rather than computing a tensor: such a node is an argument of a
+    reshape, not a layer."""
     if node.op == "call_method" and node.target in ("size", "dim"):
         return True
     if node.op == "call_function" and node.target is getattr:
@@ -1023,7 +1188,14 @@ def _is_shape_query(node: fx.Node, shape_queries: set[str]) -> bool:
     if node.op == "call_function" and node.target is operator.getitem:
         source = node.args[0]
         return isinstance(source, fx.Node) and source.name in shape_queries
+    if node.op == "call_function" and node.target in _SIZE_ARITHMETIC:  # channels // groups
+        return bool(node.all_input_nodes) and all(
+            source.name in shape_queries for source in node.all_input_nodes)
     return False
+
+
+_SIZE_ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.floordiv,
+                    operator.truediv, operator.mod)
 
 
 def _shape_reads(node: fx.Node, shape_queries: set[str]) -> list[str]:
@@ -1071,16 +1243,25 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
     output_nodes: list[str] = []
     shape_queries: set[str] = set()
     # the permutes around a LayerNorm over the channels run with it; its consumers read it
-    layout_nodes = {name for pair in builder.layouts.values() for name in pair}
-    read_as = {back: norm for norm, (_, back) in builder.layouts.items()}
+    layout_nodes = {name for run in builder.channels_last.values()
+                    for name in (run.into, run.back)}
+    read_as = {run.back: run.ops[-1] for run in builder.channels_last.values()}
+    # a channel map's chunk, views and transposes run with its last node (channel_maps.py)
+    step_nodes = {step for found in builder.channel_maps.values() for step in found.steps}
+    order = {node.name: index for index, node in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         if node.op == "output":
             output_nodes = [read_as.get(s.name, s.name) for s in _tensor_inputs(node)]
             continue
-        if node.name in layout_nodes:
+        if node.name in layout_nodes or node.name in step_nodes:
             continue
         if node.op == "get_attr":
-            raise builder._unsupported(node, f"direct use of parameter or buffer {node.target}")
+            if len(node.users) > 1:
+                raise GraphError(
+                    f"parameter '{node.target}' is read by {len(node.users)} ops (fx nodes "
+                    f"{', '.join(user.name for user in node.users)}): shared weights are not "
+                    "supported, since each layer is split and holds its weights on its own")
+            continue  # held by the op that reads it (_Builder._reading_parameters)
         packed = node.meta.get("tensor_meta")
         if (isinstance(packed, (tuple, list)) and not isinstance(packed, TensorMetadata)
                 and all(user.op == "output" for user in node.users)):
@@ -1094,7 +1275,9 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             raise builder._unsupported(node)
         raw = builder.layer_for(node)
         raw.inputs = [read_as.get(name, name) for name in raw.inputs]
-        raw.reads = _shape_reads(node, shape_queries)
+        raw.reads = sorted({read for name in (*raw.before, node.name)
+                            for read in _shape_reads(builder.nodes[name], shape_queries)},
+                           key=order.__getitem__)
         raw_layers.append(raw)
     users = {layer.name: 0 for layer in raw_layers}
     for layer in raw_layers:
@@ -1111,7 +1294,7 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             geometry=raw.geometry, concat_dim=raw.concat_dim, resize=raw.resize,
             fused=tuple(raw.fused),
             max_degrees=raw.max_degrees, held_reason=raw.held_reason, reads=tuple(raw.reads),
-            layout=raw.layout,
+            before=raw.before, after=raw.after, channels=raw.channels,
         )
         for raw in kept
     )

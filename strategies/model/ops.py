@@ -509,8 +509,8 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
     whole channels (graph.py limits the splits to those): the permute into channels-last and
     back that the model writes around it."""
     if over_channels:
-        moved = F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], weight, bias, eps)
-        return moved.permute(0, 3, 1, 2)
+        moved = F.layer_norm(x.movedim(1, -1), x.shape[1:2], weight, bias, eps)
+        return moved.movedim(-1, 1)
     return F.layer_norm(x, x.shape[1:], weight, bias, eps)
 
 
@@ -550,6 +550,13 @@ def activation(x: Tensor, function: Callable[[Tensor], Tensor], writes_input: bo
     return function(x.clone() if writes_input else x)
 
 
+def channel_map(x: Tensor, sources: Sequence[int], first_channel: int) -> Tensor:
+    """A tile of a channel map (a chunk, slice or shuffle of the channels): output channel j
+    is channel `sources[j]` of the input, whose box `x` starts at channel `first_channel`."""
+    index = torch.tensor(sources, device=x.device) - first_channel
+    return x.index_select(1, index)
+
+
 def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | None,
              bias: Tensor | None, box: Box, count_include_pad: bool = True) -> Tensor:
     """The main op of `layer` (any kind but input and elementwise) on the tile `box` (a box
@@ -572,6 +579,8 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
                               layer.geometry)
     if kind == "conv":
         assert weight is not None and layer.geometry is not None
+        if weight.dim() == 2:  # a Linear over the channels (graph.py): a 1x1 convolution
+            weight = weight.reshape(*weight.shape, *(1,) * len(in_size))
         in_channel_start = needed_range(layer, 0, 1, box[1])[0]
         return conv(first, own, in_size, weight, bias, layer.geometry,
                     layer.output_shape[1], in_channel_start, conv_padding_mode(layer.op))
@@ -593,6 +602,9 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
         assert layer.resize is not None
         return resize(first, own, _needed_starts(layer, box, rank), layer.resize, in_size,
                       layer.output_shape[2:])
+    if kind == "channels":
+        return channel_map(first, layer.channels[box[1][0]:box[1][1]],
+                           needed_range(layer, 0, 1, box[1])[0])
     if kind == "add":
         second = inputs[1]
         assert second is not None

@@ -107,6 +107,9 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
     if kind == "add" and in_size == 1 and as_view(layer.output_shape)[dim] > 1:
         return (0, 1)  # a broadcast input (graph.py's _broadcasts): every tile needs all of it
     geometry = layer.geometry
+    if kind == "channels" and dim == 1:  # the input channels its own channels come from
+        sources = layer.channels[start:stop]
+        return (min(sources), max(sources) + 1)
     if dim == 1:
         if kind == "conv" and geometry is not None:
             if geometry.groups == 1:

@@ -240,16 +240,25 @@ class LayerwiseModel(ShardedModel):
                 return ops.group_norm(tile, module.num_groups, module.num_channels, weight,
                                       bias, module.eps)
             return ops.layer_norm(tile, weight, bias, module.eps, ops.normalizes_channels(op))
-        if node.target is F.group_norm:  # no weights: graph.py refuses them as tensors
+        if node.target is F.group_norm:  # weight and bias: parameters it reads, or none
             return ops.group_norm(tile, int(argument(node, 1, "num_groups", 1)),
-                                  layer.output_shape[1], None, None,
+                                  layer.output_shape[1], _read(node, 2, "weight", state),
+                                  _read(node, 3, "bias", state),
                                   float(argument(node, 4, "eps", 1e-5)))
         if node.target is F.layer_norm and ops.normalizes_channels(op):
-            return ops.layer_norm(tile, None, None, float(argument(node, 4, "eps", 1e-5)),
-                                  over_channels=True)
+            return ops.layer_norm(tile, _read(node, 2, "weight", state),
+                                  _read(node, 3, "bias", state),
+                                  float(argument(node, 4, "eps", 1e-5)), over_channels=True)
+
+        def tile_or_shard(arg: fx.Node, x: torch.Tensor) -> torch.Tensor:
+            """The tile for the tensor the op runs on, this rank's shard for a parameter it
+            reads directly (a layer scale)."""
+            return _held(arg, state) if arg.op == "get_attr" else x
+
         return ops.activation(tile, lambda x: call_node(
-            node, module, fx.node.map_arg(node.args, lambda _: x),
-            fx.node.map_arg(node.kwargs, lambda _: x)), node.name in self._in_place)
+            node, module, fx.node.map_arg(node.args, lambda arg: tile_or_shard(arg, x)),
+            fx.node.map_arg(node.kwargs, lambda arg: tile_or_shard(arg, x))),
+            node.name in self._in_place)
 
     def _batch_norm(self, module: nn.Module, x: torch.Tensor, layer: Layer,
                     state: _LayerState, target: str) -> torch.Tensor:
@@ -380,6 +389,19 @@ class LayerwiseModel(ShardedModel):
 
 def _full_box(layer: Layer) -> Box:
     return tuple((0, size) for size in as_view(layer.output_shape))
+
+
+def _held(attribute: fx.Node, state: _LayerState) -> torch.Tensor:
+    """This rank's shard of a parameter or buffer an op reads directly (fx's get_attr)."""
+    owner, _, name = str(attribute.target).rpartition(".")
+    return state.modules[owner][name].tensor
+
+
+def _read(node: fx.Node, index: int, name: str, state: _LayerState) -> torch.Tensor | None:
+    """This rank's shard of the parameter a function call takes as argument `name` (F.layer_norm's
+    weight, bias), None where it takes none."""
+    value = argument(node, index, name, None)
+    return _held(value, state) if isinstance(value, fx.Node) else None
 
 
 def _affine(state: _LayerState, target: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:

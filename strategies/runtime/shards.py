@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from layerwise.strategies.model.graph import Layer
+from layerwise.strategies.model.graph import Layer, param_key
 from layerwise.strategies.model.tiles import as_view
 from layerwise.strategies.runtime.comm import exchange_tagged
 from layerwise.strategies.runtime.plan import StrategyPlan
@@ -63,36 +63,41 @@ class ShardedModel:
             tile = layer_plan.tiles.get(rank)
             if tile is not None:
                 self.layer_shards[layer_plan.layer.name] = {
-                    target: self._shards(target, layer_plan.layer, tile.box[1], full_state)
-                    for target in self._module_targets(layer_plan.layer)}
-        self._plan_of_target = {target: layer_plan for layer_plan in plan.layers
-                                for target in self._module_targets(layer_plan.layer)}
+                    target: self._shards(target, names, layer_plan.layer, tile.box[1],
+                                         full_state)
+                    for target, names in self._held_tensors(layer_plan.layer).items()}
+        self._plan_of_key = {param_key(target, name): layer_plan for layer_plan in plan.layers
+                             for target, names in self._held_tensors(layer_plan.layer).items()
+                             for name in names}
         self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
 
-    def _module_targets(self, layer: Layer) -> list[str]:
-        """Modules with parameters or buffers that a layer runs (main op, then fused ops)."""
-        names = layer.fx_nodes
-        targets = []
-        for name in names:
+    def _held_tensors(self, layer: Layer) -> dict[str, list[str]]:
+        """Module target -> the names of its parameters and buffers that a layer runs (main op,
+        then fused ops): every one of a module it calls, and each one an op reads directly
+        (get_attr, e.g. a layer scale)."""
+        held: dict[str, list[str]] = {}
+        for name in layer.fx_nodes:
             node = self.nodes[name]
-            if node.op != "call_module":
-                continue
-            module = self.graph_module.get_submodule(str(node.target))
-            if any(True for _ in module.parameters(recurse=False)) or any(
-                    True for _ in module.buffers(recurse=False)):
-                targets.append(str(node.target))
-        return targets
+            if node.op == "get_attr":
+                owner, _, attribute = str(node.target).rpartition(".")
+                held.setdefault(owner, []).append(attribute)
+            elif node.op == "call_module":
+                module = self.graph_module.get_submodule(str(node.target))
+                names = [key for key, _ in (*module.named_parameters(recurse=False),
+                                            *module.named_buffers(recurse=False))]
+                if names:
+                    held[str(node.target)] = names
+        return held
 
-    def _shards(self, target: str, layer: Layer, channels: tuple[int, int],
+    def _shards(self, target: str, names: list[str], layer: Layer, channels: tuple[int, int],
                 full_state: dict[str, torch.Tensor]) -> dict[str, Shard]:
-        """The rows of each of the module's tensors that the tile of `channels` holds
+        """The rows of each of the module's tensors `names` that the tile of `channels` holds
         (`_rows`)."""
         module = self.graph_module.get_submodule(target)
         shards: dict[str, Shard] = {}
         parameters = dict(module.named_parameters(recurse=False))
-        buffers = dict(module.named_buffers(recurse=False))
-        for name in [*parameters, *buffers]:
-            key = f"{target}.{name}"
+        for name in names:
+            key = param_key(target, name)
             full = full_state[key]
             sliced = full.dim() > 0
             start, stop = _rows(layer, channels, full.shape)
@@ -168,7 +173,7 @@ class ShardedModel:
         """
         table = []
         for key, shape in shapes.items():
-            layer_plan = self._plan_of_target[key.rsplit(".", 1)[0]]
+            layer_plan = self._plan_of_key[key]
             for tile in layer_plan.tiles.values():
                 if tile.index[0] or any(tile.index[2:]) or (
                         not shape and tile.index[1]):

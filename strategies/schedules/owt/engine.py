@@ -291,7 +291,11 @@ def _check_configs(strategy: Strategy, graph: LayerGraph, workers: int) -> None:
 
 def _call(node: fx.Node, graph_module: fx.GraphModule, args: tuple[Any, ...],
           kwargs: dict[str, Any]) -> torch.Tensor:
-    """The node's own operation on the given arguments (its module looked up here)."""
+    """The node's own operation on the given arguments (its module looked up here), or the
+    parameter it reads (a get_attr: the replica's own)."""
+    if node.op == "get_attr":
+        owner, _, name = str(node.target).rpartition(".")
+        return getattr(graph_module.get_submodule(owner), name)
     module = graph_module.get_submodule(str(node.target)) if node.op == "call_module" else None
     return call_node(node, module, args, kwargs)
 

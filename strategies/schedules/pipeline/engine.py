@@ -102,7 +102,8 @@ class PipelineEngine:
         self._cuts = _neighbour_cuts(context.graph, execution, self.stage)
         traced = fx.symbolic_trace(context.module)
         self._dropouts = _mask_dropouts(traced, context.graph)
-        modules, keys = _split(traced, context.module, context.graph, execution)
+        held = _hold_parameters(traced)
+        modules, keys = _split(traced, context.module, context.graph, execution, held)
         self.module = modules[self.stage] if self.stage is not None else None
         self._keys = keys[self.stage] if self.stage is not None else {}
         plain_state = context.module.state_dict()
@@ -384,9 +385,44 @@ def _mask_dropouts(traced: fx.GraphModule, graph: LayerGraph) -> list[Dropout]:
     return dropouts
 
 
+class _Held(nn.Module):
+    """A parameter or buffer the model reads directly (fx's get_attr: a layer scale) as a
+    module returning it: split_module hands a get_attr's tensor to the stage as an input, a
+    module it places in the stage, so the stage owns and trains the parameter."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__()
+        if isinstance(value, nn.Parameter):
+            self.value = value
+        else:
+            self.register_buffer("value", value)
+
+    def forward(self) -> torch.Tensor:
+        return self.value
+
+
+def _hold_parameters(traced: fx.GraphModule) -> dict[str, str]:
+    """Replace every get_attr of a tensor with a call of a `_Held` module sharing it
+    (submodule `pipeline_held_<node>`); returns each held module's target -> the tensor's
+    state-dict key."""
+    held = {}
+    for node in traced.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        owner, _, name = str(node.target).rpartition(".")
+        target = f"pipeline_held_{node.name}"
+        traced.add_submodule(target, _Held(getattr(traced.get_submodule(owner), name)))
+        held[target] = str(node.target)
+        node.op, node.target = "call_module", target
+    traced.recompile()
+    return held
+
+
 def _split(traced: fx.GraphModule, root: nn.Module, graph: LayerGraph,
-           execution: PipelineExecution) -> tuple[list[fx.GraphModule], list[dict[str, str]]]:
-    """Each stage's module (split_module) and its state_dict keys mapped to the plain keys."""
+           execution: PipelineExecution, held: dict[str, str]
+           ) -> tuple[list[fx.GraphModule], list[dict[str, str]]]:
+    """Each stage's module (split_module) and its state_dict keys mapped to the plain keys
+    (a held parameter's to its own)."""
     stage_of = {name: index for index, stage in enumerate(execution.stages)
                 for layer in stage.layers
                 for name in graph.by_name[layer].fx_nodes}
@@ -396,7 +432,9 @@ def _split(traced: fx.GraphModule, root: nn.Module, graph: LayerGraph,
     modules, keys = [], []
     for index in range(len(execution.stages)):
         module = getattr(split, f"submod_{index}")
-        keys.append({key: _plain_key(index, key, qualified) for key in module.state_dict()})
+        plain = {key: _plain_key(index, key, qualified) for key in module.state_dict()}
+        keys.append({key: held.get(name.rpartition(".")[0], name)
+                     for key, name in plain.items()})
         modules.append(module)
     return modules, keys
 
