@@ -167,30 +167,27 @@ class SharedScale(nn.Module):
 
 def stochastic_depth(x: torch.Tensor, p: float, mode: str, training: bool) -> torch.Tensor:
     """Stochastic depth as torchvision writes it (a function fx keeps whole): in training,
-    each sample's residual branch is dropped with probability p ("row" mode)."""
+    each sample's residual branch is dropped with probability p ("row" mode), or the whole
+    batch's ("batch")."""
     if not training or p == 0.0:
         return x
     size = [x.shape[0]] + [1] * (x.ndim - 1) if mode == "row" else [1] * x.ndim
     noise = torch.empty(size, dtype=x.dtype, device=x.device).bernoulli_(1.0 - p)
-    return x * noise / (1.0 - p)
+    return x * noise.div_(1.0 - p)
 
 
 torch.fx.wrap("stochastic_depth")
 
 
-class DroppedBranch(nn.Module):
-    """A residual branch under stochastic depth with p > 0 (ConvNeXt's later blocks)."""
+class StochasticDepth(nn.Module):
+    """torchvision's StochasticDepth module: its p and mode, handed to the function."""
 
-    def __init__(self, num_classes: int = 4) -> None:
+    def __init__(self, p: float, mode: str) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.branch = nn.Conv2d(8, 8, 3, padding=1)
-        self.fc = nn.Linear(8, num_classes)
+        self.p, self.mode = p, mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv(x)
-        x = x + stochastic_depth(self.branch(x), 0.1, "row", self.training)
-        return self.fc(x.mean((2, 3)))
+        return stochastic_depth(x, self.p, self.mode, self.training)
 
 
 class MixedView(nn.Module):
@@ -787,9 +784,10 @@ class Permute(nn.Module):
 class _ConvNeXtBlock(nn.Module):
     """ConvNeXt's block as torchvision writes it: a 7x7 depthwise conv, then on the
     channels-last tensor LayerNorm, Linear(C, 4C), GELU, Linear(4C, C), back to
-    channels-first, scaled per channel by a parameter used directly, added to the input."""
+    channels-first, scaled per channel by a parameter used directly, dropped per sample by
+    stochastic depth (p = 0 in the first block), added to the input."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, drop: float = 0.0) -> None:
         super().__init__()
         self.block = nn.Sequential(
             nn.Conv2d(channels, channels, 7, padding=3, groups=channels),
@@ -797,9 +795,11 @@ class _ConvNeXtBlock(nn.Module):
             nn.Linear(channels, 4 * channels), nn.GELU(), nn.Linear(4 * channels, channels),
             Permute([0, 3, 1, 2]))
         self.layer_scale = nn.Parameter(torch.full((channels, 1, 1), 0.5))
+        self.stochastic_depth = StochasticDepth(drop, "row")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.layer_scale * self.block(x)
+        result = self.stochastic_depth(result)
         result += x
         return result
 
@@ -815,7 +815,7 @@ class ConvNeXtBlocks(nn.Module):
             nn.Sequential(nn.Conv2d(in_channels, 8, 2, stride=2), LayerNorm2d(8, eps=1e-6)),
             nn.Sequential(_ConvNeXtBlock(8)),
             nn.Sequential(LayerNorm2d(8, eps=1e-6), nn.Conv2d(8, 16, 2, stride=2)),
-            nn.Sequential(_ConvNeXtBlock(16)))
+            nn.Sequential(_ConvNeXtBlock(16, drop=0.5)))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Sequential(LayerNorm2d(16, eps=1e-6), nn.Flatten(1),
                                         nn.Linear(16, num_classes))
@@ -827,13 +827,14 @@ class ConvNeXtBlocks(nn.Module):
 class LibraryBlocks(nn.Module):
     """The blocks above in one network, so one torchrun launch trains them all: ShuffleNetV2's
     units (chunk, concatenation, channel shuffle), ConvNeXt's block (Linear layers on the
-    channels-last tensor, a layer scale), LayerNorm2d, and a bias per column used directly."""
+    channels-last tensor, a layer scale, stochastic depth), LayerNorm2d, and a bias per column
+    used directly."""
 
     def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
         super().__init__()
         self.stem = nn.Conv2d(in_channels, 8, 3, padding=1)
         self.units = nn.Sequential(_ShuffleUnit(8, 16, 2), _ShuffleUnit(16, 16, 1))
-        self.block = _ConvNeXtBlock(16)
+        self.block = _ConvNeXtBlock(16, drop=0.5)
         self.norm = LayerNorm2d(16)
         self.column_bias = nn.Parameter(torch.linspace(-1.0, 1.0, 4))
         self.fc = nn.Linear(16, num_classes)

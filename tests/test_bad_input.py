@@ -297,12 +297,10 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("search", "tests.idiom_models:ChannelsLastPool", "--devices", "2", "--cluster", "local",
       "--analytic"),
      "fx node 'permute': a permute other than a pair around ops per position (x.permute("),
-    # a parameter read directly by two ops is shared; stochastic depth draws per sample; a
-    # view moving values between channels and rows is no channel map
+    # a parameter read directly by two ops is shared; a view moving values between channels
+    # and rows is no channel map
     (("graph", "tests.idiom_models:SharedScale"),
      "parameter 'scale' is read by 2 ops (fx nodes mul, mul_1): shared weights"),
-    (("graph", "tests.idiom_models:DroppedBranch"),
-     "function stochastic_depth (not elementwise: it draws random numbers"),
     (("graph", "tests.idiom_models:MixedView"),
      "(only (N, -1) flattening, or views and transposes moving whole channels"),
     # strategy files checked against the run and priced before any process starts

@@ -1,6 +1,6 @@
 """The fx answers every engine shares: which nodes are dropouts that drop in training (module
-or function, per element or per channel), call arguments by position or keyword, and average
-pooling's count_include_pad."""
+or function, per element or per channel, and torchvision's stochastic depth per sample or per
+batch), call arguments by position or keyword, and average pooling's count_include_pad."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from layerwise.strategies.model.fx_nodes import (
     count_include_pad,
 )
 from layerwise.strategies.model.graph import trace
+from tests.idiom_models import stochastic_depth
+
+torch.fx.wrap("stochastic_depth")  # called here too: kept whole, as torchvision keeps it
 
 
 class _Dropouts(nn.Module):
@@ -28,21 +31,26 @@ class _Dropouts(nn.Module):
         x = self.off(self.drop2d(self.drop(x)))
         x = F.dropout2d(F.dropout(x, 0.4), p=0.25)
         x = F.dropout(F.dropout(x, training=False), p=0.0)
+        x = stochastic_depth(stochastic_depth(x, 0.3, "row", True), 0.2, "batch", True)
+        x = stochastic_depth(x, 0.3, "row", False)
         return torch.relu(F.dropout(x))
 
 
-def test_every_active_dropout_is_found_with_its_p_and_mask_kind():
+def test_every_active_dropout_is_found_with_its_p_and_the_unit_one_draw_covers():
     traced = fx.symbolic_trace(_Dropouts())
     found = [(node.name, active_dropout(node, traced)) for node in traced.graph.nodes]
     assert [(name, dropout) for name, dropout in found if dropout is not None] == [
-        ("drop", ActiveDropout(0.3, per_channel=False)),
-        ("drop2d", ActiveDropout(0.2, per_channel=True)),
-        ("dropout", ActiveDropout(0.4, per_channel=False)),
-        ("dropout2d", ActiveDropout(0.25, per_channel=True)),
-        ("dropout_3", ActiveDropout(0.5, per_channel=False)),  # torch's default p
+        ("drop", ActiveDropout(0.3, "element")),
+        ("drop2d", ActiveDropout(0.2, "channel")),
+        ("dropout", ActiveDropout(0.4, "element")),
+        ("dropout2d", ActiveDropout(0.25, "channel")),
+        ("stochastic_depth", ActiveDropout(0.3, "sample")),  # torchvision's, "row" mode
+        ("stochastic_depth_1", ActiveDropout(0.2, "batch")),
+        ("dropout_3", ActiveDropout(0.5, "element")),  # torch's default p
     ]
     inactive = {name for name, dropout in found if dropout is None}
-    assert {"off", "dropout_1", "dropout_2", "relu"} <= inactive  # p=0, training=False
+    assert {"off", "dropout_1", "dropout_2", "relu",  # p=0, training=False
+            "stochastic_depth_2"} <= inactive
 
 
 def test_an_argument_is_read_by_position_or_keyword_or_defaults():

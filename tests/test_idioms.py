@@ -134,7 +134,8 @@ def test_parameters_used_directly_are_held_by_the_op_that_reads_them() -> None:
     (N, C, H, W) tensor, their permutes run with the first and last op."""
     graph = build_graph("tests.idiom_models:ConvNeXtBlocks", batch=2, image_size=16)
     project = graph.by_name["features_1_0_block_5"]
-    assert project.label == "Linear(channels)+mul_param" and project.kind == "conv"
+    assert project.label == "Linear(channels)+mul_param+stochastic_depth"
+    assert project.kind == "conv"
     assert project.geometry.kernel == (1, 1) and project.output_shape == (2, 8, 8, 8)
     assert project.param_shapes == {"weight": (8, 32), "bias": (8,),
                                     "features.1.0.layer_scale": (8, 1, 1)}

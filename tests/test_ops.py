@@ -362,17 +362,19 @@ def test_adaptive_regular_and_overlapping_windows(mode: PoolMode, in_size: tuple
     _check_adaptive(_for_mode(x, mode), out_size, mode, (2, 2, 3, 2))
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_dropout_tiles_apply_their_part_of_the_whole_mask(per_channel: bool) -> None:
+@pytest.mark.parametrize(("unit", "shape"), [("element", (4, 6, 5, 3)),
+                                             ("channel", (4, 6, 1, 1)),
+                                             ("sample", (4, 1, 1, 1)), ("batch", (1, 1, 1, 1))])
+def test_dropout_tiles_apply_their_part_of_the_whole_mask(unit: str, shape) -> None:
     torch.manual_seed(4)
     x = torch.randn(4, 6, 5, 3, dtype=torch.float64)
-    mask = dropout_mask(tuple(x.shape), 0.4, per_channel, x.device, x.dtype)
-    assert mask.shape == ((4, 6, 1, 1) if per_channel else x.shape)
+    mask = dropout_mask(tuple(x.shape), 0.4, unit, x.device, x.dtype)
+    assert mask.shape == shape
     assert set(mask.unique().tolist()) <= {0.0, 1 / 0.6}
     whole = x * mask
     _check_tiles(x, whole, [mask.expand_as(x)], torch.ones_like(x), (2, 3, 2, 1),
                  lambda box: box,
-                 lambda box_x, box, *_: dropout(box_x, mask, view_box(box), per_channel), [])
+                 lambda box_x, box, *_: dropout(box_x, mask, view_box(box)), [])
 
 
 def test_layer_ops_without_geometry_are_the_full_ops_slices() -> None:

@@ -49,6 +49,7 @@ from collections.abc import Collection, Mapping
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from layerwise.strategies.model.fx_nodes import STOCHASTIC_DEPTH
 from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.ops import border_padding, pads_a_copy
 from layerwise.strategies.model.resize import resize_taps
@@ -76,7 +77,8 @@ NORMALIZATIONS = ("BatchNorm", "GroupNorm", "LayerNorm", "batch_norm", "group_no
 SAVES_RESULT = frozenset({"ReLU", "relu", "relu_", "Sigmoid", "sigmoid", "Tanh", "tanh"})
 SAVES_NOTHING = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "dropout",
                            "dropout1d", "dropout2d", "dropout3d", "Identity", "contiguous",
-                           "add_scalar", "sub_scalar", "mul_scalar"})
+                           "add_scalar", "sub_scalar", "mul_scalar", "stochastic_depth",
+                           "stochastic_depth(batch)"})
 
 
 class DeviceMemory(BaseModel):
@@ -547,4 +549,6 @@ def _dropout_masks(graph: LayerGraph) -> int:
                 for extent in layer.output_shape:
                     size *= extent
                 total += size
+            elif fused.op.startswith(STOCHASTIC_DEPTH):  # one draw per sample, or per batch
+                total += layer.output_shape[0] if fused.op == STOCHASTIC_DEPTH else 1
     return total

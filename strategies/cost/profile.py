@@ -408,15 +408,15 @@ def _group_norm(prefix: str) -> Elementwise:
     return apply
 
 
-def _dropout(tile: TileWork, per_channel: bool) -> Elementwise:
+def _dropout(tile: TileWork, unit: str) -> Elementwise:
     """Dropout of the tile (`ops.dropout`) with its mask drawn as it runs (`ops.dropout_mask`):
     a step draws every mask, so the draw is timed with the op."""
     shape = tuple(tile.output_shape)
     box = tuple((0, size) for size in as_view(shape))  # the mask is the tile's own
 
     def apply(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        mask = ops.dropout_mask(shape, DROPOUT_P, per_channel, x.device, x.dtype)
-        return ops.dropout(x, mask, box, per_channel)
+        mask = ops.dropout_mask(shape, DROPOUT_P, unit, x.device, x.dtype)
+        return ops.dropout(x, mask, box)
 
     return apply
 
@@ -440,8 +440,10 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 # graph.py's op of a tensor combined with a parameter it reads directly -> the combination
 _WITH_PARAMETER: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "mul_param": torch.mul, "add_param": torch.add, "sub_param": torch.sub}
-# dropout op -> whether its mask is drawn per (sample, channel)
-_DROPOUTS = {"dropout": False, "dropout1d": True, "dropout2d": True, "dropout3d": True}
+# dropout op (graph.py's name) -> what one draw of its mask covers
+_DROPOUTS = {"dropout": "element", "dropout1d": "channel", "dropout2d": "channel",
+             "dropout3d": "channel", "stochastic_depth": "sample",
+             "stochastic_depth(batch)": "batch"}
 # nn module class name -> the functional name above
 _MODULE_OPS = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "ELU": "elu",
                "GELU": "gelu", "SiLU": "silu", "Sigmoid": "sigmoid", "Tanh": "tanh",

@@ -59,6 +59,7 @@ from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 from layerwise.strategies.errors import GraphError
 from layerwise.strategies.model.channel_maps import channel_maps
 from layerwise.strategies.model.elementwise import elementwise_refusal
+from layerwise.strategies.model.fx_nodes import STOCHASTIC_DEPTH, is_stochastic_depth
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten",
@@ -839,6 +840,11 @@ class _Builder:
             return self._binary_or_scalar(node, common, _BINARY_FUNCTIONS[fn], name)
         if fn in _ELEMENTWISE_FUNCTIONS:
             return _Raw(kind="elementwise", op=_ELEMENTWISE_FUNCTIONS[fn], target=name,
+                        param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
+        if is_stochastic_depth(node):  # a dropout of whole samples: its masks are drawn alike
+            batch_mode = _call_arg(node, 2, "mode", "row") != "row"
+            return _Raw(kind="elementwise",
+                        op=STOCHASTIC_DEPTH + ("(batch)" if batch_mode else ""), target=name,
                         param_shapes={}, flops=out, elementwise_flops_per_element=1.0, **common)
         if len(common["inputs"]) == 1 and callable(fn):
             refusal = elementwise_refusal(_on_probe(node, fn))

@@ -519,26 +519,31 @@ def normalizes_channels(op: str) -> bool:
     return op.endswith(OVER_CHANNELS)
 
 
-def dropout_mask(shape: tuple[int, ...], p: float, per_channel: bool, device: torch.device,
+def dropout_mask(shape: tuple[int, ...], p: float, unit: str, device: torch.device,
                  dtype: torch.dtype) -> Tensor:
-    """The scaled mask torch's dropout would draw next from the global generator.
+    """The scaled mask torch's dropout (or torchvision's stochastic depth) would draw next from
+    the global generator.
 
     F.dropout draws bernoulli(1 - p) over the input and multiplies by mask / (1 - p);
-    dropout2d draws one value per (sample, channel).
+    dropout2d draws one value per (sample, channel); stochastic depth one per sample ("row")
+    or one for the batch, the same way.
     """
-    mask_shape = (*shape[:2], *([1] * (len(shape) - 2))) if per_channel else shape
+    kept = {"element": len(shape), "channel": 2, "sample": 1, "batch": 0}[unit]
+    mask_shape = (*shape[:kept], *([1] * (len(shape) - kept)))
     return torch.empty(mask_shape, device=device, dtype=dtype).bernoulli_(1 - p) / (1 - p)
 
 
-def dropout(x: Tensor, mask: Tensor, box: Box, per_channel: bool) -> Tensor:
+def dropout(x: Tensor, mask: Tensor, box: Box) -> Tensor:
     """The tile `box` (of the 5-d view) of dropout: x times its part of `mask`, drawn over the
-    whole tensor.
+    whole tensor (of size 1 along the dims one draw covers).
 
     Every rank draws the same masks in the same order (`dropout_mask`) and applies its tile's
     part, so a split layer drops what the unsplit one drops.
     """
-    slices = tuple(slice(start, stop) for start, stop in real_box(box, x.dim()))
-    return x * mask[slices[:2] if per_channel else slices]
+    slices = tuple(slice(start, stop) if size > 1 else slice(None)
+                   for (start, stop), size in zip(real_box(box, x.dim()), mask.shape,
+                                                  strict=True))
+    return x * mask[slices]
 
 
 def activation(x: Tensor, function: Callable[[Tensor], Tensor], writes_input: bool) -> Tensor:

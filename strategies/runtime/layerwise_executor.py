@@ -99,8 +99,7 @@ class LayerwiseModel(ShardedModel):
             self.states[name] = _LayerState(plan=layer_plan, modules=modules,
                                             box=layer_plan.tiles[self.rank].box)
         self._dropouts = model_dropouts(self.graph_module, plan.graph)
-        # active dropout node -> whether its mask is per channel (dropout2d)
-        self._active_dropouts = {dropout.name: dropout.per_channel for dropout in self._dropouts}
+        self._active_dropouts = {dropout.name for dropout in self._dropouts}  # fx node names
         self._in_place = {name for name, node in self.nodes.items() if self._writes_input(node)}
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
@@ -221,8 +220,7 @@ class LayerwiseModel(ShardedModel):
         """A one-input elementwise op (graph.py's `op` name) on a tile (BatchNorm, GroupNorm,
         LayerNorm and dropout made split-exact)."""
         if node.name in self._active_dropouts:
-            return ops.dropout(tile, self._masks[node.name], state.box,
-                               self._active_dropouts[node.name])
+            return ops.dropout(tile, self._masks[node.name], state.box)
         module = self._submodules.get(node.name)
         if isinstance(module, BATCH_NORMS):
             return self._batch_norm(module, tile, layer, state, str(node.target))

@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch import nn
 
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.model.fx_nodes import active_dropout
+from layerwise.strategies.model.fx_nodes import DropUnit, active_dropout
 from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.model.ops import dropout_mask
 
@@ -33,7 +33,7 @@ class Dropout(NamedTuple):
     name: str
     shape: tuple[int, ...]
     probability: float
-    per_channel: bool  # dropout2d: one draw per (sample, channel)
+    unit: DropUnit  # what one draw covers: an element, a sample's channel, a sample, the batch
 
 
 def call_node(node: fx.Node, module: nn.Module | None, args: tuple[Any, ...],
@@ -74,6 +74,6 @@ def model_dropouts(traced: fx.GraphModule, graph: LayerGraph,
 def draw_masks(dropouts: Iterable[Dropout], device: torch.device,
                dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Every mask of one step, drawn in the given (forward) order, by node name."""
-    return {dropout.name: dropout_mask(dropout.shape, dropout.probability, dropout.per_channel,
+    return {dropout.name: dropout_mask(dropout.shape, dropout.probability, dropout.unit,
                                        device, dtype)
             for dropout in dropouts}
