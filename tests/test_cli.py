@@ -60,9 +60,9 @@ def test_graph_json_reports_layers_and_configuration_counts():
 
 
 def test_graph_table_for_the_demo_shows_every_layer():
-    result = run("graph", "vgg16", "--cluster", "p100x16")
+    result = run("graph", "vgg16", "--cluster", "h200x16")
     assert result.exit_code == 0, result.output
-    assert "16 devices of p100x16" in result.stdout
+    assert "16 devices of h200x16" in result.stdout
     assert "512x64x224x224" in result.stdout  # 32 images per device
     assert "classifier_0" in result.stdout and "102,764,544" in result.stdout
     assert "138,357,544 parameters" in result.stdout
@@ -130,7 +130,7 @@ def test_clusters_list_and_show_round_trip(tmp_path):
     ],
 )
 def test_invalid_cluster_file_names_the_field(tmp_path, edit, fragments):
-    document = yaml.safe_load(load_cluster("p100x16").to_yaml())
+    document = yaml.safe_load(load_cluster("p100x16-2018").to_yaml())
     edit(document)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(document))

@@ -19,7 +19,7 @@ from layerwise.strategies.strategy import Strategy
 from tests.cli_errors import one_line_error
 
 runner = CliRunner()
-SEARCH = ("search", "tiny_cnn", "--devices", "4", "--cluster", "p100x16", "--analytic",
+SEARCH = ("search", "tiny_cnn", "--devices", "4", "--cluster", "p100x16-2018", "--analytic",
           "--batch-per-device", "4")
 
 
@@ -87,7 +87,7 @@ def test_search_holds_its_plan_to_the_memory_limit_and_marks_the_baselines_over_
 def test_a_global_batch_under_the_device_count_is_planned_with_spatial_splits():
     """VGG-16 at 512x512 on 16 devices with 4 images in all: a sample split uses at most 4
     devices, so the searched plan reaches the rest by height, width and channel splits."""
-    result = runner.invoke(app, ["search", "vgg16", "--devices", "16", "--cluster", "p100x16",
+    result = runner.invoke(app, ["search", "vgg16", "--devices", "16", "--cluster", "p100x16-2018",
                                  "--analytic", "--batch", "4", "--image-size", "512",
                                  "--baselines", "data", "--json"])
     assert result.exit_code == 0, result.output
@@ -162,7 +162,7 @@ def test_reproduce_optcnn_covers_the_papers_grid():
 
 def two_p100s(folder: Path) -> Path:
     """A user's cluster file: one node of two P100s, its network card shared by both."""
-    preset = load_cluster("p100x16")
+    preset = load_cluster("p100x16-2018")
     links = preset.links.model_copy(update={
         "inter_node": preset.links.inter_node.model_copy(update={"shared_by": 2})})
     path = folder / "two.yaml"
@@ -228,7 +228,7 @@ def test_reproduce_optcnn_prices_synced_batch_norm_statistics_when_asked(tmp_pat
 @pytest.mark.parametrize(("arguments", "fragment"), [
     (["optcnn", "--batch-per-device", "0"], "--batch-per-device must be >= 1"),
     (["optcnn", "--cluster", "nowhere"], "unknown cluster 'nowhere'"),
-    (["owt", "--cluster", "p100x16"], "apply to optcnn"),
+    (["owt", "--cluster", "p100x16-2018"], "apply to optcnn"),
     (["owt", "--batch-norm", "synced"], "apply to optcnn"),
 ])
 def test_reproduce_refuses_bad_options_in_one_line(arguments, fragment):

@@ -22,8 +22,8 @@ from layerwise.strategies.hardware.cluster import (
 )
 from layerwise.strategies.oracle.paradl import allreduce_seconds as oracle_allreduce
 
-EXPECTED_DEVICES = {"p100x16": 16, "k20x8": 8, "abci": 4352, "h100x8": 8, "h200x8": 8,
-                    "local": 8}
+EXPECTED_DEVICES = {"p100x16": 16, "p100x16-2018": 16, "k20x8": 8, "abci": 4352, "h100x8": 8,
+                    "h200x8": 8, "h200x16": 16, "local": 8}
 
 
 def brute_slowest(cluster: Cluster, devices) -> Link | None:
@@ -97,7 +97,7 @@ def test_preset_files_cite_sources():
 
 
 def test_preset_figures():
-    p100 = load_cluster("p100x16")
+    p100 = load_cluster("p100x16-2018")
     assert p100.device.peak_flops_fp32 == 10.6e12
     assert p100.device.peak_flops_bf16 is None
     assert p100.device.memory_bytes == 16 * 2**30
@@ -133,7 +133,7 @@ def test_models_are_frozen():
 
 
 def test_p100_links():
-    c = load_cluster("p100x16")
+    c = load_cluster("p100x16-2018")
     assert c.link(0, 1) == c.links.intra_node
     assert c.link(0, 1).bandwidth == 20e9
     assert c.link(0, 4) == c.links.inter_node
@@ -158,7 +158,7 @@ def test_abci_rack_link():
 
 
 def test_device_out_of_range():
-    c = load_cluster("p100x16")
+    c = load_cluster("p100x16-2018")
     for bad in (16, -1):
         with pytest.raises(ClusterError, match="out of range"):
             c.link(0, bad)
@@ -169,7 +169,7 @@ def test_device_out_of_range():
 
 
 def test_slowest_link_levels():
-    p100 = load_cluster("p100x16")
+    p100 = load_cluster("p100x16-2018")
     assert p100.slowest_link([]) is None
     assert p100.slowest_link([5]) is None
     assert p100.slowest_link([5, 5]) is None
@@ -193,7 +193,7 @@ def test_slowest_link_levels():
 
 
 def test_link_tiers_nest_groups_nodes_and_racks():
-    p100 = load_cluster("p100x16")
+    p100 = load_cluster("p100x16-2018")
     assert p100.link_tiers() == [(4, p100.links.intra_node), (16, p100.links.inter_node)]
     k20 = load_cluster("k20x8")
     assert k20.link_tiers() == [(4, k20.groups.link), (8, k20.links.intra_node)]
@@ -482,8 +482,10 @@ def test_bad_device_model_figures(tmp_path, device, expected):
     assert expected in load_error(tmp_path, data)
 
 
-@pytest.mark.parametrize(("name", "sync"), [("p100x16", "parameter_server"), ("abci", "ring"),
-                                            ("h200x8", "ring"), ("k20x8", "ring")])
+@pytest.mark.parametrize(("name", "sync"), [("p100x16-2018", "parameter_server"),
+                                            ("p100x16", "ring"), ("abci", "ring"),
+                                            ("h200x8", "ring"), ("h200x16", "ring"),
+                                            ("k20x8", "ring")])
 def test_gpu_presets_carry_their_device_model_and_their_systems_sync(name, sync):
     cluster = load_cluster(name)
     assert cluster.device.multiprocessors and cluster.device.kernel_latency == 5e-6

@@ -22,7 +22,7 @@ from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.model.tiles import as_view, largest_tile, needed_range, output_ranges
 
 P = ParallelConfig.parse
-CLUSTER = load_cluster("p100x16")
+CLUSTER = load_cluster("p100x16-2018")
 
 
 def model_for(graph, devices: int, cluster=CLUSTER) -> CostModel:
@@ -338,7 +338,7 @@ def test_configs_on_scattered_devices_equal_the_definition(seed, devices, cluste
 
 
 def test_each_element_crosses_its_own_link():
-    """p100x16 (NVLink inside a node of 4, InfiniBand across): a tensor split over devices 3
+    """p100x16-2018 (NVLink inside a node of 4, InfiniBand across): a tensor split over devices 3
     and 4, one per node, read by devices 2 and 5, each beside its sender. No byte crosses
     InfiniBand though the producer's devices span two nodes; device 0, reading all four
     quarters from devices 2-5, takes two over NVLink and two over InfiniBand, one after the
@@ -429,7 +429,7 @@ def test_the_view_aligns_spatial_dims_to_the_right():
 
 
 def test_the_parameter_server_reaches_each_replica_over_its_own_link():
-    """Data parallelism over p100x16's 16 GPUs: the server (the first device) sends and
+    """Data parallelism over p100x16-2018's 16 GPUs: the server (the first device) sends and
     receives the 3 replicas of its node over NVLink and the 12 of the other nodes over
     InfiniBand, not all 15 over the group's slowest link."""
     graph = build_graph("alexnet", batch=32)
@@ -445,7 +445,7 @@ def test_the_parameter_server_reaches_each_replica_over_its_own_link():
 
 
 def test_parameter_servers_of_a_channel_split_queue_at_their_node_port():
-    """n4c4 on p100x16: the four groups' servers (their first devices, 0-3) sit on node 0 and
+    """n4c4 on p100x16-2018: the four groups' servers (their first devices, 0-3) sit on node 0 and
     each reaches its three replicas on nodes 1-3 over InfiniBand. Alone each server's round
     trips take 2 x 3 messages; the node's one port (shared_by 4) carries all 4 x 3 gradients
     in, and as many updates out: 12 messages one way, twice a server's own bytes."""

@@ -23,7 +23,7 @@ from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, build_graph
 from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.tiles import largest_tile
 
-P100 = load_cluster("p100x16")
+P100 = load_cluster("p100x16-2018")
 P = ParallelConfig.parse
 
 

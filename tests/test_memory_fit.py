@@ -25,7 +25,7 @@ def _peak(cost, assignment) -> int:
 
 @pytest.fixture(scope="module")
 def tiny():
-    return cost_model(build_graph("tiny_cnn", batch=16), "p100x16", 4, None, True)
+    return cost_model(build_graph("tiny_cnn", batch=16), "p100x16-2018", 4, None, True)
 
 
 def test_a_plan_held_to_a_budget_fits_it_and_its_bound_is_sound(tiny):

@@ -289,7 +289,7 @@ class TwoHeads(nn.Module):
 
 
 def _owt_on(graph: LayerGraph, name: str, workers: int = 2) -> Strategy:
-    cluster = load_cluster("p100x16")
+    cluster = load_cluster("p100x16-2018")
     return build_strategy(name, CostModel(graph, cluster, workers, AnalyticCompute(cluster)))
 
 
@@ -367,7 +367,7 @@ def test_a_resumed_run_continues_bit_identically(tmp_path):
 def test_owt_and_the_owt_baseline_price_equal_configs_and_bytes_equal(model, workers):
     from layerwise.strategies.jobs.named_strategies import strategy_by_name
 
-    cluster = load_cluster("p100x16")
+    cluster = load_cluster("p100x16-2018")
     cost = CostModel(build_graph(model, 8 * workers, 32, 10), cluster, workers,
                      AnalyticCompute(cluster))
     scheduled, plain = strategy_by_name("owt_a", cost), strategy_by_name("owt", cost)

@@ -183,15 +183,15 @@ def test_impossible_pipelines_are_one_clear_error():
 
 
 def test_each_row_crosses_its_own_link_between_stages():
-    """On p100x16 (4 GPUs per node) a stage on devices 2-5 hands 8 rows to one device, 6: the
+    """On p100x16-2018 (4 GPUs per node) a stage on devices 2-5 hands 8 rows to one device, 6: the
     rows of devices 4 and 5 come over NVLink, those of 2 and 3 over InfiniBand, one message
     after another; backward each sender takes its 2 rows back over its own link."""
     graph = _graph("tiny_cnn", batch=8, image_size=8)
-    costs = PipelineCosts(_cost(graph, 16, "p100x16"))
+    costs = PipelineCosts(_cost(graph, 16, "p100x16-2018"))
     cut = costs.cuts[0]
     (name,) = crossing(graph, cut)
     piece = 2 * math.prod(graph.by_name[name].output_shape[1:]) * BYTES_PER_ELEMENT
-    cluster = load_cluster("p100x16")
+    cluster = load_cluster("p100x16-2018")
     nvlink, infiniband = cluster.link(4, 6), cluster.link(2, 6)
     assert nvlink is not None and infiniband is not None
     assert nvlink.bandwidth > infiniband.bandwidth

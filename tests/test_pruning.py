@@ -18,7 +18,7 @@ from layerwise.strategies.search import elimination as search
 from layerwise.strategies.search.config_bounds import forest_bounds, share_bounds, total
 from layerwise.strategies.search.elimination import collector_paused, graph_costs
 
-CLUSTER = load_cluster("p100x16")
+CLUSTER = load_cluster("p100x16-2018")
 
 
 def random_problem(data) -> tuple[dict[str, np.ndarray], dict[tuple[str, str], np.ndarray]]:

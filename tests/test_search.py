@@ -19,7 +19,7 @@ from layerwise.strategies.search.baselines import BASELINES, baseline
 from layerwise.strategies.search.elimination import optimal_strategy, solve
 from layerwise.strategies.search.integer_program import solve_milp
 
-CLUSTER = load_cluster("p100x16")
+CLUSTER = load_cluster("p100x16-2018")
 
 
 class DenseNetLike(torch.nn.Module):
@@ -303,7 +303,7 @@ def test_search_of_a_user_densenet_states_its_method_and_gap(tmp_path, monkeypat
     (tmp_path / "dense_user_model.py").write_text(DENSE_SOURCE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     result = CliRunner().invoke(app, [
-        "search", "dense_user_model:build", "--devices", "16", "--cluster", "p100x16",
+        "search", "dense_user_model:build", "--devices", "16", "--cluster", "p100x16-2018",
         "--analytic", "--image-size", "8", "--batch-per-device", "4",
         "--baselines", "data,owt_a,model"])
     assert result.exit_code == 0, result.output

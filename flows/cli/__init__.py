@@ -1,14 +1,14 @@
 """The `layerwise` command line: one Typer app, one module per command group.
 
     layerwise models
-    layerwise graph vgg16 --cluster p100x16
+    layerwise graph vgg16 --cluster h200x16
     layerwise graph resnet50 --devices 8 --batch 256 --json
     layerwise graph mypkg.nets:make_net --image-size 64 --classes 10
     layerwise clusters
     layerwise clusters show k20x8
     layerwise profile resnet18 --devices 4 --image-size 32
     layerwise calibrate --nproc 2
-    layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
+    layerwise search vgg16 --devices 4 --cluster h200x16 --analytic
     layerwise reproduce optcnn
     layerwise reproduce owt
     layerwise search alexnet --devices 4 --cluster local --analytic --baselines pipeline,paradl

@@ -1,7 +1,7 @@
 """What there is to plan for: the model zoo, a model's layer graph, the cluster presets.
 
     layerwise models
-    layerwise graph vgg16 --cluster p100x16
+    layerwise graph vgg16 --cluster h200x16
     layerwise graph resnet50 --devices 8 --batch 256 --json
     layerwise graph mypkg.nets:make_net --image-size 64 --classes 10
     layerwise clusters

@@ -1,7 +1,7 @@
 """Planning commands: search for the optimal layer-wise strategy, replay the paper.
 
-    layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
-    layerwise search inception_v3 --devices 16 --cluster p100x16 --analytic --json
+    layerwise search vgg16 --devices 4 --cluster h200x16 --analytic
+    layerwise search inception_v3 --devices 16 --cluster h200x16 --analytic --json
     layerwise search resnet18 --devices 4 --cluster local --image-size 32 --save s.json
     layerwise reproduce optcnn --cluster h200x8 --batch-per-device 64
     layerwise reproduce owt
@@ -114,7 +114,8 @@ def register(app: typer.Typer) -> None:
         experiment: Annotated[str, typer.Argument(help="Which paper: optcnn or owt.")],
         cluster: Annotated[
             str | None, typer.Option(help="optcnn: cluster preset name or YAML path "
-                                          "(default p100x16, the paper's testbed).")
+                                          "(default p100x16-2018, the paper's testbed "
+                                          "as they ran it).")
         ] = None,
         profile: Annotated[
             Path | None, typer.Option(help="optcnn: t_c from this profile (its model, at the "
@@ -148,7 +149,7 @@ def register(app: typer.Typer) -> None:
             raise LayerwiseError(f"unknown experiment '{experiment}'; available: optcnn, owt")
         from layerwise.flows.cli.reproduce_optcnn import reproduce_optcnn
 
-        reproduce_optcnn("p100x16" if cluster is None else cluster, profile, batch_per_device,
+        reproduce_optcnn("p100x16-2018" if cluster is None else cluster, profile, batch_per_device,
                          "local" if batch_norm is None else batch_norm, as_json)
 
 

@@ -6,7 +6,7 @@
     layerwise reproduce optcnn --batch-norm synced
 
 AlexNet, VGG-16 and Inception-v3 on 1, 2, 4, 8 and 16 devices (as many as the cluster has) of
-the p100x16 preset by default, 32 images per device, t_c from the preset's device model. Every
+the p100x16-2018 preset by default, 32 images per device, t_c from the preset's device model. Every
 strategy is priced on the cluster as given, so its `sync` (the preset's: how the paper's
 systems synchronised) prices the baselines and the searched strategy alike, and each tile
 normalises by its own BatchNorm statistics, as those systems did (`--batch-norm synced` prices
