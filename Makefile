@@ -11,8 +11,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 run: $(STAMP)
 	$(BIN)/layerwise models
-	$(BIN)/layerwise graph vgg16 --cluster h200x16
-	$(BIN)/layerwise search vgg16 --devices 4 --cluster h200x16 --analytic
+	$(BIN)/layerwise graph vgg16 --cluster p100x16
+	$(BIN)/layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
 	$(BIN)/layerwise run
 
 test: $(STAMP)
