@@ -28,7 +28,6 @@ import contextlib
 import csv
 import io
 import json
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -423,7 +422,7 @@ def _finish_parent(context: Context, outcomes: list[Outcome], failed: list[Outco
     create_markdown_artifact(
         key="mlflow-run",
         markdown=f"MLflow experiment `{context.config.name}`, parent run "
-                 f"`{context.parent_id}` on `{os.environ.get(track.TRACKING_VARIABLE)}`",
+                 f"`{context.parent_id}` on `{track.tracking_uri()}`",
         description="Where this benchmark's results are tracked")
     if failed:
         track.fail_run(context.client, context.parent_id,
@@ -554,7 +553,7 @@ def _print_report(context: Context, outcomes: list[Outcome], elapsed: float) -> 
         style = None if row["status"] == "passed" else "red"
         table.add_row(*row.values(), style=style)
     console.print(table)
-    where = ui_command(os.environ[track.TRACKING_VARIABLE], context.experiment_id)
+    where = ui_command(track.tracking_uri(), context.experiment_id)
     console.print(f"MLflow: {where}", highlight=False, soft_wrap=True)
 
 

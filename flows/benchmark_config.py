@@ -83,29 +83,36 @@ Side = Annotated[int, Field(ge=1, strict=True)]  # `image_size: true` is not 1 p
 
 
 class BenchmarkConfig(BaseModel):
-    """Models, processes, strategies, data and training settings of one benchmark run."""
+    """Models, processes, strategies, data and training settings of one benchmark run.
+
+    Every field defaults to the embedded benchmark (configs/benchmark.yaml shows the same
+    values, tests/test_benchmark_flow.py keeps them equal), so a partial config, a file or a
+    deployment's `--param config='{"steps": 60}'`, changes only what it names. Giving `batch`
+    alone drops the default `batch_per_device`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    name: str = Field(min_length=1)
-    models: tuple[ModelVersion, ...] = Field(min_length=1)
-    nproc: int = Field(ge=1, strict=True)
-    strategies: tuple[StrategyName, ...] = Field(min_length=1)
+    name: str = Field(default="layerwise-benchmark", min_length=1)  # the MLflow experiment
+    models: tuple[ModelVersion, ...] = Field(
+        default=(ModelVersion(name="wide_fc", version="v1"),), min_length=1)
+    nproc: int = Field(default=2, ge=1, strict=True)
+    strategies: tuple[StrategyName, ...] = Field(default=("layerwise", "data", "owt"),
+                                                 min_length=1)
     dataset: Literal["digits", "synthetic", "cifar10", "imagefolder", "fields", "fields3d",
-                     "signals"]
+                     "signals"] = "digits"
     # a side for every spatial dim of the models (a square image, a cube volume), or a list of
     # each dim's size: [L] of a signal, [D, H, W] of a volume
-    image_size: Side | tuple[Side, ...]
-    classes: int = Field(ge=2, strict=True)
+    image_size: Side | tuple[Side, ...] = 32
+    classes: int = Field(default=10, ge=2, strict=True)
     # the global batch: `batch`, else batch_per_device on each of the nproc processes
-    batch_per_device: int | None = Field(default=None, ge=1, strict=True)
+    batch_per_device: int | None = Field(default=32, ge=1, strict=True)
     batch: int | None = Field(default=None, ge=1, strict=True)
-    steps: int = Field(ge=1, strict=True)  # `steps: true` is not 1 step
-    lr: LearningRate  # the peak, after the warm-up
-    momentum: Momentum
-    weight_decay: WeightDecay
-    seed: int = Field(ge=0, lt=2**63, strict=True)
+    steps: int = Field(default=150, ge=1, strict=True)  # `steps: true` is not 1 step
+    lr: LearningRate = 0.05  # the peak, after the warm-up
+    momentum: Momentum = 0.9
+    weight_decay: WeightDecay = 1e-4
+    seed: int = Field(default=0, ge=0, lt=2**63, strict=True)
     warmup_steps: WarmupSteps = DEFAULT_WARMUP_STEPS
     lr_decay: LrDecay = DEFAULT_LR_DECAY
     cluster: str = CALIBRATED  # or a preset or a cluster YAML (tasks/calibrate.py)
@@ -123,7 +130,16 @@ class BenchmarkConfig(BaseModel):
                                     allow_inf_nan=False)
     # each run's trained model becomes a version of the model's name in MLflow's registry,
     # tagged with its version label and strategy and aliased `<version>-<strategy>`
-    register_model: bool = False
+    register_model: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_replaces_the_default(cls, data: Any) -> Any:
+        """A config naming `batch` and not `batch_per_device` means the global batch alone."""
+        if (isinstance(data, dict) and data.get("batch") is not None
+                and "batch_per_device" not in data):
+            return {**data, "batch_per_device": None}
+        return data
 
     @property
     def global_batch(self) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -107,7 +106,7 @@ class Comparison(BaseModel):
 def compare(experiment: str, all_runs: bool = False, log: bool = False) -> Comparison:
     """Compare the strategies of the newest (or every) benchmark run, logging the comparison
     on the newest only with `log`; see the module docstring."""
-    uri = os.environ[track.TRACKING_VARIABLE]
+    uri = track.tracking_uri()
     client = MlflowClient(tracking_uri=uri)
     mlflow.set_tracking_uri(uri)
     found = track.find_experiment(client, experiment)

@@ -19,7 +19,7 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from layerwise.flows.benchmark_config import DEFAULT_CONFIG, load_config
+from layerwise.flows.benchmark_config import DEFAULT_CONFIG, BenchmarkConfig, load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
 from layerwise.strategies.errors import LayerwiseError
@@ -274,7 +274,21 @@ def test_a_bad_config_field_is_one_line_naming_it(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nnproc: two\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["run", "--config", str(bad)])
-    assert result.exit_code == 2 and "models" in result.stderr, result.stderr
+    assert result.exit_code == 2, result.stderr
+    assert "nproc: Input should be a valid integer" in result.stderr, result.stderr
+
+
+def test_a_partial_config_takes_the_embedded_benchmark_for_the_rest(tmp_path):
+    """Every field defaults to configs/benchmark.yaml's value, so a file (or a deployment's
+    parameter) names only what it changes; a global batch alone replaces the default batch
+    per device."""
+    assert BenchmarkConfig() == load_config(None)
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("name: x\nsteps: 5\nbatch: 4\n", encoding="utf-8")
+    config = load_config(partial)
+    assert (config.name, config.steps, config.batch, config.batch_per_device) == ("x", 5, 4, None)
+    assert config.model_copy(update={"name": "layerwise-benchmark", "steps": 150, "batch": None,
+                                     "batch_per_device": 32}) == BenchmarkConfig()
 
 
 @pytest.mark.parametrize(("override", "fragment"), [

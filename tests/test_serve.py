@@ -63,6 +63,22 @@ def test_prefect_yaml_deploys_the_benchmark_flow_with_the_embedded_config():
     [schedule] = deployment["schedules"]
     check_cron(schedule["cron"])
     assert deployment["parameters"]["config"] == load_config(None).model_dump(mode="json")
+    # the operator's environment says where runs are tracked: the deployment pins no store
+    assert "MLFLOW_TRACKING_URI" not in deployment["work_pool"]["job_variables"]["env"]
+
+
+def test_runs_are_tracked_where_the_environment_says_else_in_the_working_directory(
+        tmp_path, monkeypatch):
+    from layerwise.tasks.tracking import track
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    client, _ = track.open_experiment("unset")
+    assert client.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert (tmp_path / "mlflow.db").is_file()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'operator.db'}")
+    client, _ = track.open_experiment("set")
+    assert client.tracking_uri.endswith("operator.db")
 
 
 # the shortest flow that still trains, validates and tracks: the verify stage is the benchmark
@@ -71,13 +87,19 @@ SERVED = ("name=served", "models.0.name=tiny_cnn", "dataset=synthetic", "image_s
           "batch_per_device=4", "steps=2", "strategies=[data]", "profile=false",
           "cluster=local", "train_deadline_s=240", "verify_steps=0")
 SERVE_LIMIT_SECONDS = 600  # far above a served run's ~60 s: reached only if it never fires
+# what an operator passes to one run (`prefect deployment run ... --param config='{...}'`): the
+# fields it names, every other one the embedded benchmark's (the learning rate, the seed, ...)
+PARTIAL = {"name": "served", "models": [{"name": "tiny_cnn"}], "dataset": "synthetic",
+           "image_size": 8, "batch": 8, "steps": 3, "strategies": ["data"], "profile": False,
+           "cluster": "local", "verify_steps": 0, "register_model": False}
 
 
 @pytest.mark.slow
 def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_server, tmp_path):
     """`layerwise serve` registers the deployment against a real server; a run started through
-    the API executes in the serve process's runner (where Prefect rebuilds the flow's parameter
-    model from its entrypoint), completes, and writes its MLflow runs."""
+    the API with a partial config (the fields it changes) executes in the serve process's
+    runner (where Prefect rebuilds the flow's parameter model from its entrypoint), completes
+    with the embedded benchmark's values for the rest, and writes its MLflow runs."""
     import os
     import signal
     import subprocess
@@ -106,6 +128,7 @@ def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_serv
         while run is None and time.monotonic() < deadline and server.poll() is None:
             try:
                 run = run_deployment(f"benchmark/{DEPLOYMENT_NAME}",
+                                     parameters={"config": PARTIAL},
                                      timeout=SERVE_LIMIT_SECONDS)
             except ObjectNotFound:  # not registered yet: serve is still starting
                 time.sleep(2)
@@ -118,5 +141,10 @@ def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_serv
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("served")
     assert experiment is not None
-    statuses = {run.info.status for run in client.search_runs([experiment.experiment_id])}
-    assert statuses == {"FINISHED"}
+    runs = client.search_runs([experiment.experiment_id])
+    assert {run.info.status for run in runs} == {"FINISHED"}
+    [parent] = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    defaults = load_config(None)
+    assert parent.data.params["steps"] == "3" and parent.data.params["batch"] == "8"
+    assert parent.data.params["lr"] == str(defaults.lr)
+    assert parent.data.params["batch_per_device"] == "null"

@@ -64,6 +64,13 @@ def default_tracking_uri(project: Path) -> str:
     return f"sqlite:///{(project / 'mlflow.db').resolve()}"
 
 
+def tracking_uri() -> str:
+    """Where runs are tracked: MLFLOW_TRACKING_URI as the operator's environment sets it (a
+    tracking server, a worker's own store), else the embedded store in the working directory
+    (a deployment's run in its checkout)."""
+    return os.environ.get(TRACKING_VARIABLE) or default_tracking_uri(Path.cwd())
+
+
 def artifact_root(tracking_uri: str) -> str | None:
     """Artifacts next to a SQLite store (`mlartifacts/` beside the file), else the server's."""
     database = sqlite_path(tracking_uri)
@@ -71,14 +78,15 @@ def artifact_root(tracking_uri: str) -> str | None:
 
 
 def open_experiment(name: str) -> tuple[MlflowClient, str]:
-    """The client on MLFLOW_TRACKING_URI and the id of experiment `name`, created if new.
+    """The client on the tracking URI (`tracking_uri`) and the id of experiment `name`,
+    created if new.
 
     Creating a SQLite store (its tables) or an experiment is not safe from two processes at
     once: two flow runs starting together would break the schema migration or both create the
     experiment. A lock file beside the database serialises this part; once the tables exist,
     SQLite's own locking keeps concurrent runs' writes apart.
     """
-    uri = os.environ[TRACKING_VARIABLE]
+    uri = tracking_uri()
     with _store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name(name)
