@@ -309,6 +309,19 @@ def test_what_would_fail_in_the_flow_is_one_line_before_it_starts(tmp_path, monk
     assert not any(tmp_path.iterdir())
 
 
+def test_run_says_what_it_will_do_before_prefect_starts():
+    """`layerwise run`'s first lines, before Prefect's seconds of start-up: the models,
+    strategies, processes, steps and the stages the config turns on, in the flow's order."""
+    from layerwise.flows.cli.run import plan_line
+
+    assert plan_line(load_config(None)) == (
+        "benchmark 'layerwise-benchmark': wide_fc v1 x 3 strategies (layerwise, data, owt) on 2 "
+        "processes, 150 steps each; stages: data, calibrate, profile, search, verify, train, "
+        "validate, track")
+    short = plan_line(load_config(None, SHORT))
+    assert short.endswith("stages: data, search, train, validate, track"), short
+
+
 def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
     """Prefect reads its settings once, on import: set later, the local server's home and its
     120 s first-start limit would not apply (its first start takes ~20 s on 2 cores, Prefect's

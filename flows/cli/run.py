@@ -15,6 +15,7 @@ command however it ends, SIGKILL included (start_local_api, layerwise.strategies
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -120,6 +121,28 @@ def start_local_api() -> None:
         guard(server.server_process.pid)
 
 
+def _step(what: str) -> contextlib.AbstractContextManager[Any]:
+    """A spinner saying what runs on a terminal; one line where the output is a file or a
+    pipe, which shows no spinner."""
+    if not console.is_terminal:
+        console.print(f"{what} ...", highlight=False)
+    return console.status(what, spinner="dots")
+
+
+def plan_line(config: BenchmarkConfig) -> str:
+    """What the run will do, said before Prefect's seconds of start-up: the models, strategies,
+    processes and steps, and the flow's stages in order (those the config turns off left out)."""
+    from layerwise.flows.benchmark_config import CALIBRATED
+
+    stages = ["data", *(["calibrate"] if config.cluster == CALIBRATED else []),
+              *(["profile"] if config.profile else []), "search",
+              *(["verify"] if config.verify_steps else []), "train", "validate", "track"]
+    models = ", ".join(f"{model.name} {model.version}" for model in config.models)
+    return (f"benchmark '{config.name}': {models} x {len(config.strategies)} strategies "
+            f"({', '.join(config.strategies)}) on {config.nproc} processes, {config.steps} "
+            f"steps each; stages: {', '.join(stages)}")
+
+
 def check_before_start(config: BenchmarkConfig) -> None:
     """What would fail inside the flow, found before Prefect starts (a second, not ten)."""
     from layerwise.flows.benchmark_config import CALIBRATED
@@ -176,10 +199,10 @@ def run(
 ) -> None:
     """Run the benchmark flow: data, profile, search, train, validate, track in MLflow."""
     started = time.perf_counter()
-    with console.status("checking the config and its models", spinner="dots"):
+    with _step("checking the config and its models"):
         benchmark_config = prepare_run(config, overrides or [])
-    with console.status("starting Prefect (its local API server takes 10-20 s)",
-                        spinner="dots"):
+    console.print(plan_line(benchmark_config), highlight=False, soft_wrap=True)
+    with _step("starting Prefect (its local API server takes 10-20 s)"):
         start_local_api()
         from layerwise.flows.benchmark import benchmark, summary_lines
         from layerwise.flows.flow_runs import owned_flow_runs
