@@ -409,26 +409,74 @@ def _run_params(context: Context, model: ModelVersion, graph: LayerGraph,
 
 def _finish_parent(context: Context, outcomes: list[Outcome], failed: list[Outcome],
                    elapsed: float) -> None:
-    """Stage times on the parent run, the results table and a pointer to MLflow as Prefect
-    artifacts, and the parent's status."""
+    """Stage times and the summary on the parent run, the results table and a pointer to
+    MLflow as Prefect artifacts, and the parent's status."""
     seconds = _stage_seconds(context.clock, elapsed)
     for name, value in seconds.items():
         context.client.log_metric(context.parent_id, f"{name.replace(' ', '_')}_seconds", value)
+    summary = "\n".join(f"- {line}" for line in summary_lines(outcomes))
+    _log_summary(context, outcomes, summary)
     create_table_artifact(key="benchmark-results", table=_table_rows(outcomes),
                           description="Predicted vs measured per training step, checks")
-    create_markdown_artifact(key="benchmark-summary",
-                             markdown="\n".join(f"- {line}" for line in summary_lines(outcomes)),
+    create_markdown_artifact(key="benchmark-summary", markdown=summary,
                              description="Which strategy won, by how much, and the checks")
     create_markdown_artifact(
         key="mlflow-run",
         markdown=f"MLflow experiment `{context.config.name}`, parent run "
-                 f"`{context.parent_id}` on `{track.tracking_uri()}`",
+                 f"`{context.parent_id}` on `{track.tracking_uri()}`"
+                 + _run_link(track.tracking_uri(), context.experiment_id, context.parent_id),
         description="Where this benchmark's results are tracked")
     if failed:
         track.fail_run(context.client, context.parent_id,
                        BenchmarkFailed(", ".join(o.strategy for o in failed)))
     else:
         track.finish_run(context.client, context.parent_id)
+
+
+def _log_summary(context: Context, outcomes: list[Outcome], summary: str) -> None:
+    """What a reader of the parent run looks for, on the run itself: the summary as its
+    description (MLflow's `mlflow.note.content`) and as summary.md, per model version the
+    winning strategy (tag `winner.<model>.<version>`) with its measured and predicted speed-up
+    over data parallelism (metrics `speedup_measured.<model>.<version>`, `_predicted`), the
+    results table, and the figure of predicted beside measured per strategy."""
+    from layerwise.flows.compare import comparison_figure, strategy_rows
+
+    client, run_id = context.client, context.parent_id
+    client.set_tag(run_id, "mlflow.note.content", summary)
+    client.log_text(run_id, summary + "\n", "summary.md")
+    for model in dict.fromkeys(outcome.model for outcome in outcomes):
+        winner = _winner([outcome for outcome in outcomes if outcome.model == model])
+        if winner is None:
+            continue
+        label = f"{model.name}.{model.version}"
+        client.set_tag(run_id, f"winner.{label}", winner.strategy)
+        speedup = _speedup(winner, outcomes)
+        if speedup is not None:
+            client.log_metric(run_id, f"speedup_measured.{label}", speedup[0])
+            client.log_metric(run_id, f"speedup_predicted.{label}", speedup[1])
+    rows = _table_rows(outcomes)
+    if rows:
+        client.log_table(run_id, {key: [row[key] for row in rows] for key in rows[0]},
+                         "results.json")
+    client.log_figure(run_id, comparison_figure(strategy_rows(
+        context.experiment_id, client.get_run(run_id))), "comparison.png")
+
+
+def _winner(outcomes: list[Outcome]) -> Outcome | None:
+    """The fastest measured strategy of one model version; where a declared memory rules
+    some out, the fastest of those that fit (the summary's rule)."""
+    measured = [outcome for outcome in outcomes if outcome.result is not None]
+    if any(outcome.fits is False for outcome in measured):
+        measured = [outcome for outcome in measured if outcome.fits is True]
+    return min(measured, key=lambda outcome: outcome.result.step_seconds_median, default=None)
+
+
+def _run_link(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """A link to the run's page where the tracking URI is a server the reader can open."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return ""
+    url = f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f": [{url}]({url})"
 
 
 def _stage_seconds(clock: StageClock, elapsed: float) -> dict[str, float]:

@@ -117,7 +117,7 @@ def compare(experiment: str, all_runs: bool = False, log: bool = False) -> Compa
         raise LayerwiseError(f"experiment '{experiment}' has no benchmark runs yet: "
                              "run `layerwise run` first")
     rows = [row for parent in parents
-            for row in _strategy_rows(found.experiment_id, parent)]
+            for row in strategy_rows(found.experiment_id, parent)]
     comparison = Comparison(
         experiment=experiment, tracking_uri=uri,
         parent_runs=[ParentRun(run_id=run.info.run_id, run_name=run.info.run_name,
@@ -148,7 +148,7 @@ def _parent_runs(experiment_id: str, all_runs: bool) -> list[Run]:
                  None if all_runs else 1)
 
 
-def _strategy_rows(experiment_id: str, parent: Run) -> list[StrategyRow]:
+def strategy_rows(experiment_id: str, parent: Run) -> list[StrategyRow]:
     """The parent's nested runs in the order they ran (the config's order)."""
     children = _runs(experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", "ASC")
     return [StrategyRow(

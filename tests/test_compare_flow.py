@@ -160,3 +160,20 @@ def test_an_unknown_experiment_is_one_line(compared, tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "'absent'" in lines[0] and EXPERIMENT in lines[0], result.stderr
+
+
+def test_the_parent_run_carries_the_summary_winners_table_and_figure(compared):
+    """What a reader opens first, on the benchmark's parent run itself: the summary as the
+    run's description and summary.md, each model version's winner as a tag with its speed-up
+    over data parallelism (here data alone ran: 1.0), the results table and the figure."""
+    client, report, _, _ = compared
+    parent = client.get_run(report["parent_runs"][0]["run_id"])
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("- tiny_cnn v1: 'data' ran fastest") and "tiny_cnn v2" in note
+    for version in VERSIONS:
+        assert parent.data.tags[f"winner.tiny_cnn.{version}"] == "data"
+        assert parent.data.metrics[f"speedup_measured.tiny_cnn.{version}"] == 1.0
+        assert parent.data.metrics[f"speedup_predicted.tiny_cnn.{version}"] == 1.0
+    logged = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.md", "results.json", "comparison.png"} <= logged
+    assert client.download_artifacts(parent.info.run_id, "summary.md").endswith("summary.md")
