@@ -11,12 +11,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 run: $(STAMP)
 	$(BIN)/layerwise models
-	$(BIN)/layerwise graph vgg16 --cluster p100x16
-	$(BIN)/layerwise search vgg16 --devices 4 --cluster p100x16 --analytic
+	$(BIN)/layerwise graph vgg16 --cluster h200x16
+	$(BIN)/layerwise search vgg16 --devices 4 --cluster h200x16 --analytic
 	$(BIN)/layerwise run
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist worksteal -p no:cacheprovider
+	$(BIN)/python -m pytest -n 2 -p no:cacheprovider
 
 # Every zoo model under `layerwise verify --strategy all` at 2 and 4 processes, one at a time
 # (VGG-16's float64 runs need ~20 GB at 4 processes); the suite checks one model per structure.

@@ -184,7 +184,7 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
         track.close_orphaned_runs(client, experiment_id)
     with clock.stage("data"):
         image = prepare_data.with_options(task_run_name=f"prepare data[{config.dataset}]")(
-            config.dataset)
+            config.dataset, config.dvc_push)
     _check_image(config, image)
     cluster = config.cluster
     if cluster == CALIBRATED:

@@ -131,6 +131,9 @@ class BenchmarkConfig(BaseModel):
     # each run's trained model becomes a version of the model's name in MLflow's registry,
     # tagged with its version label and strategy and aliased `<version>-<strategy>`
     register_model: bool = True
+    # the prepared dataset pushed to the project's DVC remote after `dvc repro`, so another
+    # clone's `dvc pull` finds it
+    dvc_push: bool = True
 
     @model_validator(mode="before")
     @classmethod

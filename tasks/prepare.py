@@ -1,5 +1,5 @@
 """The benchmark's data stage: a DVC data stage (`prepare`, `prepare_fields`), run as a
-Prefect task.
+Prefect task, its output pushed to the project's DVC remote.
 
 `dvc repro STAGE` rebuilds data/prepared/<dataset> only when params.yaml's section of that stage
 or tasks/stages/prepare_data.py changed (about 2 s to find nothing to do) and records the
@@ -24,14 +24,15 @@ from layerwise.tasks.stages.prepare_data import PARAMS_FILE, prepare, settings_f
 
 
 @task(name="prepare data", cache_policy=NO_CACHE)
-def prepare_data(dataset: str) -> ImageSpec | None:
+def prepare_data(dataset: str, push: bool = True) -> ImageSpec | None:
     """Prepare `dataset` and return what it fixes about the model's input (None for
     synthetic, which fits any model).
 
     A dataset one of params.yaml's data sections names (`prepare`, `prepare_fields`: each the
     parameters of the DVC stage of that name) is rebuilt through DVC when it changed (directly
-    outside a DVC project); another prepared dataset is used as it is (its error says how to
-    prepare it).
+    outside a DVC project) and, with `push`, pushed to the project's DVC remote, so that another
+    clone's `dvc pull` finds what this run trained on; another prepared dataset is used as it
+    is (its error says how to prepare it).
     """
     if dataset == "synthetic":
         return None
@@ -39,25 +40,29 @@ def prepare_data(dataset: str) -> ImageSpec | None:
         settings = settings_from(section)
         if settings.dataset == dataset:
             if Path(".dvc").is_dir():
-                _dvc_repro(stage)
+                _dvc("repro", stage)
+                if push:
+                    _dvc("push", stage)
             else:
                 prepare(settings)
             break
     return prepared_spec(dataset, PREPARED_DIR)
 
 
-def _dvc_repro(stage: str) -> None:
-    """`dvc repro STAGE` with this interpreter first on PATH (the stage runs `python`)."""
+def _dvc(command: str, stage: str) -> None:
+    """`dvc COMMAND STAGE` with this interpreter first on PATH (a stage runs `python`); its
+    output in the task's log, its last error line raised."""
     logger = get_run_logger()
     environment = {**os.environ,
                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    command = [sys.executable, "-m", "dvc", "repro", stage]
-    finished = subprocess.run(command, capture_output=True, text=True, env=environment,
-                              check=False)
+    finished = subprocess.run([sys.executable, "-m", "dvc", command, stage],
+                              capture_output=True, text=True, env=environment, check=False)
     for line in finished.stdout.splitlines():
         if line.strip():
             logger.info("dvc: %s", line)
     if finished.returncode != 0:
         last = next((line for line in reversed(finished.stderr.splitlines()) if line.strip()),
                     f"exit code {finished.returncode}")
-        raise LayerwiseError(f"`dvc repro {stage}` failed: {last.strip()}")
+        hint = (" (set dvc_push: false to keep the data local, or `dvc remote add -d` a "
+                "remote)" if command == "push" else "")
+        raise LayerwiseError(f"`dvc {command} {stage}` failed: {last.strip()}{hint}")

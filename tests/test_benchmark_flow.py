@@ -498,3 +498,42 @@ def test_a_failed_accuracy_check_is_a_failed_task_logged_without_a_traceback(pre
     assert state.result(raise_on_failure=False).result(raise_on_failure=False).passed is False
     failed = [line for line in lines.lines if "66 image(s) apart" in line]
     assert failed and not any("NoneType: None" in line for line in lines.lines), lines.lines
+
+
+def test_the_data_stage_pushes_what_it_prepared_so_a_second_clone_pulls_it(
+        prefect_server, tmp_path, monkeypatch):
+    """The flow's data stage runs `dvc repro` and then `dvc push` to the project's remote (a
+    per-user folder outside every clone, HOME pointing into the test's folder): a second clone's
+    `dvc pull` gets the same bytes with no push by hand, and leaves the clone clean."""
+    import shutil
+
+    from prefect import flow
+
+    from layerwise.tasks.prepare import prepare_data
+    from tests.dvc_repo import ROOT, data_repo, dvc, run
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    repo = data_repo(tmp_path)
+    shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+    @flow(name="data-stage")
+    def data_stage() -> None:
+        prepare_data("digits")
+
+    data_stage()
+    remote = tmp_path / "home" / ".cache" / "layerwise" / "dvc-remote"  # .dvc/config's
+    assert any(path.is_file() for path in remote.rglob("*"))
+    assert not (repo / "dvc-remote").exists()
+    prepared = repo / "data" / "prepared" / "digits"
+    before = {path.name: path.read_bytes() for path in prepared.iterdir()}
+    run(["git", "add", "-A"], repo)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "data"], repo)
+    second = tmp_path / "second"
+    run(["git", "clone", "-q", str(repo), str(second)], tmp_path)
+    dvc("pull", "prepare", cwd=second)
+    assert {path.name: path.read_bytes()
+            for path in (second / "data" / "prepared" / "digits").iterdir()} == before
+    dvc("repro", "prepare", cwd=second)  # the first run of the clone: nothing to rebuild
+    assert run(["git", "status", "--porcelain"], second).stdout == ""
