@@ -207,14 +207,42 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
         outcomes = [outcome for model in config.models
                     for outcome in _benchmark_model(context, model)]
         failed = [outcome for outcome in outcomes if outcome.error is not None]
+        slower = regressions(outcomes) if config.fail_on_regression else []
         with clock.stage("track"):
-            _finish_parent(context, outcomes, failed, time.perf_counter() - started)
+            _finish_parent(context, outcomes, failed, time.perf_counter() - started, slower)
             write_reports(outcomes, parent_id)
     _print_report(context, outcomes, time.perf_counter() - started)
     if failed:
         return Failed(message=f"{len(failed)} of {len(outcomes)} strategy runs failed: "
                               + ", ".join(outcome.label for outcome in failed), data=outcomes)
+    if slower:
+        return Failed(message="; ".join(slower), data=outcomes)
     return Completed(data=outcomes)
+
+
+def regressions(outcomes: list[Outcome]) -> list[str]:
+    """Per model version, the searched plan measured slower than data parallelism beyond the
+    measurement's spread (its first quartile above data's third), where both ran and data
+    fits the declared memory: what a nightly run must not pass over in silence."""
+    found = []
+    for model in dict.fromkeys(outcome.model for outcome in outcomes):
+        mine = {outcome.strategy: outcome for outcome in outcomes if outcome.model == model}
+        searched, data = mine.get(SEARCHED), mine.get(BASELINE_STRATEGY)
+        if (searched is None or data is None or searched.result is None or data.result is None
+                or data.fits is False):
+            continue
+        if searched.result.step_seconds_quartiles[0] > data.result.step_seconds_quartiles[1]:
+            found.append(
+                f"regression: {model.name} {model.version}'s searched plan ran "
+                f"{searched.result.step_seconds_median * 1e3:.1f} ms per step, slower than "
+                f"{BASELINE_STRATEGY} parallelism's {data.result.step_seconds_median * 1e3:.1f} "
+                f"(its quartiles {_milliseconds(searched.result.step_seconds_quartiles)} ms "
+                f"above {_milliseconds(data.result.step_seconds_quartiles)})")
+    return found
+
+
+def _milliseconds(quartiles: tuple[float, float]) -> str:
+    return "-".join(f"{value * 1e3:.1f}" for value in quartiles)
 
 
 def _prefect_ui_url() -> str | None:
@@ -408,13 +436,14 @@ def _run_params(context: Context, model: ModelVersion, graph: LayerGraph,
 
 
 def _finish_parent(context: Context, outcomes: list[Outcome], failed: list[Outcome],
-                   elapsed: float) -> None:
+                   elapsed: float, slower: list[str]) -> None:
     """Stage times and the summary on the parent run, the results table and a pointer to
-    MLflow as Prefect artifacts, and the parent's status."""
+    MLflow as Prefect artifacts, and the parent's status (failed for a failed strategy run or
+    a regression of the searched plan, `slower`)."""
     seconds = _stage_seconds(context.clock, elapsed)
     for name, value in seconds.items():
         context.client.log_metric(context.parent_id, f"{name.replace(' ', '_')}_seconds", value)
-    summary = "\n".join(f"- {line}" for line in summary_lines(outcomes))
+    summary = "\n".join(f"- {line}" for line in [*slower, *summary_lines(outcomes)])
     _log_summary(context, outcomes, summary)
     create_table_artifact(key="benchmark-results", table=_table_rows(outcomes),
                           description="Predicted vs measured per training step, checks")
@@ -429,6 +458,8 @@ def _finish_parent(context: Context, outcomes: list[Outcome], failed: list[Outco
     if failed:
         track.fail_run(context.client, context.parent_id,
                        BenchmarkFailed(", ".join(o.strategy for o in failed)))
+    elif slower:
+        track.fail_run(context.client, context.parent_id, BenchmarkFailed("; ".join(slower)))
     else:
         track.finish_run(context.client, context.parent_id)
 

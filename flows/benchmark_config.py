@@ -134,6 +134,9 @@ class BenchmarkConfig(BaseModel):
     # the prepared dataset pushed to the project's DVC remote after `dvc repro`, so another
     # clone's `dvc pull` finds it
     dvc_push: bool = True
+    # the flow run fails when a model version's searched plan measures slower than data
+    # parallelism beyond the measurement's spread (a nightly's regression guard)
+    fail_on_regression: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -537,3 +537,31 @@ def test_the_data_stage_pushes_what_it_prepared_so_a_second_clone_pulls_it(
             for path in (second / "data" / "prepared" / "digits").iterdir()} == before
     dvc("repro", "prepare", cwd=second)  # the first run of the clone: nothing to rebuild
     assert run(["git", "status", "--porcelain"], second).stdout == ""
+
+
+def test_a_searched_plan_slower_than_data_parallelism_is_a_regression():
+    """The nightly's guard: the searched plan's first quartile above data parallelism's third
+    is named, with both medians; overlapping quartiles (a tie on a noisy machine), a data
+    parallelism that does not fit, or a run without both strategies is not."""
+    from layerwise.flows.benchmark import Outcome, regressions
+    from layerwise.flows.benchmark_config import ModelVersion
+    from layerwise.strategies.training_run import RunResult
+
+    model = ModelVersion(name="wide_fc", version="v2")
+
+    def measured(strategy: str, median: float, quartiles: tuple[float, float],
+                 **fields) -> Outcome:
+        result = RunResult.model_construct(step_seconds_median=median,
+                                           step_seconds_quartiles=quartiles,
+                                           peak_memory_bytes_per_rank=())
+        return Outcome(model=model, strategy=strategy, result=result, **fields)
+
+    data = measured("data", 0.100, (0.095, 0.105))
+    assert regressions([measured("layerwise", 0.130, (0.120, 0.140)), data]) == [
+        "regression: wide_fc v2's searched plan ran 130.0 ms per step, slower than data "
+        "parallelism's 100.0 (its quartiles 120.0-140.0 ms above 95.0-105.0)"]
+    assert regressions([measured("layerwise", 0.104, (0.100, 0.110)), data]) == []
+    assert regressions([measured("layerwise", 0.130, (0.120, 0.140)),
+                        measured("data", 0.1, (0.095, 0.105), memory_limit=1,
+                                 predicted_peak_bytes=2)]) == []
+    assert regressions([measured("owt", 0.130, (0.120, 0.140)), data]) == []
