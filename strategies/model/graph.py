@@ -1035,7 +1035,7 @@ class _Builder:
         params = {str(attribute.target).rpartition(".")[2]: _shape(attribute)
                   for attribute in attributes}
         if norms:
-            raw = self._function_layer(node, {**common, "inputs": common["inputs"]})
+            raw = self._function_layer(node, common)
         else:
             out = _numel(common["output_shape"])
             raw = _Raw(kind="elementwise", op=f"{binary}_param", target="", param_shapes={},
