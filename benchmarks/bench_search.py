@@ -70,6 +70,7 @@ def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int
         row[f"{placement} optimum"] = solution.cost
         if placement == "aligned":
             row["cost s"], row["elim s"], row["method"] = costing, solving, solution.method
+            row["pairs priced"] = cost.pairs_priced  # the work, whatever the machine
             row["kept"] = f"{solution.configs_kept / costs.configs:.1%}"
     row["ratio"] = f"{float(row['aligned s']) / float(row['origin s']):.2f}x"
     row["optimum"] = "=" if row["aligned optimum"] == row["origin optimum"] else (
@@ -82,8 +83,8 @@ def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int
 
 
 COLUMNS = ("model", "cluster", "devices", "layers", "origin configs", "aligned configs",
-           "kept", "origin s", "aligned s", "ratio", "cost s", "elim s", "optimum", "peak MB",
-           "method")
+           "kept", "origin s", "aligned s", "ratio", "cost s", "elim s", "pairs priced",
+           "optimum", "peak MB", "method")
 
 
 def main() -> None:
@@ -105,7 +106,8 @@ def main() -> None:
             for model in args.models.split(","):
                 row = {"model": model, "cluster": cluster.name, "devices": devices,
                        **measure(model, devices, cluster)}
-                cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c])
+                cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else
+                         f"{row[c]:,}" if isinstance(row[c], int) else str(row[c])
                          for c in COLUMNS]
                 cells[COLUMNS.index("peak MB")] = f"{row['peak MB']:.0f}"
                 table.add_row(*cells)

@@ -122,6 +122,12 @@ class CostModel:
     def configs(self) -> dict[str, list[ParallelConfig]]:
         return {layer.name: self._configs_for(layer) for layer in self.graph.layers}
 
+    @property
+    def pairs_priced(self) -> int:
+        """Config pairs whose t_x (or its lower bound) this model has computed: the search's
+        work, the same on every machine (tables shared by equal edges count once)."""
+        return self._transfers.pairs_priced
+
     def _configs_for(self, layer: Layer) -> list[ParallelConfig]:
         """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
         key = _space_key(layer)

@@ -801,6 +801,9 @@ class TransferTables:
         self._space_ids: dict[Hashable, int] = {}
         self._space_contents: dict[tuple[object, ...], int] = {}
         self._matrices: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray | None]] = {}
+        # config pairs priced so far (an exact t_x or its bound): the search's work, counted
+        # the same on every machine (bench_search prints it; the suite bounds it)
+        self.pairs_priced = 0
 
     def matrices(self, producer: Layer, consumer: Layer,
                  producer_configs: Sequence[ParallelConfig],
@@ -969,6 +972,7 @@ class TransferTables:
         `ends_only` runs each pass over the first and last devices of each config only: the
         seconds become a lower bound, the elements are not counted (None).
         """
+        self.pairs_priced += len(pconfs) * len(qconfs)
         (porder, ptab), (qorder, qtab) = self._config_table(pconfs), self._config_table(qconfs)
         per_element = np.array([link.seconds_per_element for link in self._links])
         latency = np.array([link.latency for link in self._links])
