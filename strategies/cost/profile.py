@@ -60,7 +60,7 @@ from layerwise.strategies.model.tiles import TileWork, as_view, largest_tile, ti
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
 from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
-from layerwise.strategies.processes.terminate import join_or_kill, terminate_as_exit
+from layerwise.strategies.processes.terminate import start_then_join, terminate_as_exit
 from layerwise.strategies.sgd import Sgd
 
 __all__ = [
@@ -826,11 +826,11 @@ def profile_graph_concurrently(graph: LayerGraph, devices: int, processes: int,
     context = torch_mp.get_context("spawn")
     barrier, layers_done = context.Barrier(processes), context.Queue()
     with terminate_as_exit(), owned_folder("layerwise-profile-") as folder:
-        workers = torch_mp.start_processes(
+        start_then_join(lambda: torch_mp.start_processes(
             _profile_worker, args=(graph, devices, options, processes, barrier, layers_done,
                                    folder),
-            nprocs=processes, join=False, start_method="spawn")
-        join_or_kill(workers, lambda: _report(layers_done, progress))
+            nprocs=processes, join=False, start_method="spawn"),
+            lambda: _report(layers_done, progress))
         _report(layers_done, progress)
         profiles = [Profile.model_validate_json(Path(folder, f"{rank}.json").read_text(
             encoding="utf-8")) for rank in range(processes)]

@@ -51,7 +51,7 @@ from layerwise.strategies.hardware.rendezvous import local_rendezvous
 from layerwise.strategies.hardware.this_machine import device_name
 from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
-from layerwise.strategies.processes.terminate import join_or_kill, terminate_as_exit
+from layerwise.strategies.processes.terminate import start_then_join, terminate_as_exit
 
 __all__ = [
     "Calibration",
@@ -277,8 +277,8 @@ def _run_workers(nproc: int, backend: Backend, sizes: Sequence[int], warmup: int
         result_path = str(folder / "points.json")
         args = (nproc, local_rendezvous(folder), backend, list(sizes), warmup, repeats, result_path)
         try:
-            join_or_kill(torch_mp.start_processes(_worker, args=args, nprocs=nproc, join=False,
-                                                  start_method=_start_method()))
+            start_then_join(lambda: torch_mp.start_processes(
+                _worker, args=args, nprocs=nproc, join=False, start_method=_start_method()))
         except (torch_mp.ProcessRaisedException, torch_mp.ProcessExitedException) as error:
             raise _worker_error(error, folder, backend, nproc) from None
         rows = json.loads(Path(result_path).read_text(encoding="utf-8"))

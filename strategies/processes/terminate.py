@@ -35,6 +35,42 @@ def terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def start_then_join(start: Callable[[], ProcessContext],
+                    between: Callable[[], None] = lambda: None) -> None:
+    """Start processes (`start`, torch's start_processes) with Ctrl-C and SIGTERM held until
+    every one of them exists, then `join_or_kill` them. A stop arriving while they start would
+    otherwise unwind out of the start with the processes begun so far unknown to anyone: left
+    to read their setup from a parent gone (tracebacks of EOFError and of a vanished
+    semaphore on the terminal). Held, the stop is raised once the start returns, and the
+    processes are killed as any stop kills them. Main thread only, as Python's handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        join_or_kill(start(), between)
+        return
+    held: list[int] = []
+    previous = {number: signal.signal(number, lambda signum, _frame: held.append(signum))
+                for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        workers = start()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    try:
+        for number in held[:1]:  # the first stop, as its own handler takes it
+            handler = previous[number]
+            if callable(handler):
+                handler(number, None)
+            elif number == signal.SIGINT:
+                raise KeyboardInterrupt
+            else:
+                raise SystemExit(128 + number)
+    except BaseException:
+        for process in workers.processes:
+            if process.is_alive():
+                process.kill()
+        raise
+    join_or_kill(workers, between)
+
+
 def join_or_kill(workers: ProcessContext, between: Callable[[], None] = lambda: None) -> None:
     """Wait for every process of `workers`, calling `between` while they run (torch's join
     raises the first failure). If this process is stopped meanwhile (Ctrl-C, or SIGTERM inside
