@@ -99,7 +99,6 @@ class LayerwiseModel(ShardedModel):
             self.states[name] = _LayerState(plan=layer_plan, modules=modules,
                                             box=layer_plan.tiles[self.rank].box)
         self._dropouts = model_dropouts(self.graph_module, plan.graph)
-        self._active_dropouts = {dropout.name for dropout in self._dropouts}  # fx node names
         self._in_place = {name for name, node in self.nodes.items() if self._writes_input(node)}
         self._masks: dict[str, torch.Tensor] = {}
         self._buckets = GradientBuckets(comm, plan.groups())
@@ -219,7 +218,7 @@ class LayerwiseModel(ShardedModel):
                      state: _LayerState) -> torch.Tensor:
         """A one-input elementwise op (graph.py's `op` name) on a tile (BatchNorm, GroupNorm,
         LayerNorm and dropout made split-exact)."""
-        if node.name in self._active_dropouts:
+        if node.name in self._masks:  # an active dropout: its mask drawn for this step
             return ops.dropout(tile, self._masks[node.name], state.box)
         module = self._submodules.get(node.name)
         if isinstance(module, BATCH_NORMS):

@@ -59,16 +59,17 @@ class ShardedModel:
         full_state = module.state_dict()
         # layer name -> its modules' shards, for the layers this rank holds a tile of
         self.layer_shards: dict[str, ModuleShards] = {}
+        self._plan_of_key = {}  # state-dict key -> the plan of the layer holding it
         for layer_plan in plan.layers:
+            held = self._held_tensors(layer_plan.layer)
+            self._plan_of_key.update({param_key(target, name): layer_plan
+                                      for target, names in held.items() for name in names})
             tile = layer_plan.tiles.get(rank)
             if tile is not None:
                 self.layer_shards[layer_plan.layer.name] = {
                     target: self._shards(target, names, layer_plan.layer, tile.box[1],
                                          full_state)
-                    for target, names in self._held_tensors(layer_plan.layer).items()}
-        self._plan_of_key = {param_key(target, name): layer_plan for layer_plan in plan.layers
-                             for target, names in self._held_tensors(layer_plan.layer).items()
-                             for name in names}
+                    for target, names in held.items()}
         self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
 
     def _held_tensors(self, layer: Layer) -> dict[str, list[str]]:
