@@ -22,6 +22,12 @@ that), and the plans it misprices most with their predicted terms (compute, tran
 --mlflow, one MLflow run per sweep (the tracking URI from MLFLOW_TRACKING_URI, else ./mlflow.db):
 per plan the predicted and measured step as a table artifact, the scatter as a figure, the
 summary numbers as metrics.
+
+The runtime times its own waits (`Communicator.clock`: the seconds a rank is blocked in its
+exchanges and all-reduces), so each plan's measured step splits into transfer, sync and the rest
+(compute and the runtime's own work) beside the predicted t_x, t_s and t_c; a second table gives
+per model the median measured/predicted of each term, which says which term a misprice comes
+from.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import random
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -60,6 +67,47 @@ MODELS = ("lenet5", "wide_fc", "resnet18", "tiny_cnn")
 IMAGE_SIZE = {"lenet5": 32, "wide_fc": 16, "resnet18": 32, "tiny_cnn": 32}
 BASELINES = ("data", "owt", "spatial_h", "spatial_w", "model")
 Assignment = dict[str, ParallelConfig]
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """One plan's prediction and its measured step, medians over the timed steps; transfer
+    and sync are the waits of each step's busiest rank (`measured_terms`), `rest` the step
+    less both (compute, the loss's all-reduces and the runtime's own work)."""
+
+    name: str
+    predicted: Breakdown
+    step: float
+    transfer: float
+    sync: float
+    exchanges: float  # the busiest rank's point-to-point exchanges per step
+
+    @property
+    def ratio(self) -> float:
+        return self.step / self.predicted.step_seconds
+
+    @property
+    def rest(self) -> float:
+        return self.step - self.transfer - self.sync
+
+
+def measured_terms(seconds: Sequence[float],
+                   waits: Sequence[Sequence[tuple[Mapping[str, float], Mapping[str, int]]]]
+                   ) -> tuple[float, float, float, float]:
+    """Median step, transfer, sync and exchanges over the timed steps. Per step the terms
+    are those of the rank that waited least: a rank idle while another computes a layer alone
+    waits for that compute in its exchanges, which is t_c, not t_x; the busiest rank's waits
+    are the communication itself. `waits`: per rank, per step, (seconds, calls) per
+    category (`comm.Waits`)."""
+    terms = []
+    for step in range(len(seconds)):
+        waited, calls = min((rank[step] for rank in waits),
+                            key=lambda each: each[0].get("transfer", 0.0)
+                            + each[0].get("sync", 0.0))
+        terms.append((waited.get("transfer", 0.0), waited.get("sync", 0.0),
+                      calls.get("transfer", 0)))
+    return (statistics.median(seconds), statistics.median(t[0] for t in terms),
+            statistics.median(t[1] for t in terms), statistics.median(t[2] for t in terms))
 
 
 def random_plans(graph: LayerGraph, space: Mapping[str, Sequence[ParallelConfig]], count: int,
@@ -97,10 +145,10 @@ def random_plans(graph: LayerGraph, space: Mapping[str, Sequence[ParallelConfig]
 
 
 def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Random
-          ) -> tuple[list[tuple[str, Breakdown, float]], float | None]:
-    """(plan, prediction, measured median step) for every plan of one model, and the largest
-    ratio of the slowest to the fastest measured step among plans of identical configs (None
-    when no two are identical)."""
+          ) -> tuple[list[PlanResult], float | None, float]:
+    """Every plan of one model, predicted and measured, the largest ratio of the slowest to
+    the fastest measured step among plans of identical configs (None when no two are
+    identical), and the calibrated latency of an exchange."""
     world = args.nproc
     batch = args.batch_per_device * world
     graph = build_graph(model, batch, IMAGE_SIZE[model], 10)
@@ -120,29 +168,41 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
                   "steps each, interleaved ...")
     job = Job(model=model, image_size=IMAGE_SIZE[model], batch=batch, steps=args.steps,
               warmup=args.warmup, runs=runs, threads=threads, cuda=False)
-    measured = {name: statistics.median(steps)
-                for name, steps in run(job, world)["seconds"].items()}
+    measured = run(job, world)
+    results = [PlanResult(name, predicted[name],
+                          *measured_terms(measured["seconds"][name], measured["waits"][name]))
+               for name in plans]
     same: dict[str, list[float]] = {}
-    for name, plan in plans.items():
-        same.setdefault("|".join(plan[layer.name].text for layer in graph.layers), []).append(
-            measured[name])
+    for result in results:
+        same.setdefault("|".join(plans[result.name][layer.name].text
+                                 for layer in graph.layers), []).append(result.step)
     spreads = [max(steps) / min(steps) for steps in same.values() if len(steps) > 1]
-    return ([(name, predicted[name], measured[name]) for name in plans],
-            max(spreads) if spreads else None)
+    return results, max(spreads) if spreads else None, cluster.links.intra_node.latency
 
 
-def summary(rows: list[tuple[str, Breakdown, float]]) -> dict[str, float]:
-    """Mean and worst |measured/predicted - 1|, the median ratio, Kendall's tau."""
-    ratios = [seconds / prediction.step_seconds for _, prediction, seconds in rows]
-    errors = [abs(ratio - 1) for ratio in ratios]
-    tau = kendalltau([prediction.step_seconds for _, prediction, _ in rows],
-                     [seconds for _, _, seconds in rows]).statistic
+def summary(rows: list[PlanResult]) -> dict[str, float]:
+    """Mean and worst |measured/predicted - 1|, the median ratio, Kendall's tau, and each
+    term's median measured/predicted over the plans that predict some of it (NaN: none)."""
+    errors = [abs(row.ratio - 1) for row in rows]
+    tau = kendalltau([row.predicted.step_seconds for row in rows],
+                     [row.step for row in rows]).statistic
+
+    def term_ratio(measured: str, predicted: str) -> float:
+        ratios = [getattr(row, measured) / getattr(row.predicted, predicted) for row in rows
+                  if getattr(row.predicted, predicted) > 0]
+        return statistics.median(ratios) if ratios else float("nan")
     return {"mean_error": statistics.fmean(errors), "worst_error": max(errors),
-            "median_ratio": statistics.median(ratios), "kendall_tau": float(tau),
-            "plans": float(len(rows))}
+            "median_ratio": statistics.median(row.ratio for row in rows),
+            "kendall_tau": float(tau), "plans": float(len(rows)),
+            "transfer_ratio": term_ratio("transfer", "transfer_seconds"),
+            "sync_ratio": term_ratio("sync", "sync_seconds"),
+            "rest_over_compute": term_ratio("rest", "compute_seconds"),
+            "seconds_per_exchange": statistics.median(
+                [row.transfer / row.exchanges for row in rows if row.exchanges]
+                or [float("nan")])}
 
 
-def log_to_mlflow(results: dict[str, list[tuple[str, Breakdown, float]]],
+def log_to_mlflow(results: dict[str, list[PlanResult]],
                   summaries: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
     """One MLflow run for the sweep: the per-plan table, the scatter, the summary metrics."""
     import matplotlib
@@ -162,13 +222,15 @@ def log_to_mlflow(results: dict[str, list[tuple[str, Breakdown, float]]],
             mlflow.log_metrics({f"{model}.{key}": value for key, value in numbers.items()})
         table: dict[str, list[object]] = {key: [] for key in (
             "model", "plan", "predicted_s", "measured_s", "ratio", "compute_s", "transfer_s",
-            "sync_s")}
+            "sync_s", "measured_transfer_s", "measured_sync_s", "measured_rest_s")}
         for model, rows in results.items():
-            for name, prediction, seconds in rows:
+            for row in rows:
+                prediction = row.predicted
                 for key, value in zip(table, (
-                        model, name, prediction.step_seconds, seconds,
-                        seconds / prediction.step_seconds, prediction.compute_seconds,
-                        prediction.transfer_seconds, prediction.sync_seconds), strict=True):
+                        model, row.name, prediction.step_seconds, row.step, row.ratio,
+                        prediction.compute_seconds, prediction.transfer_seconds,
+                        prediction.sync_seconds, row.transfer, row.sync, row.rest),
+                        strict=True):
                     table[key].append(value)
         figure = scatter_figure(table, f"Eq. 1 against {args.nproc} CPU processes")
         mlflow.log_table(table, "cost_model_plans.json")
@@ -202,6 +264,13 @@ def scatter_figure(table: Mapping[str, Sequence[object]], title: str) -> Figure:
     return figure
 
 
+def _terms_text(row: PlanResult) -> str:
+    p = row.predicted
+    return (f"{row.name} {row.ratio:.2f}: {p.compute_seconds * 1e3:.1f} -> {row.rest * 1e3:.1f}, "
+            f"{p.transfer_seconds * 1e3:.1f} -> {row.transfer * 1e3:.1f}, "
+            f"{p.sync_seconds * 1e3:.1f} -> {row.sync * 1e3:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(IMAGE_SIZE))
@@ -220,30 +289,38 @@ def main() -> None:
     console = Console(width=150)
     rng = random.Random(args.seed)
     swept = {model: sweep(model, args, console, rng) for model in args.models}
-    results = {model: rows for model, (rows, _) in swept.items()}
+    results = {model: rows for model, (rows, _, _) in swept.items()}
     summaries = {model: summary(rows) for model, rows in results.items()}
-    for model, (_, spread) in swept.items():
+    for model, (_, spread, latency) in swept.items():
+        summaries[model]["latency"] = latency
         if spread is not None:
             summaries[model]["identical_spread"] = spread
     table = Table(title=f"Eq. 1 against measured steps, {args.nproc} CPU processes, "
                         f"{args.plans} plans per model")
+    mispriced = ("most mispriced (m/p: compute, transfer, sync ms, predicted -> measured; "
+                 "compute measured as the rest)")
     for column in ("model", "plans", "mean |m/p - 1|", "worst", "median m/p", "Kendall tau",
-                   "identical plans' spread",
-                   "most mispriced (m/p: compute, transfer, sync ms predicted)"):
-        table.add_column(column, justify="left" if column in ("model", "most mispriced (m/p: "
-                         "compute, transfer, sync ms predicted)") else "right")
+                   "identical plans' spread", mispriced):
+        table.add_column(column, justify="left" if column in ("model", mispriced) else "right")
     for model, rows in results.items():
         numbers = summaries[model]
-        worst = sorted(rows, key=lambda row: -abs(row[2] / row[1].step_seconds - 1))[:3]
+        worst = sorted(rows, key=lambda row: -abs(row.ratio - 1))[:3]
         table.add_row(model, f"{int(numbers['plans'])}", f"{numbers['mean_error']:.2f}",
                       f"{numbers['worst_error']:.2f}", f"{numbers['median_ratio']:.2f}",
                       f"{numbers['kendall_tau']:.2f}",
                       f"{numbers['identical_spread']:.2f}" if "identical_spread" in numbers
-                      else "-",
-                      "; ".join(f"{name} {seconds / p.step_seconds:.2f}: "
-                                f"{p.compute_seconds * 1e3:.1f}, {p.transfer_seconds * 1e3:.1f}, "
-                                f"{p.sync_seconds * 1e3:.1f}" for name, p, seconds in worst))
+                      else "-", "; ".join(_terms_text(row) for row in worst))
     console.print(table)
+    terms = Table(title="each term measured / predicted, median over the plans that predict "
+                        "some of it (rest: the step less the measured waits, against t_c)")
+    for column in ("model", "transfer", "sync", "rest / compute", "ms per exchange",
+                   "calibrated latency ms"):
+        terms.add_column(column, justify="left" if column == "model" else "right")
+    for model, numbers in summaries.items():
+        terms.add_row(model, *(f"{numbers[key]:.2f}" for key in (
+            "transfer_ratio", "sync_ratio", "rest_over_compute")),
+            f"{numbers['seconds_per_exchange'] * 1e3:.2f}", f"{numbers['latency'] * 1e3:.2f}")
+    console.print(terms)
     if args.mlflow:
         console.print(f"logged MLflow run {log_to_mlflow(results, summaries, args)}")
 

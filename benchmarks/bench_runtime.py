@@ -77,7 +77,7 @@ from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.model.ops import sync_batch_norm
 from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.zoo import build_model
-from layerwise.strategies.runtime.comm import Communicator
+from layerwise.strategies.runtime.comm import Communicator, WaitClock, Waits
 from layerwise.strategies.runtime.layerwise_executor import LayerwiseModel
 from layerwise.strategies.runtime.memory_peak import measured_peak
 from layerwise.strategies.runtime.plan import build_plan
@@ -122,7 +122,8 @@ def _sgd(parameters: list[nn.Parameter]) -> torch.optim.SGD:
 
 def _step_function(job: Job, run: Run, rank: int, world: int,  # noqa: ANN202
                    device: torch.device):
-    """One training step of the run on this rank, as a closure over (inputs, targets)."""
+    """One training step of the run on this rank, as a closure over (inputs, targets), and
+    the clock of its communicator's waits (None: not this runtime)."""
     torch.manual_seed(0)
     module = build_model(job.model, num_classes=10, image_size=job.image_size, device=device)
     if run.mode == "layerwise":
@@ -138,7 +139,7 @@ def _step_function(job: Job, run: Run, rank: int, world: int,  # noqa: ANN202
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad()
-        return layerwise_step
+        return layerwise_step, model.comm.clock
     if run.mode == "ddp_syncbn":
         module = _whole_batch_norms(module, world, device)
     if run.mode in ("ddp", "ddp_syncbn"):
@@ -152,7 +153,7 @@ def _step_function(job: Job, run: Run, rank: int, world: int,  # noqa: ANN202
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return plain_step
+    return plain_step, None
 
 
 class _WholeBatchNorm(nn.BatchNorm2d):
@@ -195,14 +196,18 @@ def _has_batch_norm(model: str, image_size: int) -> bool:
 
 
 def _timed(step, batch: tuple[torch.Tensor, torch.Tensor],  # noqa: ANN001
-           device: torch.device) -> float:
-    """One step's seconds, started together on every rank."""
+           device: torch.device, clock: WaitClock | None = None) -> tuple[float, Waits]:
+    """One step's seconds, started together on every rank, and what this rank waited in its
+    communicator during it (`clock`'s; nothing without one)."""
     dist.barrier()
     synchronize(device)
+    if clock is not None:
+        clock.reset()
     started = time.perf_counter()
     step(*batch)
     synchronize(device)
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return seconds, clock.reset() if clock is not None else Waits({}, {})
 
 
 def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
@@ -217,21 +222,31 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
         steps = [_step_function(job, run, rank, world, device) for run in job.runs]
         channels = build_graph(job.model, 2, job.image_size, 10).input_shape[1]
         batches = _batches(job, channels, device)
-        for step in steps:
+        for step, clock in steps:
             for batch in batches[:job.warmup]:
-                _timed(step, batch, device)
+                _timed(step, batch, device, clock)
         times: list[list[float]] = [[] for _ in steps]
+        waits: list[list[Waits]] = [[] for _ in steps]
         for index, batch in enumerate(batches[job.warmup:]):
             # a new order per batch, the same on every rank: no run always follows the same one
             for turn in random.Random(index).sample(range(len(steps)), len(steps)):
-                times[turn].append(_timed(steps[turn], batch, device))
+                step, clock = steps[turn]
+                seconds, waited = _timed(step, batch, device, clock)
+                times[turn].append(seconds)
+                waits[turn].append(waited)
         with measured_peak(device) as peak:  # one more step of the first run, untimed
-            _timed(steps[0], batches[0], device)
+            _timed(steps[0][0], batches[0], device)
         memories: list[int | None] = [None] * world
         dist.all_gather_object(memories, peak.bytes)
+        every_rank: list[list[list[Waits]] | None] = [None] * world
+        dist.all_gather_object(every_rank, waits)
         result = {"memory": memories,
                   "seconds": {run.name: seconds
-                              for run, seconds in zip(job.runs, times, strict=True) if seconds}}
+                              for run, seconds in zip(job.runs, times, strict=True) if seconds},
+                  "waits": {run.name: [[tuple(waited) for waited in per_rank[turn]]
+                                       for per_rank in every_rank]
+                            for turn, run in enumerate(job.runs)
+                            if times[turn] and steps[turn][1] is not None}}
         if rank == 0:
             torch.save(result, out)
     finally:
@@ -240,7 +255,9 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
 
 def run(job: Job, world: int) -> dict[str, Any]:
     """The job on `world` fresh processes: {"memory": peak bytes per rank, "seconds": each
-    timed step's seconds per run with timed steps, in batch order}."""
+    timed step's seconds per run with timed steps, in batch order, "waits": per run of this
+    runtime, per rank, per timed step (seconds, calls) waited in communication per
+    category}."""
     with tempfile.TemporaryDirectory(prefix="layerwise-bench-") as folder:
         out = os.path.join(folder, "result.pt")
         torch_mp.start_processes(_worker, args=(world, local_rendezvous(folder), job, out),

@@ -48,6 +48,8 @@ class Outcome:
     losses: list[float]
     state: dict[str, torch.Tensor]
     bytes_by_rank: list[dict[tuple[str, str], int]] = field(default_factory=list)
+    # per rank, the last step's seconds waited in communication per category
+    waits_by_rank: list[dict[str, float]] = field(default_factory=list)
 
 
 def assert_same_training(outcome: Outcome, expected: Outcome, tolerance: dict[str, float],
@@ -155,21 +157,26 @@ def _run_case(case: Case, rank: int, world: int) -> Outcome | None:
     model = LayerwiseModel(_fresh_module(case), plan, comm)
     optimizer = _optimizer(case, model.parameters())
     losses = []
-    step_bytes = {}
+    step_bytes: dict = {}
+    step_waits: dict = {}
     for inputs, targets in batches(case, graph.input_shape[1]):
         comm.counter.reset()
+        comm.clock.reset()
         losses.append(float(model.forward_backward(inputs, targets)))
         step_bytes = comm.counter.reset()
+        step_waits = comm.clock.reset().seconds
         if optimizer is not None:
             optimizer.step()
             optimizer.zero_grad()
     state = model.full_state_dict()
-    gathered: list[dict | None] = [None] * world
-    dist.all_gather_object(gathered, step_bytes)
+    gathered: list[tuple[dict, dict] | None] = [None] * world
+    dist.all_gather_object(gathered, (step_bytes, step_waits))
     if rank != 0:
         return None
     assert state is not None
-    return Outcome(losses=losses, state=state, bytes_by_rank=[g or {} for g in gathered])
+    return Outcome(losses=losses, state=state,
+                   bytes_by_rank=[g[0] if g else {} for g in gathered],
+                   waits_by_rank=[g[1] if g else {} for g in gathered])
 
 
 def _spawned(rank: int, world: int, rendezvous: str, run_case: Callable[..., object],

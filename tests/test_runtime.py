@@ -136,7 +136,9 @@ def test_random_legal_strategies_equal_one_device(seeds):
 
 
 def test_fp32_steps_match_and_bytes_sent_equal_the_cost_model():
-    """Bytes on every model; fp32 values on the models without max-pool ties after BN+ReLU."""
+    """Bytes on every model; fp32 values on the models without max-pool ties after BN+ReLU.
+    The ranks' wait clocks (the measured t_x and t_s of the cost-model benchmark) run in a
+    category exactly where bytes of it are sent."""
     world = 4
     cases = [named(model, strategy, world, batch=8) for model in ("tiny_cnn", "lenet5")
              for strategy in ("data", "model", "owt", "spatial_h", "layerwise")]
@@ -147,6 +149,10 @@ def test_fp32_steps_match_and_bytes_sent_equal_the_cost_model():
         transfer, sync = predicted_bytes(case, world)
         assert measured_bytes(outcome, "transfer") == transfer, case.strategy
         assert measured_bytes(outcome, "sync") == sync, case.strategy
+        for category in ("transfer", "sync"):
+            waited = max(waits.get(category, 0.0) for waits in outcome.waits_by_rank)
+            assert (waited > 0) == (measured_bytes(outcome, category) > 0), (category,
+                                                                               case.strategy)
         if case.model != "resnet18":
             check_equal(case, outcome, FP32)
 

@@ -10,12 +10,13 @@ ring all-reduce 2(p-1)(alpha + m*beta/p) (docs/research.md: ParaDL, ParaDL). `ca
   - all_reduce over all ranks,
 for message sizes from 4 B to 16 MiB, and fits alpha and beta by least squares on relative
 error (so that 4 B and 16 MiB count alike). Each timed message follows a few milliseconds of
-compute on every rank, as a message in a training step follows a layer's compute, and a point
-is the mean over its repeats, taken in rounds that visit every size in a new order (the
-machine's drift then falls on all sizes alike): a step pays the sum of its messages, slow ones
-included. With gloo on this project's 2-core machine that is what the runtime sees, and an idle
-message is not: a small exchange right after a barrier takes 0.3 ms (median), after 3 ms of
-compute 3.5 ms (median; mean 2.8 ms), and a small all-reduce's mean is 2-3x its median.
+a convolution's work on every rank, as a message in a training step follows a layer's compute,
+and exchanges are timed inside chains, as a step's transfers follow one another; a point is
+the mean over its repeats, taken in rounds that visit every size in a new order (the machine's
+drift then falls on all sizes alike): a step pays the sum of its messages, slow ones included.
+With gloo on this project's 2-core machine that is what the runtime sees, and an idle message
+is not: a small exchange right after a barrier takes 0.3 ms (median), and a small all-reduce's
+mean is 2-3x its median.
 `calibrated_cluster` puts the point-to-point fit into the `local` preset as its intra-node
 link, so a search can plan for this machine.
 
@@ -68,6 +69,7 @@ SCHEMA_VERSION = 1
 BYTES_PER_ELEMENT = 4  # float32 messages, as the fp32 runtime sends
 TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of hanging
 COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
+CHAIN = 4  # exchanges in a row per timed chain, the first untimed (`_exchanges`)
 
 Backend = Literal["gloo", "nccl"]
 
@@ -143,38 +145,66 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _compute(device: torch.device, seconds: float = COMPUTE_SECONDS) -> None:
-    """Keep this rank computing for `seconds` of wall time, as a layer does before it sends."""
-    operand = torch.full((128, 128), 1.0 / 128, device=device)
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        operand = operand @ operand
+class _Layer:
+    """A small convolution layer's forward, repeated to take about COMPUTE_SECONDS: the work
+    a rank does before it sends. The same number of repeats on every rank (rank 0's count),
+    because a layer is a fixed amount of work; ranks then finish it apart by the machine's
+    noise, as a step's ranks do. A loop of matrix products until a deadline instead ends on
+    every rank at one wall time, and exchanges after it measured 2-3x what the runtime's
+    exchanges cost inside steps (docs/cost-model.md, calibration)."""
+
+    def __init__(self, device: torch.device) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.inputs = torch.randn(16, 6, 14, 14, generator=generator).to(device)
+        self.weight = torch.randn(16, 6, 5, 5, generator=generator).to(device)
+        self.repeats = 1
+        self()  # warm up, then time
         _synchronize(device)
+        started = time.perf_counter()
+        for _ in range(8):
+            self()
+        _synchronize(device)
+        each = (time.perf_counter() - started) / 8
+        count = torch.tensor([max(1, round(COMPUTE_SECONDS / each))], device=device)
+        dist.broadcast(count, src=0)
+        self.repeats = int(count.item())
+
+    def __call__(self) -> None:
+        for _ in range(self.repeats):
+            torch.nn.functional.conv2d(self.inputs, self.weight)
+        _synchronize(self.inputs.device)
 
 
-def _exchange(rank: int, buffer: torch.Tensor, incoming: torch.Tensor) -> float | None:
-    """Rank 0's time of one exchange with rank 1, started together after a barrier and a
-    stretch of compute: both send `buffer` and receive as much into `incoming` at once through
-    batch_isend_irecv, as the runtime's transfers between layers do. Ranks above 1 only join
-    the barrier (None)."""
+def _exchanges(rank: int, layer: _Layer, buffer: torch.Tensor,
+               incoming: torch.Tensor) -> list[float]:
+    """Rank 0's times of exchanges with rank 1 inside a chain, as a step's transfers meet
+    them: after one barrier, CHAIN exchanges, each after `layer` on both ranks, in which both
+    send `buffer` and receive as much into `incoming` at once through batch_isend_irecv (the
+    runtime's transfers between layers). The first is not timed: it carries the barrier's
+    exit skew, which a message inside a step does not. Ranks above 1 only join the barrier
+    (empty)."""
     dist.barrier()
     if rank > 1:
-        return None
+        return []
     peer = 1 - rank
-    _compute(buffer.device)
-    start = time.perf_counter()
-    operations = [dist.P2POp(dist.isend, buffer, peer), dist.P2POp(dist.irecv, incoming, peer)]
-    for work in dist.batch_isend_irecv(operations):
-        work.wait()
-    _synchronize(buffer.device)
-    return time.perf_counter() - start
+    times = []
+    for index in range(CHAIN):
+        layer()
+        start = time.perf_counter()
+        operations = [dist.P2POp(dist.isend, buffer, peer),
+                      dist.P2POp(dist.irecv, incoming, peer)]
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+        _synchronize(buffer.device)
+        if index:
+            times.append(time.perf_counter() - start)
+    return times
 
 
-def _all_reduce(buffer: torch.Tensor) -> float:
-    """This rank's time of one all_reduce, started together after a barrier and a stretch of
-    compute."""
+def _all_reduce(layer: _Layer, buffer: torch.Tensor) -> float:
+    """This rank's time of one all_reduce, started together after a barrier and `layer`."""
     dist.barrier()
-    _compute(buffer.device)
+    layer()
     start = time.perf_counter()
     dist.all_reduce(buffer)
     _synchronize(buffer.device)
@@ -211,11 +241,12 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
              repeats: int) -> list[tuple[str, int, float]]:
     """[kind, bytes, mean seconds] rows of every size (rank 0's; other ranks: empty).
 
-    Each round times one exchange and one all_reduce of every size, the sizes in a new seeded
-    order per round (the same on every rank): the machine's drift over the seconds a
+    Each round times a chain of exchanges and one all_reduce of every size, the sizes in a
+    new seeded order per round (the same on every rank): the machine's drift over the seconds a
     calibration takes then falls on all sizes alike; with each size's repeats in one block, a
     quiet or busy stretch would land on a few sizes alone and bend the fit.
     """
+    layer = _Layer(device)
     buffers = {size: torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
                for size in sizes}
     incoming = {size: torch.empty_like(buffer) for size, buffer in buffers.items()}
@@ -223,13 +254,12 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
     reduce: dict[int, list[float]] = {size: [] for size in sizes}
     for index in range(warmup + repeats):
         for size in random.Random(index).sample(list(sizes), len(sizes)):
-            exchanged = _exchange(rank, buffers[size], incoming[size])
-            reduced = _all_reduce(buffers[size])
+            exchanged = _exchanges(rank, layer, buffers[size], incoming[size])
+            reduced = _all_reduce(layer, buffers[size])
             if index < warmup:
                 continue
             reduce[size].append(reduced)
-            if exchanged is not None:
-                p2p[size].append(exchanged)
+            p2p[size].extend(exchanged)
     dist.barrier()
     if rank != 0:
         return []

@@ -85,8 +85,8 @@ class GradientBuckets:
             if bucket is not None or rider is not None:
                 self._start(group, bucket or _Bucket(), rider)
         for work, flat, group, members, rider in self._running:
-            if work is not None:
-                work.wait()
+            if work is not None:  # a bucket of the rider alone carries no gradients
+                self.comm.wait(work, "sync" if members else "loss")
             offset = 0
             for layer, parameter in members:
                 size = parameter.numel()

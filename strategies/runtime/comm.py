@@ -8,15 +8,21 @@ beyond init) and a `ByteCounter` keyed by (layer, category):
 All-reduces are counted as the ring algorithm (gloo's and NCCL's for large messages) sends
 them: the buffer cut in r chunks, every rank sends r-1 chunks to reduce-scatter and r-1 to
 all-gather, so a group sends 2(r-1) times the buffer in all (cost_model.py's t_s bytes).
+
+A `WaitClock` beside it keeps the seconds the rank spent blocked in those calls per category:
+Eq. 1's t_x and t_s as the step met them (waiting for the peer included), so that a measured
+step splits into compute and the two communication terms the cost model predicts apart. On a
+GPU the calls return before the transfer ends and the clock reads only the host's wait.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -55,6 +61,33 @@ class ByteCounter:
         return counts
 
 
+class Waits(NamedTuple):
+    """Seconds blocked and calls waited in, per category."""
+
+    seconds: dict[Category, float]
+    calls: dict[Category, int]
+
+
+class WaitClock:
+    """Seconds this rank spent blocked in communication, and the calls it waited in, per
+    category, since the last reset."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[Category, float] = defaultdict(float)
+        self.calls: dict[Category, int] = defaultdict(int)
+
+    def add(self, category: Category, started: float) -> None:
+        """Add the time since `started` (a `time.perf_counter()` reading) to `category`."""
+        self.seconds[category] += time.perf_counter() - started
+        self.calls[category] += 1
+
+    def reset(self) -> Waits:
+        """What was waited since the last reset."""
+        waits = Waits(dict(self.seconds), dict(self.calls))
+        self.seconds, self.calls = defaultdict(float), defaultdict(int)
+        return waits
+
+
 class Communicator:
     """Point-to-point exchanges and group all-reduces of one rank, with byte counts.
 
@@ -66,6 +99,7 @@ class Communicator:
         self.rank = rank
         self.world = world
         self.counter = ByteCounter()
+        self.clock = WaitClock()
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
         everyone = tuple(range(world))
         self._groups[everyone] = None  # the default group
@@ -79,8 +113,12 @@ class Communicator:
                  receives: Sequence[tuple[int, torch.Tensor]], tag: int,
                  layer: str, category: Category = "transfer") -> None:
         """Send each (peer, tensor) and fill each (peer, buffer); returns when all are done."""
+        if not sends and not receives:
+            return
+        started = time.perf_counter()
         exchange_tagged([(peer, tensor, tag) for peer, tensor in sends],
                         [(peer, buffer, tag) for peer, buffer in receives])
+        self.clock.add(category, started)
         for _, tensor in sends:
             self.counter.add(layer, category, tensor.numel() * tensor.element_size())
 
@@ -94,7 +132,9 @@ class Communicator:
         """
         if len(group) == 1:
             return tensor
+        started = time.perf_counter()
         dist.all_reduce(tensor, op=op, group=self._groups[group])
+        self.clock.add(counted_as[1] if counted_as is not None else "sync", started)
         if counted_as is not None:
             self.count_ring(*counted_as, tensor.numel(), tensor.element_size(), group)
         return tensor
@@ -106,6 +146,12 @@ class Communicator:
         if len(group) == 1:
             return None
         return dist.all_reduce(tensor, group=self._groups[group], async_op=True)
+
+    def wait(self, work: dist.Work, category: Category = "sync") -> None:
+        """Wait for `work` from `all_reduce_async`, the wait on the clock under `category`."""
+        started = time.perf_counter()
+        work.wait()
+        self.clock.add(category, started)
 
     def count_ring(self, layer: str, category: Category, elements: int, element_size: int,
                    group: tuple[int, ...]) -> None:
