@@ -70,6 +70,10 @@ BYTES_PER_ELEMENT = 4  # float32 messages, as the fp32 runtime sends
 TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of hanging
 COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
 CHAIN = 4  # exchanges in a row per timed chain, the first untimed (`_exchanges`)
+# How messages are timed, part of a kept calibration's name so that one timed another way is
+# not reused: 2, exchanges in chains after a convolution's fixed work (1: one after a barrier
+# and a deadline loop, which priced this machine's exchanges at 2-3x their cost in steps)
+METHOD = 2
 
 Backend = Literal["gloo", "nccl"]
 
@@ -447,12 +451,13 @@ def save_calibration(calibration: Calibration, out: str | os.PathLike[str]) -> P
 
 def calibration_path(nproc: int, backend: str | None = None,
                      root: str | os.PathLike[str] | None = None) -> Path:
-    """data/profiles/cluster-<device>-<backend>-x<nproc>-torch<version>.yaml under `root` (default:
-    the current directory): where the benchmark flow keeps this machine's calibrated cluster.
-    As a profile's key, anything that changes the links' times (the device, the backend, the
-    process count, torch) gets its own file."""
+    """data/profiles/cluster-<device>-<backend>-x<nproc>-torch<version>-m<METHOD>.yaml under
+    `root` (default: the current directory): where the benchmark flow keeps this machine's
+    calibrated cluster. As a profile's key, anything that changes the links' times (the
+    device, the backend, the process count, torch, how messages are timed) gets its own
+    file."""
     chosen = _resolve_backend(backend, nproc)
     device = device_name("cuda" if chosen == "nccl" else "cpu")
     key = (f"cluster-{safe_name(device, 40)}-{chosen}-x{nproc}"
-           f"-torch{safe_name(torch.__version__, 24)}")
+           f"-torch{safe_name(torch.__version__, 24)}-m{METHOD}")
     return Path(root if root is not None else ".") / PROFILE_DIR / f"{key}.yaml"
