@@ -69,7 +69,7 @@ SCHEMA_VERSION = 1
 BYTES_PER_ELEMENT = 4  # float32 messages, as the fp32 runtime sends
 TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of hanging
 COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
-CHAIN = 4  # exchanges in a row per timed chain, the first untimed (`_exchanges`)
+CHAIN = 3  # exchanges in a row per timed chain, the first untimed (`_exchanges`)
 # How messages are timed, part of a kept calibration's name so that one timed another way is
 # not reused: 2, exchanges in chains after a convolution's fixed work (1: one after a barrier
 # and a deadline loop, which priced this machine's exchanges at 2-3x their cost in steps)
@@ -389,7 +389,7 @@ def calibrate(nproc: int, backend: str | None = None, quick: bool = False) -> Ca
             f"(got --nproc {nproc})"
         )
     chosen = _resolve_backend(backend, nproc)
-    warmup, repeats = (1, 5) if quick else (3, 40)
+    warmup, repeats = (1, 5) if quick else (3, 32)
     points = _run_workers(nproc, chosen, message_sizes(quick), warmup, repeats)
     p2p = [point for point in points if point.kind == "p2p"]
     reduce = [point for point in points if point.kind == "allreduce"]
