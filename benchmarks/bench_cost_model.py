@@ -94,17 +94,18 @@ class PlanResult:
 def measured_terms(seconds: Sequence[float],
                    waits: Sequence[Sequence[tuple[Mapping[str, float], Mapping[str, int]]]]
                    ) -> tuple[float, float, float, float]:
-    """Median step, transfer, sync and exchanges over the timed steps. Per step the terms
-    are those of the rank that waited least: a rank idle while another computes a layer alone
-    waits for that compute in its exchanges, which is t_c, not t_x; the busiest rank's waits
-    are the communication itself. `waits`: per rank, per step, (seconds, calls) per
-    category (`comm.Waits`)."""
+    """Median step, transfer, sync (the loss's all-reduces included) and exchanges over the
+    timed steps. Per step the terms are those of the rank that waited least: a rank idle while
+    another computes a layer alone waits for that compute in its exchanges, which is t_c, not
+    t_x; the busiest rank's waits are the communication itself. `waits`: per rank, per step,
+    (seconds, calls) per category (`comm.Waits`)."""
     terms = []
     for step in range(len(seconds)):
         waited, calls = min((rank[step] for rank in waits),
-                            key=lambda each: each[0].get("transfer", 0.0)
-                            + each[0].get("sync", 0.0))
-        terms.append((waited.get("transfer", 0.0), waited.get("sync", 0.0),
+                            key=lambda each: sum(each[0].values()))
+        # the loss's all-reduces are priced in the output layer's t_s
+        terms.append((waited.get("transfer", 0.0),
+                      waited.get("sync", 0.0) + waited.get("loss", 0.0),
                       calls.get("transfer", 0)))
     return (statistics.median(seconds), statistics.median(t[0] for t in terms),
             statistics.median(t[1] for t in terms), statistics.median(t[2] for t in terms))

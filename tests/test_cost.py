@@ -132,7 +132,10 @@ def test_bucketed_sync_pays_one_ring_latency_per_bucket_of_a_group(model, bucket
              / link.allreduce_bandwidth), rel=1e-9)
     channel_split = {name: P("n1c2h1w1@0-1") if layer.param_count else config
                      for (name, config), layer in zip(data.items(), graph.layers, strict=True)}
-    assert cost.evaluate(channel_split).sync_seconds == 0  # sharded weights: no bucket
+    # sharded weights: no bucket; what is left is the loss over scores split by class
+    output = graph.by_name[graph.outputs[0]]
+    assert cost.evaluate(channel_split).sync_seconds == cost.sync(
+        output, [channel_split[output.name]])[0][0] > 0
     ring = model_for(graph, 2, CLUSTER.model_copy(update={"sync": "ring"})).evaluate(
         data).sync_seconds  # a latency per layer
     assert ring == pytest.approx(2 * len(weights) * link.allreduce_latency + per_layer)
@@ -482,3 +485,24 @@ def test_rings_crossing_one_shared_port_split_its_bandwidth():
     whole = fc.param_count * 4
     assert model_for(graph, 16, ring).sync(fc, [P("n16c1h1w1@0-15")])[0][0] == pytest.approx(
         2 * 15 * (infiniband.latency + -(-whole // 16) / infiniband.bandwidth), rel=1e-12)
+
+
+def test_scores_split_by_class_pay_the_losss_all_reduces():
+    """The cross-entropy over scores split by class all-reduces each sample's maximum, then
+    its two sums, over the class group: t_s of the output layer, with no sync bytes (the
+    runtime counts them as the loss's), in the node vector the search sees."""
+    graph = build_graph("tiny_cnn", 8, 32, 10)
+    cluster = load_cluster("local")
+    cost = CostModel(graph, cluster, 2, AnalyticCompute(cluster))
+    link = cluster.slowest_link([0, 1])
+    output = graph.by_name[graph.outputs[0]]
+    by_class = ParallelConfig(c=2, devices=(0, 1))
+    seconds, moved = cost.sync(output, [by_class])
+    loss = link.allreduce_seconds(8 * 4, 2) + link.allreduce_seconds(2 * 8 * 4, 2)
+    assert seconds[0] == pytest.approx(loss)
+    assert moved[0] == 0
+    compute = cost.compute_seconds(output, [by_class])[0]
+    assert cost.node_seconds(output)[cost.configs[output.name].index(by_class)] == (
+        pytest.approx(compute + loss))
+    # a layer inside the network, split by channel too, has nothing to synchronise
+    assert cost.sync(graph.by_name["conv2"], [ParallelConfig(c=2, devices=(0, 1))])[0][0] == 0

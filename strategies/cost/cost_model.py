@@ -154,7 +154,8 @@ class CostModel:
     def node_seconds(self, layer: Layer) -> np.ndarray:
         """t_c + t_s of every config in the layer's search space (equal layers computed once,
         unless t_c is looked up by layer name)."""
-        key = (_layer_key(layer), self.compute.by_layer_name and layer.name)
+        key = (_layer_key(layer), self.compute.by_layer_name and layer.name,
+               layer.name == self.graph.outputs[0])  # the loss's all-reduces (`sync`)
         if key not in self._nodes:
             configs = self.configs[layer.name]
             self._nodes[key] = (self.compute_seconds(layer, configs)
@@ -189,13 +190,17 @@ class CostModel:
 
     def sync(self, layer: Layer,
              configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, bytes) of gradient and batch-statistics synchronisation for each config."""
+        """(seconds, bytes) of gradient and batch-statistics synchronisation for each config,
+        and on the output layer the loss's all-reduces over scores split by class (their
+        seconds only: the runtime counts their bytes as the loss's, not as sync)."""
         seconds = np.zeros(len(configs))
         total_bytes = np.zeros(len(configs), dtype=np.int64)
         norms = _batch_norms(layer) if self.batch_norm_statistics == "synced" else 0
         instance = _instance_norms(layer)
         if instance:
             self._instance_sync(layer, configs, instance, seconds, total_bytes)
+        if layer.name == self.graph.outputs[0]:
+            self._loss_sync(layer, configs, seconds)
         if not layer.param_count and not norms:
             return seconds, total_bytes
         out_channels = as_view(layer.output_shape)[1]
@@ -249,6 +254,28 @@ class CostModel:
                 values * BYTES_PER_ELEMENT, planes)
             total_bytes[row] += (2 * instance * 2 * (planes - 1) * 2 * batch * channels
                                  * BYTES_PER_ELEMENT)
+
+    def _loss_sync(self, layer: Layer, configs: Sequence[ParallelConfig],
+                   seconds: np.ndarray) -> None:
+        """Add the cross-entropy's all-reduces under each config that splits the scores by
+        class: over each channel group, the per-sample maximum, then the per-sample sums of
+        exponentials and target scores (two values per sample), forward only
+        (functions.sharded_cross_entropy). Unpriced, the loss's waits (these two and the step's
+        loss sum) were 5-6 ms of a 35 ms step of tiny_cnn's channel-split plan on this
+        project's CPUs."""
+        sizes = as_view(layer.output_shape)
+        for row, config in enumerate(configs):
+            if config.c == 1:
+                continue
+            # a value per sample (and position) of the tile's scores
+            samples = math.prod(-(-size // degree) for dim, (size, degree) in enumerate(zip(
+                sizes, config.degrees, strict=True)) if dim != 1) * BYTES_PER_ELEMENT
+            groups = np.array(config.devices).reshape(config.n, config.c, -1).transpose(
+                0, 2, 1).reshape(-1, config.c)
+            slowest = max((self.cluster.slowest_link(group.tolist()) for group in groups),
+                          key=lambda link: link.allreduce_seconds(samples, config.c))
+            seconds[row] += (slowest.allreduce_seconds(samples, config.c)
+                             + slowest.allreduce_seconds(2 * samples, config.c))
 
     def _group_sync_seconds(self, shard: int, channels: int, replicas: int,
                             links: GroupLinks, norms: int) -> float:
