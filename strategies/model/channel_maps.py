@@ -130,8 +130,9 @@ def _probe(gm: fx.GraphModule, source: fx.Node, nodes: tuple[fx.Node, ...]
 
 
 def _ancestors(end: fx.Node, source: fx.Node) -> list[str]:
-    """The nodes `end` is computed from, back to `source`; raises KeyError-free: a node that
-    does not descend from `source` (another tensor, a parameter) makes the probe fail."""
+    """The nodes `end` is computed from, back to `source`. A node among them that does not
+    descend from `source` (another tensor, a parameter) is listed too: `_run` refuses its op,
+    so the probe fails and the map is not one of the channels."""
     seen: list[str] = []
     pending = [end]
     while pending:
