@@ -73,7 +73,7 @@ Assignment = dict[str, ParallelConfig]
 class PlanResult:
     """One plan's prediction and its measured step, medians over the timed steps; transfer
     and sync are the waits of each step's busiest rank (`measured_terms`), `rest` the step
-    less both (compute, the loss's all-reduces and the runtime's own work)."""
+    less both (compute and the runtime's own work)."""
 
     name: str
     predicted: Breakdown
