@@ -247,9 +247,7 @@ class CostModel:
                 continue
             values = 2 * -(-batch // config.n) * -(-channels // config.c)
             groups = np.array(config.devices).reshape(config.n * config.c, planes)
-            slowest = max((self.cluster.slowest_link(group.tolist()) for group in groups),
-                          key=lambda link: link.allreduce_seconds(values * BYTES_PER_ELEMENT,
-                                                                  planes))
+            slowest = self._slowest_group_link(groups, values * BYTES_PER_ELEMENT)
             seconds[row] += 2 * instance * slowest.allreduce_seconds(
                 values * BYTES_PER_ELEMENT, planes)
             total_bytes[row] += (2 * instance * 2 * (planes - 1) * 2 * batch * channels
@@ -272,10 +270,15 @@ class CostModel:
                 sizes, config.degrees, strict=True)) if dim != 1) * BYTES_PER_ELEMENT
             groups = np.array(config.devices).reshape(config.n, config.c, -1).transpose(
                 0, 2, 1).reshape(-1, config.c)
-            slowest = max((self.cluster.slowest_link(group.tolist()) for group in groups),
-                          key=lambda link: link.allreduce_seconds(samples, config.c))
+            slowest = self._slowest_group_link(groups, samples)
             seconds[row] += (slowest.allreduce_seconds(samples, config.c)
                              + slowest.allreduce_seconds(2 * samples, config.c))
+
+    def _slowest_group_link(self, groups: np.ndarray, nbytes: int) -> Link:
+        """The link of the group (a row of `groups`, device ids) whose all-reduce of `nbytes`
+        takes longest: the groups reduce at once and the step waits for the slowest."""
+        links = (self.cluster.slowest_link(group.tolist()) for group in groups)
+        return max(links, key=lambda link: link.allreduce_seconds(nbytes, groups.shape[1]))
 
     def _group_sync_seconds(self, shard: int, channels: int, replicas: int,
                             links: GroupLinks, norms: int) -> float:
