@@ -150,6 +150,25 @@ class ChannelsLastPool(nn.Module):
         return self.fc(self.pointwise(self.conv(x).permute(0, 2, 3, 1)).mean((1, 2)))
 
 
+class ChannelsLastMlp(nn.Module):
+    """A channels-last run outside any residual block (ConvNeXt's inverted bottleneck without
+    its shortcut): one tensor crosses after each of its ops, but the model holds those
+    channels-last, so no block of local parallelism may end there."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.expand = nn.Linear(8, 16)
+        self.project = nn.Linear(16, 8)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x).permute(0, 2, 3, 1)
+        x = self.project(F.gelu(self.expand(self.norm(x)))).permute(0, 3, 1, 2)
+        return self.fc(F.relu(x).mean((2, 3)))
+
+
 class SharedScale(nn.Module):
     """One parameter read by two ops: shared between two layers."""
 

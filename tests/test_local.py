@@ -46,6 +46,7 @@ from layerwise.strategies.schedules.local.planner import (
 from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.training_run import RunResult, TrainSettings
 from tests.distributed import spawn_cases
+from tests.idiom_models import ChannelsLastMlp
 
 MODEL, SIZE, BATCH, STEPS, SEED = "lenet5", 16, 8, 3, 0
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-4
@@ -321,6 +322,39 @@ def test_blocks_cut_inside_a_residual_block_are_refused():
         block_cuts(graph, blocks, 2)
     with pytest.raises(ConfigError, match="2 blocks but the run has 3"):
         block_cuts(graph, blocks, 3)
+
+
+def _run_channels_last(case: tuple[Strategy, LayerGraph], rank: int, world: int) -> float:
+    strategy, graph = case
+    torch.manual_seed(SEED)
+    module = ChannelsLastMlp()
+    settings = _settings("local").model_copy(update={
+        "model": "tests.idiom_models:ChannelsLastMlp", "image_size": 8, "classes": 4,
+        "in_channels": 3})
+    engine = LocalEngine(EngineContext(settings=settings, strategy=strategy, graph=graph,
+                                       module=module, rank=rank, world=world,
+                                       device=torch.device("cpu")))
+    generator = torch.Generator().manual_seed(1000)
+    return engine.step(torch.randn((4, 3, 8, 8), generator=generator),
+                       torch.randint(0, 4, (4,), generator=generator))
+
+
+def test_blocks_never_end_inside_a_channels_last_run():
+    """After the permute into channels-last the model's tensors are (N, H, W, C) until the
+    permute back: a block ending there would hand its head and the next block the wrong
+    layout, so those layers are no cut points, and blocks that end there are refused."""
+    graph = build_graph("tests.idiom_models:ChannelsLastMlp", batch=4, image_size=8,
+                        num_classes=4)
+    assert [layer.name for layer in graph.layers if layer.channels_last_value] == [
+        "conv", "expand"]
+    assert [cut.crossing for cut in legal_cuts(graph)] == ["project", "mean"]
+    inside = next(index for index, layer in enumerate(graph.layers) if layer.name == "expand")
+    with pytest.raises(ConfigError, match="channels-last"):
+        block_cuts(graph, blocks_for(graph, [Cut(position=inside, crossing="expand")]), 2)
+    cluster = load_cluster("local")
+    strategy = build_strategy("local", CostModel(graph, cluster, 2, AnalyticCompute(cluster)))
+    (loss,) = spawn_cases(_run_channels_last, [(strategy, graph)], 2, __name__)
+    assert torch.isfinite(torch.tensor(loss))
 
 
 # ---- the CLI and the worker ----------------------------------------------------------------

@@ -223,6 +223,9 @@ class Layer(BaseModel):
     after: tuple[str, ...] = ()  # the permute back to channels-first after its op
     # a channel map's source: output channel j is input channel channels[j] (kind "channels")
     channels: tuple[int, ...] = ()
+    # its value in the model's own forward is channels-last (an op inside a permuted run but
+    # its last): the tiles are of the (N, C, ...) tensor, the model's fx code is not
+    channels_last_value: bool = False
 
     @property
     def param_count(self) -> int:
@@ -1304,6 +1307,9 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
         )
         for raw in kept
     )
+    inside_runs = {op for run in builder.channels_last.values() for op in run.ops[:-1]}
+    layers = tuple(layer.model_copy(update={"channels_last_value": True})
+                   if layer.value_node in inside_runs else layer for layer in layers)
     outputs = tuple(dict.fromkeys(holder.get(name, name) for name in output_nodes))
     return LayerGraph(model=label, input_shape=input_shape, layers=layers, outputs=outputs)
 

@@ -59,7 +59,8 @@ def legal_cuts(graph: LayerGraph) -> list[Cut]:
 
     A layer is live after position p when it is at or before p and some consumer (or the
     model's output) comes after p. The first block holds the input and at least one layer;
-    the last block at least one layer.
+    the last block at least one layer. A layer whose value the model holds channels-last (inside
+    a permuted run) is no cut: its block's head and the next block read (N, C, ...) tensors.
     """
     order = {layer.name: index for index, layer in enumerate(graph.layers)}
     last_use = dict(order)
@@ -72,7 +73,9 @@ def legal_cuts(graph: LayerGraph) -> list[Cut]:
     for position, layer in enumerate(graph.layers[:-1]):
         live = {name for name in (*live, layer.name) if last_use[name] > position}
         if position > 0 and len(live) == 1:
-            cuts.append(Cut(position=position, crossing=next(iter(live))))
+            crossing = next(iter(live))
+            if not graph.by_name[crossing].channels_last_value:
+                cuts.append(Cut(position=position, crossing=crossing))
     return cuts
 
 
@@ -92,8 +95,8 @@ def _usable_cuts(graph: LayerGraph, blocks: int) -> list[Cut]:
         raise ConfigError(
             f"local parallelism puts one block per process, but {graph.model} has "
             f"{len(cuts)} legal cut point(s) (after: {where}; a cut may not split a "
-            f"residual block), so at most {len(cuts) + 1} blocks; use --nproc {len(cuts) + 1} "
-            f"or fewer processes (got {blocks})")
+            f"residual block or a channels-last run), so at most {len(cuts) + 1} blocks; use "
+            f"--nproc {len(cuts) + 1} or fewer processes (got {blocks})")
     return cuts
 
 
@@ -235,7 +238,8 @@ def block_cuts(graph: LayerGraph, blocks: Sequence[LocalBlock], world: int) -> l
         position += len(block.layers)
         if position not in cuts:
             raise ConfigError(f"the local block ending at layer '{block.layers[-1]}' cuts "
-                              "where more than one tensor crosses (inside a residual block)")
+                              "where more than one tensor crosses (inside a residual block) "
+                              "or the model holds the tensor channels-last")
         found.append(cuts[position])
     return found
 
