@@ -13,15 +13,20 @@ the same global batch and seed), then train each strategy on `nproc` torchrun pr
 its validation accuracy against the reference (a binomial bound in images, strategies/
 accuracy.py), and record it in a nested MLflow run: its inputs (dataset, calibration,
 profile) before training, its loss per step while it trains, its results and trained model
-(registered with `register_model: true`) after. A failed check fails its own task and
-MLflow run, keeps every measured number, and the other strategies still run; the flow then
-ends Failed, naming it once. Whatever ends the flow, its MLflow runs do not stay RUNNING: an
-error closes them FAILED, Ctrl-C or SIGTERM KILLED, and the runs of a flow killed outright
-(SIGKILL) are marked KILLED when the next flow starts (tasks/tracking/track.py). Each benchmark's
-folder runs/benchmark-STAMP is created by it alone (make_stamped_folder). The flow prints how
-long each stage took, its own overhead (everything but torchrun, profiling and calibration), a
-comparison table and, in words, which strategy won by how much; the table is also the flow
-run's Prefect artifact.
+(registered with `register_model: true`) after. Once a model version's strategies ran, its
+champion in the registry is settled: the alias `champion-<label>-<cluster>` moves to a
+strategy's version only when it beats the champion by `champion_margin`, measured in the same
+run (tasks/tracking/champion.py). A failed check fails its own task and MLflow run, keeps
+every measured number, and the other strategies still run; the flow then ends Failed, naming
+it once. With `fail_on_regression`, so does a regression: the searched plan slower than data
+parallelism, or a champion's strategy slower than its recorded step by the margin. Whatever
+ends the flow, its MLflow runs do not stay RUNNING: an error closes them FAILED, Ctrl-C or
+SIGTERM KILLED, and the runs of a flow killed outright (SIGKILL) are marked KILLED when the next
+flow starts (tasks/tracking/track.py). Each benchmark's folder runs/benchmark-STAMP is created
+by it alone (make_stamped_folder). The flow prints how long each stage took, its own overhead
+(everything but torchrun, profiling and calibration), a comparison table and, in words, which
+strategy won by how much and where the champion stands; the table is also the flow run's
+Prefect artifact.
 """
 
 import contextlib
@@ -31,7 +36,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +65,14 @@ from layerwise.strategies.runtime.datasets import ImageSpec
 from layerwise.strategies.schedules import SEARCHED, is_exact
 from layerwise.strategies.training_run import RunResult
 from layerwise.tasks.calibrate import calibrate_links
+from layerwise.tasks.champion import ChampionKey, settle_champion
 from layerwise.tasks.prepare import prepare_data
 from layerwise.tasks.profile import profile_model
-from layerwise.tasks.record import ModelRecord, record_strategy_run
+from layerwise.tasks.record import record_strategy_run
 from layerwise.tasks.search import oracle_step_seconds, search_strategies
 from layerwise.tasks.tracking import model_registry as registry
 from layerwise.tasks.tracking import provenance, track
+from layerwise.tasks.tracking.champion import Measured, Standing, standing_line
 from layerwise.tasks.tracking.figures import SPLIT_WORDS
 from layerwise.tasks.tracking.owner import owner_tags
 from layerwise.tasks.train import train_strategy
@@ -99,6 +106,10 @@ class Outcome:
     # the bytes a device may hold when the config declares them
     predicted_peak_bytes: int | None = None
     memory_limit: int | None = None
+    # the run's version of the model's registered name (None: not registered), and the
+    # registry's verdict on its (model, label, cluster) champion after every strategy ran
+    registered_version: str | None = None
+    standing: Standing | None = None
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -205,7 +216,8 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
                           parent_id=parent_id, tags=tags, folder=folder, image=image,
                           clock=clock, cluster=cluster)
         outcomes = [outcome for model in config.models
-                    for outcome in _benchmark_model(context, model)]
+                    for outcome in _settle_champion(context, model,
+                                                    _benchmark_model(context, model))]
         failed = [outcome for outcome in outcomes if outcome.error is not None]
         slower = regressions(outcomes) if config.fail_on_regression else []
         with clock.stage("track"):
@@ -221,9 +233,24 @@ def benchmark(config: BenchmarkConfig) -> list[Outcome] | State:
 
 
 def regressions(outcomes: list[Outcome]) -> list[str]:
+    """What a nightly run must not pass over in silence, one line each: per model version,
+    the searched plan slower than data parallelism (`_searched_regressions`), and its
+    champion's strategy slower than the champion's recorded step (tasks/tracking/champion.py)."""
+    return _searched_regressions(outcomes) + [standing.regression
+                                              for standing in _standings(outcomes)
+                                              if standing.regression is not None]
+
+
+def _standings(outcomes: list[Outcome]) -> list[Standing]:
+    """Each model version's champion verdict, once, in the config's order."""
+    return list(dict.fromkeys(outcome.standing for outcome in outcomes
+                              if outcome.standing is not None))
+
+
+def _searched_regressions(outcomes: list[Outcome]) -> list[str]:
     """Per model version, the searched plan measured slower than data parallelism beyond the
     measurement's spread (its first quartile above data's third), where both ran and data
-    fits the declared memory: what a nightly run must not pass over in silence."""
+    fits the declared memory."""
     found = []
     for model in dict.fromkeys(outcome.model for outcome in outcomes):
         mine = {outcome.strategy: outcome for outcome in outcomes if outcome.model == model}
@@ -337,7 +364,7 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
     config, clock = context.config, context.clock
     label = f"{model.name} {model.version} {strategy}"
     out = folder / strategy
-    result = check = None
+    result = check = version = None
     with track.strategy_run(  # what escapes: FAILED or KILLED
             context.client, context.experiment_id, context.parent_id,
             f"{model.name}-{model.version}-{strategy}",
@@ -367,12 +394,13 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                         return_state=True)
                     check = accuracy_of(verdict)
             with clock.stage("track"):
-                record_strategy_run.with_options(task_run_name=f"track[{label}]")(
+                version = record_strategy_run.with_options(task_run_name=f"track[{label}]")(
                     context.client, run_id, result, graph, out, check, divergence,
-                    oracle_seconds, ModelRecord(
+                    oracle_seconds, registry.ModelRecord(
                         registered_name=registry.registered_model_name(model.name)
                         if config.register_model else None,
-                        version_label=model.version, strategy=strategy))
+                        version_label=model.version, strategy=strategy,
+                        cluster=context.cluster))
             error = _first_failure(reference, divergence, verify_error, check)
         except Exception as failure:  # recorded in its MLflow run; the other strategies go on
             error = str(failure)
@@ -386,7 +414,39 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
     return Outcome(model=model, strategy=strategy, result=result, accuracy=check,
                    divergence=divergence, error=error,
                    predicted_peak_bytes=max(peaks) if peaks else None,
-                   memory_limit=config.memory_limit)
+                   memory_limit=config.memory_limit, registered_version=version)
+
+
+def _settle_champion(context: Context, model: ModelVersion,
+                     outcomes: list[Outcome]) -> list[Outcome]:
+    """The registry's champion verdict for the model version's registered strategies, on
+    each of its outcomes (unchanged when none was registered)."""
+    measured = [_measured(outcome, outcomes) for outcome in outcomes
+                if outcome.registered_version is not None and outcome.result is not None]
+    if not measured:
+        return outcomes
+    key = ChampionKey(registered_name=registry.registered_model_name(model.name),
+                      model=model.name, label=model.version, cluster=context.cluster)
+    with context.clock.stage("track"):
+        standing = settle_champion.with_options(
+            task_run_name=f"champion[{model.name} {model.version}]")(
+            context.client, key, measured, context.config.champion_margin,
+            provenance.source_text(context.tags, context.folder.name))
+    return [replace(outcome, standing=standing) for outcome in outcomes]
+
+
+def _measured(outcome: Outcome, outcomes: list[Outcome]) -> Measured:
+    """A registered run as the champion's rule reads it: ineligible when it failed a check
+    or does not fit the declared memory."""
+    assert outcome.result is not None and outcome.registered_version is not None
+    speedup = _speedup(outcome, outcomes)
+    ineligible = outcome.error
+    if ineligible is None and outcome.fits is False:
+        ineligible = (f"its peak memory is over the declared "
+                      f"{_megabytes(outcome.memory_limit)} MB per device")
+    return Measured(strategy=outcome.strategy, version=outcome.registered_version,
+                    step_seconds=outcome.result.step_seconds_median,
+                    speedup=None if speedup is None else speedup[0], ineligible=ineligible)
 
 
 def _first_failure(reference: Reference, divergence: Divergence | None,
@@ -637,11 +697,14 @@ def _print_report(context: Context, outcomes: list[Outcome], elapsed: float) -> 
 
 
 def summary_lines(outcomes: list[Outcome]) -> list[str]:
-    """In words, per model: which strategy won and by how much, and how the checks went."""
+    """In words, per model: which strategy won and by how much, its champion in the registry,
+    and how the checks went."""
     lines = []
     for model in dict.fromkeys(outcome.model for outcome in outcomes):
         mine = [outcome for outcome in outcomes if outcome.model == model]
-        lines += _winner_lines(model, mine) + _memory_lines(model, mine) + _check_lines(mine)
+        lines += (_winner_lines(model, mine) + _memory_lines(model, mine)
+                  + [standing_line(standing) for standing in _standings(mine)]
+                  + _check_lines(mine))
     return lines
 
 

@@ -129,13 +129,19 @@ class BenchmarkConfig(BaseModel):
     train_deadline_s: float = Field(default=600.0, gt=0, le=MAX_WAIT_SECONDS,
                                     allow_inf_nan=False)
     # each run's trained model becomes a version of the model's name in MLflow's registry,
-    # tagged with its version label and strategy and aliased `<version>-<strategy>`
+    # tagged with its version label, strategy and cluster and aliased `<version>-<strategy>`;
+    # each (version, cluster)'s fastest passing strategy holds `champion-<version>-<cluster>`
     register_model: bool = True
+    # the share of the champion's measured step a strategy must save, measured in the same run,
+    # to take the champion alias; the champion's strategy measured more than this share slower
+    # than its recorded step is a regression (tasks/tracking/champion.py)
+    champion_margin: float = Field(default=0.05, ge=0, lt=1, allow_inf_nan=False, strict=True)
     # the prepared dataset pushed to the project's DVC remote after `dvc repro`, so another
     # clone's `dvc pull` finds it
     dvc_push: bool = True
     # the flow run fails when a model version's searched plan measures slower than data
-    # parallelism beyond the measurement's spread (a nightly's regression guard)
+    # parallelism beyond the measurement's spread, or its champion's strategy slower than the
+    # champion's recorded step beyond champion_margin (a nightly's regression guard)
     fail_on_regression: bool = True
 
     @model_validator(mode="before")

@@ -12,34 +12,23 @@ from pathlib import Path
 from mlflow import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.exactness.accuracy import AccuracyCheck
 from layerwise.strategies.exactness.reference import Divergence
 from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.training_run import RunResult
-from layerwise.tasks.tracking.model_registry import log_trained_model
+from layerwise.tasks.tracking.model_registry import ModelRecord, log_trained_model
 from layerwise.tasks.tracking.track import log_strategy_run
-
-
-class ModelRecord(BaseModel):
-    """How a run's trained weights are logged: registered under `registered_name` (None: only
-    logged), as the config's `version_label` of the model, trained under `strategy`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    registered_name: str | None
-    version_label: str
-    strategy: str
 
 
 @task(name="track", cache_policy=NO_CACHE)
 def record_strategy_run(client: MlflowClient, run_id: str, result: RunResult,
                         graph: LayerGraph, run_folder: Path, accuracy: AccuracyCheck | None,
                         divergence: Divergence | None, oracle_seconds: float | None,
-                        model: ModelRecord) -> None:
+                        model: ModelRecord) -> str | None:
     """Log what the run measured and how its checks went, whether they passed or not, then
-    its trained weights as an MLflow model of the run (active in this thread)."""
+    its trained weights as an MLflow model of the run (active in this thread): the number of
+    its registry version, None when it is not registered."""
     log_strategy_run(client, run_id, result, graph, run_folder, accuracy, divergence,
                      oracle_seconds)
-    log_trained_model(run_folder, model.registered_name, model.version_label, model.strategy)
+    return log_trained_model(client, run_folder, model)

@@ -108,6 +108,9 @@ REFUSED = [
     (("run", "--set", "models.\u00b2.name=x"), "'models.\u00b2': no such field to set"),
     (("run", "--set", f"models.{'1' * 5000}.name=x"), "no such field to set"),
     (("run", "--set", "tolerance=inf"), "tolerance: Input should be a finite number"),
+    # a share of the champion's step: 1 would ask a challenger for a step of no time at all
+    (("run", "--set", "champion_margin=1"), "champion_margin: Input should be less than 1"),
+    (("run", "--set", "champion_margin=yes"), "champion_margin: Input should be a valid number"),
     (("run", "--set", "train_deadline_s=.inf"), "train_deadline_s: Input should be a finite"),
     # finite, yet past what a timer or gloo's C int of milliseconds holds
     (("run", "--set", "train_deadline_s=1e300"),

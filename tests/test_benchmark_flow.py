@@ -180,16 +180,23 @@ def test_a_strategy_run_holds_params_metrics_and_artifacts(benchmarked, strategy
 def test_a_strategy_runs_model_is_registered_and_rebuilds_its_predictions(benchmarked,
                                                                          strategy):
     """`register_model: true`: each run's weights are a registry version of the model's name,
-    aliased `<version label>-<strategy>`, that loads with MLflow alone and predicts."""
+    aliased `<version label>-<strategy>`, linked to the run's logged model (MLflow's UI lists
+    the version on the logged model's page), that loads with MLflow alone and predicts."""
     import mlflow
     import numpy as np
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
     client, _, _ = benchmarked
     version = client.get_model_version_by_alias("tiny_cnn", f"v1-{strategy}")
-    [run] = client.search_runs([client.get_experiment_by_name("test-benchmark").experiment_id],
-                               f"params.strategy = '{strategy}'")
+    experiment_id = client.get_experiment_by_name("test-benchmark").experiment_id
+    [run] = client.search_runs([experiment_id], f"params.strategy = '{strategy}'")
     assert version.run_id == run.info.run_id
-    assert version.tags == {"model_version": "v1", "strategy": strategy}
+    assert version.tags == {"model_version": "v1", "strategy": strategy,
+                            "cluster": calibration_path(2).stem}
+    [logged] = client.search_logged_models([experiment_id],
+                                           filter_string=f"source_run_id = '{run.info.run_id}'")
+    assert json.loads(logged.tags[MLFLOW_MODEL_VERSIONS]) == [
+        {"name": "tiny_cnn", "version": str(version.version)}]
     mlflow.set_tracking_uri(client.tracking_uri)  # as every flow run sets it (tracking/track.py)
     model = mlflow.pyfunc.load_model(f"models:/tiny_cnn@v1-{strategy}")
     inputs = model.metadata.get_input_schema().inputs[0]
@@ -197,6 +204,41 @@ def test_a_strategy_runs_model_is_registered_and_rebuilds_its_predictions(benchm
     assert model.predict(np.zeros((5, 3, 8, 8), np.float32)).shape == (5, 10)
     table = Path(client.download_artifacts(run.info.run_id, "per_layer.json"))
     assert "conv1" in table.read_text(encoding="utf-8")
+
+
+def test_the_fastest_eligible_strategy_is_crowned_and_every_version_described(benchmarked):
+    """The first run on this cluster crowns its fastest eligible strategy: owt_b, as data
+    parallelism is over the declared 1 KB. Each version's description says its strategy, its
+    measured step and speed-up, why it is or is not champion, and the commit; the summary names
+    the champion."""
+    from layerwise.flows.benchmark import summary_lines
+    from layerwise.tasks.tracking.model_registry import champion_alias
+
+    client, outcomes, _ = benchmarked
+    alias = champion_alias("v1", str(calibration_path(2)))
+    assert alias == f"champion-v1-{calibration_path(2).stem}".replace(".", "_")
+    champion = client.get_model_version_by_alias("tiny_cnn", alias)
+    assert champion.tags["strategy"] == "owt_b"
+    [parent] = client.search_runs([client.get_experiment_by_name(
+        "test-benchmark").experiment_id], "tags.`mlflow.parentRunId` IS NULL")
+    commit = parent.data.tags["mlflow.source.git.commit"]
+    by_name = {outcome.strategy: outcome for outcome in outcomes}
+    for strategy in STRATEGIES:
+        version = client.get_model_version_by_alias("tiny_cnn", f"v1-{strategy}")
+        step = by_name[strategy].result.step_seconds_median
+        assert version.description.startswith(
+            f"Strategy '{strategy}' of tiny_cnn, model version label v1, on cluster "
+            f"{calibration_path(2).stem}: {step * 1e3:.1f} ms per step measured")
+        assert f"Commit {commit}" in version.description
+        assert parent.info.run_name in version.description
+    data = client.get_model_version_by_alias("tiny_cnn", "v1-data").description
+    assert "1.00x data parallelism measured in the same run" in data
+    assert "Never champion: its peak memory is over the declared 0.0 MB per device." in data
+    assert f"Champion ({alias}): 'owt_b'" in champion.description
+    standing = by_name["owt_b"].standing
+    assert standing is not None and standing.champion.version == str(champion.version)
+    assert f"{alias}: 'owt_b' (registry version {champion.version}" in "\n".join(
+        summary_lines(outcomes))
 
 
 @pytest.fixture(scope="module")
@@ -565,3 +607,25 @@ def test_a_searched_plan_slower_than_data_parallelism_is_a_regression():
                         measured("data", 0.1, (0.095, 0.105), memory_limit=1,
                                  predicted_peak_bytes=2)]) == []
     assert regressions([measured("owt", 0.130, (0.120, 0.140)), data]) == []
+
+
+def test_a_champion_regression_fails_the_flow_by_the_same_guard():
+    """The champion's verdict rides on its model version's outcomes: its regression line is
+    one of the guard's, once however many strategies carry it."""
+    from layerwise.flows.benchmark import Outcome, regressions
+    from layerwise.flows.benchmark_config import ModelVersion
+    from layerwise.strategies.training_run import RunResult
+    from layerwise.tasks.tracking.champion import Champion, Measured, settle
+
+    model = ModelVersion(name="wide_fc", version="v2")
+    held = Champion(version="3", strategy="data", step_seconds=0.100)
+    standing = settle("wide_fc", "v2", "local", "champion-v2-local", held,
+                      [Measured(strategy="data", version="4", step_seconds=0.120)], 0.05)
+    result = RunResult.model_construct(step_seconds_median=0.120,
+                                       step_seconds_quartiles=(0.119, 0.121),
+                                       peak_memory_bytes_per_rank=())
+    outcomes = [Outcome(model=model, strategy=strategy, result=result, standing=standing)
+                for strategy in ("data", "owt")]
+    assert regressions(outcomes) == [
+        "champion regression: wide_fc v2 on local: 'data' ran 120.0 ms per step, 20.0% slower "
+        "than the 100.0 ms its champion version 3 recorded (margin 5%)"]

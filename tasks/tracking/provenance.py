@@ -57,6 +57,14 @@ def environment_tags(flow_run_id: str | None, device: str, torch_version: str,
     return tags
 
 
+def source_text(tags: dict[str, str], run_name: str) -> str:
+    """Where a registered version came from, in words, from `environment_tags`: the commit
+    (with uncommitted changes, when the work tree had any) and the benchmark run."""
+    dirty = {"true": " with uncommitted changes", "false": ""}.get(
+        tags.get(GIT_DIRTY_TAG, "unknown"), " (uncommitted changes unknown)")
+    return f"Commit {tags.get(MLFLOW_GIT_COMMIT, 'unknown')}{dirty}, benchmark run {run_name}"
+
+
 def _git(*arguments: str) -> str | None:
     """git's output in the current directory, stripped; None outside a git work tree."""
     output = _git_output(*arguments)
