@@ -8,7 +8,11 @@ run (or of all of them): predicted vs measured step time, throughput, bytes per 
 and sync, predicted and measured) and validation accuracy against the one-process baseline.
 When one model has two versions, it also says what changed between them: the structure hash,
 the layers added or removed (by name, from each version's logged per-layer table) and the
-metric deltas per strategy. The table is a Prefect artifact of the compare run; only with
+metric deltas per strategy. Per model version and cluster of the newest run it names the
+champion the registry holds (alias `champion-<label>-<cluster>`, its strategy and recorded
+step, and that strategy's step in the newest run) beside the best challenger of the newest
+run: the fastest finished strategy other than the champion's. The table is a Prefect artifact
+of the compare run; only with
 `log` (`--log`) is the comparison also logged on the newest parent run (a table, a figure and
 the whole report as JSON, under `compare-TIMESTAMP/` so repeated comparisons never mix): a
 query alone writes nothing to MLflow. Runs are read with `mlflow.search_runs` (it pages by
@@ -35,6 +39,12 @@ from pydantic import BaseModel
 
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.tasks.tracking import track
+from layerwise.tasks.tracking.model_registry import (
+    champion_alias,
+    cluster_key,
+    current_champion,
+    registered_model_name,
+)
 
 SCHEMA_VERSION = 1
 COMPARED_METRICS = (
@@ -69,6 +79,7 @@ class StrategyRow(BaseModel):
     model_version: str
     structure_hash: str
     strategy: str
+    cluster: str  # the run's `cluster` param: a preset's name or a cluster file
     status: str
     start_time: int
     error: str | None
@@ -89,6 +100,23 @@ class VersionChange(BaseModel):
     deltas: dict[str, dict[str, float]]  # strategy -> metric -> after minus before
 
 
+class ChampionRow(BaseModel):
+    """A model version's champion on one cluster, as the registry holds it (None: no
+    champion yet), beside the best challenger of the newest benchmark run (its fastest
+    finished strategy other than the champion's)."""
+
+    model: str
+    model_version: str
+    cluster: str
+    alias: str
+    champion_version: str | None
+    champion_strategy: str | None
+    champion_step_seconds: float | None  # recorded by the champion version's run
+    champion_latest_seconds: float | None  # its strategy's step in the newest run
+    challenger_strategy: str | None
+    challenger_step_seconds: float | None
+
+
 class Comparison(BaseModel):
     """The whole report: what `--json` prints and what is logged as comparison.json."""
 
@@ -98,6 +126,7 @@ class Comparison(BaseModel):
     parent_runs: list[ParentRun]
     rows: list[StrategyRow]
     changes: list[VersionChange]
+    champions: list[ChampionRow] = []
     logged_on_run: str | None = None
     artifacts: list[str] = []
 
@@ -123,7 +152,9 @@ def compare(experiment: str, all_runs: bool = False, log: bool = False) -> Compa
         parent_runs=[ParentRun(run_id=run.info.run_id, run_name=run.info.run_name,
                                status=run.info.status, start_time=run.info.start_time)
                      for run in parents],
-        rows=rows, changes=_version_changes(client, rows))
+        rows=rows, changes=_version_changes(client, rows),
+        champions=champion_rows(client, [row for row in rows
+                                         if row.parent_run_id == parents[0].info.run_id]))
     if log:
         newest = parents[0].info.run_id
         comparison = comparison.model_copy(update={
@@ -156,10 +187,63 @@ def strategy_rows(experiment_id: str, parent: Run) -> list[StrategyRow]:
         run_id=run.info.run_id, model=run.data.params.get("model", "?"),
         model_version=run.data.params.get("model_version", "?"),
         structure_hash=run.data.params.get("structure_hash", ""),
-        strategy=run.data.params.get("strategy", "?"), status=run.info.status,
+        strategy=run.data.params.get("strategy", "?"),
+        cluster=run.data.params.get("cluster", "?"), status=run.info.status,
         start_time=run.info.start_time, error=run.data.tags.get("error"),
         metrics={name: run.data.metrics.get(name) for name in COMPARED_METRICS},
     ) for run in children]
+
+
+def champion_rows(client: MlflowClient, rows: list[StrategyRow]) -> list[ChampionRow]:
+    """Per (model, version, cluster) of one benchmark run's rows: the registry's champion and
+    the run's best challenger."""
+    groups: dict[tuple[str, str, str], list[StrategyRow]] = {}
+    for row in rows:
+        groups.setdefault((row.model, row.model_version, row.cluster), []).append(row)
+    return [_champion_row(client, model, version, cluster, group)
+            for (model, version, cluster), group in groups.items()]
+
+
+def _champion_row(client: MlflowClient, model: str, version: str, cluster: str,
+                  rows: list[StrategyRow]) -> ChampionRow:
+    alias = champion_alias(version, cluster)
+    champion = current_champion(client, registered_model_name(model), alias)
+    steps = {row.strategy: row.metrics.get("step_seconds") for row in rows
+             if row.status == "FINISHED" and row.metrics.get("step_seconds") is not None}
+    challengers = {strategy: step for strategy, step in steps.items()
+                   if champion is None or strategy != champion.strategy}
+    challenger = min(challengers, key=lambda strategy: challengers[strategy], default=None)
+    return ChampionRow(
+        model=model, model_version=version, cluster=cluster_key(cluster), alias=alias,
+        champion_version=None if champion is None else champion.version,
+        champion_strategy=None if champion is None else champion.strategy,
+        champion_step_seconds=None if champion is None else champion.step_seconds,
+        champion_latest_seconds=None if champion is None else steps.get(champion.strategy),
+        challenger_strategy=challenger,
+        challenger_step_seconds=None if challenger is None else challengers[challenger])
+
+
+def champion_line(row: ChampionRow) -> str:
+    """A model version's champion and challenger in words, for the terminal and Prefect."""
+    head = f"{row.model} {row.model_version} on {row.cluster} ({row.alias}): "
+    if row.champion_strategy is None:
+        head += "no champion registered yet"
+    else:
+        assert row.champion_step_seconds is not None
+        latest = ("" if row.champion_latest_seconds is None
+                  else f", {_ms(row.champion_latest_seconds)} in the newest run")
+        head += (f"champion '{row.champion_strategy}' (registry version "
+                 f"{row.champion_version}, {_ms(row.champion_step_seconds)} per step "
+                 f"recorded{latest})")
+    if row.challenger_strategy is None:
+        return head + "; no challenger in the newest run"
+    assert row.challenger_step_seconds is not None
+    return (head + f"; best challenger of the newest run '{row.challenger_strategy}', "
+            f"{_ms(row.challenger_step_seconds)} per step")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
 
 
 def _version_changes(client: MlflowClient, rows: list[StrategyRow]) -> list[VersionChange]:
@@ -282,6 +366,10 @@ def _create_prefect_artifacts(comparison: Comparison) -> None:
             markdown="\n".join(f"- {line}" for change in comparison.changes
                                for line in change_lines(change)),
             key="model-version-changes", description=f"What changed between versions. {where}")
+    if comparison.champions:
+        create_markdown_artifact(
+            markdown="\n".join(f"- {champion_line(row)}" for row in comparison.champions),
+            key="champions", description=f"Champion and challenger per model version. {where}")
 
 
 def change_lines(change: VersionChange) -> list[str]:

@@ -177,3 +177,23 @@ def test_the_parent_run_carries_the_summary_winners_table_and_figure(compared):
     logged = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
     assert {"summary.md", "results.json", "comparison.png"} <= logged
     assert client.download_artifacts(parent.info.run_id, "summary.md").endswith("summary.md")
+
+
+def test_each_versions_champion_is_named_beside_the_newest_runs_challenger(compared):
+    """The benchmark crowned data, its one strategy, for each label on the local cluster:
+    compare reads the champion from the registry (its recorded step is the newest run's, which
+    crowned it) and finds no other strategy to challenge it."""
+    _, report, prefect_artifacts, printed = compared
+    champions = report["champions"]
+    assert [(row["model_version"], row["cluster"], row["alias"], row["champion_strategy"])
+            for row in champions] == [(version, "local", f"champion-{version}-local", "data")
+                                      for version in VERSIONS]
+    steps = {row["model_version"]: row["metrics"]["step_seconds"] for row in report["rows"]}
+    for row in champions:
+        assert row["champion_step_seconds"] == row["champion_latest_seconds"] \
+            == steps[row["model_version"]]
+        assert row["challenger_strategy"] is None and row["challenger_step_seconds"] is None
+    version = champions[0]["champion_version"]
+    assert (f"champion: tiny_cnn v1 on local (champion-v1-local): champion 'data' (registry "
+            f"version {version}, ") in printed
+    assert prefect_artifacts["champions"] == "markdown"

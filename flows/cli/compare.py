@@ -96,7 +96,7 @@ def _check_experiment(name: str) -> None:
 
 def _print(comparison: Comparison) -> None:
     """One table per benchmark run (its name and status in the title), every value whole."""
-    from layerwise.flows.compare import change_lines
+    from layerwise.flows.compare import champion_line, change_lines
 
     for parent in comparison.parent_runs:
         rows = [_cells(row) for row in comparison.rows if row.parent_run_id == parent.run_id]
@@ -107,6 +107,8 @@ def _print(comparison: Comparison) -> None:
     for change in comparison.changes:
         console.print("what changed: " + "\n".join(change_lines(change)), highlight=False,
                       soft_wrap=True)
+    for row in comparison.champions:
+        console.print(f"champion: {champion_line(row)}", highlight=False, soft_wrap=True)
     if comparison.logged_on_run is not None:
         console.print(f"logged on MLflow run {comparison.logged_on_run}: "
                       f"{', '.join(comparison.artifacts)}", highlight=False, soft_wrap=True)
