@@ -3,7 +3,8 @@ temporary SQLite file, torchrun with 2 gloo processes, nothing mocked.
 
 One flow run (tiny_cnn at 8x8 on synthetic data, profiled and its links calibrated on this CPU,
 data and OWT scheme b, 6 steps) is shared by the checks: starting torchrun costs seconds per
-run, the steps milliseconds. The flows that fail are cut short before or at their training.
+run, the steps milliseconds. The flows that fail are cut short before or at their training,
+but for a champion's regression, which takes the shortest flow that measures a step (~20 s).
 """
 
 from __future__ import annotations
@@ -295,6 +296,38 @@ def test_a_failed_training_fails_its_run_and_the_flows(prefect_server, project):
     assert sorted(run.info.status for run in runs) == ["FAILED", "FAILED"]
     [child] = [run for run in runs if "mlflow.parentRunId" in run.data.tags]
     assert "deadline" in child.data.tags["error"]
+
+
+def test_a_champion_slower_than_it_recorded_fails_the_flow_in_one_line(prefect_server,
+                                                                       project):
+    """A champion recorded on a faster machine (0.1 ms per step): data parallelism, its
+    strategy, measured again by the shortest flow is far slower, so the flow run and its parent
+    MLflow run end Failed with one line naming the model, label, cluster, how much slower and
+    the champion's version, which also heads the run's summary; the alias stays where it was."""
+    from layerwise.flows.benchmark import benchmark
+    from layerwise.tasks.tracking.model_registry import champion_alias
+
+    experiment_id = project.create_experiment("champion-regression")
+    seed = project.create_run(experiment_id, run_name="a faster machine").info.run_id
+    project.log_metric(seed, "step_seconds", 1e-4)
+    project.set_terminated(seed)
+    project.create_registered_model("tiny_cnn")
+    recorded = project.create_model_version("tiny_cnn", f"runs:/{seed}/model", run_id=seed,
+                                            tags={"strategy": "data"})
+    alias = champion_alias("v1", "local")
+    project.set_registered_model_alias("tiny_cnn", alias, recorded.version)
+    state = benchmark(load_config(None, [*SHORT, "name=champion-regression"]), return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith(
+        "champion regression: tiny_cnn v1 on local: 'data' ran "), state.message
+    assert state.message.endswith(
+        f"slower than the 0.1 ms its champion version {recorded.version} recorded (margin 5%)")
+    assert "\n" not in state.message
+    [parent] = project.search_runs([experiment_id], "attributes.run_name != 'a faster machine'"
+                                   " AND tags.`mlflow.parentRunId` IS NULL")
+    assert parent.info.status == "FAILED" and state.message in parent.data.tags["error"]
+    assert parent.data.tags["mlflow.note.content"].startswith(f"- {state.message}")
+    assert project.get_model_version_by_alias("tiny_cnn", alias).version == recorded.version
 
 
 def test_benchmarks_started_in_one_second_get_folders_of_their_own(monkeypatch, tmp_path):

@@ -133,7 +133,7 @@ def test_a_challenger_takes_the_alias_only_when_faster_by_the_margin(store):
     stays = settle_run(client, "margin", near)
     assert champion_of(client, "margin") == (crowned.version, "data")
     assert not stays.moved and stays.reference_recorded is False
-    assert "3.0% faster than 'data''s 10.0 ms measured in the same run (margin 5%)" \
+    assert "3.0% faster than 'data' at 10.0 ms measured in the same run (margin 5%)" \
         in standing_line(stays)
     assert "stays champion" in standing_line(stays)
     faster = strategy_run(store, "margin", "owt", 0.009)
@@ -141,8 +141,8 @@ def test_a_challenger_takes_the_alias_only_when_faster_by_the_margin(store):
     assert champion_of(client, "margin") == (faster.version, "owt")
     assert moved.moved and moved.previous == Champion(version=crowned.version,
                                                       strategy="data", step_seconds=0.010)
-    assert ("10.0% faster than 'data''s recorded 10.0 ms (it did not run in this run)"
-            in standing_line(moved))
+    assert ("10.0% faster than the 10.0 ms 'data' recorded as champion, as it did not run in "
+            "this run (margin 5%)" in standing_line(moved))
     assert "took it from 'data'" in client.get_model_version(NAME, faster.version).description
 
 
@@ -183,6 +183,10 @@ def test_the_margin_is_a_share_of_the_champions_step_both_ways():
     assert beats(0.095, 0.100, 0.05) and not beats(0.0951, 0.100, 0.05)
     assert regressed(0.1051, 0.100, 0.05) and not regressed(0.105, 0.100, 0.05)
     assert beats(0.0999, 0.100, 0.0)  # no margin: any faster step
+    held = Champion(version="1", strategy="data", step_seconds=0.100)
+    standing = settle("m", "v1", "local", "champion-v1-local", held,
+                      [measured("data", 0.110)], 0.025)
+    assert standing.regression is not None and standing.regression.endswith("(margin 2.5%)")
 
 
 def test_no_eligible_strategy_crowns_nothing_and_an_ineligible_one_never_takes_the_alias():

@@ -128,7 +128,7 @@ def _regression(model: str, label: str, cluster: str, previous: Champion,
     return (f"champion regression: {model} {label} on {cluster}: '{previous.strategy}' ran "
             f"{_ms(defending.step_seconds)} per step, {slower:.1%} slower than the "
             f"{_ms(previous.step_seconds)} its champion version {previous.version} recorded "
-            f"(margin {margin:.0%})")
+            f"(margin {_share(margin)})")
 
 
 def standing_line(standing: Standing) -> str:
@@ -157,12 +157,13 @@ def _against(standing: Standing) -> str:
     challenger, reference = standing.challenger, standing.reference_seconds
     assert challenger is not None and reference is not None and standing.previous is not None
     change = 1 - challenger.step_seconds / reference
-    which = (f"'{standing.previous.strategy}''s recorded {_ms(reference)} (it did not run "
-             "in this run)" if standing.reference_recorded
-             else f"'{standing.previous.strategy}''s {_ms(reference)} measured in the same run")
+    holder = standing.previous.strategy
+    which = (f"the {_ms(reference)} '{holder}' recorded as champion, as it did not run in this "
+             "run" if standing.reference_recorded
+             else f"'{holder}' at {_ms(reference)} measured in the same run")
     verdict = (f"{change:.1%} faster" if change >= 0 else f"{-change:.1%} slower")
     return (f"{_ms(challenger.step_seconds)} per step, {verdict} than {which} "
-            f"(margin {standing.margin:.0%})")
+            f"(margin {_share(standing.margin)})")
 
 
 def version_description(entry: Measured, standing: Standing, source: str) -> str:
@@ -192,3 +193,8 @@ def _verdict(entry: Measured, standing: Standing) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
+
+
+def _share(margin: float) -> str:
+    """A margin as the config states it, in percent: 0.05 is 5%, 0.025 is 2.5%."""
+    return f"{margin * 100:g}%"
