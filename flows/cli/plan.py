@@ -218,8 +218,8 @@ def _print_plan(result: Plan) -> None:
         console.print(
             f"held to {result.memory_budget / 1e6:,.1f} MB per device: the fastest plan needs "
             f"more, and this one is at most {document['optimality_gap']:.1%} slower than the "
-            f"best plan that fits (a lower bound from {document['memory_rounds']} rounds of "
-            f"Lagrangian multipliers)", highlight=False, soft_wrap=True)
+            f"best plan that fits (a lower bound from {document['memory_bound']})",
+            highlight=False, soft_wrap=True)
     if recompute:
         console.print(
             f"recomputed in the backward: {len(recompute)} layer(s) hold nothing of what their "

@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -254,6 +255,7 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
     by_name = graph.by_name
     position = {layer.name: index for index, layer in enumerate(graph.layers)}
     chains = chained_edges(graph, tiles, recompute)
+    chain_producers = set(chains.values())
     # the layer whose backward call runs each layer's part: a chain's last consumer
     call: dict[str, str] = {}
     for layer in reversed(graph.layers):
@@ -276,10 +278,11 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
             own = tile_terms(layer, config, box, element_bytes, momentum)
             for term in ("weights", "gradients", "momentum", "buckets"):
                 held[term] += getattr(own, term)
-            needed = {producer: needed_box(layer, index, box)
-                      for index, producer in enumerate(layer.inputs)}
-            padded = _padded_copy(layer, box, needed[layer.inputs[0]]) * element_bytes
-            saved = 0 if layer.name in recompute else own.saved + padded
+            work = _own_work(layer, box, element_bytes,
+                             by_name[layer.inputs[0]].kind != "input",
+                             layer.name in chain_producers)
+            needed = work.needed
+            saved = 0 if layer.name in recompute else own.saved + work.padded
             held["saved"] += saved
             held["update_workspace"] = max(held["update_workspace"], own.gradients)
             leaves = [producer for producer in layer.inputs if producer not in chained]
@@ -287,26 +290,81 @@ def predicted_memory(graph: LayerGraph, assignment: Mapping[str, ParallelConfig]
                          if tiles[producer].get(device) != needed[producer])
             kept = own.output + copies * element_bytes
             held["kept"] += kept
-            inputs = sum(box_volume(box) for box in needed.values())
-            gradients = ((1 + len(layer.fused)) * box_volume(box) + inputs) * element_bytes
-            forward_extra, main_op = (
-                elements * element_bytes for elements in _main_op_workspaces(
-                    layer, box, needed[layer.inputs[0]], inputs, padded // element_bytes,
-                    by_name[layer.inputs[0]].kind != "input"))
             returned = _returned_gradients(layer, device, needed, leaves, tiles, position,
                                            graph.consumers, chains)
             records[device].append(_TileRecord(
                 layer=layer.name, kept=kept, saved=saved, gradients=own.gradients,
-                workspace=max(own.saved + padded + gradients, main_op,
-                              (inputs + returned) * element_bytes),
+                workspace=max(own.saved + work.padded + work.gradients, work.main_op,
+                              (work.inputs + returned) * element_bytes),
                 # where its output's gradient waits for its backward: from the first consumer
                 # (in the backward's order) that sends one back, on an edge that is a leaf
                 waits_from=max((position[consumer] for consumer in graph.consumers[layer.name]
                                 if chains.get(consumer) != layer.name), default=-1),
-                output=own.output, forward_extra=forward_extra))
+                output=own.output, forward_extra=work.forward_extra))
     return tuple(_device_memory(device, static[device], records[device], position, call,
                                 step_input_bytes(graph, element_bytes))
                  for device in range(devices))
+
+
+@dataclass(frozen=True)
+class _OwnWork:
+    """What a tile's own backward call holds whatever its neighbours' tiles (bytes, but
+    `inputs`, in elements): the input boxes it needs, its padded copy, the gradients on the
+    way back through its ops, and its main op's transients."""
+
+    needed: dict[str, Box]
+    inputs: int  # elements of the needed boxes
+    padded: int
+    gradients: int
+    forward_extra: int
+    main_op: int
+
+
+def _own_work(layer: Layer, box: Box, element_bytes: int, input_gradient: bool,
+              chain_producer: bool) -> _OwnWork:
+    """_OwnWork of tile `box`; `chain_producer`: a consumer computes on this tile (the edge is
+    chained), so its output's gradient lives inside one autograd call."""
+    needed = {producer: needed_box(layer, index, box)
+              for index, producer in enumerate(layer.inputs)}
+    padded = _padded_copy(layer, box, needed[layer.inputs[0]])
+    inputs = sum(box_volume(box) for box in needed.values())
+    # the output's gradient and each fused op's input's, then the inputs'; inside a chained
+    # call autograd frees the output's own once its first fused op's backward has read it
+    output_gradients = 1 + len(layer.fused) - (bool(layer.fused) and chain_producer)
+    forward_extra, main_op = _main_op_workspaces(layer, box, needed[layer.inputs[0]], inputs,
+                                                 padded, input_gradient)
+    return _OwnWork(needed=needed, inputs=inputs, padded=padded * element_bytes,
+                    gradients=(output_gradients * box_volume(box) + inputs) * element_bytes,
+                    forward_extra=forward_extra * element_bytes,
+                    main_op=main_op * element_bytes)
+
+
+class TileFloor(BaseModel):
+    """What one tile puts on its device at the forward's end and at each moment of the
+    backward whatever the other layers' configs: each term's own part (input copies, pending
+    and returned gradients depend on the neighbours' tiles and are left out, and the output's
+    gradient is counted as inside a chained call), so a sum of floors over a plan's layers is
+    at most the moment it stands for (the rows of search/memory_fit.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    base: int  # weights with running statistics, momentum and bucket: held throughout
+    output: int  # the kept output tile, until its own backward is done
+    saved: int  # what its ops save and its padded copy (none when recomputed)
+    gradients: int  # its weight shard's gradient, from its backward on
+    workspace: int  # the least its own backward call holds
+
+
+def tile_floor(layer: Layer, config: ParallelConfig, box: Box, element_bytes: int,
+               input_gradient: bool) -> TileFloor:
+    """TileFloor of tile `box` of `layer` under `config`; `input_gradient`: its first input
+    is not the network's (whose gradient no call makes)."""
+    own = tile_terms(layer, config, box, element_bytes)
+    work = _own_work(layer, box, element_bytes, input_gradient, chain_producer=True)
+    return TileFloor(base=own.weights + own.momentum + own.buckets, output=own.output,
+                     saved=own.saved + work.padded, gradients=own.gradients,
+                     workspace=max(own.saved + work.padded + work.gradients, work.main_op,
+                                   work.inputs * element_bytes))
 
 
 class _TileRecord(BaseModel):
@@ -376,6 +434,12 @@ def _blocked(elements: int, channels: int) -> int:
     return elements * (-(-channels // block) * block) // channels
 
 
+# oneDNN's direct (jit) convolutions take kernels up to 14 wide along the last dim; a wider
+# one runs its GEMM convolution, which unfolds one sample's input at a time (measured on this
+# CPU's AVX-512 oneDNN: 14 wide direct, 15 and more GEMM, for 1-d and 2-d kernels)
+GEMM_KERNEL_WIDTH = 15
+
+
 def _conv_backward(layer: Layer, box: Box, input_elements: int, input_channels: int,
                    input_gradient: bool) -> int:
     """Elements a convolution's own backward allocates at its fullest (its input gradient
@@ -387,14 +451,37 @@ def _conv_backward(layer: Layer, box: Box, input_elements: int, input_channels: 
     input gradient, a reordered input and a contiguous copy: max(3 in, out_b + 2 in); without
     an input gradient (the network's input) only out_b and, from 8 input channels on, the
     reordered input. Within 4% of every measured stride-1 case and 0-20% above the strided
-    ones. A GPU's cuDNN makes no blocked copies, so there it over-counts."""
+    ones. A kernel GEMM_KERNEL_WIDTH or more wide runs oneDNN's GEMM convolution instead
+    (`_gemm_conv_backward`). A GPU's cuDNN makes no blocked copies, so there it over-counts."""
     out = box_volume(box)
     out_blocked = _blocked(out, box[1][1] - box[1][0])
+    gemm = _gemm_conv_backward(layer, box, input_channels)
     if not input_gradient:
-        return out_blocked + (input_elements if input_channels >= 8 else 0)
+        return gemm or out_blocked + (input_elements if input_channels >= 8 else 0)
     if layer.geometry is not None and all(stride == 1 for stride in layer.geometry.stride):
-        return out_blocked + max(_blocked(input_elements, input_channels), 2 * input_elements)
-    return max(3 * input_elements, out_blocked + 2 * input_elements)
+        direct = out_blocked + max(_blocked(input_elements, input_channels), 2 * input_elements)
+    else:
+        direct = max(3 * input_elements, out_blocked + 2 * input_elements)
+    return max(direct, gemm + input_elements) if gemm else direct
+
+
+def _gemm_conv_backward(layer: Layer, box: Box, input_channels: int) -> int:
+    """Elements oneDNN's GEMM convolution (a kernel GEMM_KERNEL_WIDTH or more wide, ungrouped)
+    allocates in its backward beside the gradients (0 for any other convolution): one
+    sample's unfolded input, input channels x kernel taps x output positions, and four
+    buffers the size of the tile's weights. Measured with torch's profiler on one thread,
+    without an input gradient (the network's input, as M5's 80-tap first layer): within 1%
+    over 1 to 16 input channels, kernels 15 to 80 wide, strides 1 to 4, 1-d and 2-d. With an
+    input gradient the call also holds it and more (0.72-1.0 of the larger of this plus the
+    input and the direct rule, over four cases), which `_conv_backward` takes as the
+    lower bound."""
+    geometry = layer.geometry
+    if (geometry is None or geometry.transposed or geometry.groups > 1
+            or geometry.kernel[-1] < GEMM_KERNEL_WIDTH):
+        return 0
+    taps = math.prod(geometry.kernel)
+    positions = math.prod(stop - start for start, stop in box[2:])
+    return taps * input_channels * (positions + 4 * (box[1][1] - box[1][0]))
 
 
 def _main_op_workspaces(layer: Layer, box: Box, first: Box, inputs: int, padded: int,

@@ -80,6 +80,7 @@ class Plan:
             "configs_kept": self.search.configs_kept,
             "memory_budget_bytes": self.memory_budget,
             "memory_rounds": self.search.memory_rounds,
+            "memory_bound": self.search.memory_bound,
             "strategies": {
                 name: {
                     **strategy.predicted.model_dump(),

@@ -68,6 +68,9 @@ class SearchResult(BaseModel):
     configs_kept: int  # those the bounds could not rule out, which the elimination searched
     memory_budget_bytes: int | None = None  # per device, when the search held plans to one
     memory_rounds: int = 0  # Lagrangian rounds the budget took (0: the optimum fitted)
+    # what proved the gap of a plan held to the budget, e.g. "40 rounds of Lagrangian
+    # multipliers and HiGHS' integer program"
+    memory_bound: str = ""
     # layers whose forward the backward recomputes to fit the budget
     recompute: frozenset[str] = frozenset()
 

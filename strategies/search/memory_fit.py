@@ -1,33 +1,38 @@
-"""The optimal strategy within each device's memory: Lagrangian relaxation over the elimination.
+"""The optimal strategy within each device's memory: Lagrangian relaxation over the elimination,
+closed by an integer program.
 
 The unconstrained optimum comes first; when its predicted peak (cost/memory.py) fits every
 device's budget B it is the answer. Otherwise the search minimises Eq. 1's step time T(s)
-subject to each device's forward-end and backward-end bytes being at most B (the peak is the
-largest moment, so both must fit). Those moments are sums over the layers of what each tile puts
-on its device, plus terms the producers' configs decide (input copies, input gradients) and the
-backward's workspace. Per (layer, config, device) the tile's own part a_r(c, d) is a lower bound
-of its share of moment r (`TileTerms`), so for multipliers lambda >= 0
+subject to every moment of every device being at most B. It bounds those moments by rows of
+sums over the layers of each tile's own bytes (`TileFloor`; _Floors says which terms each row
+takes): per device, the forward's end and the moment of each layer's backward. Every row is at
+most the device's peak under any plan, so for multipliers lambda >= 0
 
-    L(lambda) = min_s T(s) + sum_{r, d} lambda_{r,d} (sum_layers a_r(c_layer, d) + inputs - B)
+    L(lambda) = min_s T(s) + sum_{row, d} lambda_{row,d} (row_d(s) + inputs - B)
 
 is a lower bound of the constrained optimum (Lagrangian duality: every plan that fits makes the
-bracket non-positive). Each L(lambda) is one run of the exact elimination with the multiplied bytes
-added to the node vectors. A layer may also recompute its forward in the backward: its tile then
-holds nothing of what its ops save for the backward (a_forward_end less those bytes) for the
-tile's forward more (cost_model.recompute_seconds). The choice is the layer's own, touching
-no edge, so each node's entry is the cheaper of keeping and recomputing under the multipliers, and
-the elimination stays exact over the doubled space. The multipliers follow the subgradient of the
-exact predicted moments (Polyak's step towards the best plan that fits so far), so that a plan whose
-copies and workspace the per-tile bytes miss is still pushed under B. Every plan met is checked with
-the whole memory model; the answer is the fastest that fits, with its proven gap to the best lower
-bound. Our own code: the multipliers ride on the elimination, which no library provides.
+bracket non-positive). Each L(lambda) is one run of the exact elimination with the weighted
+rows added to the node vectors. A layer may also recompute its forward in the backward: its
+tile then holds nothing of what its ops save (its saved bytes off every row) for the tile's
+forward more (cost_model.recompute_seconds). The choice is the layer's own, touching no edge,
+so each node's entry is the cheaper of keeping and recomputing under the multipliers, and the
+elimination stays exact over the doubled space. The multipliers follow the rows' subgradient
+(Polyak's step towards the best plan that fits so far).
+
+Where balance decides, no multiplier proves more than the unconstrained optimum: the
+relaxation may spread one plan over the devices, which no plan does. Where the multipliers
+leave a gap, the same choice with the same rows is an integer program for HiGHS, whose proven
+bound closes it. Every plan met is checked with the whole memory model, repaired where it does
+not fit; the answer is the fastest that fits, with its proven gap to the best lower bound. Our
+own code: the multipliers ride on the elimination, which no library provides.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +43,7 @@ from layerwise.strategies.cost.memory import (
     any_plan_bound,
     predicted_memory,
     step_input_bytes,
+    tile_floor,
     tile_terms,
 )
 from layerwise.strategies.errors import LayerwiseError
@@ -52,6 +58,9 @@ from layerwise.strategies.search.elimination import (
     solve,
 )
 
+if TYPE_CHECKING:
+    from layerwise.strategies.search.integer_program import Program
+
 ROUNDS = 40  # subgradient steps at most; the search stops earlier at GAP_TOLERANCE
 REPAIR_MOVES = 200  # config changes one repair may make
 EXACT_CANDIDATES = 3  # changes per repair move checked with the whole memory model
@@ -62,6 +71,12 @@ REPAIRS = 3  # plans repaired at most (the rounds' distinct plans that do not fi
 FIT_SECONDS = 30.0
 POTENTIAL_POWER = 8  # how much more the fullest devices weigh in a repair's choice of change
 GAP_TOLERANCE = 0.01  # a plan within 1% of the lower bound is taken as optimal
+# the integer program that closes a gap the multipliers leave: at most this many coefficients
+# (its memory rows and pair columns) and this many seconds of HiGHS
+PROGRAM_ENTRIES = 2_000_000
+PROGRAM_SECONDS = 5.0  # per solve
+PROGRAM_SOLVES = 3  # the first proves the bound; the others aim its plan under the budget
+REPAIR_SECONDS = 5.0  # for the integer program's plan, when it does not fit
 MOMENTS = ("forward_end", "backward_end")
 
 
@@ -83,6 +98,7 @@ class Fit:
     lower_bound: float  # no plan within the budget is faster
     rounds: int
     peak: int  # its fullest device's predicted bytes
+    closed: bool = False  # HiGHS' integer program ran after the multipliers
 
     @property
     def gap(self) -> float:
@@ -124,16 +140,87 @@ def _tile_bytes(graph: LayerGraph, layer: Layer, configs: list[ParallelConfig], 
     return _TileBytes(rows, freed)
 
 
-def _least_need(graph: LayerGraph, tiles: dict[str, _TileBytes], inputs: int
+@dataclass(frozen=True)
+class _Floors:
+    """A layer's TileFloor terms over its search space, each a (config, device) array of bytes,
+    and its position p among the layers with tiles (the backward row it owns).
+
+    The relaxation's rows, per device d: the forward's end, sum over layers of base + output +
+    saved; and the moment of layer L's backward, sum of base over every layer, output over
+    those at or before L, saved over those before L, gradients over those at or after L, and
+    L's own workspace. Each sum is at most the device's peak under any plan (on a device L has
+    no tile on, the next layer's moment that has one holds at least as much; with none, the
+    forward's end does)."""
+
+    position: int
+    base: np.ndarray
+    output: np.ndarray
+    saved: np.ndarray
+    gradients: np.ndarray
+    workspace: np.ndarray
+
+    def weighted(self, multipliers: np.ndarray, recomputed: bool) -> np.ndarray:
+        """Per config, the rows' multipliers times the bytes the config adds to them:
+        `multipliers` is (1 + layers, device), the forward's row first."""
+        forward, backward = multipliers[0], multipliers[1:]
+        at_or_after = backward[self.position:].sum(axis=0)  # rows where it is at or before L
+        total = backward.sum(axis=0)
+        rows = (self.base * (forward + total) + self.output * (forward + at_or_after)
+                + self.gradients * (total - at_or_after + backward[self.position])
+                + self.workspace * backward[self.position])
+        if not recomputed:
+            rows = rows + self.saved * (forward + at_or_after - backward[self.position])
+        return rows.sum(axis=1)
+
+
+def layer_floors(graph: LayerGraph, configs: dict[str, list[ParallelConfig]], devices: int,
+            element_bytes: int) -> dict[str, _Floors]:
+    """Every layer's floors under each of its configs (the network input holds none)."""
+    floors: dict[str, _Floors] = {}
+    for position, layer in enumerate(layer for layer in graph.layers if layer.kind != "input"):
+        terms = np.zeros((5, len(configs[layer.name]), devices))
+        input_gradient = graph.by_name[layer.inputs[0]].kind != "input"
+        for index, config in enumerate(configs[layer.name]):
+            for device, box in config_boxes(layer, config).items():
+                floor = tile_floor(layer, config, box, element_bytes, input_gradient)
+                terms[:, index, device] = (floor.base, floor.output, floor.saved,
+                                           floor.gradients, floor.workspace)
+        floors[layer.name] = _Floors(position, *terms)
+    return floors
+
+
+def floor_rows(floors: dict[str, _Floors], plan: _Plan, devices: int) -> np.ndarray:
+    """(1 + layers, device) bytes of the relaxation's rows under `plan` (see _Floors)."""
+    choice, recompute = plan
+    count = len(floors)
+    output, saved, gradients, workspace = (np.zeros((count, devices)) for _ in range(4))
+    base = np.zeros(devices)
+    for name, floor in floors.items():
+        index, position = choice[name], floor.position
+        base += floor.base[index]
+        output[position] = floor.output[index]
+        saved[position] = 0.0 if name in recompute else floor.saved[index]
+        gradients[position] = floor.gradients[index]
+        workspace[position] = floor.workspace[index]
+    outputs_upto = np.cumsum(output, axis=0)
+    saved_before = np.cumsum(saved, axis=0) - saved
+    gradients_from = np.cumsum(gradients[::-1], axis=0)[::-1]
+    backward = base + outputs_upto + saved_before + gradients_from + workspace
+    forward = base + outputs_upto[-1] + saved.sum(axis=0)
+    return np.vstack([forward, backward])
+
+
+def _least_need(graph: LayerGraph, floors: dict[str, _Floors], inputs: int
                 ) -> tuple[int, str]:
     """A lower bound of any plan's fullest device, and the layer that sets it: every plan puts
-    each layer under some config, kept or recomputed, whose fullest device holds at least its
-    tile's own bytes and the step's inputs."""
+    each layer under some config whose fullest device holds at least its tile's share of its
+    own backward's moment, and the step's inputs."""
     need, layer_name = inputs, graph.layers[0].name
-    for layer in graph.layers:
-        layer_need = int(tiles[layer.name].least().max(axis=(0, 2)).min()) + inputs
+    for name, floor in floors.items():
+        own = floor.base + floor.output + floor.gradients + floor.workspace
+        layer_need = int(own.max(axis=1).min()) + inputs
         if layer_need > need:
-            need, layer_name = layer_need, layer.name
+            need, layer_name = layer_need, name
     return need, layer_name
 
 
@@ -147,8 +234,9 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
     devices = cost_model.devices
     tile_bytes = {layer.name: _tile_bytes(graph, layer, cost_model.configs[layer.name], devices,
                                           element_bytes) for layer in graph.layers}
+    floors = layer_floors(graph, cost_model.configs, devices, element_bytes)
     inputs = step_input_bytes(graph, element_bytes)
-    need, needing_layer = _least_need(graph, tile_bytes, inputs)
+    need, needing_layer = _least_need(graph, floors, inputs)
     if need > budget:
         raise DoesNotFit(
             f"no plan fits {_mb(budget)} per device: every plan needs at least {_mb(need)} "
@@ -181,7 +269,7 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
         least_found = peak if least_found is None else min(least_found, peak)
         if peak <= budget and (best is None or step < best[1]):
             best = ((choice, frozenset()), step, peak)
-    multipliers = np.zeros((len(MOMENTS), devices))
+    multipliers = np.zeros((1 + len(floors), devices))
     repaired: set[tuple[int, ...]] = set()
     lower = -np.inf
     scale = 2.0  # Polyak's step factor, halved when the bound stalls
@@ -193,11 +281,11 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             break
         if progress:
             progress(f"fitting memory: round {rounds}")
-        kept = {name: nodes[name] + np.einsum("rcd,rd->c", scaled[name].rows, multipliers)
-                for name in nodes}
-        recomputed = {name: kept[name] + extra[name]
-                      - np.einsum("rcd,rd->c", scaled[name].freed, multipliers)
-                      for name in nodes}
+        kept = {name: nodes[name] + (floors[name].weighted(multipliers, False) / budget
+                                     if name in floors else 0.0) for name in nodes}
+        recomputed = {name: nodes[name] + extra[name]
+                      + (floors[name].weighted(multipliers, True) / budget
+                         if name in floors else 0.0) for name in nodes}
         weighted = {name: np.minimum(kept[name], recomputed[name]) for name in nodes}
         solution = solve(weighted, edges, order=order)
         bound = solution.cost - capacity * float(multipliers.sum())
@@ -221,8 +309,8 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             break
         if stalled >= 5:
             scale, stalled = scale / 2, 0
-        violation = np.array([[getattr(device, moment) / budget - 1.0 for device in memory]
-                              for moment in MOMENTS])
+        # the dual's subgradient: each row's bytes under this plan, over what it may hold
+        violation = floor_rows(floors, plan, devices) / budget - capacity
         norm = float((violation ** 2).sum())
         if norm == 0.0:
             break
@@ -230,6 +318,27 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
         target = best[1] if best is not None else 2.0 * step
         multipliers = np.maximum(
             0.0, multipliers + scale * max(target - bound, 0.0) / norm * violation)
+    closed = False
+    if (time.monotonic() < deadline
+            and (best is None or best[1] - lower > GAP_TOLERANCE * best[1])):
+        program = _program(nodes, edges, extra, floors, devices, budget, inputs)
+        if program is not None:
+            if progress:
+                progress("fitting memory: the integer program")
+            closed = True
+            program_lower, met = _program_plans(program, floors, devices, budget, checked,
+                                                deadline)
+            lower = max(lower, program_lower)
+            for plan, step, peak in met:  # each, or the fitting plan repaired from it
+                least_found = peak if least_found is None else min(least_found, peak)
+                if peak > budget:
+                    found = _repair(plan, nodes, edges, extra, scaled, budget, checked,
+                                    time.monotonic() + REPAIR_SECONDS)
+                    if found is None:
+                        continue
+                    plan, step, peak = found
+                if best is None or step < best[1]:
+                    best = (plan, step, peak)
     if best is None:
         raise DoesNotFit(
             f"no plan found that fits {_mb(budget)} per device in {rounds} rounds: the leanest "
@@ -238,7 +347,88 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
             f"or input, or a larger --memory-limit")
     (choice, recompute), step, peak = best
     return Fit(choice=choice, recompute=recompute, step_seconds=step,
-               lower_bound=min(lower, step), rounds=rounds, peak=peak)
+               lower_bound=min(lower, step), rounds=rounds, peak=peak, closed=closed)
+
+
+def _program(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
+             extra: dict[str, np.ndarray], floors: dict[str, _Floors], devices: int,
+             budget: int, inputs: int) -> Program | None:
+    """The constrained choice as an integer program: each layer kept or recomputed under each
+    config, with the relaxation's rows (_Floors) per device as linear constraints, in units
+    of the budget; None where it would exceed PROGRAM_ENTRIES."""
+    from layerwise.strategies.search.integer_program import Program  # scipy loads only here
+
+    count = len(floors)
+    entries = (sum(2 * (1 + count) * devices * cost.size for cost in nodes.values())
+               + sum(matrix.size for matrix in edges.values()))
+    if entries > PROGRAM_ENTRIES:
+        return None
+    rows = {}
+    for name, floor in floors.items():
+        # (moment, device, config): the forward's end, then each layer's backward
+        before = np.arange(count)[:, None, None]  # row L
+        at_or_before = floor.position <= before
+        kept = np.concatenate([
+            (floor.base + floor.output + floor.saved).T[None],
+            (floor.base.T + floor.output.T * at_or_before
+             + floor.saved.T * (floor.position < before)
+             + floor.gradients.T * (floor.position >= before)
+             + floor.workspace.T * (floor.position == before))])
+        recomputed = kept - np.concatenate([
+            floor.saved.T[None], floor.saved.T * (floor.position < before)])
+        rows[name] = np.stack([kept, recomputed]).reshape(2, (1 + count) * devices, -1) / budget
+    return Program(nodes={name: np.vstack([cost, cost + extra[name]])
+                          for name, cost in nodes.items()},
+                   edges=edges, rows=rows,
+                   row_limits=np.full((1 + count) * devices, 1.0 - inputs / budget))
+
+
+def _program_plans(program: Program, floors: dict[str, _Floors], devices: int, budget: int,
+                   checked: Callable[[_Plan], Checked], deadline: float
+                   ) -> tuple[float, list[tuple[_Plan, float, int]]]:
+    """HiGHS' proven lower bound over the relaxation's rows (inf: no plan meets them, so none
+    fits) and the plans it chose with their step and peak: the first under the rows as they
+    are, then (PROGRAM_SOLVES in all, until one fits) under rows tightened on every device by
+    the most that the last plan's input copies and gradients in flight put beyond its rows on
+    a device over the budget. A tightened program's bound proves nothing; only its plans
+    count."""
+    assert program.row_limits is not None
+    limits = program.row_limits.copy()
+    lower, met = -np.inf, []
+    for attempt in range(PROGRAM_SOLVES):
+        if time.monotonic() > deadline:
+            break
+        plan, bound = _solve_program(replace(program, row_limits=limits), deadline)
+        if attempt == 0:
+            lower = bound
+        if plan is None:
+            break
+        step, memory = checked(plan)
+        peaks = np.array([device.peak for device in memory])
+        met.append((plan, step, int(peaks.max())))
+        if peaks.max() <= budget:
+            break
+        beyond = peaks - floor_rows(floors, plan, devices).max(axis=0) - (
+            1.0 - program.row_limits[0]) * budget
+        # on every device: a plan moved to an idle device would carry the same beyond
+        limits = limits - max(float(beyond[peaks > budget].max()), 0.0) / budget
+    return lower, met
+
+
+def _solve_program(program: Program, deadline: float) -> tuple[_Plan | None, float]:
+    """HiGHS' plan for `program` (None when it found none by the deadline, or at most
+    PROGRAM_SECONDS) and its proven lower bound (inf: no plan meets the rows, so none fits)."""
+    from layerwise.strategies.search.integer_program import (  # scipy loads only here
+        solve_program,
+    )
+
+    found, lower = solve_program(
+        program, max(0.1, min(PROGRAM_SECONDS, deadline - time.monotonic())),
+        relative_gap=GAP_TOLERANCE / 2)
+    if found is None:
+        return None, lower
+    return ({name: index for name, (_, index) in found.items()},
+            frozenset(name for name, (variant, _) in found.items() if variant == 1)), lower
 
 
 def _repair(plan: _Plan, nodes: dict[str, np.ndarray],
@@ -377,11 +567,13 @@ def optimal_within(cost_model: CostModel, budget: int,
             ) <= budget:
         return result.model_copy(update={"memory_budget_bytes": budget})
     fit = fastest_within(cost_model, budget, FLOAT32_BYTES, progress)
+    bound = f"{fit.rounds} rounds of Lagrangian multipliers" + (
+        " and HiGHS' integer program" if fit.closed else "")
     assignment = {name: cost_model.configs[name][index] for name, index in fit.choice.items()}
     return result.model_copy(update={
         "assignment": assignment, "recompute": fit.recompute,
         "predicted": cost_model.evaluate(assignment, fit.recompute),
         "search_seconds": time.perf_counter() - started,
-        "search_method": f"{result.search_method}, then Lagrangian multipliers for the "
-                         f"memory budget ({fit.rounds} rounds)",
-        "optimality_gap": fit.gap, "memory_budget_bytes": budget, "memory_rounds": fit.rounds})
+        "search_method": f"{result.search_method}, then {bound} for the memory budget",
+        "optimality_gap": fit.gap, "memory_budget_bytes": budget, "memory_rounds": fit.rounds,
+        "memory_bound": bound})
