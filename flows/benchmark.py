@@ -446,6 +446,7 @@ def _measured(outcome: Outcome, outcomes: list[Outcome]) -> Measured:
                       f"{_megabytes(outcome.memory_limit)} MB per device")
     return Measured(strategy=outcome.strategy, version=outcome.registered_version,
                     step_seconds=outcome.result.step_seconds_median,
+                    first_quartile_seconds=outcome.result.step_seconds_quartiles[0],
                     speedup=None if speedup is None else speedup[0], ineligible=ineligible)
 
 

@@ -189,6 +189,22 @@ def test_the_margin_is_a_share_of_the_champions_step_both_ways():
     assert standing.regression is not None and standing.regression.endswith("(margin 2.5%)")
 
 
+def test_a_regression_holds_even_in_the_faster_quarter_of_the_steps():
+    """A run whose median is 20% over the recorded step but whose faster quarter is within
+    the margin is noise on a shared machine, not a regression; one whose first quartile is
+    over it too is."""
+    held = Champion(version="1", strategy="data", step_seconds=0.100)
+    noisy = Measured(strategy="data", version="2", step_seconds=0.120,
+                     first_quartile_seconds=0.104)
+    slower = noisy.model_copy(update={"first_quartile_seconds": 0.110})
+    assert settle("m", "v1", "local", "champion-v1-local", held, [noisy],
+                  MARGIN).regression is None
+    regression = settle("m", "v1", "local", "champion-v1-local", held, [slower],
+                        MARGIN).regression
+    assert regression is not None and "120.0 ms per step (first quartile 110.0 ms), 20.0% " \
+        "slower than the 100.0 ms" in regression
+
+
 def test_no_eligible_strategy_crowns_nothing_and_an_ineligible_one_never_takes_the_alias():
     none = settle("m", "v1", "local", "champion-v1-local", None,
                   [measured("owt", 0.001, "not exact")], MARGIN)
