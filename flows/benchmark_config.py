@@ -1,10 +1,11 @@
 """The BenchmarkConfig contract: what one run of the benchmark flow measures.
 
-    layerwise run                                   # configs/benchmark.yaml
+    layerwise run                                   # configs/benchmark.yaml (or defaults)
     layerwise run --config my.yaml --set steps=80 --set strategies=[data,owt]
     layerwise run --set models.0.name=lenet5 --set models.0.version=v2
 
-A YAML file (the embedded default is configs/benchmark.yaml) with `--set key=value` overrides on
+A YAML file (by default the project's configs/benchmark.yaml, else the embedded defaults, which
+equal it) with `--set key=value` overrides on
 top: dotted keys reach into mappings and lists (`models.0.name`), values are YAML scalars or
 flow sequences. Anything wrong, in the file or an override, is one line naming the field.
 This module imports pydantic, yaml and the registry's names only, so a bad config fails before
@@ -47,7 +48,9 @@ MODEL_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)
 VERSION_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # `cluster: calibrated`: the flow measures this machine's links between its nproc ranks first
 CALIBRATED = "calibrated"
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark.yaml"
+# the project's benchmark, relative to the folder `layerwise run` runs in (a checkout's root, or
+# a folder `layerwise init` wrote); where there is none, the embedded defaults, equal to it
+PROJECT_CONFIG = Path("configs") / "benchmark.yaml"
 StrategyName = Literal[STRATEGY_NAMES]  # every name the registry holds
 
 
@@ -188,15 +191,16 @@ class BenchmarkConfig(BaseModel):
 
 def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = ()
                 ) -> BenchmarkConfig:
-    """The config in `path` (default: the embedded one) with `key=value` overrides applied."""
-    source = path or DEFAULT_CONFIG
-    document = _read_yaml(source)
+    """The config in `path` (default: the project's configs/benchmark.yaml, else the
+    embedded defaults) with `key=value` overrides applied."""
+    source = path or (PROJECT_CONFIG if PROJECT_CONFIG.is_file() else None)
+    document = _read_yaml(source) if source is not None else {}
     for override in overrides:
         _apply_override(document, override)
     try:
         return BenchmarkConfig.model_validate(document)
     except ValidationError as problem:
-        raise LayerwiseError(f"config {source}: {first_error(problem)}") from None
+        raise LayerwiseError(f"config {source or 'defaults'}: {first_error(problem)}") from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from layerwise.flows.benchmark_config import DEFAULT_CONFIG, BenchmarkConfig, load_config
+from layerwise.flows.benchmark_config import PROJECT_CONFIG, BenchmarkConfig, load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import embedded_environment
 from layerwise.strategies.errors import LayerwiseError
@@ -468,7 +468,7 @@ def test_the_batch_is_global_or_per_device_and_setting_one_replaces_the_other(tm
     global_batch = load_config(None, ["nproc=2", "batch=1"])  # below the processes
     assert (global_batch.batch_per_device, global_batch.global_batch) == (None, 1)
     both = tmp_path / "both.yaml"
-    both.write_text(DEFAULT_CONFIG.read_text(encoding="utf-8") + "batch: 4\n",
+    both.write_text(PROJECT_CONFIG.read_text(encoding="utf-8") + "batch: 4\n",
                     encoding="utf-8")
     with pytest.raises(LayerwiseError, match="set batch .global. or batch_per_device"):
         load_config(both)

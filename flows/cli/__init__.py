@@ -21,6 +21,7 @@
     layerwise run --set steps=80 --set strategies=[data,owt]
     layerwise compare --experiment layerwise-benchmark --json
     layerwise serve --cron "0 2 * * *"
+    layerwise init my-benchmarks
 
 Every command takes `--help` (or `-h`); `layerwise --version` names the installed version, and
 `layerwise --install-completion` adds tab completion to the user's shell. Bad input (unknown model
@@ -42,6 +43,7 @@ import typer
 from layerwise.flows.cli import (
     compare,
     describe,
+    init,
     measure,
     oracle,
     plan,
@@ -86,6 +88,7 @@ run.register(app)
 compare.register(app)
 serve.register(app)
 oracle.register(app)
+init.register(app)
 
 
 def main() -> None:

@@ -192,7 +192,8 @@ def prepare_run(config: Path | None, overrides: list[str]) -> BenchmarkConfig:
 @user_errors
 def run(
     config: Annotated[Path | None, typer.Option(
-        help="Benchmark YAML (default: the embedded configs/benchmark.yaml).")] = None,
+        help="Benchmark YAML (default: the project's configs/benchmark.yaml, else the "
+             "embedded defaults).")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a field: key=value, dotted keys, YAML values "
                       "(--set steps=80, --set models.0.name=lenet5). Repeatable.")] = None,

@@ -39,7 +39,8 @@ def serve(
         help='When to run, as a cron expression: minute hour day month weekday '
              '("0 2 * * *" is 02:00 every day).')],
     config: Annotated[Path | None, typer.Option(
-        help="Benchmark YAML (default: the embedded configs/benchmark.yaml).")] = None,
+        help="Benchmark YAML (default: the project's configs/benchmark.yaml, else the "
+             "embedded defaults).")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a field: key=value, as `layerwise run --set`. Repeatable.")
     ] = None,
