@@ -148,3 +148,88 @@ def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_serv
     assert parent.data.params["steps"] == "3" and parent.data.params["batch"] == "8"
     assert parent.data.params["lr"] == str(defaults.lr)
     assert parent.data.params["batch_per_device"] == "null"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_work_pool_worker_tracks_where_the_operator_says(prefect_server, tmp_path):
+    """The operator's path: a project `layerwise init` wrote, its prefect.yaml deployed with
+    `prefect deploy` to a work pool, a process worker started with MLFLOW_TRACKING_URI at a
+    real `mlflow server` on loopback; a run with a partial config completes on that worker
+    and its MLflow runs are in that server, none in the project's SQLite file."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.deployments import run_deployment
+
+    from layerwise.flows.cli.serve import DEPLOYMENT_NAME
+
+    project = tmp_path / "project"
+    assert CliRunner().invoke(app, ["init", str(project)]).exit_code == 0
+    binaries = Path(sys.executable).parent
+    port = _free_port()
+    tracking = f"http://127.0.0.1:{port}"
+    mlflow_server = subprocess.Popen(
+        [binaries / "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'operator.db'}",
+         "--default-artifact-root", str(tmp_path / "operator-artifacts"), "--workers", "1"],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    environment = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+                   "PREFECT_HOME": str(tmp_path / ".prefect"),
+                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    environment.pop("MLFLOW_TRACKING_URI", None)
+    worker = None
+    try:
+        async def create_pool() -> None:
+            async with get_client() as client:
+                await client.create_work_pool(WorkPoolCreate(name="layerwise", type="process"))
+
+        asyncio.run(create_pool())
+        subprocess.run([binaries / "prefect", "--no-prompt", "deploy", "--name",
+                        DEPLOYMENT_NAME], cwd=project, env=environment, check=True,
+                       capture_output=True)
+        run = run_deployment(f"benchmark/{DEPLOYMENT_NAME}", parameters={"config": PARTIAL},
+                             timeout=0)
+        worker = subprocess.Popen(
+            [binaries / "prefect", "worker", "start", "--pool", "layerwise", "--run-once"],
+            env={**environment, "MLFLOW_TRACKING_URI": tracking}, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        worker.wait(SERVE_LIMIT_SECONDS)
+
+        async def final_state():
+            async with get_client() as client:
+                return (await client.read_flow_run(run.id)).state
+
+        state = asyncio.run(final_state())
+        assert state is not None and state.is_completed(), (state, worker.stderr.read())
+        deadline = time.monotonic() + 60
+        client = MlflowClient(tracking_uri=tracking)
+        experiment = None
+        while experiment is None and time.monotonic() < deadline:
+            try:
+                experiment = client.get_experiment_by_name("served")
+            except Exception:  # the server still starting: it answered the worker before
+                time.sleep(1)
+        assert experiment is not None
+        runs = client.search_runs([experiment.experiment_id])
+        assert runs and {run.info.status for run in runs} == {"FINISHED"}
+        assert not (project / "mlflow.db").exists()
+    finally:
+        for process in (worker, mlflow_server):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(60)
