@@ -406,6 +406,15 @@ class CostModel:
                                        producer_configs or self.configs[producer.name],
                                        consumer_configs or self.configs[consumer.name])
 
+    def pair(self, producer: Layer, consumer: Layer, producer_config: ParallelConfig,
+             consumer_config: ParallelConfig) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, bytes) of t_x of one pair of configs, as 1x1 matrices; computed once per
+        distinct edge and pair (a network's repeated blocks price the same pair again)."""
+        self.check_memory(whole_spaces=False)
+        return self._transfers.matrices(
+            producer, consumer, [producer_config], [consumer_config],
+            spaces=(_config_key(producer_config), _config_key(consumer_config)))
+
     def edge_lower_bound(self, producer: Layer, consumer: Layer) -> np.ndarray:
         """Seconds at most t_x for every pair of configs of the two layers' whole search
         spaces, from each config's first and last devices only (the search's bounds need no
@@ -467,8 +476,8 @@ class CostModel:
         for producer_name, consumer_name in self.graph.edges:
             producer = self.graph.by_name[producer_name]
             consumer = self.graph.by_name[consumer_name]
-            seconds, moved = self.edge(producer, consumer, [assignment[producer_name]],
-                                       [assignment[consumer_name]])
+            seconds, moved = self.pair(producer, consumer, assignment[producer_name],
+                                       assignment[consumer_name])
             transfer += float(seconds[0, 0])
             transfer_bytes += int(moved[0, 0])
         sync += self.bucket_latency_rest(assignment)
@@ -504,6 +513,11 @@ def _layer_key(layer: Layer) -> tuple[object, ...]:
     """What a layer's search space and analytic costs depend on (not its name)."""
     return (layer.kind, layer.label, layer.output_shape, layer.input_shapes, layer.geometry,
             layer.concat_dim, layer.resize, layer.channels, layer.flops, layer.param_count)
+
+
+def _config_key(config: ParallelConfig) -> tuple[object, ...]:
+    """A search space of one config, named by it."""
+    return ("config", config.degrees, config.devices)
 
 
 def _space_key(layer: Layer) -> tuple[object, ...]:
