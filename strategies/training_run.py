@@ -112,6 +112,20 @@ class ByteCounts(BaseModel):
     sync: int
 
 
+class WaitSeconds(BaseModel):
+    """Seconds per training step a rank was blocked in communication, by what it waited for:
+    the median over the timed steps of the rank that waited least in each (a rank idle while
+    another computes a layer alone waits for that compute, which is t_c; the least-waiting
+    rank's waits are the communication itself). Beside Eq. 1's t_x and t_s, whose `loss`
+    part the output layer's t_s prices."""
+
+    model_config = ConfigDict(frozen=True)
+
+    transfer: float
+    sync: float
+    loss: float
+
+
 class RunResult(BaseModel):
     """What one `layerwise train` run measured, next to what the cost model predicted."""
 
@@ -135,6 +149,9 @@ class RunResult(BaseModel):
     # beyond the contract of issue 4
     loss_bytes_per_step: int  # the cross-entropy's all-reduces, which Eq. 1 does not count
     bytes_per_step_by_layer: dict[str, dict[str, int]]  # layer -> category -> bytes
+    # measured waits in communication; None where the engine's waits are not clocked (OWT's
+    # hand-offs, the pipeline's and local parallelism's own engines) or no step was timed
+    wait_seconds_per_step: WaitSeconds | None = None
     global_batch: int
     nnodes: int
     resumed_from_step: int  # 0 when the run started from scratch

@@ -69,6 +69,9 @@ def test_train_measures_the_bytes_the_cost_model_predicts(tmp_path):
     assert run.bytes_per_step.sync > 0
     assert sum(layer.get("sync", 0) for layer in run.bytes_per_step_by_layer.values()) == (
         run.bytes_per_step.sync)
+    # the all-reduces' waits are clocked; data parallelism moves no activation, so none waits
+    waited = run.wait_seconds_per_step
+    assert waited is not None and waited.sync > 0 and waited.transfer == 0
     assert len(run.peak_memory_bytes_per_rank) == 2 and min(run.peak_memory_bytes_per_rank) > 0
     assert run.throughput_samples_per_s == pytest.approx(8 / run.step_seconds_median)
     module = build_model("tiny_cnn", num_classes=10, image_size=8)

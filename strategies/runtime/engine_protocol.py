@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from layerwise.strategies.model.graph import LayerGraph
-from layerwise.strategies.runtime.comm import ByteCounter
+from layerwise.strategies.runtime.comm import ByteCounter, WaitClock
 from layerwise.strategies.sgd import Sgd
 from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.training_run import TrainSettings
@@ -32,6 +32,10 @@ class Engine(Protocol):
     @property
     def counter(self) -> ByteCounter:
         """Bytes this rank sent, per (layer, category): transfer, sync or loss."""
+
+    @property
+    def clock(self) -> WaitClock | None:
+        """Seconds this rank was blocked in communication, per category (None: not clocked)."""
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """Forward, backward and weight update on one global batch (every rank gets all of it).

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from layerwise.strategies.runtime.comm import ByteCounter, Communicator
+from layerwise.strategies.runtime.comm import ByteCounter, Communicator, WaitClock
 from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
 from layerwise.strategies.runtime.layerwise_executor import LayerwiseModel
 from layerwise.strategies.runtime.momentum import momentum_buffers
@@ -34,6 +34,10 @@ class LayerwiseEngine:
     @property
     def counter(self) -> ByteCounter:
         return self.model.comm.counter
+
+    @property
+    def clock(self) -> WaitClock:
+        return self.model.comm.clock
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         if self.optimizer is not None:

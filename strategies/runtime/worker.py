@@ -87,7 +87,13 @@ from layerwise.strategies.runtime.memory_peak import measured_peak
 from layerwise.strategies.schedules import is_exact
 from layerwise.strategies.schedules.loader import build_engine
 from layerwise.strategies.strategy import Strategy
-from layerwise.strategies.training_run import ByteCounts, RunResult, StepRecord, TrainSettings
+from layerwise.strategies.training_run import (
+    ByteCounts,
+    RunResult,
+    StepRecord,
+    TrainSettings,
+    WaitSeconds,
+)
 
 PROGRESS_PREFIX = "LAYERWISE_PROGRESS "
 # an error no file could hold (a full disk), said to the launcher on stdout instead
@@ -101,6 +107,7 @@ WARMUP_STEPS = 5
 _SOURCE_LOCATION = re.compile(r"^\[[^\]]*:\d+\]\s*")  # gloo's "[.../pair.cc:553] " prefix
 
 StepBytes = dict[tuple[str, Category], int]
+StepWaits = dict[Category, float]  # seconds one rank waited in one step, per category
 
 
 @dataclass(frozen=True)
@@ -260,13 +267,16 @@ def train(out: Path, args: argparse.Namespace, process: Process,
     stopped: str | None = None  # why the loss diverged, at the last step trained
     measured = min(done + 2, args.steps) if measures_memory(run, args) else None
     peak: int | None = None
+    waits: dict[int, StepWaits] = {}  # this rank's, per step trained here
     for step in range(done + 1, args.steps + 1):
         if step == measured:
             with measured_peak(run.device) as memory:
-                record, step_bytes = train_step(run, step)
+                record, step_bytes, step_waits = train_step(run, step)
             record, peak = record.model_copy(update={"memory_measured": True}), memory.bytes
         else:
-            record, step_bytes = train_step(run, step)
+            record, step_bytes, step_waits = train_step(run, step)
+        if step_waits is not None:
+            waits[step] = step_waits
         records.append(record)
         if run.rank == 0:
             report_progress(record, args.steps)
@@ -280,7 +290,7 @@ def train(out: Path, args: argparse.Namespace, process: Process,
         if fault is not None:
             fault.fire(run.rank, step)
     last = records[-1].step
-    result = gather_result(run, records, step_bytes, done, peak,
+    result = gather_result(run, records, step_bytes, done, peak, waits,
                            diverged_at=last if stopped is not None else None)
     if stopped is not None:
         if result is not None:
@@ -336,21 +346,27 @@ def choose_device(local_rank: int, local_world: int) -> tuple[torch.device, str]
     return torch.device("cpu"), "gloo"
 
 
-def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes]:
+def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes, StepWaits | None]:
     """One SGD step on the global batch at the schedule's learning rate; its time excludes
-    drawing the batch. The record holds rank 0's loss on every rank."""
+    drawing the batch. The record holds rank 0's loss on every rank; the step's bytes and
+    this rank's waits per category (None: the engine's waits are not clocked)."""
     x, y = run.batches.batch_at(step)
     inputs = torch.from_numpy(x).to(run.device, torch.get_default_dtype())
     targets = torch.from_numpy(y).to(run.device)
     run.context.start_step(step)
     synchronize(run.device)
+    clock = run.engine.clock
     started = time.perf_counter()
     run.engine.counter.reset()
+    if clock is not None:
+        clock.reset()
     loss = run.engine.step(inputs, targets)
     step_bytes = run.engine.counter.reset()
+    waits = dict(clock.reset().seconds) if clock is not None else None
     synchronize(run.device)
     seconds = time.perf_counter() - started
-    return StepRecord(step=step, loss=rank0_loss(loss, run.device), seconds=seconds), step_bytes
+    return (StepRecord(step=step, loss=rank0_loss(loss, run.device), seconds=seconds),
+            step_bytes, waits)
 
 
 def rank0_loss(loss: float, device: torch.device) -> float:
@@ -373,16 +389,17 @@ def report_progress(record: StepRecord, total: int) -> None:
 
 
 def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
-                  resumed_from: int, peak: int | None,
+                  resumed_from: int, peak: int | None, waits: dict[int, StepWaits],
                   diverged_at: int | None = None) -> RunResult | None:
-    """Sum every rank's bytes of a step and collect each rank's measured peak memory (None:
-    not measured) (collective); the result on rank 0."""
-    gathered: list[tuple[StepBytes, int | None] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (step_bytes, peak))
+    """Sum every rank's bytes of a step, collect each rank's measured peak memory (None: not
+    measured) and its waits per step (collective); the result on rank 0."""
+    gathered: list[tuple[StepBytes, int | None, dict[int, StepWaits]] | None] = (
+        [None] * dist.get_world_size())
+    dist.all_gather_object(gathered, (step_bytes, peak, waits))
     if run.rank != 0:
         return None
     by_layer: dict[str, dict[str, int]] = {}
-    for counts, _ in filter(None, gathered):
+    for counts, _, _ in filter(None, gathered):
         for (layer, category), nbytes in counts.items():
             layer_bytes = by_layer.setdefault(layer, {})
             layer_bytes[category] = layer_bytes.get(category, 0) + nbytes
@@ -392,8 +409,9 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
 
     warmup = warmup_steps(len(records))
     after_warmup = records[warmup:]
-    timed = ([record.seconds for record in after_warmup if not record.memory_measured]
-             or [record.seconds for record in after_warmup])
+    timed_records = ([record for record in after_warmup if not record.memory_measured]
+                     or after_warmup)
+    timed = [record.seconds for record in timed_records]
     median = statistics.median(timed)
     quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
     predicted = run.strategy.predicted
@@ -406,8 +424,10 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         predicted_bytes_per_step=ByteCounts(transfer=predicted.transfer_bytes,
                                             sync=predicted.sync_bytes),
         predicted_step_seconds=predicted.step_seconds,
-        peak_memory_bytes_per_rank=_every_peak([peak for _, peak in filter(None, gathered)]),
+        peak_memory_bytes_per_rank=_every_peak([peak for _, peak, _ in filter(None, gathered)]),
         loss_bytes_per_step=total("loss"), bytes_per_step_by_layer=by_layer,
+        wait_seconds_per_step=least_waits([record.step for record in timed_records],
+                                          [waits for _, _, waits in filter(None, gathered)]),
         global_batch=run.settings.global_batch, nnodes=run.settings.nnodes,
         resumed_from_step=resumed_from, diverged_at_step=diverged_at, settings=run.settings,
         backend=run.backend,
@@ -415,6 +435,21 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
         huge_pages=huge_pages_in_use(), host=socket.gethostname(),
         finished=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
+
+
+def least_waits(steps: list[int], ranks: list[dict[int, StepWaits]]) -> WaitSeconds | None:
+    """WaitSeconds over `steps` from each rank's waits per step (None where a step has a rank
+    without them: not clocked, or trained before a resume)."""
+    per_step = []
+    for step in steps:
+        if not all(step in rank for rank in ranks):
+            continue
+        per_step.append(min((rank[step] for rank in ranks), key=lambda each: sum(each.values())))
+    if not per_step:
+        return None
+    return WaitSeconds(**{category: statistics.median(waited.get(category, 0.0)
+                                                      for waited in per_step)
+                          for category in ("transfer", "sync", "loss")})
 
 
 def _every_peak(peaks: list[int | None]) -> tuple[int, ...]:

@@ -288,6 +288,10 @@ def run_metrics(result: RunResult, accuracy: AccuracyCheck | None,
     if oracle_seconds is not None:
         values["oracle_step_seconds"] = oracle_seconds
         values["oracle_accuracy"] = oracle_seconds / result.step_seconds_median
+    if result.wait_seconds_per_step is not None:  # beside predicted t_x and t_s (loss in t_s)
+        waited = result.wait_seconds_per_step
+        values["measured_transfer_seconds"] = waited.transfer
+        values["measured_sync_seconds"] = waited.sync + waited.loss
     if result.peak_memory_bytes_per_rank:
         values["peak_memory_bytes"] = max(result.peak_memory_bytes_per_rank)
     if predicted_peak_bytes:

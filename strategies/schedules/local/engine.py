@@ -175,6 +175,12 @@ class LocalEngine:
         return self._counter
 
     @property
+    def clock(self) -> None:
+        """Not clocked: this engine waits on its own sends and receives, outside a
+        Communicator's clock."""
+        return None
+
+    @property
     def _stashing(self) -> bool:
         """Whether this block waits for the next block's gradient (overlapping, not last)."""
         return self.overlapping and not self.is_last

@@ -124,6 +124,12 @@ class PipelineEngine:
     def counter(self) -> ByteCounter:
         return self.comm.counter
 
+    @property
+    def clock(self) -> None:
+        """Not clocked: this engine waits on its own sends and receives, outside a
+        Communicator's clock."""
+        return None
+
     # ---- one step ---------------------------------------------------------------------------
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
