@@ -194,7 +194,9 @@ def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...]
     """The config in `path` (default: the project's configs/benchmark.yaml, else the
     embedded defaults) with `key=value` overrides applied."""
     source = path or (PROJECT_CONFIG if PROJECT_CONFIG.is_file() else None)
-    document = _read_yaml(source) if source is not None else {}
+    # the embedded defaults as a document, so that overrides reach into them (`models.0.name`)
+    document = (_read_yaml(source) if source is not None
+                else BenchmarkConfig().model_dump(mode="json"))
     for override in overrides:
         _apply_override(document, override)
     try:

@@ -74,6 +74,8 @@ def test_a_folder_without_a_benchmark_file_runs_the_embedded_one(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert load_config(None) == from_file
     assert load_config(None, ["steps=7"]).steps == 7
+    assert load_config(None, ["models.0.name=lenet5"]).models[0].name == "lenet5"
+    assert load_config(None, ["batch=8"]).batch_per_device is None
 
 
 @pytest.mark.slow
