@@ -89,7 +89,9 @@ def test_installed_layerwise_inits_an_empty_folder_and_runs_the_benchmark(tmp_pa
         [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         check=True, capture_output=True, text=True).stdout.strip())
     (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    # a user's shell: none of the suite's own settings of Prefect, MLflow or the path
+    environment = {key: value for key, value in os.environ.items()
+                   if key != "PYTHONPATH" and not key.startswith(("MLFLOW_", "PREFECT_"))}
     subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-deps",
                     "--no-build-isolation", str(ROOT)], check=True, env=environment,
                    cwd=tmp_path)
