@@ -91,6 +91,15 @@ def test_the_integer_program_proves_what_the_multipliers_cannot(tiny):
     assert fit.lower_bound > fastest.predicted.step_seconds * 1.1
 
 
+def test_a_budget_the_program_proves_nothing_meets_says_so(tiny):
+    """Above the least any one layer needs (0.8 MB) but under what every whole plan needs:
+    the integer program proves no plan meets its rows, and the search says that, not that it
+    merely found none."""
+    with pytest.raises(DoesNotFit, match=r"no plan fits 0\.9 MB per device: the integer "
+                                         r"program .* proves each plan needs more"):
+        fastest_within(tiny, 880_000)
+
+
 def test_a_budget_the_optimum_fits_leaves_the_search_as_it_was(tiny):
     fastest = optimal_strategy(tiny)
     held = optimal_within(tiny, _peak(tiny, fastest.assignment))

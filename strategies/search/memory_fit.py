@@ -339,6 +339,12 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
                     plan, step, peak = found
                 if best is None or step < best[1]:
                     best = (plan, step, peak)
+    if best is None and np.isinf(lower):
+        raise DoesNotFit(
+            f"no plan fits {_mb(budget)} per device: the integer program over every layer's "
+            f"configs proves each plan needs more on some device (the leanest the search met "
+            f"needs {_mb(least_found or 0)}); use more devices, a smaller batch or input, or a "
+            f"larger --memory-limit")
     if best is None:
         raise DoesNotFit(
             f"no plan found that fits {_mb(budget)} per device in {rounds} rounds: the leanest "
