@@ -59,6 +59,7 @@ from layerwise.strategies.cost.profile import (  # noqa: E402
 from layerwise.strategies.hardware.calibrate import calibrate, calibrated_cluster  # noqa: E402
 from layerwise.strategies.model.graph import LayerGraph, build_graph  # noqa: E402
 from layerwise.strategies.model.space import ParallelConfig  # noqa: E402
+from layerwise.strategies.runtime.comm import Waits, least_waiting  # noqa: E402
 from layerwise.strategies.search.baselines import baseline  # noqa: E402
 from layerwise.strategies.search.elimination import optimal_strategy  # noqa: E402
 
@@ -95,14 +96,11 @@ def measured_terms(seconds: Sequence[float],
                    waits: Sequence[Sequence[tuple[Mapping[str, float], Mapping[str, int]]]]
                    ) -> tuple[float, float, float, float]:
     """Median step, transfer, sync (the loss's all-reduces included) and exchanges over the
-    timed steps. Per step the terms are those of the rank that waited least: a rank idle while
-    another computes a layer alone waits for that compute in its exchanges, which is t_c, not
-    t_x; the busiest rank's waits are the communication itself. `waits`: per rank, per step,
-    (seconds, calls) per category (`comm.Waits`)."""
+    timed steps, per step those of the rank that waited least (`comm.least_waiting`).
+    `waits`: per rank, per step, (seconds, calls) per category (`comm.Waits`)."""
     terms = []
     for step in range(len(seconds)):
-        waited, calls = min((rank[step] for rank in waits),
-                            key=lambda each: sum(each[0].values()))
+        waited, calls = least_waiting([Waits(*rank[step]) for rank in waits])
         # the loss's all-reduces are priced in the output layer's t_s
         terms.append((waited.get("transfer", 0.0),
                       waited.get("sync", 0.0) + waited.get("loss", 0.0),

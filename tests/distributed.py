@@ -9,6 +9,7 @@ global batches in the parent; the tests compare losses, parameters and buffers.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,13 @@ from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.layerwise_executor import LayerwiseModel
 from layerwise.strategies.runtime.plan import build_plan
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (a rendezvous or a server's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from layerwise.flows.cli import app
 from layerwise.strategies.exactness.reference import compare, reference_run
 from layerwise.strategies.training_run import RunResult, TrainSettings
+from tests.distributed import free_port
 from tests.processes import (
     as_from_a_terminal,
     kill_tree,
@@ -39,12 +40,6 @@ TWO_NODES = ("tiny_cnn", "--strategy", "data", "--nproc", "1", "--nnodes", "2", 
              "8", "--batch-per-device", "4")
 WAIT_SECONDS = 180  # two launchers on two cores start in ~30 s; reached only on a hang
 FLOAT32_ROUNDING = 1e-5  # 4 float32 steps: ~4e-7 from the summation order; an error: > 1e-3
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _node(rank: int, endpoint: str, out: Path, *args: str) -> list[str]:
@@ -108,7 +103,7 @@ def test_node_0_that_cannot_listen_at_its_endpoint_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_two_nodes_train_what_one_process_trains(tmp_path):
     """Node 1 in a subprocess, started first; node 0 in this process."""
-    out, endpoint = tmp_path / "run", f"127.0.0.1:{_free_port()}"
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
     node1 = _start(_node(1, endpoint, out, "--steps", "4"))
     try:
         node0 = CliRunner().invoke(app, _node(0, endpoint, out, "--steps", "4"))
@@ -128,7 +123,7 @@ def test_two_nodes_train_what_one_process_trains(tmp_path):
 
 @pytest.mark.slow
 def test_a_node_that_dies_ends_the_other_naming_it(tmp_path):
-    out, endpoint = tmp_path / "run", f"127.0.0.1:{_free_port()}"
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
     # a collective timeout past WAIT_SECONDS: node 0 ends in time only on the lost connection
     long_run = ("--steps", "100000", "--checkpoint-every", "5", "--timeout", "600")
     nodes = [_start(_node(rank, endpoint, out, *long_run)) for rank in (0, 1)]
@@ -163,7 +158,7 @@ def test_a_node_that_dies_ends_the_other_naming_it(tmp_path):
 def test_a_node_alone_says_whom_it_waits_for_and_stops_when_told(tmp_path):
     """Node 0 alone (its endpoint bound where the user said, and only there) and node 1 alone
     (nothing listens at its endpoint) each say what they wait for; Ctrl-C ends them."""
-    alone = {rank: (tmp_path / f"run{rank}", f"127.0.0.1:{_free_port()}") for rank in (0, 1)}
+    alone = {rank: (tmp_path / f"run{rank}", f"127.0.0.1:{free_port()}") for rank in (0, 1)}
     nodes = {rank: subprocess.Popen([str(LAYERWISE), *_node(rank, endpoint, out, "--steps", "1")],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     preexec_fn=as_from_a_terminal)

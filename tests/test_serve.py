@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.serve import check_cron
+from tests.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,14 +151,6 @@ def test_a_served_deployment_runs_the_benchmark_and_lands_in_mlflow(prefect_serv
     assert parent.data.params["batch_per_device"] == "null"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_work_pool_worker_tracks_where_the_operator_says(prefect_server, tmp_path):
     """The operator's path: a project `layerwise init` wrote, its prefect.yaml deployed with
@@ -181,7 +174,7 @@ def test_a_work_pool_worker_tracks_where_the_operator_says(prefect_server, tmp_p
     project = tmp_path / "project"
     assert CliRunner().invoke(app, ["init", str(project)]).exit_code == 0
     binaries = Path(sys.executable).parent
-    port = _free_port()
+    port = free_port()
     tracking = f"http://127.0.0.1:{port}"
     mlflow_server = subprocess.Popen(
         [binaries / "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),

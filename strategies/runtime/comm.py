@@ -68,6 +68,13 @@ class Waits(NamedTuple):
     calls: dict[Category, int]
 
 
+def least_waiting(ranks: Sequence[Waits]) -> Waits:
+    """Of every rank's waits in one step, the waits of the rank that waited least: a rank idle
+    while another computes a layer alone waits for that compute, which is t_c; the
+    least-waiting rank's waits are the communication itself."""
+    return min(ranks, key=lambda waits: sum(waits.seconds.values()))
+
+
 class WaitClock:
     """Seconds this rank spent blocked in communication, and the calls it waited in, per
     category, since the last reset."""

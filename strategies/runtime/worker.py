@@ -78,7 +78,7 @@ from layerwise.strategies.runtime.checkpoint import (
     save_checkpoint,
     trained_weights,
 )
-from layerwise.strategies.runtime.comm import Category, init_distributed
+from layerwise.strategies.runtime.comm import Category, Waits, init_distributed, least_waiting
 from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset
 from layerwise.strategies.runtime.divergence import LossDiverged, LossWatch, diverged_message
 from layerwise.strategies.runtime.engine_protocol import Engine, EngineContext
@@ -107,7 +107,7 @@ WARMUP_STEPS = 5
 _SOURCE_LOCATION = re.compile(r"^\[[^\]]*:\d+\]\s*")  # gloo's "[.../pair.cc:553] " prefix
 
 StepBytes = dict[tuple[str, Category], int]
-StepWaits = dict[Category, float]  # seconds one rank waited in one step, per category
+StepWaits = Waits  # what one rank waited in one step, per category
 
 
 @dataclass(frozen=True)
@@ -362,7 +362,7 @@ def train_step(run: Run, step: int) -> tuple[StepRecord, StepBytes, StepWaits | 
         clock.reset()
     loss = run.engine.step(inputs, targets)
     step_bytes = run.engine.counter.reset()
-    waits = dict(clock.reset().seconds) if clock is not None else None
+    waits = clock.reset() if clock is not None else None
     synchronize(run.device)
     seconds = time.perf_counter() - started
     return (StepRecord(step=step, loss=rank0_loss(loss, run.device), seconds=seconds),
@@ -440,11 +440,8 @@ def gather_result(run: Run, records: list[StepRecord], step_bytes: StepBytes,
 def least_waits(steps: list[int], ranks: list[dict[int, StepWaits]]) -> WaitSeconds | None:
     """WaitSeconds over `steps` from each rank's waits per step (None where a step has a rank
     without them: not clocked, or trained before a resume)."""
-    per_step = []
-    for step in steps:
-        if not all(step in rank for rank in ranks):
-            continue
-        per_step.append(min((rank[step] for rank in ranks), key=lambda each: sum(each.values())))
+    per_step = [least_waiting([rank[step] for rank in ranks]).seconds for step in steps
+                if all(step in rank for rank in ranks)]
     if not per_step:
         return None
     return WaitSeconds(**{category: statistics.median(waited.get(category, 0.0)

@@ -44,10 +44,9 @@ from layerwise.strategies.cost.memory import (
     predicted_memory,
     step_input_bytes,
     tile_floor,
-    tile_terms,
 )
 from layerwise.strategies.errors import LayerwiseError
-from layerwise.strategies.model.graph import Layer, LayerGraph
+from layerwise.strategies.model.graph import LayerGraph
 from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.tiles import config_boxes
 from layerwise.strategies.search.baselines import BASELINES, baseline
@@ -107,8 +106,9 @@ class Fit:
 
 @dataclass(frozen=True)
 class _TileBytes:
-    """A layer's per-tile bytes over its search space: a_r(c, d) per (moment, config, device),
-    and the part of a_forward_end that recomputing the layer frees (zero where it may not)."""
+    """A layer's per-tile bytes over its search space, as the repair weighs its changes: per
+    (moment, config, device) its share of the forward's end and of the backward's last call,
+    and the part of the forward's that recomputing the layer frees (zero where it may not)."""
 
     rows: np.ndarray
     freed: np.ndarray  # (moment, config, device): what its ops save, on the forward-end row
@@ -117,26 +117,17 @@ class _TileBytes:
         """(moment, device) bytes of config `index`, kept or recomputed."""
         return self.rows[:, index, :] - (self.freed[:, index, :] if recomputed else 0.0)
 
-    def least(self) -> np.ndarray:
-        """(moment, config, device) bytes with each config's leaner choice."""
-        return self.rows - self.freed
 
-
-def _tile_bytes(graph: LayerGraph, layer: Layer, configs: list[ParallelConfig], devices: int,
-                element_bytes: int) -> _TileBytes:
-    """Each config's tile bytes on each device, and what recomputing the layer frees."""
-    rows = np.zeros((len(MOMENTS), len(configs), devices))
+def _tile_bytes(floor: _Floors | None, configs: int, devices: int,
+                may_recompute: bool) -> _TileBytes:
+    """_TileBytes from a layer's floors (None: the network input, which holds nothing)."""
+    rows = np.zeros((len(MOMENTS), configs, devices))
     freed = np.zeros_like(rows)
-    if layer.kind == "input":
-        return _TileBytes(rows, freed)
-    may_recompute = layer.name not in graph.outputs
-    for index, config in enumerate(configs):
-        for device, box in config_boxes(layer, config).items():
-            own = tile_terms(layer, config, box, element_bytes)
-            rows[0, index, device] = own.forward_end
-            rows[1, index, device] = own.backward_end
-            if may_recompute:
-                freed[0, index, device] = own.saved
+    if floor is not None:
+        rows[0] = floor.base + floor.output + floor.saved
+        rows[1] = floor.base + floor.gradients
+        if may_recompute:
+            freed[0] = floor.saved
     return _TileBytes(rows, freed)
 
 
@@ -232,9 +223,11 @@ def fastest_within(cost_model: CostModel, budget: int, element_bytes: int = FLOA
     when that is over the budget, else with the least the search found."""
     graph = cost_model.graph
     devices = cost_model.devices
-    tile_bytes = {layer.name: _tile_bytes(graph, layer, cost_model.configs[layer.name], devices,
-                                          element_bytes) for layer in graph.layers}
     floors = layer_floors(graph, cost_model.configs, devices, element_bytes)
+    tile_bytes = {layer.name: _tile_bytes(floors.get(layer.name),
+                                          len(cost_model.configs[layer.name]), devices,
+                                          layer.name not in graph.outputs)
+                  for layer in graph.layers}
     inputs = step_input_bytes(graph, element_bytes)
     need, needing_layer = _least_need(graph, floors, inputs)
     if need > budget:
