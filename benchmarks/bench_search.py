@@ -10,9 +10,10 @@ strategies/jobs/pricing.py's AUTO_ALIGNED_DEVICES devices), side by side.
 The presets have 16 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with
 more nodes. Each search is fresh in this process, as `optimal_strategy` runs it: the node
 vectors, the bounds and exact t_x between the configs they keep (`cost s`; `kept`: the share of
-all configs the elimination searched), eliminating and undoing (`elim s`). `configs` is the
-largest search space of a layer. One search of the tiny CNN runs first so that
-the first row does not carry the process's one-time warm-up. `peak MB` is the most memory
+all configs the elimination searched), eliminating and undoing (`elim s`); `terms priced`
+counts the per-device terms of config pairs the tables computed, the work on any machine.
+`configs` is the largest search space of a layer. One search of the tiny CNN runs first so
+that the first row does not carry the process's one-time warm-up. `peak MB` is the most memory
 the aligned search held (tracemalloc, in a second run, so that tracing does not slow the
 timed one); `optimum` says whether aligned found a cheaper step than origin (=: equal).
 """
@@ -70,7 +71,7 @@ def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int
         row[f"{placement} optimum"] = solution.cost
         if placement == "aligned":
             row["cost s"], row["elim s"], row["method"] = costing, solving, solution.method
-            row["pairs priced"] = cost.pairs_priced  # the work, whatever the machine
+            row["terms priced"] = cost.terms_priced  # the work, whatever the machine
             row["kept"] = f"{solution.configs_kept / costs.configs:.1%}"
     row["ratio"] = f"{float(row['aligned s']) / float(row['origin s']):.2f}x"
     row["optimum"] = "=" if row["aligned optimum"] == row["origin optimum"] else (
@@ -83,7 +84,7 @@ def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int
 
 
 COLUMNS = ("model", "cluster", "devices", "layers", "origin configs", "aligned configs",
-           "kept", "origin s", "aligned s", "ratio", "cost s", "elim s", "pairs priced",
+           "kept", "origin s", "aligned s", "ratio", "cost s", "elim s", "terms priced",
            "optimum", "peak MB", "method")
 
 

@@ -76,16 +76,13 @@ def test_the_search_over_the_kept_configs_returns_the_search_over_all(model, dev
     assert pruned.choice == everything.choice
 
 
-@pytest.mark.parametrize(("model", "devices", "image_size", "bounded_from"),
-                         [("resnet18", 32, 32, search._BOUNDED_FROM_DEVICES),
-                          ("inception_v3", 16, 299, 16)])
+@pytest.mark.parametrize(("model", "devices", "image_size"),
+                         [("resnet18", 32, 32), ("inception_v3", 16, 299)])
 def test_bounds_from_cheap_transfer_bounds_find_the_strategy_of_the_search_over_all(
-        model, devices, image_size, bounded_from, monkeypatch):
+        model, devices, image_size):
     """On many devices the search costs t_x exactly only between the configs that bounds from
-    each config's end devices keep: the same strategy, the same cost, bit for bit. Inception-v3
-    (concatenated branches) takes that path at 16 devices (`bounded_from`): at 32 the search
-    over all configs it is compared with costs ~20 s."""
-    monkeypatch.setattr(search, "_BOUNDED_FROM_DEVICES", bounded_from)
+    each config's end devices keep: the same strategy, the same cost, bit for bit (residual
+    blocks across 8 nodes; concatenated branches)."""
     graph = build_graph(model, batch=32 * devices, image_size=image_size)
     cluster = CLUSTER.model_copy(update={"nodes": devices // CLUSTER.devices_per_node})
     cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
@@ -111,3 +108,25 @@ def test_the_end_devices_bound_transfers_from_below_and_are_exact_on_two_devices
         small = (np.array([c.size for c in cost.configs[u]])[:, None] <= 2) & (
             np.array([c.size for c in cost.configs[v]])[None, :] <= 2)
         assert (lower[small] == exact[small]).all()
+
+
+def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_for_bit():
+    """The search's exact t_x between the kept configs reads the per-device terms its bounds
+    built; every entry is the whole matrix's, bit for bit: on the edge from the input (no
+    backward), residual and strided edges, across nodes whose ports are shared."""
+    graph = build_graph("resnet18", batch=16 * 8, image_size=32)
+    cluster = load_cluster("p100x16")
+    assert any(link.shared_by > 1 for _, link in cluster.link_tiers())
+    cost = CostModel(graph, cluster, 16, AnalyticCompute(cluster), placement="aligned")
+    random = np.random.default_rng(0)
+    edges = graph.edges[:10]
+    assert graph.by_name[edges[0][0]].kind == "input"
+    for u, v in edges:
+        producer, consumer = graph.by_name[u], graph.by_name[v]
+        whole = cost.edge(producer, consumer)[0]
+        cost.edge_lower_bound(producer, consumer)
+        for count in (1, 9):
+            kept_u = np.sort(random.choice(len(cost.configs[u]), count, replace=False))
+            kept_v = np.sort(random.choice(len(cost.configs[v]), count, replace=False))
+            kept = cost.kept_edge(producer, consumer, kept_u, kept_v)
+            assert kept.tobytes() == whole[np.ix_(kept_u, kept_v)].tobytes(), (u, v)

@@ -123,10 +123,11 @@ class CostModel:
         return {layer.name: self._configs_for(layer) for layer in self.graph.layers}
 
     @property
-    def pairs_priced(self) -> int:
-        """Config pairs whose t_x (or its lower bound) this model has computed: the search's
-        work, the same on every machine (tables shared by equal edges count once)."""
-        return self._transfers.pairs_priced
+    def terms_priced(self) -> int:
+        """Per-device terms of config pairs this model has computed (a pair's forward over its
+        consumer's devices, its backward over its producer's; a bound's over two devices
+        each): the work itself, the same on every machine."""
+        return self._transfers.terms_priced
 
     def _configs_for(self, layer: Layer) -> list[ParallelConfig]:
         """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
@@ -427,12 +428,15 @@ class CostModel:
     def kept_edge(self, producer: Layer, consumer: Layer, producer_kept: np.ndarray,
                   consumer_kept: np.ndarray) -> np.ndarray:
         """t_x seconds between the configs at indices `producer_kept` and `consumer_kept` of the
-        two layers' search spaces (equal edges with equal kept configs computed once)."""
-        spaces = ((_space_key(producer), producer_kept.tobytes()),
-                  (_space_key(consumer), consumer_kept.tobytes()))
-        return self._transfers.matrices(
-            producer, consumer, [self.configs[producer.name][i] for i in producer_kept],
-            [self.configs[consumer.name][i] for i in consumer_kept], spaces=spaces)[0]
+        two layers' search spaces, bit for bit those of `edge`, from the per-device terms
+        `edge_lower_bound` built (equal edges with equal kept configs computed once)."""
+        return self._transfers.kept(
+            producer, consumer, self.configs[producer.name], self.configs[consumer.name],
+            (_space_key(producer), _space_key(consumer)), producer_kept, consumer_kept)
+
+    def forget_kept_tables(self) -> None:
+        """Free what `kept_edge` reads (the search is done with it)."""
+        self._transfers.forget_sides()
 
     def check_memory(self, whole_spaces: bool) -> None:
         """Refuse (one line) before building any table of the edges that would not fit in

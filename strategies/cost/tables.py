@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -43,6 +43,8 @@ _INT32_LIMIT = 2**31
 # copies `_pairs` returns).
 _CONFIG_TABLE_BYTES = 112
 _PAIR_BYTES = 32
+# the search keeps each edge's per-device terms from its bounds to its exact pass up to this
+_KEPT_SIDES_BYTES = 96 << 20
 
 # Dimensions whose per-dim tables are multiplied into one table: (n, c), (h, w) and (d, pad).
 # Every group is two dims, so depth is paired with a padding dim of size 1 that no config
@@ -585,6 +587,11 @@ class TierSide:
     elements: list[np.ndarray]  # per group: `TierTerms.same` (forward) or `.row` (backward)
     messages: list[np.ndarray]  # per group: `TierTerms.touch` or `.sent`
 
+    def narrowed(self, mixed: np.ndarray) -> TierSide:
+        """The terms of the configs at positions `mixed` among those the tier's runs hold."""
+        return TierSide(state=[state[..., mixed] for state in self.state],
+                        elements=self.elements, messages=self.messages)
+
 
 @dataclass(frozen=True)
 class ProducerSide:
@@ -604,6 +611,20 @@ class ProducerSide:
     sharing: np.ndarray | None  # `ConfigTable.sharing`, in the table's order
 
 
+    def narrowed(self, at: np.ndarray) -> ProducerSide:
+        """The terms of the producer configs at sorted table positions `at` only (the
+        single-class configs stay first)."""
+        single, mixed = _split(at, self.seconds_per_element.shape[1])
+        return ProducerSide(
+            state=[state[:, at] for state in self.state],
+            same_at=[same_at[:, at] for same_at in self.same_at], same=self.same,
+            recv=[recv[:, at] for recv in self.recv],
+            seconds_per_element=self.seconds_per_element[:, single],
+            latency=self.latency[:, single], classes=self.classes[:, single],
+            tiers=[tier.narrowed(mixed) for tier in self.tiers],
+            sharing=None if self.sharing is None else self.sharing[at])
+
+
 @dataclass(frozen=True)
 class ConsumerSide:
     """The consumer configs' per-device terms, (D, Q) and per group."""
@@ -617,6 +638,24 @@ class ConsumerSide:
     classes: np.ndarray
     tiers: list[TierSide]
     sharing: np.ndarray | None
+
+    def narrowed(self, at: np.ndarray) -> ConsumerSide:
+        """The terms of the consumer configs at sorted table positions `at` only."""
+        single, mixed = _split(at, self.seconds_per_element.shape[1])
+        return ConsumerSide(
+            state=[state[:, at] for state in self.state], row=[row[:, at] for row in self.row],
+            sent=[sent[:, at] for sent in self.sent], need=self.need[:, at],
+            seconds_per_element=self.seconds_per_element[:, single],
+            latency=self.latency[:, single], classes=self.classes[:, single],
+            tiers=[tier.narrowed(mixed) for tier in self.tiers],
+            sharing=None if self.sharing is None else self.sharing[at])
+
+
+def _split(at: np.ndarray, single: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted table positions `at` as the single-class configs' (the first `single`
+    positions) and the others' positions among the others."""
+    cut = int(np.searchsorted(at, single))
+    return at[:cut], at[cut:] - single
 
 
 def _priced(own: np.ndarray, total: np.ndarray, own_messages: np.ndarray,
@@ -770,6 +809,44 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Seque
     return back
 
 
+@dataclass(frozen=True)
+class EdgeSides:
+    """One edge's per-device terms of a producer and a consumer list of configs, in their
+    config tables' order (`porder`, `qorder`: the list index at each table position)."""
+
+    producer: ProducerSide
+    consumer: ConsumerSide
+    ptab: ConfigTable
+    qtab: ConfigTable
+    porder: np.ndarray
+    qorder: np.ndarray
+    backward: bool  # the producer is not the network input: gradients flow back
+
+    @property
+    def nbytes(self) -> int:
+        """The memory of the sides' own arrays (the config tables are shared)."""
+        arrays = []
+        for side in (self.producer, self.consumer):
+            for value in vars(side).values():
+                if isinstance(value, np.ndarray):
+                    arrays.append(value)
+                elif isinstance(value, list):
+                    for item in value:
+                        arrays.extend([item] if isinstance(item, np.ndarray) else [
+                            *item.state, *item.elements, *item.messages])
+        return sum(array.nbytes for array in arrays)
+
+    @cached_property
+    def p_position(self) -> np.ndarray:
+        """The table position of each producer config of the list."""
+        return np.argsort(self.porder)
+
+    @cached_property
+    def q_position(self) -> np.ndarray:
+        """The table position of each consumer config of the list."""
+        return np.argsort(self.qorder)
+
+
 class TransferTables:
     """t_x of every pair of producer and consumer configs of an edge, on `devices` devices of
     `cluster`; the tables it builds are shared by every edge and config list that can."""
@@ -798,12 +875,20 @@ class TransferTables:
         self._geometries: dict[tuple[object, ...], int] = {}  # equal layer geometries, one id
         self._geometry_ids: dict[str, int] = {}  # by layer name
         self._dim_tables: dict[tuple[int, bytes, bytes], tuple[int, DimTable]] = {}
+        self._edges: dict[tuple[str, str], EdgeDims] = {}  # by producer and consumer name
+        self._dim_keys: dict[tuple[str, str, int], tuple[int, bytes, bytes]] = {}
         self._space_ids: dict[Hashable, int] = {}
         self._space_contents: dict[tuple[object, ...], int] = {}
         self._matrices: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray | None]] = {}
-        # config pairs priced so far (an exact t_x or its bound): the search's work, counted
-        # the same on every machine (bench_search prints it; the suite bounds it)
-        self.pairs_priced = 0
+        # whole search spaces' sides, kept from their bounds to their kept pairs (`kept`)
+        self._bounded_sides: dict[tuple[object, ...], EdgeSides] = {}
+        self._kept: dict[tuple[object, ...], np.ndarray] = {}
+        self._kept_bytes = 0  # of `_bounded_sides`
+        # per-device terms of config pairs computed so far (a pair's forward over its
+        # consumer's devices, its backward over its producer's; a bound's over their end
+        # devices): the search's work, counted the same on every machine (bench_search
+        # prints it; the suite bounds it)
+        self.terms_priced = 0
 
     def matrices(self, producer: Layer, consumer: Layer,
                  producer_configs: Sequence[ParallelConfig],
@@ -832,20 +917,82 @@ class TransferTables:
         return self._cached(producer, consumer, producer_configs, consumer_configs, spaces,
                             ends_only=True)[0]
 
+    def kept(self, producer: Layer, consumer: Layer,
+             producer_configs: Sequence[ParallelConfig],
+             consumer_configs: Sequence[ParallelConfig], spaces: tuple[Hashable, Hashable],
+             producer_kept: np.ndarray, consumer_kept: np.ndarray) -> np.ndarray:
+        """Seconds of t_x between the configs at `producer_kept` and `consumer_kept` of the
+        two whole search spaces `spaces` names, bit for bit their entries in `matrices`: from
+        the per-device terms `lower_bounds` built for those spaces, so that the search's exact
+        pass builds none again. Equal edges with equal kept configs are priced once."""
+        key = (*self._sides_key(producer, consumer, producer_configs, consumer_configs,
+                                spaces), producer_kept.tobytes(), consumer_kept.tobytes())
+        if key not in self._kept:
+            sides_key = key[:-2]
+            if sides_key in self._bounded_sides:
+                self._kept[key] = self._some_pairs(self._bounded_sides[sides_key],
+                                                   producer_kept, consumer_kept)
+            else:  # not kept (over the budget): the kept configs' own sides
+                self._kept[key] = self._pairs(self._sides_of(
+                    producer, consumer, [producer_configs[i] for i in producer_kept],
+                    [consumer_configs[i] for i in consumer_kept]))[0]
+        return self._kept[key]
+
+    def forget_sides(self) -> None:
+        """Drop the per-device terms kept for `kept` (the search's exact pass is done)."""
+        self._bounded_sides.clear()
+        self._kept.clear()
+        self._kept_bytes = 0
+
+    def _sides_key(self, producer: Layer, consumer: Layer,
+                   producer_configs: Sequence[ParallelConfig],
+                   consumer_configs: Sequence[ParallelConfig],
+                   spaces: tuple[Hashable, Hashable]) -> tuple[object, ...]:
+        """What an edge's sides over two named spaces depend on: equal keys, equal sides."""
+        return (self._edge_dims(producer, consumer).ids,
+                self._space_id(spaces[0], producer_configs),
+                self._space_id(spaces[1], consumer_configs), producer.kind != "input")
+
+    def _whole_sides(self, producer: Layer, consumer: Layer,
+                     producer_configs: Sequence[ParallelConfig],
+                     consumer_configs: Sequence[ParallelConfig],
+                     spaces: tuple[Hashable, Hashable]) -> EdgeSides:
+        """The edge's sides over two whole search spaces, kept for `kept` while all those
+        kept stay within _KEPT_SIDES_BYTES (on 16 devices Inception-v3's take 62 MB, on 64
+        1.8 GB: there the kept configs' own sides are built again, a fraction of the memory)."""
+        key = self._sides_key(producer, consumer, producer_configs, consumer_configs, spaces)
+        if key in self._bounded_sides:
+            return self._bounded_sides[key]
+        sides = self._sides_of(producer, consumer, producer_configs, consumer_configs)
+        size = sides.nbytes
+        if self._kept_bytes + size <= _KEPT_SIDES_BYTES:
+            self._bounded_sides[key] = sides
+            self._kept_bytes += size
+        return sides
+
+    def _sides_of(self, producer: Layer, consumer: Layer,
+                  producer_configs: Sequence[ParallelConfig],
+                  consumer_configs: Sequence[ParallelConfig]) -> EdgeSides:
+        return self._sides(self._edge_dims(producer, consumer), producer_configs,
+                           consumer_configs, producer.kind != "input")  # no input gradient
+
     def _cached(self, producer: Layer, consumer: Layer,
                 producer_configs: Sequence[ParallelConfig],
                 consumer_configs: Sequence[ParallelConfig],
                 spaces: tuple[Hashable, Hashable] | None,
                 ends_only: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        dims = self._edge_dims(producer, consumer)
-        backward = producer.kind != "input"  # the network input needs no gradient
         if spaces is None:
-            return self._pairs(dims, producer_configs, consumer_configs, backward, ends_only)
-        key = (dims.ids, self._space_id(spaces[0], producer_configs),
-               self._space_id(spaces[1], consumer_configs), backward, ends_only)
+            return self._pairs(self._sides_of(producer, consumer, producer_configs,
+                                              consumer_configs), ends_only)
+        key = (*self._sides_key(producer, consumer, producer_configs, consumer_configs,
+                                spaces), ends_only)
         if key not in self._matrices:
-            self._matrices[key] = self._pairs(dims, producer_configs, consumer_configs,
-                                              backward, ends_only)
+            if ends_only:  # the bounds' sides, kept for the exact pass over the kept configs
+                sides = self._whole_sides(producer, consumer, producer_configs,
+                                          consumer_configs, spaces)
+            else:
+                sides = self._sides_of(producer, consumer, producer_configs, consumer_configs)
+            self._matrices[key] = self._pairs(sides, ends_only)
         return self._matrices[key]
 
     def _space_id(self, space: Hashable, configs: Sequence[ParallelConfig]) -> int:
@@ -876,11 +1023,23 @@ class TransferTables:
 
     def _dim_key(self, producer: Layer, consumer: Layer, dim: int) -> tuple[int, bytes, bytes]:
         """What the edge's table along `dim` depends on: equal keys share one table."""
-        starts, stops = self._needed_ranges(consumer, consumer.inputs.index(producer.name), dim)
-        return as_view(producer.output_shape)[dim], starts.tobytes(), stops.tobytes()
+        at = (producer.name, consumer.name, dim)
+        if at not in self._dim_keys:
+            starts, stops = self._needed_ranges(consumer, consumer.inputs.index(producer.name),
+                                                dim)
+            self._dim_keys[at] = (as_view(producer.output_shape)[dim], starts.tobytes(),
+                                  stops.tobytes())
+        return self._dim_keys[at]
 
     def _edge_dims(self, producer: Layer, consumer: Layer) -> EdgeDims:
-        """The edge's per-dimension tables and their ids; equal ranges share one table."""
+        """The edge's per-dimension tables and their ids; equal ranges share one table (each
+        edge's looked up once: the search asks for them per pass)."""
+        key = (producer.name, consumer.name)
+        if key not in self._edges:
+            self._edges[key] = self._new_edge_dims(producer, consumer)
+        return self._edges[key]
+
+    def _new_edge_dims(self, producer: Layer, consumer: Layer) -> EdgeDims:
         input_index = consumer.inputs.index(producer.name)
         ids, dims = [], []
         for dim, size in enumerate(as_view(producer.output_shape)):
@@ -953,26 +1112,10 @@ class TransferTables:
             self._config_tables[key] = (order, table)
         return self._config_tables[key]
 
-    def _pairs(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
-               qconfs: Sequence[ParallelConfig], backward: bool,
-               ends_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-        """Every pair's t_x from per-device terms.
-
-        Per device: `same` elements it holds of what its consumer tile needs, the producer
-        tiles it receives from, and (backward) its producer tile's elements needed elsewhere
-        and the consumer tiles it sends to; and the same counts within each of its units of
-        the cluster's tiers. A device takes its data in one link class after another: forward
-        time is the slowest device's sum over link classes of the elements it receives over
-        that class's link at its seconds per element plus its latency per message; backward
-        likewise for the gradients each producer tile's device receives. A device without a
-        consumer tile receives nothing and one without a producer tile sends nothing, all
-        terms being >= 0: the forward pass runs over each consumer config's devices
-        (`_forward_block`, configs grouped by size), the backward over each producer
-        config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
-        `ends_only` runs each pass over the first and last devices of each config only: the
-        seconds become a lower bound, the elements are not counted (None).
-        """
-        self.pairs_priced += len(pconfs) * len(qconfs)
+    def _sides(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
+               qconfs: Sequence[ParallelConfig], backward: bool) -> EdgeSides:
+        """The per-device terms `_pairs` describes, of every producer and consumer config: what
+        each block of pairs reads, whichever pairs are priced."""
         (porder, ptab), (qorder, qtab) = self._config_table(pconfs), self._config_table(qconfs)
         per_element = np.array([link.seconds_per_element for link in self._links])
         latency = np.array([link.latency for link in self._links])
@@ -1021,34 +1164,106 @@ class TransferTables:
                 messages=[_rows(sent, counts) for sent in terms.sent])
                 for view, terms in zip(qtab.tiers, tiers, strict=True)],
         )
-        # forward blocks are consumer configs x producer configs: kept that way (whole rows
-        # written) and transposed once; the elements only where they are counted
-        forward = np.empty((len(qconfs), len(pconfs)))
-        moved = None if ends_only else np.empty((len(qconfs), len(pconfs)), dtype=np.int64)
-        for columns_of_size, devices in qtab.ends if ends_only else qtab.by_size:
-            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(pconfs)))
+        return EdgeSides(producer=producer, consumer=consumer, ptab=ptab, qtab=qtab,
+                         porder=porder, qorder=qorder, backward=backward)
+
+    def _forward(self, producer: ProducerSide, consumer: ConsumerSide,
+                 groups: Sequence[tuple[np.ndarray, np.ndarray]], out: np.ndarray,
+                 moved: np.ndarray | None = None) -> None:
+        """Forward t_x of the consumer configs in `groups` (positions of one size, and the
+        devices to price each over) x every producer config, into those rows of `out` (and
+        their elements into `moved`), in chunks of _CHUNK_ELEMENTS."""
+        producers = producer.state[0].shape[1]
+        for columns_of_size, devices in groups:
+            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * producers))
+            self.terms_priced += devices.size * producers
             for start in range(0, len(columns_of_size), step):
                 columns = columns_of_size[start:start + step]
-                forward[columns], block_moved = _forward_block(
+                out[columns], block_moved = _forward_block(
                     producer, consumer, self._links, columns, devices[start:start + step])
                 if moved is not None:
                     moved[columns] = block_moved
+
+    def _backward(self, producer: ProducerSide, consumer: ConsumerSide,
+                  groups: Sequence[tuple[np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+        """Backward t_x of the producer configs in `groups` x every consumer config, into those
+        rows of `out`, as `_forward`."""
+        consumers = consumer.state[0].shape[1]
+        for rows_of_size, devices in groups:
+            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * consumers))
+            self.terms_priced += devices.size * consumers
+            for start in range(0, len(rows_of_size), step):
+                rows = rows_of_size[start:start + step]
+                out[rows] = _backward_block(producer, consumer, self._links, rows,
+                                            devices[start:start + step])
+
+    def _pairs(self, sides: EdgeSides,
+               ends_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """Every pair's t_x from per-device terms.
+
+        Per device: `same` elements it holds of what its consumer tile needs, the producer
+        tiles it receives from, and (backward) its producer tile's elements needed elsewhere
+        and the consumer tiles it sends to; and the same counts within each of its units of
+        the cluster's tiers. A device takes its data in one link class after another: forward
+        time is the slowest device's sum over link classes of the elements it receives over
+        that class's link at its seconds per element plus its latency per message; backward
+        likewise for the gradients each producer tile's device receives. A device without a
+        consumer tile receives nothing and one without a producer tile sends nothing, all
+        terms being >= 0: the forward pass runs over each consumer config's devices
+        (`_forward_block`, configs grouped by size), the backward over each producer
+        config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
+        `ends_only` runs each pass over the first and last devices of each config only: the
+        seconds become a lower bound, the elements are not counted (None).
+        """
+        pconfs, qconfs = len(sides.porder), len(sides.qorder)
+        # forward blocks are consumer configs x producer configs: kept that way (whole rows
+        # written) and transposed once; the elements only where they are counted
+        forward = np.empty((qconfs, pconfs))
+        moved = None if ends_only else np.empty((qconfs, pconfs), dtype=np.int64)
+        qtab, ptab = sides.qtab, sides.ptab
+        self._forward(sides.producer, sides.consumer, qtab.ends if ends_only else qtab.by_size,
+                      forward, moved)
         seconds = forward.T
-        if backward:
-            back = np.empty((len(pconfs), len(qconfs)))
-            for rows_of_size, devices in ptab.ends if ends_only else ptab.by_size:
-                step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * len(qconfs)))
-                for start in range(0, len(rows_of_size), step):
-                    rows = rows_of_size[start:start + step]
-                    back[rows] = _backward_block(producer, consumer, self._links, rows,
-                                                 devices[start:start + step])
+        if sides.backward:
+            back = np.empty((pconfs, qconfs))
+            self._backward(sides.producer, sides.consumer,
+                           ptab.ends if ends_only else ptab.by_size, back)
             seconds = seconds + back
-        ordered = np.ix_(porder, qorder)
-        in_order = np.empty((len(pconfs), len(qconfs)))
+        ordered = np.ix_(sides.porder, sides.qorder)
+        in_order = np.empty((pconfs, qconfs))
         in_order[ordered] = seconds
         if moved is None:
             return in_order, None
-        passes = 2 if backward else 1  # forward, and backward unless input
-        elements = np.empty((len(pconfs), len(qconfs)), dtype=np.int64)
+        passes = 2 if sides.backward else 1  # forward, and backward unless input
+        elements = np.empty((pconfs, qconfs), dtype=np.int64)
         elements[ordered] = passes * moved.T * BYTES_PER_ELEMENT
         return in_order, elements
+
+    def _some_pairs(self, sides: EdgeSides, p_kept: np.ndarray,
+                    q_kept: np.ndarray) -> np.ndarray:
+        """t_x seconds of the pairs of producer configs `p_kept` x consumer configs `q_kept`
+        (indices into the lists `sides` was built from), bit for bit those of `_pairs`: the
+        sides narrowed to those configs, each pair's terms being its own."""
+        p_at, q_at = sides.p_position[p_kept], sides.q_position[q_kept]  # table positions
+        p_sorted, q_sorted = np.unique(p_at), np.unique(q_at)
+        producer, consumer = sides.producer.narrowed(p_sorted), sides.consumer.narrowed(q_sorted)
+        forward = np.empty((len(q_sorted), len(p_sorted)))
+        self._forward(producer, consumer, _narrowed(sides.qtab.by_size, q_sorted), forward)
+        seconds = forward.T
+        if sides.backward:
+            back = np.empty((len(p_sorted), len(q_sorted)))
+            self._backward(producer, consumer, _narrowed(sides.ptab.by_size, p_sorted), back)
+            seconds = seconds + back
+        return seconds[np.ix_(np.searchsorted(p_sorted, p_at), np.searchsorted(q_sorted, q_at))]
+
+
+def _narrowed(by_size: list[tuple[np.ndarray, np.ndarray]],
+              at: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`by_size` (`ConfigTable.by_size`) narrowed to the sorted table positions `at`, each
+    config numbered by its place in `at`."""
+    narrowed = []
+    for positions, devices in by_size:
+        kept = np.isin(positions, at)
+        if kept.any():
+            narrowed.append((np.searchsorted(at, positions[kept]), devices[kept]))
+    return narrowed

@@ -46,9 +46,10 @@ _T = TypeVar("_T")
 _MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to the integer program
 # From this many devices the search bounds with cheap t_x lower bounds before costing pairs
 # exactly (`kept_costs`); below, costing every pair is as fast or faster. One core, whole
-# space: 8 devices, Inception-v3 0.24 s bounded against 0.12 s exact; 16: 0.41 against 0.39 s;
-# 32: 1.0 against 1.8 s (ResNet-50 0.58 against 1.09 s); 64: 3.8 s bounded.
-_BOUNDED_FROM_DEVICES = 32
+# space, the two paths interleaved in one process (median of 9, bounded over exact): 4 devices
+# Inception-v3 1.23x, ResNet-50 1.45x; 8: 0.94x, 1.25x; 16: 0.71x, 0.78x (the exact pass over
+# the kept configs reads the per-device terms the bounds built).
+_BOUNDED_FROM_DEVICES = 16
 
 
 class SearchResult(BaseModel):
@@ -422,14 +423,15 @@ def kept_costs(cost_model: CostModel,
     lower, choice = forest_lower_bounds(
         nodes, {edge: cost for edge, cost in bounded.items() if parent[edge[1]] == edge[0]},
         {edge: cost for edge, cost in bounded.items() if parent[edge[1]] != edge[0]})
-    configs = cost_model.configs
     upper = sum(float(cost[choice[name]]) for name, cost in nodes.items()) + sum(
-        float(cost_model.edge(graph.by_name[u], graph.by_name[v], [configs[u][choice[u]]],
-                              [configs[v][choice[v]]])[0][0, 0]) for u, v in graph.edges)
+        float(cost_model.kept_edge(graph.by_name[u], graph.by_name[v],
+                                   np.array([choice[u]]), np.array([choice[v]]))[0, 0])
+        for u, v in graph.edges)
     bounds = within(lower, choice, upper)
     report("costing edges")
     edges = {(u, v): cost_model.kept_edge(graph.by_name[u], graph.by_name[v], bounds.kept[u],
                                           bounds.kept[v]) for u, v in graph.edges}
+    cost_model.forget_kept_tables()
     return KeptCosts(bounds=bounds, nodes=bounds.restrict(nodes, {})[0], edges=edges,
                      configs=sum(len(cost) for cost in nodes.values()))
 
