@@ -1261,9 +1261,11 @@ def _narrowed(by_size: list[tuple[np.ndarray, np.ndarray]],
               at: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """`by_size` (`ConfigTable.by_size`) narrowed to the sorted table positions `at`, each
     config numbered by its place in `at`."""
+    member = np.zeros(sum(len(positions) for positions, _ in by_size), dtype=bool)
+    member[at] = True
     narrowed = []
     for positions, devices in by_size:
-        kept = np.isin(positions, at)
+        kept = member[positions]
         if kept.any():
             narrowed.append((np.searchsorted(at, positions[kept]), devices[kept]))
     return narrowed
