@@ -10,7 +10,9 @@ the p100x16-2018 preset by default, 32 images per device, t_c from the preset's 
 strategy is priced on the cluster as given, so its `sync` (the preset's: how the paper's
 systems synchronised) prices the baselines and the searched strategy alike, and each tile
 normalises by its own BatchNorm statistics, as those systems did (`--batch-norm synced` prices
-layerwise's SyncBatchNorm instead). A measured profile
+layerwise's SyncBatchNorm instead). Where that sync is not a ring all-reduce, every strategy
+is priced and searched again on the same hardware synchronising as today's systems do (NCCL's
+ring all-reduce), beside the paper's (`ring_all_reduce` in the JSON). A measured profile
 holds one model at one global batch: with `--profile` that model is replayed at the device
 count and batch it was measured for.
 """
@@ -62,14 +64,12 @@ VGG16_GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
 def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int | None,
                      batch_norm: str, as_json: bool) -> None:
     """Plan every model and device count, then print the tables (or the JSON document)."""
-    from layerwise.strategies.cost.cost_model import BatchNormStatistics
+    from layerwise.strategies.cost.cost_model import BatchNormStatistics, CostModel
     from layerwise.strategies.cost.profile import Profile
     from layerwise.strategies.hardware.cluster import load_cluster
     from layerwise.strategies.jobs.defaults import DEFAULT_BATCH_PER_DEVICE
-    from layerwise.strategies.jobs.named_strategies import strategy_by_name
     from layerwise.strategies.jobs.pricing import cost_model
     from layerwise.strategies.model.graph import build_graph
-    from layerwise.strategies.schedules import SEARCHED
     from layerwise.strategies.search.named import searched_strategy
 
     spec = load_cluster(cluster)
@@ -94,6 +94,8 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
         grid = [(model, devices) for model in PAPER_MODELS for devices in counts]
         image_size = in_channels = None
     rows: list[dict[str, Any]] = []
+    ring_rows: list[dict[str, Any]] = []
+    ring_spec = None if spec.sync == "ring" else spec.model_copy(update={"sync": "ring"})
     vgg_strategy = None
     table5: list[dict[str, Any]] = []
     status = contextlib.nullcontext() if as_json else console.status("replaying",
@@ -107,22 +109,16 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
                               cluster, devices, profile, profile is None,
                               batch_norm_statistics=statistics)
             searched, _ = searched_strategy(cost)
-            strategies = {SEARCHED: searched,
-                          **{name: strategy_by_name(name, cost) for name in BASELINES}}
-            data_step = strategies["data"].predicted.step_seconds
-            for name in PAPER_STRATEGIES:
-                predicted = strategies[name].predicted
-                rows.append({
-                    "model": model, "devices": devices, "strategy": name,
-                    "images_per_second": cost.graph.batch / predicted.step_seconds,
-                    "gb_per_step": (predicted.transfer_bytes + predicted.sync_bytes) / 1e9,
-                    "step_seconds": predicted.step_seconds,
-                    "vs_data": data_step / predicted.step_seconds,
-                })
+            rows.extend(_rows(model, devices, cost, searched))
+            if ring_spec is not None:
+                ring = CostModel(cost.graph, ring_spec, devices, cost.compute,
+                                 placement=cost.placement, batch_norm_statistics=statistics)
+                ring_rows.extend(_rows(model, devices, ring, searched_strategy(ring)[0]))
             if model == "vgg16" and devices == 4:
                 vgg_strategy = [choice.model_dump() for choice in searched.layers]
                 table5 = paper_choices_costed(cost, vgg_strategy)
     summary = _summary(rows)
+    ring_summary = _summary(ring_rows)
     if as_json:
         print_json({"schema_version": 1, "experiment": "optcnn", "cluster": spec.name,
                     "sync": spec.sync, "batch_norm_statistics": batch_norm,
@@ -134,12 +130,38 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
                               "owt_bytes_over_layerwise": PAPER_OWT_BYTES_OVER_LAYERWISE,
                               "vgg16_4_gpus_layerwise": PAPER_VGG16_4_GPUS},
                     "vgg16_4_gpus_layerwise": vgg_strategy,
-                    "vgg16_4_gpus_paper_choices": table5})
+                    "vgg16_4_gpus_paper_choices": table5,
+                    "ring_all_reduce": ({"rows": ring_rows, "summary": ring_summary}
+                                        if ring_rows else None)})
         return
     console.print(f"Jia et al. 2018 in simulation: {spec.name} (sync: {spec.sync}, BatchNorm "
                   f"statistics: {batch_norm}), {batch} images per device, t_c from "
                   f"{'the profile' if profile else 'the device model'}")
     _print_tables(rows, summary, vgg_strategy or [], table5)
+    if ring_rows:
+        _print_ring(ring_rows, ring_summary)
+
+
+def _rows(model: str, devices: int, cost: CostModel, searched: Any) -> list[dict[str, Any]]:
+    """One row per strategy of the paper's figure on one model and device count: the searched
+    strategy and the baselines, priced by `cost`."""
+    from layerwise.strategies.jobs.named_strategies import strategy_by_name
+    from layerwise.strategies.schedules import SEARCHED
+
+    strategies = {SEARCHED: searched,
+                  **{name: strategy_by_name(name, cost) for name in BASELINES}}
+    data_step = strategies["data"].predicted.step_seconds
+    rows = []
+    for name in PAPER_STRATEGIES:
+        predicted = strategies[name].predicted
+        rows.append({
+            "model": model, "devices": devices, "strategy": name,
+            "images_per_second": cost.graph.batch / predicted.step_seconds,
+            "gb_per_step": (predicted.transfer_bytes + predicted.sync_bytes) / 1e9,
+            "step_seconds": predicted.step_seconds,
+            "vs_data": data_step / predicted.step_seconds,
+        })
+    return rows
 
 
 def paper_choices_costed(cost: CostModel, searched: list[dict[str, str]],
@@ -262,3 +284,26 @@ def _print_tables(rows: list[dict[str, Any]], summary: list[dict[str, Any]],
                                                              "extra_transfer_ms",
                                                              "extra_sync_ms")))
         console.print(table)
+
+
+def _print_ring(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> None:
+    """The same grid on the same hardware synchronising with a ring all-reduce: images/s, and
+    layer-wise over the best other strategy."""
+    devices = sorted({row["devices"] for row in rows})
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    table = Table(title="the same hardware, synchronising with a ring all-reduce as today's "
+                        "systems do (images/s; layer-wise searched again)",
+                  title_justify="left")
+    table.add_column("model")
+    table.add_column("strategy")
+    for count in devices:
+        table.add_column(f"{count} GPU" + ("s" if count > 1 else ""), justify="right")
+    for model in models:
+        for strategy in PAPER_STRATEGIES:
+            table.add_row(model, strategy, *(
+                f"{r['images_per_second']:,.0f}" for r in rows
+                if r["model"] == model and r["strategy"] == strategy))
+        table.add_row(model, "layer-wise / best other", *(
+            f"{entry['speedup_over_best_other']:.2f}x ({entry['best_other']})"
+            for entry in summary if entry["model"] == model))
+    console.print(table)
