@@ -229,24 +229,12 @@ def _paper(span: tuple[float, float] | None) -> str:
 
 def _print_tables(rows: list[dict[str, Any]], summary: list[dict[str, Any]],
                   vgg_strategy: list[dict[str, str]], table5: list[dict[str, Any]]) -> None:
-    devices = sorted({row["devices"] for row in rows})
-    models = list(dict.fromkeys(row["model"] for row in rows))
     for metric, title, fmt in (
         ("images_per_second", "predicted training throughput (images/s)", "{:,.0f}"),
         ("gb_per_step", "data moved per step (GB, transfer + sync)", "{:.3f}"),
         ("vs_data", "throughput over data parallelism", "{:.2f}x"),
     ):
-        table = Table(title=title, title_justify="left")
-        table.add_column("model")
-        table.add_column("strategy")
-        for count in devices:
-            table.add_column(f"{count} GPU" + ("s" if count > 1 else ""), justify="right")
-        for model in models:
-            for strategy in PAPER_STRATEGIES:
-                table.add_row(model, strategy, *(
-                    fmt.format(r[metric]) for r in rows
-                    if r["model"] == model and r["strategy"] == strategy))
-        console.print(table)
+        console.print(_grid_table(rows, title, metric, fmt))
     table = Table(title="layer-wise against the others (paper: Jia et al. 2018, at 16 GPUs)",
                   title_justify="left")
     for column in ("model", "GPUs", "best other", "speedup", "paper", "OWT bytes / ours",
@@ -289,21 +277,29 @@ def _print_tables(rows: list[dict[str, Any]], summary: list[dict[str, Any]],
 def _print_ring(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> None:
     """The same grid on the same hardware synchronising with a ring all-reduce: images/s, and
     layer-wise over the best other strategy."""
+    console.print(_grid_table(
+        rows, "the same hardware, synchronising with a ring all-reduce as today's systems do "
+              "(images/s; layer-wise searched again)", "images_per_second", "{:,.0f}",
+        summary))
+
+
+def _grid_table(rows: list[dict[str, Any]], title: str, metric: str, fmt: str,
+                summary: list[dict[str, Any]] | None = None) -> Table:
+    """One metric per model, strategy and GPU count; with `summary`, a row per model of
+    layer-wise over the best other strategy."""
     devices = sorted({row["devices"] for row in rows})
-    models = list(dict.fromkeys(row["model"] for row in rows))
-    table = Table(title="the same hardware, synchronising with a ring all-reduce as today's "
-                        "systems do (images/s; layer-wise searched again)",
-                  title_justify="left")
+    table = Table(title=title, title_justify="left")
     table.add_column("model")
     table.add_column("strategy")
     for count in devices:
         table.add_column(f"{count} GPU" + ("s" if count > 1 else ""), justify="right")
-    for model in models:
+    for model in dict.fromkeys(row["model"] for row in rows):
         for strategy in PAPER_STRATEGIES:
             table.add_row(model, strategy, *(
-                f"{r['images_per_second']:,.0f}" for r in rows
+                fmt.format(r[metric]) for r in rows
                 if r["model"] == model and r["strategy"] == strategy))
-        table.add_row(model, "layer-wise / best other", *(
-            f"{entry['speedup_over_best_other']:.2f}x ({entry['best_other']})"
-            for entry in summary if entry["model"] == model))
-    console.print(table)
+        if summary is not None:
+            table.add_row(model, "layer-wise / best other", *(
+                f"{entry['speedup_over_best_other']:.2f}x ({entry['best_other']})"
+                for entry in summary if entry["model"] == model))
+    return table
