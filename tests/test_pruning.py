@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from layerwise.strategies.cost import tables
 from layerwise.strategies.cost.compute_time import AnalyticCompute
 from layerwise.strategies.cost.cost_model import CostModel
 from layerwise.strategies.hardware.cluster import load_cluster
@@ -110,10 +111,15 @@ def test_the_end_devices_bound_transfers_from_below_and_are_exact_on_two_devices
         assert (lower[small] == exact[small]).all()
 
 
-def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_for_bit():
+@pytest.mark.parametrize("terms_kept", [True, False])
+def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_for_bit(
+        terms_kept, monkeypatch):
     """The search's exact t_x between the kept configs reads the per-device terms its bounds
-    built; every entry is the whole matrix's, bit for bit: on the edge from the input (no
-    backward), residual and strided edges, across nodes whose ports are shared."""
+    built (or, past their memory budget, builds the kept configs' own); every entry is the
+    whole matrix's, bit for bit, in the order the configs are asked for: on the edge from the
+    input (no backward), residual and strided edges, across nodes whose ports are shared."""
+    if not terms_kept:
+        monkeypatch.setattr(tables, "_KEPT_SIDES_BYTES", 0)
     graph = build_graph("resnet18", batch=16 * 8, image_size=32)
     cluster = load_cluster("p100x16")
     assert any(link.shared_by > 1 for _, link in cluster.link_tiers())
@@ -126,7 +132,7 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
         whole = cost.edge(producer, consumer)[0]
         cost.edge_lower_bound(producer, consumer)
         for count in (1, 9):
-            kept_u = np.sort(random.choice(len(cost.configs[u]), count, replace=False))
-            kept_v = np.sort(random.choice(len(cost.configs[v]), count, replace=False))
+            kept_u = random.choice(len(cost.configs[u]), count, replace=False)
+            kept_v = random.choice(len(cost.configs[v]), count, replace=False)
             kept = cost.kept_edge(producer, consumer, kept_u, kept_v)
             assert kept.tobytes() == whole[np.ix_(kept_u, kept_v)].tobytes(), (u, v)

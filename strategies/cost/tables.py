@@ -610,7 +610,6 @@ class ProducerSide:
     tiers: list[TierSide]
     sharing: np.ndarray | None  # `ConfigTable.sharing`, in the table's order
 
-
     def narrowed(self, at: np.ndarray) -> ProducerSide:
         """The terms of the producer configs at sorted table positions `at` only (the
         single-class configs stay first)."""
@@ -824,14 +823,15 @@ class EdgeSides:
 
     @property
     def nbytes(self) -> int:
-        """The memory of the sides' own arrays (the config tables are shared)."""
+        """The memory of the sides' own arrays (the config tables are shared): each side's
+        arrays, lists of arrays, and its tiers' arrays."""
         arrays = []
         for side in (self.producer, self.consumer):
             for value in vars(side).values():
                 if isinstance(value, np.ndarray):
                     arrays.append(value)
                 elif isinstance(value, list):
-                    for item in value:
+                    for item in value:  # arrays per group, or TierSides
                         arrays.extend([item] if isinstance(item, np.ndarray) else [
                             *item.state, *item.elements, *item.messages])
         return sum(array.nbytes for array in arrays)
@@ -973,6 +973,7 @@ class TransferTables:
     def _sides_of(self, producer: Layer, consumer: Layer,
                   producer_configs: Sequence[ParallelConfig],
                   consumer_configs: Sequence[ParallelConfig]) -> EdgeSides:
+        """The edge's sides over two lists of configs, built anew."""
         return self._sides(self._edge_dims(producer, consumer), producer_configs,
                            consumer_configs, producer.kind != "input")  # no input gradient
 
