@@ -30,6 +30,7 @@ from layerwise.strategies.errors import LayerwiseError
 
 if TYPE_CHECKING:
     from layerwise.strategies.cost.cost_model import CostModel
+    from layerwise.strategies.strategy import Strategy
 
 PAPER_MODELS = ("alexnet", "vgg16", "inception_v3")
 PAPER_STRATEGIES = ("model", "data", "owt", "layerwise")
@@ -142,7 +143,8 @@ def reproduce_optcnn(cluster: str, profile: Path | None, batch_per_device: int |
         _print_ring(ring_rows, ring_summary)
 
 
-def _rows(model: str, devices: int, cost: CostModel, searched: Any) -> list[dict[str, Any]]:
+def _rows(model: str, devices: int, cost: CostModel,
+          searched: Strategy) -> list[dict[str, Any]]:
     """One row per strategy of the paper's figure on one model and device count: the searched
     strategy and the baselines, priced by `cost`."""
     from layerwise.strategies.jobs.named_strategies import strategy_by_name
