@@ -97,7 +97,8 @@ def start_local_api() -> None:
     at exit, which a SIGKILL or a SIGTERM (`timeout`) skips: the server would go on listening
     on 127.0.0.1. Started here, it is the one the flow's client uses (Prefect keeps one per
     process), and a guard (strategies/jobs/tether.py) that stops it when this process dies is
-    armed the moment its process exists, not after its seconds of start-up.
+    armed the moment its process exists, not after its seconds of start-up. A project's first
+    start copies a migrated database in (prefect_database.py) instead of migrating its own.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -105,7 +106,10 @@ def start_local_api() -> None:
         return
     from prefect.server.api.server import SubprocessASGIServer
 
+    from layerwise.flows.cli.prefect_database import seed_project_database
     from layerwise.strategies.jobs.tether import guard
+
+    seed_project_database()
 
     class GuardedServer(SubprocessASGIServer):
         """Prefect's temporary server, each process it starts guarded at once."""
