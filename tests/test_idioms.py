@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 import layerwise
 from layerwise.flows.cli import app
+from layerwise.strategies.cost.profile import build_tile
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.exactness.reference import EXACT_TOLERANCE
 from layerwise.strategies.jobs.job import new_job
@@ -35,7 +36,7 @@ from layerwise.strategies.model.space import (
     parallel_dims,
     view_dims,
 )
-from layerwise.strategies.model.tiles import needed_range
+from layerwise.strategies.model.tiles import largest_tile, needed_range
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.schedules import INEXACT
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
@@ -323,13 +324,18 @@ def test_owt_schemes_hand_off_a_view_flatten(tmp_path, workers_import_tests) -> 
 
 def test_an_encoder_decoder_traces_with_its_transposed_convs_and_instance_norms() -> None:
     """A U-Net written as MONAI's BasicUNet writes its blocks: each ConvTranspose2d is a conv
-    layer reading a halo on its input side, held whole along c (its weight's output channels
-    are dim 1), and each InstanceNorm fuses into its conv, which still splits along h and w."""
+    layer reading a halo on its input side, split along c by dim 1 of its weight (where it
+    keeps its output channels; the profiler's tile has that shard), and each InstanceNorm fuses
+    into its conv, which still splits along h and w."""
     graph = build_graph("tests.idiom_models:TinyUNet", batch=4, image_size=16)
     plain = build_model("tests.idiom_models:TinyUNet", image_size=16)
     assert graph.param_count == sum(p.numel() for p in plain.parameters())
     up = graph.by_name["up1"]
-    assert up.kind == "conv" and up.geometry.transposed and up.max_degrees == {"c": 1}
+    assert up.kind == "conv" and up.geometry.transposed and up.max_degrees == {}
+    assert up.channel_dim("weight", up.param_shapes["weight"]) == 1  # (16 in, 8 out, 2, 2)
+    square = graph.by_name["up0"]  # (8 in, 8 out, 2, 2): only the layer says which dim
+    tile = build_tile(square, largest_tile(square, ParallelConfig.parse("n1c4h1w1@0-3")))
+    assert tile.params["weight"].shape == (8, 2, 2, 2) and tile.params["bias"].shape == (2,)
     assert up.output_shape == (4, 8, 8, 8) and up.input_shapes == ((4, 16, 4, 4),)
     # stride 2, kernel 3, padding 1: input row i adds into output rows 2i - 1 .. 2i + 1, so
     # output rows [4, 8) read input rows [2, 5) (row 4 reaches row 7) and rows [0, 3) [0, 2)
@@ -346,22 +352,24 @@ def test_an_encoder_decoder_traces_with_its_transposed_convs_and_instance_norms(
 def test_an_encoder_decoder_split_along_h_and_w_equals_one_process(
         tmp_path, workers_import_tests) -> None:
     """Its transposed convolutions, InstanceNorms (statistics summed over each plane's tiles),
-    skip concatenations and pools split along h, along w and as searched train equal to one
+    skip concatenations and pools split along h, along w, along c (the transposed
+    convolutions' weights cut along dim 1) and as searched train equal to one
     process in float64 on 4 processes; split along h, the statistics' all-reduces move the
     bytes predicted."""
     result = runner.invoke(app, ["verify", "tests.idiom_models:TinyUNet", "--strategy",
-                                 "layerwise,spatial_h,spatial_w,data", "--nproc", "4",
+                                 "layerwise,spatial_h,spatial_w,data,model", "--nproc", "4",
                                  "--image-size", "16", "--steps", "2",
                                  "--out", str(tmp_path / "v"), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert {d["strategy"] for d in report["divergences"]} == {
-        "layerwise", "spatial_h", "spatial_w", "data"}
+        "layerwise", "spatial_h", "spatial_w", "data", "model"}
     for divergence in report["divergences"]:
         assert divergence["exact"] is True, divergence
     graph = build_graph("tests.idiom_models:TinyUNet", batch=16, image_size=16)
     split = baseline("spatial_h", graph, 4)
     assert split["up0"].degrees == (1, 1, 1, 4, 1) and split["down0_0"].degrees == (1, 1, 1, 4, 1)
+    assert baseline("model", graph, 4)["up0"].c == 4
     # the InstanceNorms' statistics all-reduces move exactly the bytes the cost model prices,
     # a recomputed block's too (its second forward takes back the statistics of its first)
     shape = {"image_size": 16, "batch_per_device": 4}

@@ -99,7 +99,11 @@ def test_configs_are_written_with_the_layers_own_dims() -> None:
             boxes = config_boxes(layer, config).values()
             assert sum(math.prod(b - a for a, b in box) for box in boxes) == math.prod(
                 layer.output_shape)
-    assert max_degree(volume.by_name["up"], "c") == 1  # a transposed conv holds c whole
+    up = volume.by_name["up"]  # a transposed conv splits along c, cutting its weight's dim 1
+    assert max_degree(up, "c") == up.output_shape[1] == 8 and not up.held_reason
+    grouped = trace(nn.Sequential(nn.ConvTranspose3d(4, 4, 2, groups=2)), (2, 4, 3, 3, 3))
+    assert max_degree(grouped.layers[-1], "c") == 1
+    assert "grouped ConvTranspose3d" in grouped.layers[-1].held_reason
 
 
 def test_a_depth_split_reads_the_receptive_field_along_depth() -> None:
@@ -165,8 +169,9 @@ def window_cases(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor, tuple[int, .
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(window_cases())
 def test_each_tile_of_a_1d_or_3d_window_op_is_its_part_of_the_full_op(case) -> None:
-    """Conv, transposed conv, max and average pooling (ceil mode, padding in the divisor or
-    not), adaptive pooling and upsampling of signals and volumes: each tile of any split,
+    """Conv, transposed conv (its c split cutting the weight's dim 1), max and average pooling
+    (ceil mode, padding in the divisor or not), adaptive pooling and upsampling of signals and
+    volumes: each tile of any split,
     computed from its needed input box alone, equals the full op's values there."""
     module, x, wanted = case
     layer = trace(nn.Sequential(module), tuple(x.shape)).layers[-1]
@@ -182,8 +187,11 @@ def test_each_tile_of_a_1d_or_3d_window_op_is_its_part_of_the_full_op(case) -> N
             part = x[tuple(slice(*extent) for extent in needed)]
             weight = getattr(module, "weight", None)
             bias = getattr(module, "bias", None)
-            if weight is not None and not layer.geometry.transposed:
-                weight, bias = weight[slice(*box[1])], bias[slice(*box[1])]
+            if weight is not None:  # the tile's channels along the weight's channel dim
+                start, stop = box[1]
+                weight = weight.narrow(layer.channel_dim("weight", tuple(weight.shape)),
+                                       start, stop - start)
+                bias = bias[start:stop]
             tile = ops.layer_op(layer, [part], weight, bias, box,
                                 count_include_pad(layer.op, None))
             expected = full[tuple(slice(*extent) for extent in real_box(box, full.dim()))]

@@ -356,18 +356,17 @@ def _tile_channels(tile: TileWork) -> int:
 
 
 def _tile_param_shapes(layer: Layer, tile: TileWork) -> dict[str, tuple[int, ...]]:
-    """Each parameter's shard on the tile's device: dim 0 cut to the tile's output channels.
-
-    Conv/linear weights and biases and fused BatchNorm's affine vectors all run along the
-    output channels (Jia et al. 2018: a channel split shards the weights); anything else is
-    replicated.
+    """Each parameter's shard on the tile's device: its channel dim (`Layer.channel_dim`: dim
+    0 of conv/linear weights, biases and fused BatchNorm's affine vectors, dim 1 of a
+    transposed convolution's weight) cut to the tile's output channels (Jia et al. 2018: a
+    channel split shards the weights); anything else is replicated.
     """
-    out_channels = as_view(layer.output_shape)[1]
     channels = _tile_channels(tile)
     shapes: dict[str, tuple[int, ...]] = {}
     for name, shape in layer.param_shapes.items():
-        if shape and shape[0] == out_channels:
-            shape = (channels, *shape[1:])
+        dim = layer.channel_dim(name, shape)
+        if dim is not None:
+            shape = (*shape[:dim], channels, *shape[dim + 1:])
         shapes[name] = shape
     return shapes
 

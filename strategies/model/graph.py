@@ -29,7 +29,8 @@ with the reason): GroupNorm's statistics span a group's channels and the whole p
 split keeps whole groups), LayerNorm's span every value of a sample or, over the channels alone,
 every channel of a position; a reflect or replicate padding is applied by the tiles on the border,
 which must hold the rows it mirrors, and a circular one reads the opposite border (h, w whole);
-a transposed convolution keeps c whole (its weight's output channels are dim 1). InstanceNorm
+a grouped transposed convolution keeps c whole (its weight's output channels are dim 1 within
+each group's rows). InstanceNorm
 splits along every dim: the tiles of one plane sum their statistics (ops.sync_instance_norm).
 A module with weights called twice (shared weights) is refused here, so that every command
 refuses it before anything is priced or launched.
@@ -230,6 +231,19 @@ class Layer(BaseModel):
     @property
     def param_count(self) -> int:
         return sum(_numel(shape) for shape in self.param_shapes.values())
+
+    def channel_dim(self, key: str, shape: tuple[int, ...]) -> int | None:
+        """The dim of a tensor the layer holds (`key`: the main op's parameter name, a fused
+        op's `param_key`) that runs along its output channels, which a channel split cuts
+        (Jia et al. 2018, Table 1); None where no dim does (a PReLU's one shared slope, a
+        scalar): held whole. A transposed convolution's weight is (in, out / groups, *kernel),
+        so dim 1; everything else (conv and linear weights, biases, norms' affine vectors and
+        running statistics) dim 0."""
+        out_channels = self.output_shape[1]
+        if (key == "weight" and self.geometry is not None and self.geometry.transposed
+                and len(shape) > 1):
+            return 1 if shape[1] * self.geometry.groups == out_channels else None
+        return 0 if shape and shape[0] == out_channels else None
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:
@@ -911,8 +925,9 @@ class _Builder:
         so an
         output tile needs the input rows whose windows reach it, a halo on the input side
         (tiles.needed_range); its output padding (or an output_size given to the call) is read
-        off the traced output shape. A channel split is held: its weight keeps the output
-        channels in dim 1, which the weight shards (rows of dim 0) do not cut."""
+        off the traced output shape. A channel split cuts its weight along dim 1, where it keeps
+        the output channels (`Layer.channel_dim`); grouped, c is held: a tile's channels would
+        cut dim 1 within each group's rows of dim 0."""
         spatial = len(module.kernel_size)
         geometry = Geometry(kernel=_per_dim(module.kernel_size, spatial),
                             stride=_per_dim(module.stride, spatial),
@@ -924,8 +939,9 @@ class _Builder:
                  + (_numel(common["output_shape"]) if module.bias is not None else 0))
         raw = _Raw(kind="conv", op=op, target=target, param_shapes=params, flops=flops,
                    geometry=geometry, **common)
-        raw.limit({"c": 1}, f"{op} keeps its weight's output channels in dim 1, which the "
-                  "weight shards do not cut, so c stays whole")
+        if module.groups > 1:
+            raw.limit({"c": 1}, f"a grouped {op} keeps each group's output channels in dim 1 "
+                      "of that group's rows, which a channel shard cannot cut, so c stays whole")
         return raw
 
     def _resize(self, node: fx.Node, common: dict[str, Any], op: str, target: str,

@@ -2,9 +2,10 @@
 and out of those parts (checkpoints).
 
 A layer split along c (Jia et al. 2018, Table 1) shards its weights by output channel: the
-rank of an output tile with channels [c0, c1) holds rows [c0, c1) of every tensor of the
-layer's modules (conv/linear weight and bias, BatchNorm's affine weights and running
-statistics); splits along n, h and w replicate them. A rank holds the shards of the layers it
+rank of an output tile with channels [c0, c1) holds [c0, c1) along the channel dim of every
+tensor of the layer's modules (`Layer.channel_dim`: dim 0 of conv/linear weights and biases,
+BatchNorm's affine weights and running statistics; dim 1 of a transposed convolution's
+weight); splits along n, h and w replicate them. A rank holds the shards of the layers it
 has tiles of and nothing else; the full weights are dropped after sharding. Checkpoints go the
 other way: `gather` assembles full tensors on rank 0 from one owner of each shard, and
 `scatter` cuts a full tensor back into this rank's shard, so a checkpoint is the plain
@@ -20,7 +21,6 @@ import torch
 from torch import fx, nn
 
 from layerwise.strategies.model.graph import Layer, param_key
-from layerwise.strategies.model.tiles import as_view
 from layerwise.strategies.runtime.comm import exchange_tagged
 from layerwise.strategies.runtime.plan import StrategyPlan
 
@@ -30,10 +30,11 @@ ModuleShards = dict[str, dict[str, "Shard"]]
 
 @dataclass
 class Shard:
-    """One state-dict entry held by this rank: rows [start, stop) of the full tensor's dim 0."""
+    """One state-dict entry held by this rank: [start, stop) of the full tensor along `dim`."""
 
     key: str
     tensor: torch.Tensor  # nn.Parameter for weights, plain tensor for buffers
+    dim: int
     start: int
     stop: int
     sliced: bool  # False for scalars (num_batches_tracked), held whole
@@ -60,6 +61,8 @@ class ShardedModel:
         # layer name -> its modules' shards, for the layers this rank holds a tile of
         self.layer_shards: dict[str, ModuleShards] = {}
         self._plan_of_key = {}  # state-dict key -> the plan of the layer holding it
+        # state-dict key -> (layer, module target, name) of the tensor
+        self._key_names: dict[str, tuple[Layer, str, str]] = {}
         for layer_plan in plan.layers:
             held = self._held_tensors(layer_plan.layer)
             self._plan_of_key.update({param_key(target, name): layer_plan
@@ -70,6 +73,8 @@ class ShardedModel:
                     target: self._shards(target, names, layer_plan.layer, tile.box[1],
                                          full_state)
                     for target, names in held.items()}
+            self._key_names.update({param_key(target, name): (layer_plan.layer, target, name)
+                                    for target, names in held.items() for name in names})
         self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
 
     def _held_tensors(self, layer: Layer) -> dict[str, list[str]]:
@@ -92,8 +97,8 @@ class ShardedModel:
 
     def _shards(self, target: str, names: list[str], layer: Layer, channels: tuple[int, int],
                 full_state: dict[str, torch.Tensor]) -> dict[str, Shard]:
-        """The rows of each of the module's tensors `names` that the tile of `channels` holds
-        (`_rows`)."""
+        """The part of each of the module's tensors `names` that the tile of `channels` holds
+        (`_part`)."""
         module = self.graph_module.get_submodule(target)
         shards: dict[str, Shard] = {}
         parameters = dict(module.named_parameters(recurse=False))
@@ -101,10 +106,11 @@ class ShardedModel:
             key = param_key(target, name)
             full = full_state[key]
             sliced = full.dim() > 0
-            start, stop = _rows(layer, channels, full.shape)
-            data = full[start:stop].detach().clone() if sliced else full.detach().clone()
+            dim, start, stop = _part(layer, target, name, channels, full.shape)
+            data = (full.narrow(dim, start, stop - start) if sliced else full).detach().clone()
             tensor = nn.Parameter(data) if name in parameters else data
-            shards[name] = Shard(key=key, tensor=tensor, start=start, stop=stop, sliced=sliced)
+            shards[name] = Shard(key=key, tensor=tensor, dim=dim, start=start, stop=stop,
+                                 sliced=sliced)
         return shards
 
     # ---- this rank's shards ----------------------------------------------------------------
@@ -149,25 +155,28 @@ class ShardedModel:
         result = {key: torch.empty(tensor.shape, dtype=tensor.dtype)
                   for key, tensor in empty.items()}
         sends, receives, arrivals = [], [], []
-        for tag, (key, owner, start, stop) in enumerate(self._shard_table(shapes)):
+        for tag, (key, owner, dim, start, stop) in enumerate(self._shard_table(shapes)):
             if self.rank == 0 and owner == 0:
-                _place(result[key], start, stop, shards[key].cpu())
+                _place(result[key], dim, start, stop, shards[key].cpu())
             elif self.rank == 0:
-                shape = (stop - start, *shapes[key][1:]) if shapes[key] else ()
+                shape = list(shapes[key])
+                if shape:
+                    shape[dim] = stop - start
                 buffer = torch.empty(shape, dtype=empty[key].dtype, device=self.device)
                 receives.append((owner, buffer, tag))
-                arrivals.append((key, start, stop, buffer))
+                arrivals.append((key, dim, start, stop, buffer))
             elif owner == self.rank:
                 sends.append((0, shards[key].contiguous(), tag))
         exchange_tagged(sends, receives)
         if self.rank != 0:
             return None
-        for key, start, stop, buffer in arrivals:
-            _place(result[key], start, stop, buffer.cpu())
+        for key, dim, start, stop, buffer in arrivals:
+            _place(result[key], dim, start, stop, buffer.cpu())
         return result
 
-    def _shard_table(self, shapes: dict[str, torch.Size]) -> list[tuple[str, int, int, int]]:
-        """(key, owner device, start, stop) of every shard of every state-dict entry.
+    def _shard_table(self, shapes: dict[str, torch.Size]
+                     ) -> list[tuple[str, int, int, int, int]]:
+        """(key, owner device, dim, start, stop) of every shard of every state-dict entry.
 
         The owner of a channel shard is its tile with n, d, h, w index 0 (its replicas are
         equal); a scalar is owned by the tile with index 0. Every rank builds the same table.
@@ -179,8 +188,9 @@ class ShardedModel:
                 if tile.index[0] or any(tile.index[2:]) or (
                         not shape and tile.index[1]):
                     continue
-                start, stop = _rows(layer_plan.layer, tile.box[1], shape)
-                table.append((key, tile.device, start, stop))
+                layer, target, name = self._key_names[key]
+                table.append((key, tile.device, *_part(layer, target, name, tile.box[1],
+                                                       shape)))
         return table
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -191,27 +201,30 @@ class ShardedModel:
 
     def scatter(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's part of each full tensor (of the keys in `full`), on its device."""
-        return {shard.key: (full[shard.key][shard.start:shard.stop] if shard.sliced
-                            else full[shard.key]).to(self.device, shard.tensor.dtype)
+        return {shard.key: (full[shard.key].narrow(shard.dim, shard.start,
+                                                   shard.stop - shard.start)
+                            if shard.sliced else full[shard.key]
+                            ).to(self.device, shard.tensor.dtype)
                 for shard in self.shards() if shard.key in full}
 
 
-def _rows(layer: Layer, channels: tuple[int, int], shape: torch.Size) -> tuple[int, int]:
-    """Rows [start, stop) of dim 0 of a tensor of `shape` that the tile of output channels
-    `channels` holds: those channels, all of it where the tile holds every channel (a
-    transposed convolution's weight runs along its input channels in dim 0, which a layer held
-    whole along c must not cut), all of it where dim 0 does not run along the channels (a
-    PReLU's one shared slope), (0, 1) for a scalar."""
+def _part(layer: Layer, target: str, name: str, channels: tuple[int, int],
+          shape: torch.Size) -> tuple[int, int, int]:
+    """(dim, start, stop) of a tensor of `shape` (module `target`'s `name`) that the tile of
+    output channels `channels` holds: those channels along the layer's channel dim of the
+    tensor (`Layer.channel_dim`), all of dim 0 where the tile holds every channel or no dim
+    runs along them (a PReLU's one shared slope), (0, 0, 1) for a scalar."""
     if not shape:
-        return (0, 1)
-    out_channels = as_view(layer.output_shape)[1]
-    if channels == (0, out_channels) or shape[0] != out_channels:
-        return (0, shape[0])
-    return channels
+        return (0, 0, 1)
+    dim = layer.channel_dim(name if target == layer.target else param_key(target, name),
+                            tuple(shape))
+    if dim is None or channels == (0, shape[dim]):
+        return (0, 0, shape[0])
+    return (dim, *channels)
 
 
-def _place(full: torch.Tensor, start: int, stop: int, part: torch.Tensor) -> None:
+def _place(full: torch.Tensor, dim: int, start: int, stop: int, part: torch.Tensor) -> None:
     if full.dim() == 0:
         full.copy_(part.reshape(()))
     else:
-        full[start:stop] = part
+        full.narrow(dim, start, stop - start).copy_(part)
