@@ -197,7 +197,7 @@ class CostModel:
         seconds = np.zeros(len(configs))
         total_bytes = np.zeros(len(configs), dtype=np.int64)
         norms = _batch_norms(layer) if self.batch_norm_statistics == "synced" else 0
-        instance = _instance_norms(layer)
+        instance = layer.instance_norms
         if instance:
             self._instance_sync(layer, configs, instance, seconds, total_bytes)
         if layer.name == self.graph.outputs[0]:
@@ -499,12 +499,6 @@ class GroupLinks:
 
     slowest: Link
     server: tuple[Link, ...]
-
-
-def _instance_norms(layer: Layer) -> int:
-    """InstanceNorms a layer runs (fused into it, or the layer itself)."""
-    ops = [layer.op, *(fused.op for fused in layer.fused)]
-    return sum(op.startswith("InstanceNorm") for op in ops)
 
 
 def _batch_norms(layer: Layer) -> int:

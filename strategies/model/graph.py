@@ -232,6 +232,12 @@ class Layer(BaseModel):
     def param_count(self) -> int:
         return sum(_numel(shape) for shape in self.param_shapes.values())
 
+    @property
+    def instance_norms(self) -> int:
+        """InstanceNorms the layer runs (fused into it, or the layer itself): each sums its
+        statistics over the tiles of a plane."""
+        return sum(op.startswith("InstanceNorm") for op in (self.op, *(f.op for f in self.fused)))
+
     def channel_dim(self, key: str, shape: tuple[int, ...]) -> int | None:
         """The dim of a tensor the layer holds (`key`: the main op's parameter name, a fused
         op's `param_key`) that runs along its output channels, which a channel split cuts

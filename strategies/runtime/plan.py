@@ -123,6 +123,9 @@ class LayerPlan:
         return tuple(sorted(t.device for t in self.tiles.values()
                             if t.index[:2] == index[:2]))
 
+    def plane_groups(self) -> list[tuple[int, ...]]:
+        return sorted({self.plane_group(device) for device in self.tiles})
+
     def replica_groups(self) -> list[tuple[int, ...]]:
         return sorted({self.replica_group(device) for device in self.tiles})
 
@@ -176,6 +179,8 @@ class StrategyPlan:
         found: set[tuple[int, ...]] = set()
         for plan in self.layers:
             found.update(group for group in plan.replica_groups() if len(group) > 1)
+            if plan.layer.instance_norms:  # their statistics are summed over each plane
+                found.update(group for group in plan.plane_groups() if len(group) > 1)
         found.update(group for group in self.output.channel_groups() if len(group) > 1)
         return sorted(found, key=lambda group: (len(group), group))
 
