@@ -280,7 +280,8 @@ def test_signals_and_volumes_train_equal_to_one_process(tmp_path, workers_import
 def test_monai_style_units_trace_with_prelu_sharded_or_held() -> None:
     """MONAI's UNet as its docs describe it (tests.idiom_models:MonaiUNet): residual units of
     convolution, InstanceNorm, Dropout and PReLU; a PReLU with a slope per channel splits
-    along c with its slopes sharded, one with a shared slope holds c whole and says why."""
+    along c with its slopes sharded, one with a shared slope along c with the slope held whole
+    by every channel tile."""
     for dims, sizes in ((2, 16), (3, (8, 8, 8))):
         model = "tests.idiom_models:MonaiUNet" if dims == 2 else "tests.idiom_models:monai_unet3d"
         graph = build_graph(model, batch=4, image_size=sizes, in_channels=1)
@@ -288,7 +289,8 @@ def test_monai_style_units_trace_with_prelu_sharded_or_held() -> None:
         assert graph.param_count == sum(p.numel() for p in plain.parameters())
         shared, per_channel = graph.by_name["down0_conv_0"], graph.by_name["bottom_conv_0"]
         assert [op.op for op in shared.fused] == [f"InstanceNorm{dims}d", "Dropout", "PReLU"]
-        assert max_degree(shared, "c") == 1 and "PReLU's one slope" in shared.held_reason
+        assert shared.shared_param_count == 1 and per_channel.shared_param_count == 0
+        assert max_degree(shared, "c") == shared.output_shape[1] and not shared.held_reason
         assert max_degree(per_channel, "c") == 8 and not per_channel.held_reason
 
 
@@ -305,6 +307,16 @@ def test_a_monai_style_unet_in_2d_and_3d_trains_equal_to_one_process(
     assert result.exit_code == 0, result.output
     for divergence in json.loads(result.stdout)["divergences"]:
         assert divergence["exact"] is True, divergence
+    if nproc == 4:  # split along c, a shared slope's gradient summed over all 4 devices
+        shape_options = {"image_size": 16, "in_channels": 1, "batch": nproc}
+        planned = layerwise.search(model, devices=nproc, cluster="local", baselines=("model",),
+                                   **shape_options).strategies["model"]
+        configs = {layer.name: ParallelConfig.parse(layer.config) for layer in planned.layers}
+        assert configs["down0_conv_0"].c > 1
+        planned.save(tmp_path / "model.json")
+        run = layerwise.train(model, str(tmp_path / "model.json"), nproc=nproc, steps=1,
+                              out=tmp_path / "run", **shape_options)
+        assert run.bytes_per_step == run.predicted_bytes_per_step
 
 
 @pytest.mark.slow

@@ -108,6 +108,7 @@ class CostModel:
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
+        self._whole_links: dict[tuple[int, ...], GroupLinks] = {}
         self._shared_ports = shares_ports(cluster, devices)
         self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
         self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -205,11 +206,19 @@ class CostModel:
         if not layer.param_count and not norms:
             return seconds, total_bytes
         out_channels = as_view(layer.output_shape)[1]
-        param_count = layer.param_count
+        shared = layer.shared_param_count
         # SyncBatchNorm: per BatchNorm, one all-reduce of 2 C_shard values forward (sums of
         # the tiles' means and second moments) and one backward (sums of dy and dy * x_hat)
         statistics = 4 * norms
         for row, config in enumerate(configs):
+            # a tensor every channel tile holds whole (a PReLU's one slope) is summed over all
+            # of the layer's devices; with c whole those are its replicas, as any weight's
+            param_count = layer.param_count
+            if shared and config.c > 1:
+                param_count -= shared
+                links = self._whole_group_links(config.devices)
+                seconds[row] += self._sync_seconds(shared, config.size, links, gradients=True)
+                total_bytes[row] += 2 * (config.size - 1) * shared * BYTES_PER_ELEMENT
             replicas = config.size // config.c
             if replicas == 1:
                 continue
@@ -303,6 +312,18 @@ class CostModel:
             self._replica_link_ids[key] = tuple(ids)
         return self._replica_link_ids[key]
 
+    def _whole_group_links(self, devices: tuple[int, ...]) -> GroupLinks:
+        """The links of a group of all of a layer's devices (`_group_links` for one group; a
+        shared port's split is left out: what crosses it is a few bytes)."""
+        if devices not in self._whole_links:
+            slowest = self.cluster.slowest_link(list(devices))
+            assert slowest is not None  # more than one device
+            server = (self.cluster.link(devices[0], member) for member in devices[1:])
+            self._whole_links[devices] = GroupLinks(slowest, tuple(sorted(
+                (link for link in server if link is not None),
+                key=lambda link: (link.bandwidth, link.latency))))
+        return self._whole_links[devices]
+
     def _replica_groups(self, config: ParallelConfig) -> list[list[int]]:
         """The devices of each channel index: the replicas of one weight shard."""
         n, c, d, h, w = config.degrees
@@ -370,15 +391,22 @@ class CostModel:
         group_latency: dict[tuple[int, ...], float] = {}
         for layer in self.graph.layers:
             config = assignment[layer.name]
+            param_count, shared = layer.param_count, layer.shared_param_count
+            if shared and config.c > 1:  # summed over all the layer's devices (`sync`)
+                group = tuple(sorted(config.devices))
+                group_bytes[group] = group_bytes.get(group, 0) + shared * BYTES_PER_ELEMENT
+                group_latency[group] = max(group_latency.get(group, 0.0), self._whole_group_links(
+                    config.devices).slowest.allreduce_latency)
+                param_count -= shared
             replicas = config.size // config.c
-            if replicas == 1 or not layer.param_count:
+            if replicas == 1 or not param_count:
                 continue
             out_channels = as_view(layer.output_shape)[1]
             devices = np.array(config.devices).reshape(config.n, config.c, -1)
             for c_index, ((c_start, c_stop), link) in enumerate(zip(
                     output_ranges(layer, 1, config.c), self._group_links(config), strict=True)):
                 group = tuple(sorted(devices[:, c_index].ravel().tolist()))
-                shard = layer.param_count * (c_stop - c_start) // out_channels
+                shard = param_count * (c_stop - c_start) // out_channels
                 group_bytes[group] = group_bytes.get(group, 0) + shard * BYTES_PER_ELEMENT
                 group_latency[group] = max(group_latency.get(group, 0.0),
                                            link.slowest.allreduce_latency)

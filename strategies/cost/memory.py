@@ -136,9 +136,11 @@ def memory_budget(device_memory: int) -> int:
 
 
 def _weight_elements(layer: Layer, box: Box) -> int:
-    """The tile's shard of the layer's weights: its share of the output channels."""
+    """The tile's shard of the layer's weights: its share of the output channels, and whole
+    what no channel dim runs through (a PReLU's one slope)."""
     channels = as_view(layer.output_shape)[1]
-    return layer.param_count * (box[1][1] - box[1][0]) // channels
+    shared = layer.shared_param_count
+    return (layer.param_count - shared) * (box[1][1] - box[1][0]) // channels + shared
 
 
 def _running_statistics(layer: Layer, box: Box) -> int:

@@ -233,6 +233,13 @@ class Layer(BaseModel):
         return sum(_numel(shape) for shape in self.param_shapes.values())
 
     @property
+    def shared_param_count(self) -> int:
+        """Elements of the parameters no channel dim runs through (`channel_dim` None): held
+        whole by every tile of a channel split, so their gradient sums over all its tiles."""
+        return sum(_numel(shape) for key, shape in self.param_shapes.items()
+                   if self.channel_dim(key, shape) is None)
+
+    @property
     def instance_norms(self) -> int:
         """InstanceNorms the layer runs (fused into it, or the layer itself): each sums its
         statistics over the tiles of a plane."""
@@ -242,9 +249,10 @@ class Layer(BaseModel):
         """The dim of a tensor the layer holds (`key`: the main op's parameter name, a fused
         op's `param_key`) that runs along its output channels, which a channel split cuts
         (Jia et al. 2018, Table 1); None where no dim does (a PReLU's one shared slope, a
-        scalar): held whole. A transposed convolution's weight is (in, out / groups, *kernel),
-        so dim 1; everything else (conv and linear weights, biases, norms' affine vectors and
-        running statistics) dim 0."""
+        scalar): every channel tile holds it whole and its gradient is summed over all of the
+        layer's tiles (`shared_param_count`). A transposed convolution's weight is (in,
+        out / groups, *kernel), so dim 1; everything else (conv and linear weights, biases,
+        norms' affine vectors and running statistics) dim 0."""
         out_channels = self.output_shape[1]
         if (key == "weight" and self.geometry is not None and self.geometry.transposed
                 and len(shape) > 1):
@@ -792,10 +800,7 @@ class _Builder:
         if isinstance(module, nn.PReLU):  # a slope per channel, sharded along c, or one
             raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
                        flops=3 * out, elementwise_flops_per_element=3.0, **common)
-            if module.num_parameters == 1:
-                raw.limit({"c": 1}, "PReLU's one slope is shared by every channel, its "
-                          "gradient a sum over all of them, so c stays whole")
-            return raw
+            return raw  # one shared slope: every channel tile holds it (Layer.channel_dim)
         for module_type, per_element in _ELEMENTWISE_MODULES.items():
             if type(module) is module_type:
                 return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,

@@ -71,9 +71,11 @@ class _LayerState:
     output: torch.Tensor | None = None
 
 
-def _weights(state: _LayerState) -> list[nn.Parameter]:
+def _weights(state: _LayerState, shared: bool) -> list[nn.Parameter]:
+    """The layer's weight shards on this rank: those of one channel range (`shared` False),
+    or those every channel tile holds whole (a PReLU's one slope)."""
     return [shard.tensor for shards in state.modules.values() for shard in shards.values()
-            if isinstance(shard.tensor, nn.Parameter)]
+            if isinstance(shard.tensor, nn.Parameter) and shard.shared == shared]
 
 
 class LayerwiseModel(ShardedModel):
@@ -340,8 +342,7 @@ class LayerwiseModel(ShardedModel):
             state.output = self._finish(layer, state, state.leaves)
         if layer.name in self._feeds_chain:  # its consumer's backward ran through it
             if state is not None:
-                self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
-                                  _weights(state))
+                self._add_gradients(layer_plan, state)
         elif state is not None and state.output is not None and state.output.requires_grad:
             roots, root_gradients = [], []
             gradient = gradients.pop(layer.name, None)
@@ -357,8 +358,7 @@ class LayerwiseModel(ShardedModel):
             if not roots:  # nothing reached this tile: its weights' gradients are zero
                 roots, root_gradients = [state.output], [torch.zeros_like(state.output)]
             torch.autograd.backward(roots, root_gradients)
-            self._buckets.add(layer.name, layer_plan.replica_group(self.rank),
-                              _weights(state))
+            self._add_gradients(layer_plan, state)
         if layer.name not in self._chained:
             for input_plan in layer_plan.inputs:
                 if self.plan.by_name[input_plan.producer].layer.kind == "input":
@@ -366,6 +366,14 @@ class LayerwiseModel(ShardedModel):
                 self._redistribute_gradient(index, input_plan, state, gradients)
         if state is not None:  # its consumers' backward ran before: nothing reads it again
             state.leaves, state.output = [], None
+
+    def _add_gradients(self, layer_plan: LayerPlan, state: _LayerState) -> None:
+        """The layer's final weight gradients into the buckets: a channel shard's summed over
+        its replicas, a tensor every channel tile holds whole over all the layer's tiles."""
+        self._buckets.add(layer_plan.layer.name, layer_plan.replica_group(self.rank),
+                          _weights(state, shared=False))
+        self._buckets.add(layer_plan.layer.name, layer_plan.devices,
+                          _weights(state, shared=True))
 
     def _redistribute_gradient(self, index: int, input_plan: InputPlan,
                                state: _LayerState | None,

@@ -123,6 +123,12 @@ class LayerPlan:
         return tuple(sorted(t.device for t in self.tiles.values()
                             if t.index[:2] == index[:2]))
 
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """Every device holding a tile: the group a tensor held whole by every channel tile
+        (`Layer.shared_param_count`) sums its gradient over."""
+        return tuple(sorted(self.tiles))
+
     def plane_groups(self) -> list[tuple[int, ...]]:
         return sorted({self.plane_group(device) for device in self.tiles})
 
@@ -181,6 +187,8 @@ class StrategyPlan:
             found.update(group for group in plan.replica_groups() if len(group) > 1)
             if plan.layer.instance_norms:  # their statistics are summed over each plane
                 found.update(group for group in plan.plane_groups() if len(group) > 1)
+            if plan.layer.shared_param_count and len(plan.devices) > 1:
+                found.add(plan.devices)
         found.update(group for group in self.output.channel_groups() if len(group) > 1)
         return sorted(found, key=lambda group: (len(group), group))
 

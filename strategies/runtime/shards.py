@@ -38,6 +38,9 @@ class Shard:
     start: int
     stop: int
     sliced: bool  # False for scalars (num_batches_tracked), held whole
+    # held whole by every channel tile (no channel dim: a PReLU's one slope): its gradient
+    # sums over all of the layer's tiles, not only the replicas of one channel shard
+    shared: bool = False
 
 
 class ShardedModel:
@@ -109,8 +112,9 @@ class ShardedModel:
             dim, start, stop = _part(layer, target, name, channels, full.shape)
             data = (full.narrow(dim, start, stop - start) if sliced else full).detach().clone()
             tensor = nn.Parameter(data) if name in parameters else data
+            shared = _channel_dim(layer, target, name, full.shape) is None
             shards[name] = Shard(key=key, tensor=tensor, dim=dim, start=start, stop=stop,
-                                 sliced=sliced)
+                                 sliced=sliced, shared=shared)
         return shards
 
     # ---- this rank's shards ----------------------------------------------------------------
@@ -216,11 +220,17 @@ def _part(layer: Layer, target: str, name: str, channels: tuple[int, int],
     runs along them (a PReLU's one shared slope), (0, 0, 1) for a scalar."""
     if not shape:
         return (0, 0, 1)
-    dim = layer.channel_dim(name if target == layer.target else param_key(target, name),
-                            tuple(shape))
+    dim = _channel_dim(layer, target, name, shape)
     if dim is None or channels == (0, shape[dim]):
         return (0, 0, shape[0])
     return (dim, *channels)
+
+
+def _channel_dim(layer: Layer, target: str, name: str, shape: torch.Size) -> int | None:
+    """`Layer.channel_dim` of module `target`'s tensor `name` (the layer's own op's by its
+    name, a fused op's by its state-dict key)."""
+    return layer.channel_dim(name if target == layer.target else param_key(target, name),
+                             tuple(shape))
 
 
 def _place(full: torch.Tensor, dim: int, start: int, stop: int, part: torch.Tensor) -> None:
