@@ -48,10 +48,15 @@ class Plan:
     paradl: tuple[OracleCase, ...] = ()  # with baseline "paradl": the oracle's step per strategy
     # a strategy's schedule report where its registry entry has one (a pipeline's stages)
     reports: dict[str, BaseModel] = field(default_factory=dict)
+    # id of a strategy asked about -> it and its peaks: the memory model walks every tile of
+    # every layer (0.1-0.2 s a strategy for Inception-v3 on 16 devices), asked twice each
+    _peaks: dict[int, tuple[Strategy, list[int] | None]] = field(default_factory=dict)
 
     def peak_memory(self, strategy: Strategy) -> list[int] | None:
         """Each device's predicted peak in float32 training (`predicted_peaks`)."""
-        return predicted_peaks(self.graph, strategy)
+        if id(strategy) not in self._peaks:
+            self._peaks[id(strategy)] = (strategy, predicted_peaks(self.graph, strategy))
+        return self._peaks[id(strategy)][1]
 
     def fits(self, strategy: Strategy) -> bool | None:
         """Whether every device's predicted peak is within the budget (None: not predicted)."""
