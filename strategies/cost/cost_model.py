@@ -109,6 +109,7 @@ class CostModel:
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
         self._whole_links: dict[tuple[int, ...], GroupLinks] = {}
+        self._group_slowest: dict[tuple[object, ...], list[Link]] = {}
         self._shared_ports = shares_ports(cluster, devices)
         self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
         self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -287,8 +288,22 @@ class CostModel:
     def _slowest_group_link(self, groups: np.ndarray, nbytes: int) -> Link:
         """The link of the group (a row of `groups`, device ids) whose all-reduce of `nbytes`
         takes longest: the groups reduce at once and the step waits for the slowest."""
-        links = (self.cluster.slowest_link(group.tolist()) for group in groups)
-        return max(links, key=lambda link: link.allreduce_seconds(nbytes, groups.shape[1]))
+        return max(self._groups_links(groups),
+                   key=lambda link: link.allreduce_seconds(nbytes, groups.shape[1]))
+
+    def _groups_links(self, groups: np.ndarray) -> list[Link]:
+        """Each group's slowest link, in order, once each (equal groups of devices recur in
+        every layer of a search space: looked up once per search)."""
+        key = (groups.shape, groups.tobytes())
+        if key not in self._group_slowest:
+            links: list[Link] = []
+            for group in groups:
+                link = self.cluster.slowest_link(group.tolist())
+                assert link is not None  # a group of more than one device
+                if link not in links:
+                    links.append(link)
+            self._group_slowest[key] = links
+        return self._group_slowest[key]
 
     def _group_sync_seconds(self, shard: int, channels: int, replicas: int,
                             links: GroupLinks, norms: int) -> float:
