@@ -110,6 +110,8 @@ class CostModel:
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
         self._whole_links: dict[tuple[int, ...], GroupLinks] = {}
         self._group_slowest: dict[tuple[object, ...], list[Link]] = {}
+        self._kinds: dict[tuple[object, ...], tuple[list[tuple[int, int, tuple[int, ...]]],
+                                                     np.ndarray, np.ndarray]] = {}
         self._shared_ports = shares_ports(cluster, devices)
         self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
         self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -211,38 +213,36 @@ class CostModel:
         # SyncBatchNorm: per BatchNorm, one all-reduce of 2 C_shard values forward (sums of
         # the tiles' means and second moments) and one backward (sums of dy and dy * x_hat)
         statistics = 4 * norms
-        for row, config in enumerate(configs):
-            # a tensor every channel tile holds whole (a PReLU's one slope) is summed over all
-            # of the layer's devices; with c whole those are its replicas, as any weight's
-            param_count = layer.param_count
-            if shared and config.c > 1:
-                param_count -= shared
+        kinds, kind_of, replicas = self._sync_kinds(configs)
+        # a tensor every channel tile holds whole (a PReLU's one slope) is summed over all of
+        # the layer's devices; with c whole those are its replicas, as any weight's
+        if shared:
+            for row in np.flatnonzero([config.c > 1 for config in configs]):
+                config = configs[row]
                 links = self._whole_group_links(config.devices)
                 seconds[row] += self._sync_seconds(shared, config.size, links, gradients=True)
                 total_bytes[row] += 2 * (config.size - 1) * shared * BYTES_PER_ELEMENT
-            replicas = config.size // config.c
-            if replicas == 1:
-                continue
-            # every device of a ring sends 2(r-1) chunks of 1/r of its shard; the shards of
-            # all groups add up to the layer's weights; the parameter server moves as much
-            reduced = param_count + statistics * out_channels
-            total_bytes[row] += 2 * (replicas - 1) * reduced * BYTES_PER_ELEMENT
-            worst = 0.0
-            ranges = output_ranges(layer, 1, config.c)
-            if self._shared_ports and self.cluster.sync == "parameter_server" and param_count:
-                worst = self._servers(config).seconds(
-                    [param_count * (stop - start) // out_channels * BYTES_PER_ELEMENT
-                     for start, stop in ranges])
-            for (c_start, c_stop), links in zip(ranges, self._group_link_ids(config),
-                                                strict=True):
-                # equal groups take equal time, in this layer and in every other
-                key = (c_stop - c_start, links, replicas, param_count, out_channels, norms)
-                if key not in self._group_seconds:
-                    self._group_seconds[key] = self._group_sync_seconds(
-                        param_count * (c_stop - c_start) // out_channels, c_stop - c_start,
-                        replicas, self._link_groups[links], norms)
-                worst = max(worst, self._group_seconds[key])
-            seconds[row] += worst
+        synced = kind_of >= 0  # configs with replicas of their weight shards
+        if not synced.any():
+            return seconds, total_bytes
+        # every device of a ring sends 2(r-1) chunks of 1/r of its shard; the shards of all
+        # groups add up to the layer's weights; the parameter server moves as much
+        params = np.array([layer.param_count - (shared if c > 1 else 0) for c, _, _ in kinds])
+        reduced = params[kind_of[synced]] + statistics * out_channels
+        total_bytes[synced] += 2 * (replicas[synced] - 1) * reduced * BYTES_PER_ELEMENT
+        worst = np.array([self._kind_sync_seconds(layer, kind, int(param_count), out_channels,
+                                                  norms)
+                          for kind, param_count in zip(kinds, params, strict=True)])
+        slowest = worst[kind_of[synced]]
+        if self._shared_ports and self.cluster.sync == "parameter_server":
+            for position, row in enumerate(np.flatnonzero(synced)):
+                param_count = int(params[kind_of[row]])
+                if param_count:
+                    slowest[position] = max(self._servers(configs[row]).seconds(
+                        [param_count * (stop - start) // out_channels * BYTES_PER_ELEMENT
+                         for start, stop in output_ranges(layer, 1, configs[row].c)]),
+                        slowest[position])
+        seconds[synced] += slowest
         return seconds, total_bytes
 
     def _instance_sync(self, layer: Layer, configs: Sequence[ParallelConfig], instance: int,
@@ -304,6 +304,39 @@ class CostModel:
                     links.append(link)
             self._group_slowest[key] = links
         return self._group_slowest[key]
+
+    def _sync_kinds(self, configs: Sequence[ParallelConfig]
+                    ) -> tuple[list[tuple[int, int, tuple[int, ...]]], np.ndarray, np.ndarray]:
+        """What a layer's gradient sync depends on besides the layer, once per search space:
+        the distinct (c, replicas, each replica group's link id) of the configs with replicas,
+        each config's index among them (-1: no replicas), and each config's replicas."""
+        key = tuple((config.degrees, config.devices) for config in configs)
+        if key not in self._kinds:
+            kinds: dict[tuple[int, int, tuple[int, ...]], int] = {}
+            kind_of = np.full(len(configs), -1)
+            replicas = np.array([config.size // config.c for config in configs])
+            for row, config in enumerate(configs):
+                if replicas[row] > 1:
+                    kind = (config.c, int(replicas[row]), self._group_link_ids(config))
+                    kind_of[row] = kinds.setdefault(kind, len(kinds))
+            self._kinds[key] = (list(kinds), kind_of, replicas)
+        return self._kinds[key]
+
+    def _kind_sync_seconds(self, layer: Layer, kind: tuple[int, int, tuple[int, ...]],
+                           param_count: int, out_channels: int, norms: int) -> float:
+        """The slowest replica group's sync of a layer under configs of one kind
+        (`_sync_kinds`)."""
+        c, replicas, link_ids = kind
+        worst = 0.0
+        for (c_start, c_stop), links in zip(output_ranges(layer, 1, c), link_ids, strict=True):
+            # equal groups take equal time, in this layer and in every other
+            key = (c_stop - c_start, links, replicas, param_count, out_channels, norms)
+            if key not in self._group_seconds:
+                self._group_seconds[key] = self._group_sync_seconds(
+                    param_count * (c_stop - c_start) // out_channels, c_stop - c_start,
+                    replicas, self._link_groups[links], norms)
+            worst = max(worst, self._group_seconds[key])
+        return worst
 
     def _group_sync_seconds(self, shard: int, channels: int, replicas: int,
                             links: GroupLinks, norms: int) -> float:
