@@ -135,7 +135,8 @@ def _window_module(draw: st.DrawFn, spatial: int) -> nn.Module:
     if kind == "transposed":
         transposed = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[spatial - 1]
         padding = [draw(st.integers(0, size - 1)) for size in sizes]
-        return transposed(4, 3, sizes, stride=strides, padding=padding)
+        groups = draw(st.sampled_from([1, 2]))  # grouped: c held whole
+        return transposed(4, 2 * groups, sizes, stride=strides, padding=padding, groups=groups)
     if kind in ("max", "avg"):
         padding = [draw(st.integers(0, size // 2)) for size in sizes]
         ceil_mode = draw(st.booleans())
@@ -189,8 +190,9 @@ def test_each_tile_of_a_1d_or_3d_window_op_is_its_part_of_the_full_op(case) -> N
             bias = getattr(module, "bias", None)
             if weight is not None:  # the tile's channels along the weight's channel dim
                 start, stop = box[1]
-                weight = weight.narrow(layer.channel_dim("weight", tuple(weight.shape)),
-                                       start, stop - start)
+                dim = layer.channel_dim("weight", tuple(weight.shape))
+                if dim is not None:
+                    weight = weight.narrow(dim, start, stop - start)
                 bias = bias[start:stop]
             tile = ops.layer_op(layer, [part], weight, bias, box,
                                 count_include_pad(layer.op, None))

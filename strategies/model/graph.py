@@ -251,13 +251,12 @@ class Layer(BaseModel):
         (Jia et al. 2018, Table 1); None where no dim does (a PReLU's one shared slope, a
         scalar): every channel tile holds it whole and its gradient is summed over all of the
         layer's tiles (`shared_param_count`). A transposed convolution's weight is (in,
-        out / groups, *kernel), so dim 1; everything else (conv and linear weights, biases,
-        norms' affine vectors and running statistics) dim 0."""
-        out_channels = self.output_shape[1]
-        if (key == "weight" and self.geometry is not None and self.geometry.transposed
-                and len(shape) > 1):
-            return 1 if shape[1] * self.geometry.groups == out_channels else None
-        return 0 if shape and shape[0] == out_channels else None
+        out / groups, *kernel), so dim 1, and None when grouped (its c is held whole: a tile's
+        channels would cut dim 1 within each group's rows); everything else (conv and linear
+        weights, biases, norms' affine vectors and running statistics) dim 0."""
+        if key == "weight" and self.geometry is not None and self.geometry.transposed:
+            return 1 if self.geometry.groups == 1 else None
+        return 0 if shape and shape[0] == self.output_shape[1] else None
 
     @property
     def fx_nodes(self) -> tuple[str, ...]:
@@ -797,10 +796,10 @@ class _Builder:
         if isinstance(module, nn.Upsample):
             return self._resize(node, common, op, target, module.scale_factor, module.mode,
                                 module.align_corners, module.recompute_scale_factor, False)
-        if isinstance(module, nn.PReLU):  # a slope per channel, sharded along c, or one
-            raw = _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
-                       flops=3 * out, elementwise_flops_per_element=3.0, **common)
-            return raw  # one shared slope: every channel tile holds it (Layer.channel_dim)
+        if isinstance(module, nn.PReLU):  # a slope per channel, sharded along c, or one that
+            # every channel tile holds (Layer.channel_dim)
+            return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
+                        flops=3 * out, elementwise_flops_per_element=3.0, **common)
         for module_type, per_element in _ELEMENTWISE_MODULES.items():
             if type(module) is module_type:
                 return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,

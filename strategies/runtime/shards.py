@@ -22,7 +22,7 @@ from torch import fx, nn
 
 from layerwise.strategies.model.graph import Layer, param_key
 from layerwise.strategies.runtime.comm import exchange_tagged
-from layerwise.strategies.runtime.plan import StrategyPlan
+from layerwise.strategies.runtime.plan import LayerPlan, StrategyPlan
 
 # module target -> parameter or buffer name -> this rank's shard of it
 ModuleShards = dict[str, dict[str, "Shard"]]
@@ -63,21 +63,18 @@ class ShardedModel:
         full_state = module.state_dict()
         # layer name -> its modules' shards, for the layers this rank holds a tile of
         self.layer_shards: dict[str, ModuleShards] = {}
-        self._plan_of_key = {}  # state-dict key -> the plan of the layer holding it
-        # state-dict key -> (layer, module target, name) of the tensor
-        self._key_names: dict[str, tuple[Layer, str, str]] = {}
+        # state-dict key -> the plan of the layer holding it, the module and the tensor's name
+        self._holder: dict[str, tuple[LayerPlan, str, str]] = {}
         for layer_plan in plan.layers:
             held = self._held_tensors(layer_plan.layer)
-            self._plan_of_key.update({param_key(target, name): layer_plan
-                                      for target, names in held.items() for name in names})
+            self._holder.update({param_key(target, name): (layer_plan, target, name)
+                                 for target, names in held.items() for name in names})
             tile = layer_plan.tiles.get(rank)
             if tile is not None:
                 self.layer_shards[layer_plan.layer.name] = {
                     target: self._shards(target, names, layer_plan.layer, tile.box[1],
                                          full_state)
                     for target, names in held.items()}
-            self._key_names.update({param_key(target, name): (layer_plan.layer, target, name)
-                                    for target, names in held.items() for name in names})
         self.graph_module.to("meta")  # the full weights: each rank keeps its shards only
 
     def _held_tensors(self, layer: Layer) -> dict[str, list[str]]:
@@ -183,18 +180,19 @@ class ShardedModel:
         """(key, owner device, dim, start, stop) of every shard of every state-dict entry.
 
         The owner of a channel shard is its tile with n, d, h, w index 0 (its replicas are
-        equal); a scalar is owned by the tile with index 0. Every rank builds the same table.
+        equal); a tensor every channel tile holds whole (a scalar, a PReLU's one slope) is
+        owned by the tile with index 0. Every rank builds the same table.
         """
         table = []
         for key, shape in shapes.items():
-            layer_plan = self._plan_of_key[key]
+            layer_plan, target, name = self._holder[key]
             for tile in layer_plan.tiles.values():
-                if tile.index[0] or any(tile.index[2:]) or (
-                        not shape and tile.index[1]):
+                if tile.index[0] or any(tile.index[2:]):
                     continue
-                layer, target, name = self._key_names[key]
-                table.append((key, tile.device, *_part(layer, target, name, tile.box[1],
-                                                       shape)))
+                dim, start, stop = _part(layer_plan.layer, target, name, tile.box[1], shape)
+                if tile.index[1] and (not shape or (start, stop) == (0, shape[dim])):
+                    continue  # held whole by every channel tile: the first one's copy
+                table.append((key, tile.device, dim, start, stop))
         return table
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
