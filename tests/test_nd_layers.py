@@ -121,6 +121,36 @@ def test_a_depth_split_reads_the_receptive_field_along_depth() -> None:
     assert needed_range(stem, 0, DIMS.index("w"), (8, 16)) == (12, 35)
 
 
+def test_channel_shards_cut_each_tensor_along_its_own_channel_dim() -> None:
+    """A 2-way channel split of every layer that allows it: a transposed convolution's weight
+    cut along dim 1, a grouped one's and a PReLU's one slope held whole by both channel tiles
+    (the slope marked shared: its gradient sums over all the layer's devices), a conv's along
+    dim 0; the shards of the two ranks put together give the whole tensors back."""
+    from layerwise.strategies.runtime.plan import build_plan
+    from layerwise.strategies.runtime.shards import ShardedModel
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1),
+                             nn.ConvTranspose2d(4, 4, 2, 2, groups=2), nn.PReLU(),
+                             nn.ConvTranspose2d(4, 6, 3, padding=1), nn.Flatten(),
+                             nn.Linear(6 * 8 * 8, 10))
+    graph = trace(model(), (4, 1, 4, 4))
+    plan = build_plan(graph, dict(baseline("model", graph, 2)), 2)
+    full = model().state_dict()
+    ranks = [{shard.key: shard for shard in ShardedModel(model(), plan, rank).shards()}
+             for rank in (0, 1)]
+    for key in ("0.weight", "3.weight"):  # conv (4, 1, 3, 3) by rows, transposed (4, 6, 3, 3)
+        dim = 0 if key == "0.weight" else 1
+        assert [ranks[r][key].dim for r in (0, 1)] == [dim, dim]
+        assert torch.equal(torch.cat([ranks[r][key].tensor.detach() for r in (0, 1)], dim),
+                           full[key])
+    for key in ("1.weight", "2.weight"):  # grouped transposed weight, the shared slope
+        for rank in (0, 1):
+            assert torch.equal(ranks[rank][key].tensor.detach(), full[key])
+    assert ranks[0]["2.weight"].shared and not ranks[0]["3.weight"].shared
+
+
 def _window_module(draw: st.DrawFn, spatial: int) -> nn.Module:
     kind = draw(st.sampled_from(["conv", "max", "avg", "adaptive", "transposed", "resize"]))
     sizes = [draw(st.integers(1, 3)) for _ in range(spatial)]
