@@ -58,3 +58,22 @@ def test_a_cache_that_cannot_be_written_leaves_the_migration_to_prefect(tmp_path
     with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: f"{SQLITE}{database}"}):
         assert seed_project_database() is None
     assert not database.parent.exists()
+
+
+def test_a_database_another_start_made_meanwhile_is_not_replaced(tmp_path, monkeypatch):
+    """Two first starts in one project: the one that finds the database made while it copied
+    leaves that one in place (a rename would swap it under the other's server)."""
+    import shutil
+
+    database = tmp_path / ".prefect" / "prefect.db"
+    copy = shutil.copyfile
+
+    def copy_then_another_start(source, target):  # the other start wins the race
+        copy(source, target)
+        database.write_bytes(b"the other start's database")
+
+    monkeypatch.setattr(shutil, "copyfile", copy_then_another_start)
+    with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: f"{SQLITE}{database}"}):
+        assert seed_project_database() is None
+    assert database.read_bytes() == b"the other start's database"
+    assert list(database.parent.iterdir()) == [database]

@@ -8,9 +8,10 @@ migrates one into the user's cache (`$XDG_CACHE_HOME/layerwise/`, else `~/.cache
 one file per Prefect version) and every project's first start copies it in. Prefect still
 checks the revision at each start and migrates whatever a newer copy of itself adds.
 
-Nothing is copied when the project already has its database, when Prefect's database is not a
-SQLite file (PREFECT_API_DATABASE_CONNECTION_URL naming PostgreSQL), or when the cache cannot be
-written (Prefect then migrates as before).
+Nothing is copied when the project already has its database (or another start makes it first:
+the copy takes its name by a hard link, which never replaces a file), when Prefect's database is
+not a SQLite file (PREFECT_API_DATABASE_CONNECTION_URL naming PostgreSQL), or when the cache or
+the project cannot be written (Prefect then migrates as before).
 
     python -m layerwise.flows.cli.prefect_database FILE   # migrate a new database at FILE
 """
@@ -23,9 +24,9 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from layerwise.strategies.files.atomic import atomic_path
 from layerwise.strategies.jobs.tether import tethered
 from layerwise.strategies.processes.owned_folder import owned_folder
 
@@ -51,8 +52,16 @@ def seed_project_database() -> Path | None:
         return None
     try:
         template = migrated_template(cache_folder() / f"prefect-{prefect.__version__}.db")
-        with atomic_path(database) as temporary:
-            shutil.copyfile(template, temporary)
+        database.parent.mkdir(parents=True, exist_ok=True)
+        handle, copy = tempfile.mkstemp(dir=database.parent, prefix=f".{database.name}.")
+        os.close(handle)
+        try:
+            shutil.copyfile(template, copy)
+            # a new name for the whole copy, never over a database that another start in this
+            # project made meanwhile (a rename would swap it under its server)
+            os.link(copy, database)
+        finally:
+            os.unlink(copy)
     except (OSError, subprocess.CalledProcessError):
         return None  # Prefect's server migrates a new database itself, as without a cache
     return database
