@@ -364,13 +364,18 @@ class CostModel:
         """The links of a group of all of a layer's devices (`_group_links` for one group; a
         shared port's split is left out: what crosses it is a few bytes)."""
         if devices not in self._whole_links:
-            slowest = self.cluster.slowest_link(list(devices))
-            assert slowest is not None  # more than one device
-            server = (self.cluster.link(devices[0], member) for member in devices[1:])
-            self._whole_links[devices] = GroupLinks(slowest, tuple(sorted(
-                (link for link in server if link is not None),
-                key=lambda link: (link.bandwidth, link.latency))))
+            self._whole_links[devices] = self._links_of(
+                list(devices), self.cluster.slowest_link(list(devices)))
         return self._whole_links[devices]
+
+    def _links_of(self, group: list[int], slowest: Link | None) -> GroupLinks:
+        """A group's ring link `slowest` and the links from its first device (the parameter
+        server) to each other, slowest first."""
+        assert slowest is not None  # a group of more than one device has a slowest link
+        server = (self.cluster.link(group[0], member) for member in group[1:])
+        return GroupLinks(slowest, tuple(sorted(
+            (link for link in server if link is not None),
+            key=lambda link: (link.bandwidth, link.latency))))
 
     def _replica_groups(self, config: ParallelConfig) -> list[list[int]]:
         """The devices of each channel index: the replicas of one weight shard."""
@@ -396,14 +401,8 @@ class CostModel:
             rings = (ring_links(self.cluster, groups)
                      if self._shared_ports and self.cluster.sync != "parameter_server"
                      else [self.cluster.slowest_link(group) for group in groups])
-            links = []
-            for group, slowest in zip(groups, rings, strict=True):
-                assert slowest is not None  # a group of r > 1 devices has a slowest link
-                server = [self.cluster.link(group[0], member) for member in group[1:]]
-                links.append(GroupLinks(slowest, tuple(sorted(
-                    (link for link in server if link is not None),
-                    key=lambda link: (link.bandwidth, link.latency)))))
-            self._replica_links[key] = links
+            self._replica_links[key] = [self._links_of(group, slowest)
+                                        for group, slowest in zip(groups, rings, strict=True)]
         return self._replica_links[key]
 
     def _sync_seconds(self, shard_elements: int, replicas: int, links: GroupLinks,
