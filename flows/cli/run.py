@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -41,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
 def embedded_environment(project: Path) -> dict[str, str]:
     """The defaults `layerwise run` sets where the user has not."""
-    from layerwise.tasks.tracking.track import TRACKING_VARIABLE, default_tracking_uri
+    from layerwise.tasks.tracking.store_uri import TRACKING_VARIABLE, default_tracking_uri
 
     return {
         "PREFECT_HOME": str(project / ".prefect"),
@@ -123,6 +125,41 @@ def start_local_api() -> None:
     server.start()
     if not isinstance(server, GuardedServer) and server.server_process is not None:
         guard(server.server_process.pid)
+
+
+@contextlib.contextmanager
+def local_api_starting() -> Iterator[None]:
+    """start_local_api in a thread while the block runs: the server's process boots on
+    another core (seconds of imports, its database, its lifespan) while this one imports the
+    flow (MLflow, the stages). The block's end waits for the server to answer and raises
+    what its start raised; a block that raises leaves at once, and the server, if it was
+    started, stops with this process as start_local_api's does. Every module the start needs
+    is imported here first, so that the two threads never import at once."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    import prefect.server.api.server  # noqa: F401
+
+    import layerwise.flows.cli.prefect_database  # noqa: F401
+    import layerwise.strategies.jobs.tether  # noqa: F401
+
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            start_local_api()
+        except BaseException as error:  # raised where the block ends, in the command's thread
+            failures.append(error)
+
+    # a daemon: an error in the block exits at once, not after the server's start
+    starting = threading.Thread(target=start, name="prefect-local-api", daemon=True)
+    starting.start()
+    yield
+    starting.join()
+    if failures:
+        raise failures[0]
 
 
 def _step(what: str) -> contextlib.AbstractContextManager[Any]:
@@ -207,8 +244,7 @@ def run(
     with _step("checking the config and its models"):
         benchmark_config = prepare_run(config, overrides or [])
     console.print(plan_line(benchmark_config), highlight=False, soft_wrap=True)
-    with _step("starting Prefect (its local API server takes 10-20 s)"):
-        start_local_api()
+    with _step("starting Prefect (its local API server takes 10-20 s)"), local_api_starting():
         from layerwise.flows.benchmark import benchmark, summary_lines
         from layerwise.flows.flow_runs import owned_flow_runs
 

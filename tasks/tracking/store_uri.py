@@ -45,6 +45,11 @@ def _schema_readable(store: Path) -> bool:
     return True
 
 
+def default_tracking_uri(project: Path) -> str:
+    """The embedded store: a SQLite file in the project (absolute paths take four slashes)."""
+    return f"sqlite:///{(project / 'mlflow.db').resolve()}"
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The file of a sqlite:/// store; None for any other."""
     prefix = "sqlite:///"

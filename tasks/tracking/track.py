@@ -49,7 +49,11 @@ from layerwise.strategies.training_run import RunResult
 from layerwise.tasks.tracking.figures import degrees_figure
 from layerwise.tasks.tracking.owner import orphan_reason, owner_gone
 from layerwise.tasks.tracking.provenance import log_sources
-from layerwise.tasks.tracking.store_uri import TRACKING_VARIABLE, sqlite_path
+from layerwise.tasks.tracking.store_uri import (
+    TRACKING_VARIABLE,
+    default_tracking_uri,
+    sqlite_path,
+)
 
 _MAX_PARAM_LENGTH = 500
 ORPHAN_TAG = "killed_because"
@@ -57,11 +61,6 @@ ORPHAN_TAG = "killed_because"
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 SYSTEM_METRICS_SECONDS = 2  # a sample of CPU, memory, disk and network every 2 s
 LIVE_FLUSH_SECONDS = 1.0  # per-step points are written at most this often, in one batch
-
-
-def default_tracking_uri(project: Path) -> str:
-    """The embedded store: a SQLite file in the project (absolute paths take four slashes)."""
-    return f"sqlite:///{(project / 'mlflow.db').resolve()}"
 
 
 def tracking_uri() -> str:
