@@ -414,6 +414,21 @@ def test_run_sets_prefects_settings_before_anything_imports_prefect(tmp_path):
     assert Path(home) == tmp_path.resolve() / ".prefect" and timeout == "120"
 
 
+def test_a_local_run_turns_off_both_clients_usage_reports(tmp_path):
+    """`layerwise run`'s defaults turn off Prefect's and MLflow's usage reports, as the libraries
+    decide it outside CI and tests (MLflow takes DO_NOT_TRACK=true only, not 1)."""
+    script = ("from layerwise.flows.cli.run import use_embedded_environment\n"
+              "use_embedded_environment()\n"
+              "from mlflow.telemetry.utils import is_telemetry_disabled\n"
+              "from prefect._internal.analytics.enabled import is_telemetry_enabled\n"
+              "print(is_telemetry_disabled(), is_telemetry_enabled())\n")
+    # a user's shell: none of the variables by which the libraries recognise CI or a test
+    environment = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    shown = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=environment,
+                           capture_output=True, text=True, check=True, timeout=120)
+    assert shown.stdout.split() == ["True", "False"], shown.stdout
+
+
 def test_the_profile_stage_measures_with_the_ranks_of_a_cpu_run_at_once(benchmarked):
     """On CPUs the flow's ranks share this machine: its profile is measured by one profiler per
     rank at once, in a file of its own; a scheduled strategy (OWT scheme b chooses by cost)

@@ -48,9 +48,9 @@ def embedded_environment(project: Path) -> dict[str, str]:
     return {
         "PREFECT_HOME": str(project / ".prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        # and the client's: a local run sends nothing anywhere (the standard opt-out variable,
-        # which Prefect's and MLflow's clients read; DO_NOT_TRACK=0 lets them)
-        "DO_NOT_TRACK": "1",
+        # and the clients': a local run sends nothing anywhere (the standard opt-out variable;
+        # MLflow reads only "true", Prefect also "1" and "yes"; DO_NOT_TRACK=0 lets them)
+        "DO_NOT_TRACK": "true",
         # the local server's first start migrates a fresh database: ~20 s on a 2-core machine,
         # Prefect's default limit (a busy machine then fails `layerwise run` before it starts)
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
