@@ -54,6 +54,7 @@ from layerwise.flows.cli import (
 )
 from layerwise.flows.cli.console import print_error
 from layerwise.strategies.processes.huge_pages import use_huge_pages
+from layerwise.strategies.processes.quick_exit import freeze_at_exit
 
 app = typer.Typer(
     help="layerwise: per-layer parallelization of CNN training (Jia et al., ICML 2018).",
@@ -93,6 +94,7 @@ init.register(app)
 
 def main() -> None:
     use_huge_pages()  # before anything imports torch (strategies/processes/huge_pages.py)
+    freeze_at_exit()  # seconds less at exit (strategies/processes/quick_exit.py)
     if sys.stdout is None:  # `layerwise ... >&-`: nowhere to write what was asked for
         print_error("standard output is closed; run the command with it open, or send it "
                     "to a file or /dev/null")

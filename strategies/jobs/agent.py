@@ -40,6 +40,7 @@ from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, parse_args
 
 from layerwise.strategies.hardware.node_rendezvous import BACKEND, create_handler
+from layerwise.strategies.processes.quick_exit import freeze_at_exit
 
 START_METHOD = "fork"
 # torch's switch for an availability check through NVML, which does not initialise CUDA
@@ -68,6 +69,7 @@ class _Rank:
 def main(argv: list[str] | None = None) -> None:
     """torchrun's main for a `-m MODULE` whose `main(argv)` each forked rank runs."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    freeze_at_exit()  # the ranks end with os._exit; the agent would spend seconds collecting
     if not args.module:
         raise SystemExit("layerwise's agent starts a module's ranks: give -m MODULE")
     rendezvous_handler_registry.register(BACKEND, create_handler)
