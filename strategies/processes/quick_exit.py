@@ -3,7 +3,7 @@
 Python's finalisation clears every module and runs the cyclic garbage collector over all the
 objects still alive: millions of them once torch, sympy, MLflow, Prefect and the flow are
 imported. `layerwise run` printed its last line 3 s before the process ended, and a process
-that only imported those took 1.6 s to end (benchmarks/bench_exit.py). gc.freeze moves every
+that only imported those took 1.6-1.8 s to end (benchmarks/bench_exit.py). gc.freeze moves every
 tracked object into CPython's permanent generation, which no collection visits, so the process
 ends in a fraction of that; the operating system reclaims the memory either way.
 
