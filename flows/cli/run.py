@@ -106,12 +106,18 @@ def start_local_api() -> None:
 
     if PREFECT_API_URL.value():
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
     from layerwise.flows.cli.prefect_database import seed_project_database
-    from layerwise.strategies.jobs.tether import guard
 
     seed_project_database()
+    _start_guarded_server()
+
+
+def _start_guarded_server() -> None:
+    """Prefect's server started (its project database already in place), its process guarded
+    from the moment it exists; returns when the server answers."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from layerwise.strategies.jobs.tether import guard
 
     class GuardedServer(SubprocessASGIServer):
         """Prefect's temporary server, each process it starts guarded at once."""
@@ -129,12 +135,14 @@ def start_local_api() -> None:
 
 @contextlib.contextmanager
 def local_api_starting() -> Iterator[None]:
-    """start_local_api in a thread while the block runs: the server's process boots on
-    another core (seconds of imports, its database, its lifespan) while this one imports the
-    flow (MLflow, the stages). The block's end waits for the server to answer and raises
-    what its start raised; a block that raises leaves at once, and the server, if it was
-    started, stops with this process as start_local_api's does. Every module the start needs
-    is imported here first, so that the two threads never import at once."""
+    """start_local_api, its server started in a thread while the block runs: the server's
+    process boots on another core (seconds of imports, its database, its lifespan) while this
+    one imports the flow (MLflow, the stages). The block's end waits for the server to answer
+    and raises what its start raised; a block that raises leaves at once, and the server, if it was
+    started, stops with this process as start_local_api's does. The project's database is
+    copied in here, in this thread (a thread stopped at exit could leave a copy half-made),
+    and every module the start needs is imported here first, so that the two threads never
+    import at once."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
@@ -142,14 +150,15 @@ def local_api_starting() -> Iterator[None]:
         return
     import prefect.server.api.server  # noqa: F401
 
-    import layerwise.flows.cli.prefect_database  # noqa: F401
     import layerwise.strategies.jobs.tether  # noqa: F401
+    from layerwise.flows.cli.prefect_database import seed_project_database
 
+    seed_project_database()
     failures: list[BaseException] = []
 
     def start() -> None:
         try:
-            start_local_api()
+            _start_guarded_server()
         except BaseException as error:  # raised where the block ends, in the command's thread
             failures.append(error)
 
