@@ -143,6 +143,72 @@ class _Dropping(nn.Module):
         return self.drop(self.fc(torch.flatten(x, 1)))
 
 
+class _HardSwishByHand(nn.Module):
+    """A model library's own activation, written with torch functions (fx traces into it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.clamp(x + 3.0, 0.0, 6.0) / 6.0
+
+
+def _apply(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A function fx keeps whole, called with a dtype: nothing a graph document keeps."""
+    return torch.tanh(x.to(dtype)).to(x.dtype)
+
+
+torch.fx.wrap("_apply")
+
+
+class _LibraryActivations(nn.Module):
+    """MobileNetV3's gate (Hardsigmoid, in place), a Softplus with its own beta and a
+    hand-written hard swish after a convolution; or, `wrapped`, a call no document keeps."""
+
+    def __init__(self, wrapped: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.gate = nn.Hardsigmoid(inplace=True)
+        self.softplus = nn.Softplus(beta=2.0, threshold=5.0)
+        self.swish = _HardSwishByHand()
+        self.wrapped = wrapped
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.softplus(self.gate(self.conv(x)))
+        return _apply(x, torch.float64) if self.wrapped else self.swish(x)
+
+
+def test_activations_taken_by_their_nature_are_profiled_as_the_model_runs_them():
+    """The profiler times shapes without the model: the graph keeps each call it needs."""
+    model = _LibraryActivations().eval()
+    graph = trace(model, (2, 3, 6, 6), name="library")
+    gate, softplus = (op.function for op in graph.by_name["conv"].fused)
+    assert gate.reference == "torch.nn.modules.activation:Hardsigmoid"
+    assert gate.attributes == {"inplace": False}  # a tile keeps its input
+    assert softplus.attributes == {"beta": 2.0, "threshold": 5.0}
+    clamp = graph.by_name["add"].fused[0].function
+    assert (clamp.reference, clamp.args, clamp.tensor_at) == ("torch:clamp", (0.0, 6.0), 0)
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(5))
+    conv = graph.by_name["conv"]
+    program = build_tile(conv, largest_tile(conv, ParallelConfig(n=1, devices=(0,))))
+    with torch.no_grad():
+        program.inputs[0].copy_(x)
+        for name, param in program.params.items():
+            param.copy_(getattr(model.conv, name))
+        assert torch.allclose(program.forward(), model.softplus(model.gate(model.conv(x))))
+        assert torch.equal(clamp.build()(x), torch.clamp(x, 0.0, 6.0))
+    profile = profile_graph(graph, 2, **FAST)
+    assert all(seconds > 0 for layer, tiles in profile.seconds.items() if layer != "x"
+               for seconds in tiles.values())
+    assert len(profile.seconds["conv"]) == len(tile_plan(graph, 2)["conv"]) > 1
+
+
+def test_an_activation_the_profiler_cannot_rebuild_is_one_line_naming_the_fix():
+    graph = trace(_LibraryActivations(wrapped=True), (2, 3, 6, 6), name="library")
+    with pytest.raises(LayerwiseError) as error:
+        profile_graph(graph, 2, **FAST)
+    message = str(error.value)
+    assert "\n" not in message and "'_apply'" in message and "dtype" in message
+    assert "--analytic" in message
+
+
 def test_the_profiler_times_the_runtimes_own_ops(monkeypatch):
     """Every op a tile runs is the function of strategies/model/ops.py that the runtime calls."""
     called: set[str] = set()

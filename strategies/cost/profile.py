@@ -55,6 +55,7 @@ from layerwise.strategies.hardware.this_machine import device_name, resolve_devi
 from layerwise.strategies.model import ops
 from layerwise.strategies.model.fx_nodes import count_include_pad
 from layerwise.strategies.model.graph import Layer, LayerGraph, param_key
+from layerwise.strategies.model.op_call import OpCall
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.model.tiles import TileWork, as_view, largest_tile, tile_box
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
@@ -450,11 +451,11 @@ _MODULE_OPS = {"ReLU": "relu", "ReLU6": "relu6", "LeakyReLU": "leaky_relu", "ELU
                "Dropout2d": "dropout2d", "Dropout3d": "dropout3d", "Identity": "identity"}
 
 
-def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
+def _elementwise(op: str, function: OpCall | None, layer: Layer, tile: TileWork, prefix: str,
                  device: torch.device) -> Elementwise:
     """A one-input elementwise op on the tile, as the runtime's tile runs it: (tensor, params)
     -> tensor, its parameters named `prefix` + name in params ("" for the layer's own op,
-    "target." for a fused one)."""
+    "target." for a fused one); `function` is the op's `Layer.function`."""
     if op in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"):
         return _batch_norm(layer, tile, prefix, device)
     if op in ("GroupNorm", "group_norm"):
@@ -476,18 +477,30 @@ def _elementwise(op: str, layer: Layer, tile: TileWork, prefix: str,
     name = _MODULE_OPS.get(op, op)
     if name in _DROPOUTS:
         return _dropout(tile, _DROPOUTS[name])
-    function = _ACTIVATIONS.get(name)
-    if function is None:
-        raise LayerwiseError(f"cannot profile layer '{layer.name}': no tile runner for "
-                             f"elementwise op '{op}'")
-    return lambda x, params: ops.activation(x, function, writes_input=False)
+    activation = _ACTIVATIONS.get(name) or _by_nature(op, function, layer)
+    return lambda x, params: ops.activation(x, activation, writes_input=False)
+
+
+def _by_nature(op: str, function: OpCall | None, layer: Layer) -> Callable[[torch.Tensor],
+                                                                         torch.Tensor]:
+    """An elementwise op the layer graph took by its nature (Hardsigmoid, Mish, a library's
+    own function), rebuilt from what the graph wrote down of its call."""
+    try:
+        if function is None:
+            raise ValueError("the layer graph kept no call for it")
+        return function.build()
+    except Exception as error:  # an import, a lookup or a bare instance: the same answer
+        raise LayerwiseError(
+            f"cannot profile layer '{layer.name}': its elementwise op '{op}' cannot run "
+            f"without the model ({error}); price t_c with the device model (--analytic) "
+            "instead of a profile") from error
 
 
 def _main_op(layer: Layer, tile: TileWork, device: torch.device) -> Compute:
     """The layer's own op on the tile: the runtime's `ops.layer_op` at a place of the tile's
     shapes (`tiles.tile_box`), or its elementwise op."""
     if layer.kind == "elementwise":
-        apply = _elementwise(layer.op, layer, tile, "", device)
+        apply = _elementwise(layer.op, layer.function, layer, tile, "", device)
         return lambda inputs, params: apply(inputs[0], params)
     box = tile_box(layer, tile)
     include_pad = count_include_pad(layer.op, None)
@@ -502,7 +515,7 @@ def _main_op(layer: Layer, tile: TileWork, device: torch.device) -> Compute:
 def _tile_compute(layer: Layer, tile: TileWork, device: torch.device) -> Compute:
     """The layer's operation on the tile, then its fused ops in order."""
     main = _main_op(layer, tile, device)
-    fused = [_elementwise(op.op, layer, tile, param_key(op.target, ""), device)
+    fused = [_elementwise(op.op, op.function, layer, tile, param_key(op.target, ""), device)
              for op in layer.fused]
 
     def compute(inputs: Sequence[torch.Tensor], params: Mapping[str, torch.Tensor]):

@@ -61,6 +61,7 @@ from layerwise.strategies.errors import GraphError
 from layerwise.strategies.model.channel_maps import channel_maps
 from layerwise.strategies.model.elementwise import elementwise_refusal
 from layerwise.strategies.model.fx_nodes import STOCHASTIC_DEPTH, is_stochastic_depth
+from layerwise.strategies.model.op_call import OpCall, function_call, module_call
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten",
@@ -187,6 +188,7 @@ class FusedOp(BaseModel):
     op: str
     target: str
     flops_per_element: float
+    function: OpCall | None = None  # `Layer.function`
     before: tuple[str, ...] = ()  # fx nodes run just before its own (`Layer.before`)
     after: tuple[str, ...] = ()  # the permute back to channels-first after it
 
@@ -213,6 +215,9 @@ class Layer(BaseModel):
     concat_dim: int | None = None
     resize: Resize | None = None
     fused: tuple[FusedOp, ...] = ()
+    # an elementwise op taken by its nature, as the profiler (which times shapes without the
+    # model) runs it; None for every op the layer graph names
+    function: OpCall | None = None
     # dim -> the largest degree its ops allow along it (1: held whole); a dim not named is
     # bounded by its size alone (space.py)
     max_degrees: dict[str, int] = {}
@@ -540,6 +545,7 @@ class _Raw(BaseModel):
     concat_dim: int | None = None
     resize: Resize | None = None
     fused: list[FusedOp] = []
+    function: OpCall | None = None
     elementwise_flops_per_element: float = 0.0
     max_degrees: dict[str, int] = {}
     held_reason: str = ""
@@ -808,7 +814,8 @@ class _Builder:
         refusal = elementwise_refusal(_training_copy(module), module)
         if refusal is None:  # an activation by its nature: one FLOP per element, priced
             return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
-                        flops=out, elementwise_flops_per_element=1.0, **common)
+                        flops=out, elementwise_flops_per_element=1.0,
+                        function=module_call(module), **common)
         raise self._unsupported(node, f"module type {op} (not elementwise: {refusal})")
 
     def _function_layer(self, node: fx.Node, common: dict[str, Any]) -> _Raw:
@@ -877,7 +884,8 @@ class _Builder:
             refusal = elementwise_refusal(_on_probe(node, fn))
             if refusal is None:
                 return _Raw(kind="elementwise", op=name, target=name, param_shapes={},
-                            flops=out, elementwise_flops_per_element=1.0, **common)
+                            flops=out, elementwise_flops_per_element=1.0,
+                            function=function_call(node, fn), **common)
             raise self._unsupported(node, f"function {name} (not elementwise: {refusal})")
         raise self._unsupported(node, f"function {name}")
 
@@ -1143,6 +1151,7 @@ def _fuse(raw_layers: list[_Raw], users: dict[str, int]) -> tuple[list[_Raw], di
                 producer.fused.append(
                     FusedOp(name=layer.name, op=layer.op, target=layer.target,
                             flops_per_element=layer.elementwise_flops_per_element,
+                            function=layer.function,
                             before=layer.before, after=layer.after)
                 )
                 producer.flops += layer.flops
@@ -1327,7 +1336,7 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             inputs=tuple(raw.inputs), input_shapes=tuple(raw.input_shapes),
             output_shape=raw.output_shape, param_shapes=raw.param_shapes, flops=raw.flops,
             geometry=raw.geometry, concat_dim=raw.concat_dim, resize=raw.resize,
-            fused=tuple(raw.fused),
+            fused=tuple(raw.fused), function=raw.function,
             max_degrees=raw.max_degrees, held_reason=raw.held_reason, reads=tuple(raw.reads),
             before=raw.before, after=raw.after, channels=raw.channels,
         )
