@@ -347,6 +347,34 @@ def test_a_builder_that_forwards_kwargs_gets_only_what_its_class_takes(user_modu
         assert graph.by_name[graph.outputs[0]].output_shape == (2, 5)
 
 
+def test_a_reference_names_the_factorys_own_arguments(user_module) -> None:
+    """A library's options (torchvision's aux_logits, MONAI's spatial_dims and channels) in
+    the reference, as Python calls the factory; what it sets is not offered again."""
+    model = build_model(f"{user_module}:builder(in_channels=2, num_classes=4)", num_classes=9,
+                        in_channels=1)
+    assert model.conv.in_channels == 2 and model.fc.out_features == 4
+    graph = build_graph(f"{user_module}:builder( in_channels = 1 )", batch=2, image_size=8,
+                        num_classes=5, in_channels=1)
+    assert graph.by_name[graph.outputs[0]].output_shape == (2, 5)
+    assert build_model(f"{user_module}:with_kwargs(extra=(1, 2), name='a:b')").seen == {
+        "extra": (1, 2), "name": "a:b"}
+
+
+@pytest.mark.parametrize(("arguments", "needle"), [
+    ("(in_channel=2)", "takes no argument 'in_channel'"),
+    ("(in_channels=2", "arguments Python cannot read"),
+    ("(2)", "by keyword"),
+    ("(**options)", "by keyword"),
+    ("(in_channels=__import__('os').getpid())", "not a literal"),
+    ("(in_channels=2) + 1", "by keyword"),
+])
+def test_factory_arguments_a_reference_cannot_give_are_one_line(user_module, arguments,
+                                                                 needle) -> None:
+    with pytest.raises(UnknownModelError) as info:
+        build_model(f"{user_module}:builder{arguments}")
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
 def test_a_model_whose_init_reads_tensors_is_planned_from_the_cpu(user_module) -> None:
     model = build_model(f"{user_module}:ComputedWidths", num_classes=4, device="meta")
     assert model.conv.weight.is_meta and model.conv.out_channels == 12

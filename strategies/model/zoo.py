@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from layerwise.strategies.errors import LayerwiseError, UnknownModelError
+from layerwise.strategies.model.factory_arguments import split_reference
 from layerwise.strategies.model.input_size import InputSize, compact_size, spatial_size
 from layerwise.strategies.model.zoo_nd import cosmoflow3d, field_classifier, m5, unet3d
 
@@ -918,12 +919,13 @@ def _accepted_kwargs(factory: Callable[..., Any], offered: dict[str, int]) -> di
     return dict(offered) if names is None else {k: v for k, v in offered.items() if k in names}
 
 
-def _call_factory(factory: Callable[..., Any], kwargs: dict[str, int],
-                  device: str | torch.device | None) -> Any:
-    """``factory(**kwargs)`` on `device`. An argument it refuses ("unexpected keyword
+def _call_factory(factory: Callable[..., Any], kwargs: dict[str, Any],
+                  device: str | torch.device | None, given: dict[str, Any], name: str) -> Any:
+    """``factory(**kwargs)`` on `device`. An offered argument it refuses ("unexpected keyword
     argument", from a **kwargs it hands on) is dropped and the call made again, as if it had
     not been offered: the input size still reaches the model as the traced input's, and a
-    model that takes no num_classes keeps its own (training checks its output). An
+    model that takes no num_classes keeps its own (training checks its output); one `given`
+    in the reference is the user's word, and its refusal is theirs to fix. An
     initialisation that cannot run on the meta device (one that reads values back from a
     tensor) runs on the CPU, and the model then moves to meta."""
     kwargs = dict(kwargs)
@@ -933,6 +935,10 @@ def _call_factory(factory: Callable[..., Any], kwargs: dict[str, int],
                 return factory(**kwargs)
         except TypeError as exc:
             refused = _UNEXPECTED_ARGUMENT.search(str(exc))
+            if refused is not None and refused.group(1) in given:
+                raise UnknownModelError(
+                    f"model factory {name!r} takes no argument {refused.group(1)!r}: check the "
+                    "arguments after its name") from None
             if refused is None or refused.group(1) not in kwargs:
                 raise
             del kwargs[refused.group(1)]
@@ -956,24 +962,28 @@ def _on_device(device: str | torch.device | None) -> contextlib.AbstractContextM
 def build_model(name: str, num_classes: int | None = None, image_size: InputSize | None = None,
                 in_channels: int | None = None,
                 device: str | torch.device | None = None) -> nn.Module:
-    """Build a zoo model by name, or a user model given as ``package.module:factory``.
+    """Build a zoo model by name, or a user model given as ``package.module:factory``, with
+    the factory's own keyword arguments if the reference names them (`split_reference`).
 
     Arguments left as None take the zoo spec's defaults; a user factory gets only those of
-    ``num_classes``, ``image_size`` and ``in_channels`` that are set and that it takes
+    ``num_classes``, ``image_size`` and ``in_channels`` that are set, that it takes
     (`_accepted_kwargs`; torchvision's ``resnet18(**kwargs)`` gets ``num_classes``, never
-    ``image_size``). ``device`` (e.g. "meta") is where the parameters are created; "meta"
-    plans a large model without allocating memory. Raises UnknownModelError with a one-line reason.
+    ``image_size``) and that its reference does not set itself. ``device`` (e.g. "meta") is
+    where the parameters are created; "meta" plans a large model without allocating memory.
+    Raises UnknownModelError with a one-line reason.
     """
     _check_positive(num_classes=num_classes, image_size=image_size, in_channels=in_channels)
     if isinstance(name, str) and ":" in name:
-        factory = _resolve_reference(name)
+        reference, given = split_reference(name)
+        factory = _resolve_reference(reference)
         if isinstance(image_size, tuple):  # a square image as its side, as --image-size gives
             image_size = compact_size(image_size)
         offered = {k: v for k, v in (("num_classes", num_classes), ("image_size", image_size),
-                                     ("in_channels", in_channels)) if v is not None}
-        kwargs = _accepted_kwargs(factory, offered)
+                                     ("in_channels", in_channels))
+                   if v is not None and k not in given}
+        kwargs = {**_accepted_kwargs(factory, offered), **given}
         try:
-            model = _call_factory(factory, kwargs, device)
+            model = _call_factory(factory, kwargs, device, given, name)
         except LayerwiseError:
             raise
         except SystemExit as exc:
