@@ -190,3 +190,37 @@ def test_wrong_input_size_is_a_clear_error():
         trace(nn.Linear(10, 2), (2, 3))
     with pytest.raises(GraphError, match="batch must be >= 1"):
         build_graph("tiny_cnn", batch=0)
+
+
+class _SkipWhenGiven(nn.Module):
+    """A decoder step as MONAI's UpCat writes it: the skip input is concatenated when a check
+    on it says it is a tensor (`torch.jit.isinstance`), or, `builtin`, Python's isinstance,
+    which fx cannot answer for a traced value."""
+
+    def __init__(self, builtin: bool = False) -> None:
+        super().__init__()
+        self.builtin = builtin
+        self.down = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.merge = nn.Conv2d(7, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up(self.down(x))
+        given = isinstance(x, torch.Tensor) if self.builtin else torch.jit.isinstance(
+            x, torch.Tensor)
+        return self.merge(torch.cat([x, up], dim=1) if given else up)
+
+
+def test_a_skip_taken_when_torch_jit_isinstance_says_tensor_is_traced_with_it():
+    graph = trace(_SkipWhenGiven(), (2, 3, 8, 8))
+    assert graph.by_name["merge"].inputs == ("cat",)
+    assert graph.by_name["cat"].inputs == ("x", "up")
+    assert torch.jit.isinstance(torch.zeros(1), torch.Tensor)  # restored after tracing
+
+
+def test_a_traced_graph_that_fails_where_the_model_runs_says_fx_took_another_branch():
+    with pytest.raises(GraphError) as error:
+        trace(_SkipWhenGiven(builtin=True), (2, 3, 8, 8))
+    message = str(error.value)
+    assert "\n" not in message and "while the model itself runs on it" in message
+    assert "torch.fx.wrap" in message

@@ -44,7 +44,7 @@ import io
 import json
 import operator
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from copy import deepcopy as copy_module
 from functools import cached_property
 from pathlib import Path
@@ -1188,7 +1188,8 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
     was_training = model.training
     model.train()
     try:
-        gm = fx.symbolic_trace(model)
+        with _proxies_are_tensors():
+            gm = fx.symbolic_trace(model)
     except Exception as error:  # fx raises many types; all mean "not traceable"
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise GraphError(
@@ -1213,12 +1214,50 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
             ShapeProp(gm, fake_mode=fake_mode).propagate(torch.empty(input_shape, device=device))
     except Exception as error:
         cause = error.__cause__ or error
+        what = f"{type(cause).__name__}: " + (str(cause).strip().splitlines() or [""])[0]
+        if _runs(model, input_shape, device, fake_mode):
+            raise GraphError(
+                f"torch.fx traced model '{label}' into a graph that fails on input "
+                f"{tuple(input_shape)} ({what}) while the model itself runs on it: a branch fx "
+                "cannot follow (a Python if or isinstance on a traced value) went another way "
+                "while tracing; make the branch a function wrapped with torch.fx.wrap"
+            ) from error
         raise GraphError(
-            f"model '{label}' fails on input {tuple(input_shape)}: {type(cause).__name__}: "
-            f"{str(cause).strip().splitlines()[0] if str(cause).strip() else ''}; check the "
+            f"model '{label}' fails on input {tuple(input_shape)}: {what}; check the "
             "image size and channel count"
         ) from error
     return _build(gm, tuple(input_shape), label)
+
+
+@contextlib.contextmanager
+def _proxies_are_tensors() -> Iterator[None]:
+    """While fx traces, `torch.jit.isinstance(value, torch.Tensor)` holds for a traced value,
+    as it holds for the tensor the value stands for (MONAI's UpCat concatenates its skip
+    input only when that check passes, and fx would trace the other branch silently)."""
+    original = torch.jit.isinstance
+
+    def isinstance_of_traced(obj: Any, target_type: Any) -> bool:
+        if isinstance(obj, fx.Proxy) and target_type is torch.Tensor:
+            return True
+        return original(obj, target_type)
+
+    torch.jit.isinstance = isinstance_of_traced
+    try:
+        yield
+    finally:
+        torch.jit.isinstance = original
+
+
+def _runs(model: nn.Module, input_shape: tuple[int, ...], device: torch.device,
+          fake_mode: FakeTensorMode | None) -> bool:
+    """Whether the model itself runs on an input of `input_shape` (on fake or meta tensors:
+    nothing of it changes)."""
+    try:
+        with fake_mode or contextlib.nullcontext(), contextlib.redirect_stderr(io.StringIO()):
+            model(torch.empty(input_shape, device=device))
+    except Exception:  # any failure: the model does not run on it, whatever the graph does
+        return False
+    return True
 
 
 def _is_shape_query(node: fx.Node, shape_queries: set[str]) -> bool:
