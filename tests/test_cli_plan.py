@@ -130,6 +130,9 @@ def test_strategy_file_errors_are_one_line(tmp_path):
 def test_search_needs_a_cost_source():
     result = runner.invoke(app, ["search", "tiny_cnn", "--devices", "2", "--cluster", "local"])
     one_line_error(result, "layerwise profile tiny_cnn --devices 2", "--analytic")
+    given = "tests.idiom_models:Activations(num_classes=3)"  # pasted into a shell as one word
+    result = runner.invoke(app, ["search", given, "--devices", "2", "--cluster", "local"])
+    one_line_error(result, f"layerwise profile '{given}' --devices 2")
 
 
 def test_search_rejects_bad_requests():
@@ -338,4 +341,4 @@ def test_a_profile_at_a_global_batch_prices_the_search_at_that_batch(tmp_path):
     assert document["batch"] == 2 and document["cost_source"] == "profile"
     other = runner.invoke(app, ["search", "tiny_cnn", *shape, "--batch", "4", "--cluster",
                                 "local", "--profile", str(profile)])
-    one_line_error(other, "`layerwise profile tiny_cnn --devices N --batch 4 --image-size 8")
+    one_line_error(other, "`layerwise profile tiny_cnn --devices N --batch 4 --input-shape 3,8,8`")

@@ -34,6 +34,7 @@ import itertools
 import math
 import os
 import queue
+import shlex
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -267,9 +268,10 @@ class Profile(BaseModel):
 
 
 def _profile_command(model: str, input_shape: Sequence[int], batch: int) -> str:
-    size = f" --image-size {input_shape[2]}" if len(input_shape) == 4 else ""
-    channels = f" --in-channels {input_shape[1]}" if len(input_shape) >= 2 else ""
-    return f"`layerwise profile {model} --devices N --batch {batch}{size}{channels}`"
+    """The command that profiles `model` at this input, ready to paste into a shell."""
+    shape = ",".join(str(size) for size in input_shape[1:])
+    return (f"`layerwise profile {shlex.quote(model)} --devices N --batch {batch} "
+            f"--input-shape {shape}`")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ devices, t_c from a measured profile or from the cluster device's analytic model
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from layerwise.strategies.cost.compute_time import AnalyticCompute, ProfiledCompute
@@ -32,7 +33,8 @@ def compute_source(graph: LayerGraph, cluster: Cluster, profile: Path | None, an
         return AnalyticCompute(cluster)
     if profile is None:
         raise LayerwiseError(
-            f"no cost source: run `layerwise profile {graph.model} --devices {device_count}` "
+            f"no cost source: run `layerwise profile {shlex.quote(graph.model)} --devices "
+            f"{device_count}` "
             "and pass --profile FILE, or plan with --analytic (t_c from the cluster device's "
             "analytic model)"
         )
