@@ -34,7 +34,7 @@ from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.hardware.cluster import load_cluster
 from layerwise.strategies.hardware.this_machine import device_name
 from layerwise.strategies.model import ops
-from layerwise.strategies.model.graph import build_graph, trace
+from layerwise.strategies.model.graph import LayerGraph, build_graph, trace
 from layerwise.strategies.model.space import ParallelConfig, enumerate_configs
 from layerwise.strategies.model.tiles import as_view, largest_tile, needed_range, tile_box
 from layerwise.strategies.processes.huge_pages import huge_pages_in_use
@@ -185,6 +185,7 @@ def test_activations_taken_by_their_nature_are_profiled_as_the_model_runs_them()
     assert softplus.attributes == {"beta": 2.0, "threshold": 5.0}
     clamp = graph.by_name["add"].fused[0].function
     assert (clamp.reference, clamp.args, clamp.tensor_at) == ("torch:clamp", (0.0, 6.0), 0)
+    assert LayerGraph.model_validate_json(graph.model_dump_json()) == graph  # still a document
     x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(5))
     conv = graph.by_name["conv"]
     program = build_tile(conv, largest_tile(conv, ParallelConfig(n=1, devices=(0,))))

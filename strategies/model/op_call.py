@@ -68,7 +68,7 @@ def module_call(module: nn.Module) -> OpCall:
         if not _is_json(value):
             return OpCall(reference=_reference(type(module)), unrecorded=(
                 f"its attribute {key} is a {type(value).__name__}, not a plain value"))
-        attributes[key] = False if key == "inplace" else value  # tiles keep their input
+        attributes[key] = False if key == "inplace" else _plain(value)  # tiles keep their input
     return OpCall(reference=_reference(type(module)), attributes=attributes)
 
 
@@ -81,7 +81,7 @@ def function_call(node: fx.Node, function: Callable[..., Any]) -> OpCall:
         if isinstance(arg, fx.Node):
             tensor_at = index
         elif _is_json(arg):
-            args.append(arg)
+            args.append(_plain(arg))
         else:
             return OpCall(reference=reference, unrecorded=(
                 f"its argument {index} is a {type(arg).__name__}, not a plain value"))
@@ -90,7 +90,7 @@ def function_call(node: fx.Node, function: Callable[..., Any]) -> OpCall:
         if isinstance(value, fx.Node):
             tensor_at = key
         elif _is_json(value):
-            kwargs[key] = value
+            kwargs[key] = _plain(value)
         else:
             return OpCall(reference=reference, unrecorded=(
                 f"its argument {key} is a {type(value).__name__}, not a plain value"))
@@ -103,6 +103,13 @@ def _is_json(value: object) -> bool:
     if isinstance(value, (list, tuple)):
         return all(_is_json(item) for item in value)
     return isinstance(value, _SCALARS)
+
+
+def _plain(value: Any) -> JsonValue:
+    """A JSON value of a plain one: tuples as lists."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value  # type: ignore[no-any-return]
 
 
 def _reference(function: Callable[..., Any]) -> str:
