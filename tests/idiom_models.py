@@ -82,6 +82,23 @@ class GroupNormNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+class GroupNormSplits(nn.Module):
+    """GroupNorm as SegResNet and detection heads use it, a module and the function, to split
+    along every dim: the tiles of one plane sum each group's statistics."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm1 = nn.GroupNorm(4, 8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm1(self.conv1(x)))
+        x = F.relu(F.group_norm(self.conv2(x), 2))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
 class LayerNormNet(nn.Module):
     """LayerNorm over each sample's (C, H, W) after a conv and over the features after a linear
     layer."""

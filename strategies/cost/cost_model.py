@@ -201,9 +201,8 @@ class CostModel:
         seconds = np.zeros(len(configs))
         total_bytes = np.zeros(len(configs), dtype=np.int64)
         norms = _batch_norms(layer) if self.batch_norm_statistics == "synced" else 0
-        instance = layer.instance_norms
-        if instance:
-            self._instance_sync(layer, configs, instance, seconds, total_bytes)
+        if layer.plane_norms:
+            self._plane_sync(layer, configs, seconds, total_bytes)
         if layer.name == self.graph.outputs[0]:
             self._loss_sync(layer, configs, seconds)
         if not layer.param_count and not norms:
@@ -245,24 +244,26 @@ class CostModel:
         seconds[synced] += slowest
         return seconds, total_bytes
 
-    def _instance_sync(self, layer: Layer, configs: Sequence[ParallelConfig], instance: int,
-                       seconds: np.ndarray, total_bytes: np.ndarray) -> None:
-        """Add the InstanceNorms' statistics sync under each config that splits d, h or w: per
-        InstanceNorm one all-reduce forward (sums and second moments) and one backward (sums
-        of dy and dy * x_hat), each of 2 values per (sample, channel) of the tile, over the
-        devices holding one plane's tiles (ops.sync_instance_norm)."""
-        batch, channels = as_view(layer.output_shape)[:2]
+    def _plane_sync(self, layer: Layer, configs: Sequence[ParallelConfig],
+                    seconds: np.ndarray, total_bytes: np.ndarray) -> None:
+        """Add the plane norms' statistics sync under each config that splits d, h or w: per
+        InstanceNorm or GroupNorm one all-reduce forward (sums and second moments) and one
+        backward (sums of dy and dy * x_hat), each of 2 values per (sample, statistic) of the
+        tile (a channel's, a group's: `Layer.plane_norms`), over the devices holding one
+        plane's tiles (ops.sync_instance_norm, ops.group_norm)."""
+        batch = as_view(layer.output_shape)[0]
         for row, config in enumerate(configs):
             planes = config.d * config.h * config.w
             if planes == 1:
                 continue
-            values = 2 * -(-batch // config.n) * -(-channels // config.c)
             groups = np.array(config.devices).reshape(config.n * config.c, planes)
-            slowest = self._slowest_group_link(groups, values * BYTES_PER_ELEMENT)
-            seconds[row] += 2 * instance * slowest.allreduce_seconds(
-                values * BYTES_PER_ELEMENT, planes)
-            total_bytes[row] += (2 * instance * 2 * (planes - 1) * 2 * batch * channels
-                                 * BYTES_PER_ELEMENT)
+            for statistics in layer.plane_norms:
+                values = 2 * -(-batch // config.n) * -(-statistics // config.c)
+                slowest = self._slowest_group_link(groups, values * BYTES_PER_ELEMENT)
+                seconds[row] += 2 * slowest.allreduce_seconds(values * BYTES_PER_ELEMENT,
+                                                              planes)
+                total_bytes[row] += (2 * 2 * (planes - 1) * 2 * batch * statistics
+                                     * BYTES_PER_ELEMENT)
 
     def _loss_sync(self, layer: Layer, configs: Sequence[ParallelConfig],
                    seconds: np.ndarray) -> None:

@@ -399,13 +399,18 @@ def _batch_norm(layer: Layer, tile: TileWork, prefix: str,
     return apply
 
 
-def _group_norm(prefix: str) -> Elementwise:
-    """GroupNorm of the tile (`ops.group_norm`), timed with one group: its statistics are one
-    pass over each sample's tile however its channels are grouped (the layer graph keeps no
-    group count, and any count divides the channels only if one does)."""
+def _group_norm(op: str, layer: Layer, tile: TileWork, prefix: str) -> Elementwise:
+    """GroupNorm of the tile (`ops.group_norm`) with the group count its op name keeps: the
+    tile's own statistics when it holds whole planes, else the plane's tiles' sum (timed as
+    one device computes it, the transfer being the cost model's t_s)."""
+    groups = int(op.partition("(")[2].rstrip(")"))
+    channels = layer.output_shape[1]
+    plane = math.prod(layer.output_shape[2:])
+    reduce = None if math.prod(tile.output_shape[2:]) == plane else _whole_group
+
     def apply(x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return ops.group_norm(x, 1, x.shape[1], params.get(f"{prefix}weight"),
-                              params.get(f"{prefix}bias"), BATCH_NORM_EPS)
+        return ops.group_norm(x, groups, channels, params.get(f"{prefix}weight"),
+                              params.get(f"{prefix}bias"), BATCH_NORM_EPS, plane, reduce)
 
     return apply
 
@@ -460,8 +465,8 @@ def _elementwise(op: str, function: OpCall | None, layer: Layer, tile: TileWork,
     "target." for a fused one); `function` is the op's `Layer.function`."""
     if op in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"):
         return _batch_norm(layer, tile, prefix, device)
-    if op in ("GroupNorm", "group_norm"):
-        return _group_norm(prefix)
+    if op.partition("(")[0] in ("GroupNorm", "group_norm"):
+        return _group_norm(op, layer, tile, prefix)
     if op == "PReLU":
         return lambda x, params: F.prelu(x, params[f"{prefix}weight"])
     if op in _WITH_PARAMETER:  # a parameter used directly (a layer scale): the one it reads

@@ -25,13 +25,13 @@ convolution; the two permutes run with the first and last op (`Layer.before`, `L
 never layers of their own; any other permute is refused.
 
 Some ops limit the degree of their layer along some dims (`Layer.max_degrees`, 1: held whole,
-with the reason): GroupNorm's statistics span a group's channels and the whole plane (a channel
-split keeps whole groups), LayerNorm's span every value of a sample or, over the channels alone,
+with the reason): GroupNorm's statistics span a group's channels (a channel split keeps whole
+groups), LayerNorm's span every value of a sample or, over the channels alone,
 every channel of a position; a reflect or replicate padding is applied by the tiles on the border,
 which must hold the rows it mirrors, and a circular one reads the opposite border (h, w whole);
 a grouped transposed convolution keeps c whole (its weight's output channels are dim 1 within
-each group's rows). InstanceNorm
-splits along every dim: the tiles of one plane sum their statistics (ops.sync_instance_norm).
+each group's rows). InstanceNorm and GroupNorm split along every spatial dim: the tiles of one
+plane sum their statistics (ops.sync_instance_norm, ops.group_norm).
 A module with weights called twice (shared weights) is refused here, so that every command
 refuses it before anything is priced or launched.
 """
@@ -245,10 +245,19 @@ class Layer(BaseModel):
                    if self.channel_dim(key, shape) is None)
 
     @property
-    def instance_norms(self) -> int:
-        """InstanceNorms the layer runs (fused into it, or the layer itself): each sums its
-        statistics over the tiles of a plane."""
-        return sum(op.startswith("InstanceNorm") for op in (self.op, *(f.op for f in self.fused)))
+    def plane_norms(self) -> tuple[int, ...]:
+        """The normalisations the layer runs (fused into it, or the layer itself) whose
+        statistics span each sample's whole plane, so that the tiles of a plane sum them: per
+        norm, its statistics per sample (an InstanceNorm's one per channel, a GroupNorm's one
+        per group)."""
+        found = []
+        for op in (self.op, *(fused.op for fused in self.fused)):
+            name, _, groups = op.partition("(")
+            if name.startswith("InstanceNorm"):
+                found.append(self.output_shape[1])
+            elif name in ("GroupNorm", "group_norm"):
+                found.append(int(groups.rstrip(")")))
+        return tuple(found)
 
     def channel_dim(self, key: str, shape: tuple[int, ...]) -> int | None:
         """The dim of a tensor the layer holds (`key`: the main op's parameter name, a fused
@@ -371,14 +380,6 @@ def _limits(layer: Layer) -> str:
     text = (f"splits {'only ' if len(free) < len(dims) else ''}along "
             f"{', '.join(named.get(dim, dim) for dim in free)}")
     return text + (f" ({', '.join(capped)})" if capped else "")
-
-
-def _whole_positions(spatial: int) -> str:
-    """'the whole h/w plane, so h and w stay whole', as a statistic over every position of a
-    sample is said for a layer of `spatial` spatial dims."""
-    return {0: "every feature", 1: "the whole length, so l stays whole",
-            2: "the whole h/w plane, so h and w stay whole",
-            3: "the whole d/h/w volume, so d, h and w stay whole"}[spatial]
 
 
 def _channels_first(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -995,20 +996,19 @@ class _Builder:
 
     def _group_norm(self, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
-        """GroupNorm: per-sample statistics over each group's channels and the whole h/w
-        plane, so a split along n, or along c into tiles of whole groups, leaves every
-        statistic on one device."""
+        """GroupNorm: per-sample statistics over each group's channels and the whole plane
+        (its group count kept in the op name, `Layer.plane_norms`), so a channel split keeps
+        whole groups, and the spatial tiles of a plane sum their statistics
+        (ops.group_norm), as InstanceNorm's do."""
         # degrees are powers of two: those dividing `groups` are those up to its largest
         # power-of-two factor, and with C = groups * per_group they cut C on group boundaries
         whole_groups = groups & -groups
-        channels = (f" and a channel split keeps whole groups (a degree dividing {groups})"
-                    if whole_groups > 1 else ", and so does c" + (
+        channels = (f"a channel split keeps whole groups (a degree dividing {groups})"
+                    if whole_groups > 1 else "c stays whole" + (
                         f" (no power-of-two degree divides {groups})" if groups > 1 else ""))
-        spatial = SPATIAL_DIMS.get(len(common["output_shape"]) - 2, ())
-        return _norm(common, op, target, params,
-                     {"c": whole_groups, **dict.fromkeys(spatial, 1)},
-                     f"GroupNorm({groups}) takes its statistics over each group's channels and "
-                     f"{_whole_positions(len(spatial))}{channels}")
+        return _norm(common, f"{op}({groups})", target, params, {"c": whole_groups},
+                     f"GroupNorm({groups}) takes its statistics over each group's channels, "
+                     f"so {channels}")
 
     def _layer_norm(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], normalized: tuple[int, ...]) -> _Raw:

@@ -494,12 +494,25 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
 
 
 def group_norm(x: Tensor, groups: int, channels: int, weight: Tensor | None,
-               bias: Tensor | None, eps: float) -> Tensor:
-    """GroupNorm(`groups`) of a layer of `channels` channels on a tile of whole planes and
-    whole groups: graph.py keeps h and w whole and limits a channel split to degrees dividing
-    `groups`, so the tile's groups * x.shape[1] / channels groups take their statistics from
-    the tile alone; `weight` and `bias` are the tile's channels' shards."""
-    return F.group_norm(x, groups * x.shape[1] // channels, weight, bias, eps)
+               bias: Tensor | None, eps: float, plane: int = 1,
+               reduce: Reduce | None = None) -> Tensor:
+    """GroupNorm(`groups`) of a layer of `channels` channels on a tile of whole groups (graph.py
+    limits a channel split to degrees dividing `groups`): the tile's groups * x.shape[1] /
+    channels groups, each a "channel" of one sample of n * groups (sync_instance_norm's view)
+    whose statistics the plane's tiles sum by `reduce` over the group's channels times `plane`
+    positions, or the tile's own when it holds the whole plane (None); `weight` and `bias`
+    are the tile's channels' shards, applied per channel after."""
+    tile_groups = groups * x.shape[1] // channels
+    if reduce is None:
+        return F.group_norm(x, tile_groups, weight, bias, eps)
+    samples = x.shape[0]
+    flat = x.reshape(1, samples * tile_groups, -1)
+    normal = _SyncBatchNorm.apply(flat, None, None, channels // groups * plane, eps,
+                                  reduce)[0].reshape(x.shape)
+    per_channel = (1, x.shape[1], *(1,) * (x.dim() - 2))
+    if weight is not None:
+        normal = normal * weight.reshape(per_channel)
+    return normal if bias is None else normal + bias.reshape(per_channel)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,

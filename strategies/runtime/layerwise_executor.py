@@ -235,15 +235,21 @@ class LayerwiseModel(ShardedModel):
             return F.prelu(tile, _affine(state, str(node.target))[0])
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # weights: this rank's shards
             weight, bias = _affine(state, str(node.target))
-            if isinstance(module, nn.GroupNorm):
+            if isinstance(module, nn.GroupNorm):  # statistics summed over the plane's tiles
                 return ops.group_norm(tile, module.num_groups, module.num_channels, weight,
-                                      bias, module.eps)
+                                      bias, module.eps, math.prod(layer.output_shape[2:]),
+                                      self._statistics_reduce(
+                                          layer, str(node.target),
+                                          state.plan.plane_group(self.rank)))
             return ops.layer_norm(tile, weight, bias, module.eps, ops.normalizes_channels(op))
         if node.target is F.group_norm:  # weight and bias: parameters it reads, or none
             return ops.group_norm(tile, int(argument(node, 1, "num_groups", 1)),
                                   layer.output_shape[1], _read(node, 2, "weight", state),
                                   _read(node, 3, "bias", state),
-                                  float(argument(node, 4, "eps", 1e-5)))
+                                  float(argument(node, 4, "eps", 1e-5)),
+                                  math.prod(layer.output_shape[2:]),
+                                  self._statistics_reduce(layer, node.name,
+                                                          state.plan.plane_group(self.rank)))
         if node.target is F.layer_norm and ops.normalizes_channels(op):
             return ops.layer_norm(tile, _read(node, 2, "weight", state),
                                   _read(node, 3, "bias", state),

@@ -118,7 +118,7 @@ class LayerPlan:
 
     def plane_group(self, device: int) -> tuple[int, ...]:
         """Devices holding the other spatial tiles of `device`'s samples and channels: those an
-        InstanceNorm's statistics are summed over."""
+        InstanceNorm's or GroupNorm's statistics are summed over."""
         index = self.tiles[device].index
         return tuple(sorted(t.device for t in self.tiles.values()
                             if t.index[:2] == index[:2]))
@@ -185,7 +185,7 @@ class StrategyPlan:
         found: set[tuple[int, ...]] = set()
         for plan in self.layers:
             found.update(group for group in plan.replica_groups() if len(group) > 1)
-            if plan.layer.instance_norms:  # their statistics are summed over each plane
+            if plan.layer.plane_norms:  # their statistics are summed over each plane
                 found.update(group for group in plan.plane_groups() if len(group) > 1)
             if plan.layer.shared_param_count and len(plan.devices) > 1:
                 found.add(plan.devices)
