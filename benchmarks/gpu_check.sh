@@ -21,7 +21,8 @@
 #            pools, ConvTranspose3d, skip concatenation), and each of them profiled with CUDA
 #            events and trained on NCCL with one process against both predictions;
 #   library  the machine's own torchvision builders (MobileNetV3, EfficientNet, ConvNeXt,
-#            ShuffleNetV2, RegNet) profiled on the GPU and trained on NCCL with one process.
+#            ShuffleNetV2, RegNet; others named in $BUILDERS) profiled on the GPU and trained
+#            on NCCL with one process.
 # Several processes on one GPU cannot share NCCL (it refuses two ranks on one device), so the
 # multi-process runtime and `calibrate --backend nccl` need a machine with one GPU per process.
 
@@ -97,8 +98,8 @@ for part in "${PARTS[@]}"; do
         trained unet3d unet3d --input-shape 1,64,64,64 --batch-per-device 8 ;;
     library)
         python3 -c "import torchvision; print('torchvision', torchvision.__version__)" || continue
-        for builder in mobilenet_v3_small efficientnet_b0 convnext_tiny shufflenet_v2_x1_0 \
-                regnet_y_400mf; do
+        for builder in ${BUILDERS:-mobilenet_v3_small efficientnet_b0 convnext_tiny \
+                shufflenet_v2_x1_0 regnet_y_400mf}; do
             step 60 python3 -m layerwise profile "torchvision.models:$builder" --image-size 64 \
                 --classes 10 --batch-per-device 32 --devices 1 --device cuda \
                 --out "$WORK/profile-$builder.json"
