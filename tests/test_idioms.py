@@ -397,27 +397,40 @@ def test_instance_norms_split_along_samples_and_height_at_once_equal_one_process
     bytes the cost model prices."""
     shape = {"image_size": 16, "batch_per_device": 2}
     graph = build_graph("tests.idiom_models:TinyUNet", batch=8, image_size=16)
-    searched = layerwise.search("tests.idiom_models:TinyUNet", devices=4, cluster="local",
-                                baselines=("data",), **shape).strategies["data"]
-    chosen = {}
-    for layer in graph.layers:
-        configs = enumerate_configs(layer, 4)
-        chosen[layer.name] = next((c for c in configs if c.n == 2 and c.h == 2), configs[0])
-    assert sum(graph.by_name[name].plane_norms and config.n == 2 == config.h
+    chosen = _first_configs(graph, lambda config: config.n == 2 and config.h == 2)
+    assert sum(bool(graph.by_name[name].plane_norms) and config.n == 2 == config.h
                for name, config in chosen.items()) >= 4
-    mixed = searched.model_copy(update={"name": "n2h2", "layers": tuple(
+    _exact_on_4_processes_with_the_predicted_bytes("TinyUNet", chosen, tmp_path, **shape)
+
+
+def _first_configs(graph, wanted) -> dict[str, ParallelConfig]:
+    """Each layer's first config on 4 devices that `wanted` takes, else its first."""
+    return {layer.name: next((c for c in enumerate_configs(layer, 4) if wanted(c)),
+                             enumerate_configs(layer, 4)[0]) for layer in graph.layers}
+
+
+def _exact_on_4_processes_with_the_predicted_bytes(model: str, chosen, tmp_path, image_size,
+                                                   batch_per_device) -> RunResult:
+    """The plan `chosen` (layer -> config) in a strategy file: verify on 4 processes, float64,
+    2 steps, exact; then one step of training moving the bytes the cost model prices."""
+    reference = f"tests.idiom_models:{model}"
+    shape = {"image_size": image_size, "batch_per_device": batch_per_device}
+    searched = layerwise.search(reference, devices=4, cluster="local", baselines=("data",),
+                                **shape).strategies["data"]
+    plan = searched.model_copy(update={"name": "chosen", "layers": tuple(
         LayerChoice(name=name, config=config.text) for name, config in chosen.items())})
-    mixed.save(tmp_path / "n2h2.json")
-    result = runner.invoke(app, ["verify", "tests.idiom_models:TinyUNet", "--strategy",
-                                 str(tmp_path / "n2h2.json"), "--nproc", "4", "--steps", "2",
-                                 "--image-size", "16", "--batch-per-device", "2",
+    plan.save(tmp_path / "chosen.json")
+    result = runner.invoke(app, ["verify", reference, "--strategy", str(tmp_path / "chosen.json"),
+                                 "--nproc", "4", "--steps", "2", "--image-size", str(image_size),
+                                 "--batch-per-device", str(batch_per_device),
                                  "--out", str(tmp_path / "v"), "--json"])
     assert result.exit_code == 0, result.output
     [divergence] = json.loads(result.stdout)["divergences"]
     assert divergence["exact"] is True, divergence
-    run = layerwise.train("tests.idiom_models:TinyUNet", str(tmp_path / "n2h2.json"),
-                          nproc=4, steps=1, out=tmp_path / "run", **shape)
+    run = layerwise.train(reference, str(tmp_path / "chosen.json"), nproc=4, steps=1,
+                          out=tmp_path / "run", **shape)
     assert run.bytes_per_step == run.predicted_bytes_per_step
+    return run
 
 
 def test_upsampling_reads_the_rows_its_interpolation_weights_reach() -> None:
@@ -465,25 +478,9 @@ def test_group_norms_split_along_channels_and_height_at_once_equal_one_process(
     shape = {"image_size": 8, "batch_per_device": 2}
     graph = build_graph("tests.idiom_models:GroupNormSplits", batch=8, image_size=8)
     assert [graph.by_name[name].plane_norms for name in ("conv1", "conv2")] == [(4,), (2,)]
-    searched = layerwise.search("tests.idiom_models:GroupNormSplits", devices=4,
-                                cluster="local", baselines=("data",), **shape).strategies["data"]
-    chosen = {}
-    for layer in graph.layers:
-        configs = enumerate_configs(layer, 4)
-        chosen[layer.name] = next((c for c in configs if c.c == 2 and c.h == 2), configs[0])
+    chosen = _first_configs(graph, lambda config: config.c == 2 and config.h == 2)
     assert chosen["conv1"].text == chosen["conv2"].text == "n1c2h2w1@0-3"
-    split = searched.model_copy(update={"name": "c2h2", "layers": tuple(
-        LayerChoice(name=name, config=config.text) for name, config in chosen.items())})
-    split.save(tmp_path / "c2h2.json")
-    result = runner.invoke(app, ["verify", "tests.idiom_models:GroupNormSplits", "--strategy",
-                                 str(tmp_path / "c2h2.json"), "--nproc", "4", "--steps", "2",
-                                 "--image-size", "8", "--batch-per-device", "2",
-                                 "--out", str(tmp_path / "v"), "--json"])
-    assert result.exit_code == 0, result.output
-    [divergence] = json.loads(result.stdout)["divergences"]
-    assert divergence["exact"] is True, divergence
-    run = layerwise.train("tests.idiom_models:GroupNormSplits", str(tmp_path / "c2h2.json"),
-                          nproc=4, steps=1, out=tmp_path / "run", **shape)
-    assert run.bytes_per_step == run.predicted_bytes_per_step
+    run = _exact_on_4_processes_with_the_predicted_bytes("GroupNormSplits", chosen, tmp_path,
+                                                         **shape)
     assert run.bytes_per_step_by_layer["conv1"]["sync"] > 0
 
