@@ -68,6 +68,10 @@ class ModelVersion(BaseModel):
     @field_validator("name")
     @classmethod
     def _model_reference(cls, value: str) -> str:
+        if "(" in value and MODEL_REFERENCE.fullmatch(value.partition("(")[0].strip()):
+            raise ValueError(f"'{printable(value)}': a benchmark's model names its folders and "
+                             "MLflow runs, so it takes no factory arguments; write a factory "
+                             "in your package that passes them and name that")
         if not MODEL_REFERENCE.fullmatch(value):
             raise ValueError(f"'{printable(value)}' is neither a zoo name nor "
                              "package.module:factory")

@@ -332,6 +332,8 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("run", "--set", "models.0.version=x/../../../../tmp/escape"),
      "models.0.version: 'x/../../../../tmp/escape' is not a version label"),
     (("run", "--set", "models.0.name=../evil"), "is neither a zoo name nor package.module"),
+    (("run", "--set", "models.0.name=torchvision.models:googlenet(aux_logits=False)"),
+     "takes no factory arguments; write a factory in your package"),
     # --save and --out write by atomic rename: never through a link, never over a device
     ((*SEARCH, "--cluster", "local", "--save", "link.json"), "link.json: it is a symbolic link"),
     ((*SEARCH, "--cluster", "local", "--save", "/dev/null"),
