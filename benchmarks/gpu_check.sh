@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path checked for real on one lent GPU, in one call of a few minutes:
+# The GPU path checked for real on one lent GPU, in one call (about ten minutes for every part):
 #
 #     bash benchmarks/gpu_check.sh OUT_FOLDER [PART...]   # on the GPU machine, from the checkout
 #
