@@ -367,6 +367,8 @@ def test_a_reference_names_the_factorys_own_arguments(user_module) -> None:
     ("(**options)", "by keyword"),
     ("(in_channels=__import__('os').getpid())", "not a literal"),
     ("(in_channels=2) + 1", "by keyword"),
+    ("(in_channels=\x002)", "arguments Python cannot read"),
+    ("(" * 300 + ")" * 300, "arguments Python cannot read"),
 ])
 def test_factory_arguments_a_reference_cannot_give_are_one_line(user_module, arguments,
                                                                  needle) -> None:

@@ -23,9 +23,10 @@ def split_reference(reference: str) -> tuple[str, dict[str, Any]]:
         return reference, {}
     try:
         call = ast.parse(f"factory({rest}", mode="eval").body
-    except SyntaxError as error:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        reason = error.msg if isinstance(error, SyntaxError) else type(error).__name__
         raise UnknownModelError(
-            f"model reference {reference!r} has arguments Python cannot read ({error.msg}): "
+            f"model reference {reference!r} has arguments Python cannot read ({reason}): "
             "write them as factory(key=value, ...)") from None
     if not isinstance(call, ast.Call) or call.args or any(
             keyword.arg is None for keyword in call.keywords):
