@@ -177,8 +177,9 @@ class Reference:
     """The one-process run every strategy's accuracy is judged against."""
 
     correct: int | None = None
-    images: int | None = None
+    images: int | None = None  # validation predictions (positions of a dense output)
     error: str | None = None
+    per_sample: int = 1
 
     @property
     def accuracy(self) -> float | None:
@@ -349,11 +350,11 @@ def _reference_accuracy(context: Context, model: ModelVersion, graph: LayerGraph
                 model.name, REFERENCE_STRATEGY, options, config.steps, out,
                 config.train_deadline_s, graph)
         with context.clock.stage("validate"):
-            correct, images = measure_accuracy.with_options(
+            correct, images, per_sample = measure_accuracy.with_options(
                 task_run_name=f"validate[{label}]")(out)
     except Exception as error:  # every strategy's run reports it; the flow goes on
         return Reference(error=f"the one-process reference failed: {error}")
-    return Reference(correct=correct, images=images)
+    return Reference(correct=correct, images=images, per_sample=per_sample)
 
 
 def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph,
@@ -384,13 +385,13 @@ def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph
                 live.flush()
             if reference.correct is not None and reference.images is not None:
                 with clock.stage("validate"):
-                    correct, images = measure_accuracy.with_options(
+                    correct, images, per_sample = measure_accuracy.with_options(
                         task_run_name=f"validate[{label}]")(out)
                     exact = is_exact(result.strategy, graph)
                     verdict = judge_accuracy.with_options(
                         task_run_name=f"check accuracy[{label}]")(
                         correct, reference.correct, images,
-                        config.tolerance if exact else config.inexact_tolerance,
+                        config.tolerance if exact else config.inexact_tolerance, per_sample,
                         return_state=True)
                     check = accuracy_of(verdict)
             with clock.stage("track"):
@@ -830,7 +831,8 @@ def _check_lines(outcomes: list[Outcome]) -> list[str]:
     if checks and all(check.passed for check in checks):
         worst = max(checks, key=lambda check: check.difference_images)
         lines.append(f"accuracy: every fp32 run within its tolerance of one-process training "
-                     f"(at most {worst.difference_images} of {worst.images} images apart; "
+                     f"(at most {worst.difference_images} of {worst.images} {worst.unit} "
+                     "apart; "
                      f"tolerance {worst.tolerance_images}, {worst.rule}).")
     for outcome in outcomes:
         if outcome.error is not None:

@@ -106,8 +106,8 @@ class BenchmarkConfig(BaseModel):
     nproc: int = Field(default=2, ge=1, strict=True)
     strategies: tuple[StrategyName, ...] = Field(default=("layerwise", "data", "owt"),
                                                  min_length=1)
-    dataset: Literal["digits", "synthetic", "cifar10", "imagefolder", "fields", "fields3d",
-                     "signals"] = "digits"
+    dataset: Literal["digits", "synthetic", "segments", "cifar10", "imagefolder", "fields",
+                     "fields3d", "signals"] = "digits"
     # a side for every spatial dim of the models (a square image, a cube volume), or a list of
     # each dim's size: [L] of a signal, [D, H, W] of a volume
     image_size: Side | tuple[Side, ...] = 32

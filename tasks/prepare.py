@@ -19,14 +19,14 @@ from prefect.cache_policies import NO_CACHE
 
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.files.locations import PREPARED_DIR
-from layerwise.strategies.runtime.datasets import ImageSpec, prepared_spec
+from layerwise.strategies.runtime.datasets import GENERATED_DATASETS, ImageSpec, prepared_spec
 from layerwise.tasks.stages.prepare_data import PARAMS_FILE, prepare, settings_from, stage_sections
 
 
 @task(name="prepare data", cache_policy=NO_CACHE)
 def prepare_data(dataset: str, push: bool = True) -> ImageSpec | None:
-    """Prepare `dataset` and return what it fixes about the model's input (None for
-    synthetic, which fits any model).
+    """Prepare `dataset` and return what it fixes about the model's input (None for the
+    generated ones, synthetic and segments, which fit any model).
 
     A dataset one of params.yaml's data sections names (`prepare`, `prepare_fields`: each the
     parameters of the DVC stage of that name) is rebuilt through DVC when it changed (directly
@@ -34,7 +34,7 @@ def prepare_data(dataset: str, push: bool = True) -> ImageSpec | None:
     clone's `dvc pull` finds what this run trained on; another prepared dataset is used as it
     is (its error says how to prepare it).
     """
-    if dataset == "synthetic":
+    if dataset in GENERATED_DATASETS:
         return None
     for stage, section in stage_sections(PARAMS_FILE).items():
         settings = settings_from(section)

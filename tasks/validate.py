@@ -26,8 +26,9 @@ from layerwise.strategies.training_run import TrainSettings
 EVAL_BATCH = 256
 
 
-def validation_counts(run_folder: Path) -> tuple[int, int]:
-    """(correct, images) of the run's model.pt on the validation split."""
+def validation_counts(run_folder: Path) -> tuple[int, int, int]:
+    """(correct, predictions, predictions per sample) of the run's model.pt on the validation
+    split: a prediction per image, or per position of a network that scores every position."""
     settings = TrainSettings.load(run_folder / SETTINGS_FILE)
     module = build_model(settings.model, num_classes=settings.classes,
                          image_size=settings.image_size, in_channels=settings.in_channels)
@@ -35,33 +36,35 @@ def validation_counts(run_folder: Path) -> tuple[int, int]:
     module.eval()
     split = load_dataset(settings.dataset, settings.image_size, settings.classes,
                          settings.in_channels, settings.seed, Path(settings.data_root)).val
-    correct = 0
+    correct = predictions = 0
     with torch.no_grad():
         for start in range(0, len(split), EVAL_BATCH):
             x, y = split.take(np.arange(start, min(start + EVAL_BATCH, len(split))))
             predicted = module(torch.from_numpy(x)).argmax(dim=1)
             correct += int((predicted == torch.from_numpy(y)).sum())
-    return correct, len(split)
+            predictions += y.size
+    return correct, predictions, predictions // max(1, len(split))
 
 
 def validation_accuracy(run_folder: Path) -> float:
-    """Share of the validation split the run's model.pt classifies right."""
-    correct, images = validation_counts(run_folder)
-    return correct / images
+    """Share of the validation split's predictions the run's model.pt gets right."""
+    correct, predictions, _ = validation_counts(run_folder)
+    return correct / predictions
 
 
 @task(name="validate", cache_policy=NO_CACHE)
-def measure_accuracy(run_folder: Path) -> tuple[int, int]:
-    """(correct, images) of the model a run saved (strategy or one-process reference)."""
+def measure_accuracy(run_folder: Path) -> tuple[int, int, int]:
+    """(correct, predictions, per sample) of the model a run saved (strategy or one-process
+    reference)."""
     return validation_counts(run_folder)
 
 
 @task(name="check accuracy", cache_policy=NO_CACHE)
 def judge_accuracy(correct: int, reference_correct: int, images: int,
-                   tolerance: float | None) -> State:
+                   tolerance: float | None, per_sample: int = 1) -> State:
     """A completed state holding the AccuracyCheck, or a failed one that says why: an
     expected outcome of a benchmark, reported as the task's state rather than a traceback."""
-    check = check_accuracy(correct, reference_correct, images, tolerance)
+    check = check_accuracy(correct, reference_correct, images, tolerance, per_sample)
     if check.passed:
         return Completed(data=check, message=check.describe())
     _quiet_empty_tracebacks(logging.getLogger("prefect.task_runs"))

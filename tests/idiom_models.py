@@ -666,10 +666,12 @@ class MonaiUNet(nn.Module):
     a transposed convolution (kernel 3, stride 2, padding 1, output padding 1, as MONAI pads
     it) with InstanceNorm and PReLU up, the skip concatenated before a one-subunit residual
     unit, PReLU with one shared slope as MONAI's default act, one per channel in the bottom;
-    the voxel scores averaged into class scores, as a training run takes them."""
+    the voxel scores as MONAI returns them (`dense`), or averaged into class scores."""
 
-    def __init__(self, dims: int = 2, num_classes: int = 4, in_channels: int = 1) -> None:
+    def __init__(self, dims: int = 2, num_classes: int = 4, in_channels: int = 1,
+                 dense: bool = False) -> None:
         super().__init__()
+        self.dense = dense
         transposed = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[dims - 1]
         norm = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)[dims - 1]
         self.dims = dims
@@ -687,11 +689,27 @@ class MonaiUNet(nn.Module):
         skip1 = self.down1(skip0)
         x = self.merge1(self.up1(torch.cat([skip1, self.bottom(skip1)], dim=1)))
         x = self.up0(torch.cat([skip0, x], dim=1))
-        return x.mean(tuple(range(2, 2 + self.dims)))
+        return x if self.dense else x.mean(tuple(range(2, 2 + self.dims)))
 
 
 def monai_unet3d(num_classes: int = 4, in_channels: int = 1) -> MonaiUNet:
     return MonaiUNet(3, num_classes, in_channels)
+
+
+def monai_unet_scores(num_classes: int = 4, in_channels: int = 1) -> MonaiUNet:
+    """The 2-d UNet scoring every pixel, as MONAI's segmentation networks end."""
+    return MonaiUNet(2, num_classes, in_channels, dense=True)
+
+
+class CoarseScores(nn.Module):
+    """An encoder without its decoder: scores at half the input's resolution."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, num_classes, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
 
 
 def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:

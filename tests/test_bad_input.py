@@ -291,9 +291,19 @@ CASES: list[tuple[tuple[str, ...], str]] = [
      "Softmax2d (not elementwise: an output element depends on other input elements)"),
     (("graph", "tests.idiom_models:RandomSlopes"),
      "RReLU (not elementwise: it draws random numbers, which would differ per tile"),
-    # cross-entropy needs (batch, classes): this failed only inside the workers
+    # cross-entropy per position needs a label per position: this failed only inside the
+    # workers; and a label per position needs scores at the input's own positions
     (("train", "tests.idiom_models:ScoreMaps", "--strategy", "data", "--nproc", "1",
-      "--image-size", "8"), "training needs one (batch, classes) tensor of class scores"),
+      "--image-size", "8"), "scores every position (32, 4, 8, 8), but the synthetic dataset "
+                            "labels each sample once; use a dataset labelled per position"),
+    (("train", "tests.idiom_models:CoarseScores", "--strategy", "data", "--nproc", "1",
+      "--image-size", "8", "--dataset", "segments", "--in-channels", "3"),
+     "scores positions 4x4 of an input of 8x8, while the segments dataset labels"),
+    (("verify", "lenet5", "--strategy", "data", "--nproc", "2", "--dataset", "segments"),
+     "the segments dataset labels every position but lenet5 outputs one score per class"),
+    (("run", "--set", "models.0.name=unet3d_seg", "--set", "image_size=8"),
+     "config models.0.name: unet3d_seg scores every position (64, 10, 8, 8, 8), but the "
+     "digits dataset labels each sample once; use a dataset labelled per position: segments"),
     (("search", "tests.idiom_models:ChannelsLastPool", "--devices", "2", "--cluster", "local",
       "--analytic"),
      "fx node 'permute': a permute other than a pair around ops per position (x.permute("),

@@ -199,7 +199,9 @@ def check_before_start(config: BenchmarkConfig) -> None:
     from layerwise.strategies.errors import LayerwiseError
     from layerwise.strategies.hardware.cluster import load_cluster
     from layerwise.strategies.hardware.host_memory import check_memory, training_bytes
+    from layerwise.strategies.jobs.job import check_class_scores
     from layerwise.strategies.model.graph import build_graph
+    from layerwise.strategies.runtime.datasets import GENERATED_DATASETS
     from layerwise.tasks.stages.prepare_data import PARAMS_FILE
 
     batch = config.global_batch
@@ -207,6 +209,7 @@ def check_before_start(config: BenchmarkConfig) -> None:
         try:
             graph = build_graph(model.name, batch=batch, num_classes=config.classes,
                                 image_size=config.image_size)
+            check_class_scores(graph, model.name, config.dataset)
         except LayerwiseError as error:
             raise LayerwiseError(f"config models.{index}.name: {error}") from None
         check_memory(training_bytes(graph), f"training {model.name} at a global batch of "
@@ -222,7 +225,7 @@ def check_before_start(config: BenchmarkConfig) -> None:
     if cluster.num_devices < config.nproc:
         raise LayerwiseError(f"config cluster: '{cluster.name}' has {cluster.num_devices} "
                              f"devices, fewer than nproc {config.nproc}")
-    if config.dataset != "synthetic" and not PARAMS_FILE.is_file():
+    if config.dataset not in GENERATED_DATASETS and not PARAMS_FILE.is_file():
         raise LayerwiseError(f"dataset {config.dataset} is prepared from {PARAMS_FILE}, which "
                              "is not here: run from the project root, or set dataset=synthetic")
 

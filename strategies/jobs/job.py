@@ -45,7 +45,12 @@ from layerwise.strategies.model.graph import SEVERAL_OUTPUTS, LayerGraph, build_
 from layerwise.strategies.model.input_size import InputSize, compact_size, spatial_size
 from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.runtime.checkpoint import resume_point
-from layerwise.strategies.runtime.datasets import GlobalBatches, load_dataset, prepared_spec
+from layerwise.strategies.runtime.datasets import (
+    GlobalBatches,
+    labels_positions,
+    load_dataset,
+    prepared_spec,
+)
 from layerwise.strategies.runtime.plan import build_plan
 from layerwise.strategies.schedules import STRATEGY_NAMES
 from layerwise.strategies.schedules.loader import repriced
@@ -132,7 +137,7 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
     check_memory(training_bytes(graph, options.nnodes),
                  f"training {model} at {options.batch_phrase(world)}",
                  "use a smaller --batch or --image-size, or more machines")
-    _check_class_scores(graph, model)
+    check_class_scores(graph, model, options.dataset)
     classes = graph.by_name[graph.outputs[0]].output_shape[1]
     if classes < 2:  # --classes is checked; a model of one's own may still output one score
         raise LayerwiseError(f"{model} outputs {classes} class score(s): cross-entropy over "
@@ -165,19 +170,40 @@ def _check_graph_fits(graph: LayerGraph, model: str, batch: int, image_size: Inp
                          f"{graph.input_shape}, is not {model}'s at batch {batch}")
 
 
-def _check_class_scores(graph: LayerGraph, model: str) -> None:
-    """Training takes cross-entropy of one (batch, classes) output: anything else would fail
-    only inside the workers, after the run folder is written."""
+def check_class_scores(graph: LayerGraph, model: str, dataset: str) -> None:
+    """Training takes cross-entropy of one tensor of class scores: (batch, classes) against a
+    label per sample, or (batch, classes, *positions) against a dataset's label per position
+    of the input. Anything else would fail only inside the workers, after the run folder is
+    written."""
     shapes = [graph.by_name[name].output_shape for name in graph.outputs]
     if len(shapes) > 1 and all(len(shape) == 2 and shape[0] == graph.batch
                                for shape in shapes):
         raise LayerwiseError(f"{model} returns {len(shapes)} outputs of class scores while it "
                              f"trains: {SEVERAL_OUTPUTS}")
-    if len(shapes) != 1 or len(shapes[0]) != 2 or shapes[0][0] != graph.batch:
-        shown = ", ".join(str(tuple(shape)) for shape in shapes)
-        raise LayerwiseError(f"{model} returns {shown} at a batch of {graph.batch}: training "
-                             "needs one (batch, classes) tensor of class scores; end the model "
-                             "in a classifier (e.g. flatten and nn.Linear)")
+    if len(shapes) != 1 or len(shapes[0]) < 2 or shapes[0][0] != graph.batch:
+        shown_shapes = ", ".join(str(tuple(shape)) for shape in shapes)
+        raise LayerwiseError(f"{model} returns {shown_shapes} at a batch of {graph.batch}: "
+                             "training needs one (batch, classes) tensor of class scores (or "
+                             "(batch, classes, *positions) for a score per position); end the "
+                             "model in a classifier (e.g. flatten and nn.Linear)")
+    scores, positions = shapes[0], tuple(graph.input_shape[2:])
+    per_position = labels_positions(dataset, PREPARED_DIR)
+    if len(scores) == 2 and per_position:
+        raise LayerwiseError(f"the {dataset} dataset labels every position but {model} "
+                             f"outputs one score per class {tuple(scores)}; train a network "
+                             "that scores every position (a U-Net's head, e.g. unet3d_seg) or "
+                             "a dataset labelled per sample (synthetic)")
+    if len(scores) > 2 and not per_position:
+        raise LayerwiseError(f"{model} scores every position {tuple(scores)}, but the "
+                             f"{dataset} dataset labels each sample once; use a dataset "
+                             "labelled per position: segments (generated), or a prepared one "
+                             "whose meta.json says \"targets\": \"positions\"")
+    if len(scores) > 2 and tuple(scores[2:]) != positions:
+        raise LayerwiseError(f"{model} scores positions {'x'.join(map(str, scores[2:]))} of "
+                             f"an input of {'x'.join(map(str, positions))}, while the "
+                             f"{dataset} dataset labels the input's own positions; end the "
+                             "network at the input's resolution (its decoder's last "
+                             "upsampling)")
 
 
 def resumed_job(folder: Path, model: str, strategy: str | None, options: TrainOptions,

@@ -37,7 +37,13 @@ from torch import nn
 from layerwise.strategies.errors import LayerwiseError, UnknownModelError
 from layerwise.strategies.model.factory_arguments import split_reference
 from layerwise.strategies.model.input_size import InputSize, compact_size, spatial_size
-from layerwise.strategies.model.zoo_nd import cosmoflow3d, field_classifier, m5, unet3d
+from layerwise.strategies.model.zoo_nd import (
+    cosmoflow3d,
+    field_classifier,
+    m5,
+    unet3d,
+    unet3d_seg,
+)
 
 __all__ = [
     "ZOO",
@@ -788,6 +794,7 @@ _FACTORIES: dict[str, Callable[..., nn.Module]] = {
     "inception_v3": inception_v3,
     "cosmoflow3d": cosmoflow3d,
     "unet3d": unet3d,
+    "unet3d_seg": unet3d_seg,
     "m5": m5,
 }
 
@@ -814,6 +821,8 @@ _ND_DESCRIPTIONS: dict[str, tuple[str, int, int, int, int, int]] = {
                     1, 32, 3, 3, 8),
     "unet3d": ("3-d U-Net (Cicek et al. 2016), MONAI's block layout, pooled to class scores",
                1, 32, 3, 3, 4),
+    "unet3d_seg": ("3-d U-Net (Cicek et al. 2016) scoring every voxel: segmentation",
+                   1, 32, 3, 3, 4),
     "m5": ("M5 (Dai et al. 2017): 1-d convolutions over raw signals", 1, 4096, 10, 1, 1024),
 }
 

@@ -4,8 +4,8 @@ height and width (or length) spread it.
 
 Each is written from its paper's description (the layer sizes and kinds below), in the way
 model libraries write such networks; `zoo.py` registers them with their default input shapes.
-Like every zoo model they end in one (batch, classes) tensor of class scores, the target a
-training run takes.
+They end in one (batch, classes) tensor of class scores, but for the U-Net's segmentation form
+(`unet3d_seg`), which scores every voxel (batch, classes, D, H, W) against a label per voxel.
 """
 
 from __future__ import annotations
@@ -74,11 +74,13 @@ class UNet3D(nn.Module):
     """A 3-d U-Net (Cicek et al., MICCAI 2016) at two levels: per level two 3x3x3
     convolution-InstanceNorm-LeakyReLU blocks (as MONAI's BasicUNet writes its blocks), max
     pooling down, a stride-2 transposed convolution up, the encoder's map concatenated to the
-    decoder's (the skip), then a 1x1x1 head; the voxel scores averaged into class scores, as a
-    training run takes one (batch, classes) tensor."""
+    decoder's (the skip), then a 1x1x1 head scoring every voxel: as the paper segments
+    (`dense`), or averaged into one score per class of the volume."""
 
-    def __init__(self, num_classes: int = 3, in_channels: int = 1, width: int = 8) -> None:
+    def __init__(self, num_classes: int = 3, in_channels: int = 1, width: int = 8,
+                 dense: bool = False) -> None:
         super().__init__()
+        self.dense = dense
 
         def block(inputs: int, outputs: int) -> nn.Sequential:
             return nn.Sequential(
@@ -104,7 +106,8 @@ class UNet3D(nn.Module):
         bottom = self.bottom(self.pool1(skip1))
         x = self.merge1(torch.cat([skip1, self.up1(bottom)], dim=1))
         x = self.merge0(torch.cat([skip0, self.up0(x)], dim=1))
-        return self.head(x).mean((2, 3, 4))
+        scores = self.head(x)
+        return scores if self.dense else scores.mean((2, 3, 4))
 
 
 class M5(nn.Module):
@@ -147,6 +150,13 @@ def unet3d(num_classes: int = 3, image_size: tuple[int, ...] = (32, 32, 32),
         raise UnknownModelError(f"unet3d's two poolings and upsamplings give back its input "
                                 f"only for sides that are multiples of 4, got {image_size}")
     return UNet3D(num_classes, in_channels)
+
+
+def unet3d_seg(num_classes: int = 3, image_size: tuple[int, ...] = (32, 32, 32),
+               in_channels: int = 1) -> UNet3D:
+    """unet3d scoring every voxel, to train on a label per voxel (the segments dataset)."""
+    unet3d(num_classes, image_size, in_channels)  # its checks of the input's sides
+    return UNet3D(num_classes, in_channels, dense=True)
 
 
 def m5(num_classes: int = 10, image_size: tuple[int, ...] = (4096,),

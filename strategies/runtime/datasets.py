@@ -15,6 +15,9 @@
   PATH`); and any other folder under data/prepared/ holding a meta.json (`--out
   data/prepared/flowers` trains as `flowers`). A prepared dataset fixes the image size, channels and
   classes (meta.json).
+- segments: a generated task with a label per position (`segments.py`), for networks that score
+  every position (a U-Net without a pooled head); and any prepared folder whose meta.json says
+  `"targets": "positions"` (its y holds a label per position, (N, *spatial)).
 - synthetic: a seeded image-classification task at any size, class count and channel count, so
   every zoo model can train anywhere without a download. Each class has one fixed smooth random
   prototype (low-resolution noise upsampled); a sample is its class's prototype shifted by a few
@@ -44,9 +47,17 @@ from layerwise.strategies.files.documents import read_json
 from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.hardware.host_memory import check_memory
 from layerwise.strategies.model.input_size import InputSize, spatial_size
+from layerwise.strategies.runtime.segments import (
+    SEGMENTS_TRAIN_SAMPLES,
+    SEGMENTS_VAL_SAMPLES,
+    SegmentsSplit,
+    segment_levels,
+)
 
 DATASETS: tuple[str, ...] = ("digits", "cifar10", "imagefolder", "fields", "fields3d", "signals",
-                             "npyfolder", "synthetic")
+                             "npyfolder", "synthetic", "segments")
+# generated on demand at any input: nothing to prepare
+GENERATED_DATASETS = ("synthetic", "segments")
 # the datasets params.yaml's sections define, by the DVC stage that prepares each
 _STAGES = {"digits": "prepare", "fields": "prepare_fields", "fields3d": "prepare_fields3d",
            "signals": "prepare_signals"}
@@ -65,6 +76,7 @@ class ImageSpec:
     image_size: InputSize
     classes: int
     channels: int
+    per_position: bool = False  # a label per position (N, *spatial), not per sample (N,)
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -77,7 +89,8 @@ class ImageSpec:
 
 
 class Split(Protocol):
-    """Samples addressed by index: x float32 (n, C, *spatial), y int64 (n,)."""
+    """Samples addressed by index: x float32 (n, C, *spatial), y int64 (n,), or (n, *spatial)
+    for a dataset labelled per position."""
 
     def __len__(self) -> int: ...
 
@@ -138,8 +151,8 @@ class Dataset:
 
 
 def prepared_spec(name: str, root: Path = PREPARED_DIR) -> ImageSpec | None:
-    """The input a prepared dataset fixes (None for synthetic, which fits any model)."""
-    if name == "synthetic":
+    """The input a prepared dataset fixes (None for the generated ones, which fit any model)."""
+    if name in GENERATED_DATASETS:
         return None
     meta_path = root / name / "meta.json"
     if not meta_path.is_file():
@@ -153,11 +166,16 @@ def prepared_spec(name: str, root: Path = PREPARED_DIR) -> ImageSpec | None:
         size = meta["image_size"]
         spec = ImageSpec(image_size=int(size) if not isinstance(size, list)
                          else tuple(int(side) for side in size),
-                         classes=int(meta["classes"]), channels=int(meta["channels"]))
+                         classes=int(meta["classes"]), channels=int(meta["channels"]),
+                         per_position=meta.get("targets") == "positions")
     except (ValueError, KeyError, TypeError) as error:
         raise LayerwiseError(f"cannot read {meta_path} ({type(error).__name__}: "
                              f"{shown(str(error))}); "
                              f"{_prepare_fix(name)} again") from None
+    if meta.get("targets", "samples") not in ("samples", "positions"):
+        raise LayerwiseError(f"{meta_path} says targets {shown(str(meta['targets']))}: write "
+                             "\"samples\" (a label per sample, y (N,)) or \"positions\" (a "
+                             "label per position, y (N, *spatial))")
     if spec.classes < 2:
         raise LayerwiseError(f"the {name} dataset has {spec.classes} class(es) ({meta_path}): "
                              f"a classifier needs 2 or more; {_prepare_fix(name)} from a source "
@@ -189,11 +207,29 @@ def _resize_fix(name: str, image_size: InputSize) -> str:
     return _prepare_fix(name, f" --image-size {value}")
 
 
+def labels_positions(name: str, root: Path = PREPARED_DIR) -> bool:
+    """Whether dataset `name` labels every position of a sample rather than the sample (the
+    stages' and sourced datasets label samples: known before they are prepared)."""
+    if name in GENERATED_DATASETS:
+        return name == "segments"
+    if name in _STAGES or name in _SOURCED:
+        return False
+    fixed = prepared_spec(name, root)
+    return fixed is not None and fixed.per_position
+
+
 def load_dataset(name: str, image_size: InputSize, num_classes: int, in_channels: int, seed: int,
                  root: Path = PREPARED_DIR) -> Dataset:
     """The train and validation splits of `name` for a model with this input and class count."""
     wanted = ImageSpec(image_size=image_size, classes=num_classes, channels=in_channels)
     fixed = prepared_spec(name, root)
+    if name == "segments":
+        levels = segment_levels(num_classes, in_channels, seed)
+        sizes = wanted.sizes
+        return Dataset(name=name, spec=ImageSpec(image_size=image_size, classes=num_classes,
+                                                 channels=in_channels, per_position=True),
+                       train=SegmentsSplit(levels, sizes, SEGMENTS_TRAIN_SAMPLES, seed, 0),
+                       val=SegmentsSplit(levels, sizes, SEGMENTS_VAL_SAMPLES, seed, 1))
     if fixed is None:
         prototypes = synthetic_prototypes(wanted, seed)
         return Dataset(name=name, spec=wanted,
@@ -221,9 +257,9 @@ def _check_fits(name: str, fixed: ImageSpec, wanted: ImageSpec) -> None:
 
 
 def _load_npz(path: Path, name: str, spec: ImageSpec) -> ArraySplit:
-    """A prepared split: images x (N, C, S, S) and labels y (N,) of meta.json's classes, both
-    numbers, checked from the arrays' headers (shapes, types, the memory they take) before
-    they are read."""
+    """A prepared split: images x (N, C, *spatial) and labels y (N,) of meta.json's classes
+    ((N, *spatial) for one labelled per position), both numbers, checked from the arrays'
+    headers (shapes, types, the memory they take) before they are read."""
     fix = f"{_prepare_fix(name)} again"
     if not path.is_file():
         raise LayerwiseError(f"{path} is missing; {_prepare_fix(name)}")
@@ -232,15 +268,19 @@ def _load_npz(path: Path, name: str, spec: ImageSpec) -> ArraySplit:
             x_shape, x_type = _npy_header(arrays.zip, "x.npy")
             y_shape, y_type = _npy_header(arrays.zip, "y.npy")
             expected = (spec.channels, *spec.sizes)
+            labels_shape = (*x_shape[:1], *(spec.sizes if spec.per_position else ()))
             if x_type.kind not in "uif" or y_type.kind not in "ui":
                 raise LayerwiseError(f"{path} holds {x_type} images and {y_type} labels, not "
                                      f"numbers; {fix}")
             if (len(x_shape) != len(expected) + 1 or tuple(x_shape[1:]) != expected
-                    or tuple(y_shape) != x_shape[:1]):
+                    or tuple(y_shape) != labels_shape):
+                wanted_labels = ", ".join(("N", *map(str, labels_shape[1:])))
                 raise LayerwiseError(f"{path} holds images {x_shape} and labels {y_shape}, "
-                                     f"not (N, {', '.join(map(str, expected))}) and (N,) as "
-                                     f"meta.json says; {fix}")
-            check_memory(math.prod(x_shape) * (x_type.itemsize + 4), f"loading {path}", fix)
+                                     f"not (N, {', '.join(map(str, expected))}) and "
+                                     f"({wanted_labels}{',' if len(labels_shape) == 1 else ''}) "
+                                     f"as meta.json says; {fix}")
+            check_memory(math.prod(x_shape) * (x_type.itemsize + 4)
+                         + math.prod(y_shape) * (y_type.itemsize + 8), f"loading {path}", fix)
             labels = arrays["y"].astype(np.int64)
             if labels.size and not 0 <= labels.min() <= labels.max() < spec.classes:
                 raise LayerwiseError(f"{path} has labels {labels.min()}..{labels.max()}, outside "

@@ -37,7 +37,7 @@ from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model import ops
 from layerwise.strategies.model.fx_nodes import argument, count_include_pad
 from layerwise.strategies.model.graph import Layer
-from layerwise.strategies.model.space import as_view
+from layerwise.strategies.model.space import as_view, view_dims
 from layerwise.strategies.model.tiles import chained_edges
 from layerwise.strategies.runtime.buckets import GradientBuckets
 from layerwise.strategies.runtime.comm import Communicator
@@ -328,13 +328,18 @@ class LayerwiseModel(ShardedModel):
         (n0, n1), (c0, _) = state.box[:2]
         scores = state.output
         group = output.channel_group(self.rank)
+        # a dense output's targets are per position: this tile's share of them (the box is
+        # in the 5-d view, the scores' spatial dims its last ones)
+        spatial = view_dims(scores.dim())[2:]
+        mine = targets[(slice(n0, n1), *(slice(*state.box[dim]) for dim in spatial))]
 
         def group_reduce(op: dist.ReduceOp.RedOpType):  # noqa: ANN202
             def reduce(values: torch.Tensor) -> torch.Tensor:
                 return self.comm.all_reduce(values, group, ("loss", "loss"), op=op)
             return reduce
 
-        return sharded_cross_entropy(scores, targets[n0:n1], c0, len(group), self.batch,
+        predictions = self.batch * math.prod(output.layer.output_shape[2:])
+        return sharded_cross_entropy(scores, mine, c0, len(group), predictions,
                                      group_reduce(dist.ReduceOp.MAX),
                                      group_reduce(dist.ReduceOp.SUM))
 

@@ -206,10 +206,11 @@ def build_plan(graph: LayerGraph, assignment: dict[str, ParallelConfig], world: 
             "with one output of class scores (build auxiliary heads off, e.g. aux_logits=False)"
         )
     output = graph.by_name[graph.outputs[0]]
-    if len(output.output_shape) != 2:
+    if len(output.output_shape) < 2 or output.output_shape[0] != graph.batch:
         raise ConfigError(
             f"model '{graph.model}' outputs shape {output.output_shape}; layerwise trains with "
-            "cross-entropy on (batch, classes) scores"
+            "cross-entropy on (batch, classes) scores, or (batch, classes, *positions) for a "
+            "score per position"
         )
     plans: dict[str, LayerPlan] = {}
     for layer in graph.layers:

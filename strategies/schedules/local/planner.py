@@ -83,6 +83,12 @@ def _check_single_output(graph: LayerGraph) -> None:
     if graph.outputs != (graph.layers[-1].name,):
         raise ConfigError(f"local parallelism needs one model output computed last; "
                           f"{graph.model} outputs {', '.join(graph.outputs)}")
+    shape = graph.layers[-1].output_shape
+    if len(shape) > 2:
+        raise ConfigError(f"local parallelism trains each block through a pooled classifier "
+                          f"head on (batch, classes) labels, but {graph.model} scores every "
+                          f"position {tuple(shape)}; train it with --strategy "
+                          "layerwise|data|model|pipeline|FILE")
 
 
 def _usable_cuts(graph: LayerGraph, blocks: int) -> list[Cut]:

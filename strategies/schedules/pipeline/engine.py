@@ -30,6 +30,7 @@ its sends bypass our byte counter and its dropout draws follow the schedule, not
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,10 @@ class PipelineEngine:
         self.rank = context.rank
         self.device = context.device
         self.graph = context.graph
+        # the loss averages over every prediction: a sample's, or each position's of a dense
+        # output
+        self.predictions = context.graph.batch * math.prod(
+            context.graph.by_name[context.graph.outputs[0]].output_shape[2:])
         self.stages = execution.stages
         self.micro_batches = execution.micro_batches
         self.comm = Communicator(context.rank, context.world,
@@ -192,7 +197,7 @@ class PipelineEngine:
             activation = received
         outputs = self.module(activation)
         if self.stage == len(self.stages) - 1:
-            share = F.cross_entropy(outputs, targets[rows], reduction="sum") / self.graph.batch
+            share = F.cross_entropy(outputs, targets[rows], reduction="sum") / self.predictions
             return _InFlight(index, received, share)
         sends += self._send(outputs.detach(), index, self.stage + 1, _FORWARD)
         return _InFlight(index, received, outputs)
