@@ -20,6 +20,12 @@
 #   nd       the same for the 1-d and 3-d zoo (M5, CosmoFlow, the 3-d U-Net: Conv1d/3d, their
 #            pools, ConvTranspose3d, skip concatenation), and each of them profiled with CUDA
 #            events and trained on NCCL with one process against both predictions;
+#   dense    the 3-d U-Net scoring every voxel (unet3d_seg) on the generated segments dataset:
+#            profiled with CUDA events, trained on NCCL with one process against both
+#            predictions;
+#   dispatch the host's floor under a tile (benchmarks/host_dispatch.py: per layer and per op
+#            forward and backward, one launch), and ResNet-18 at 8 px and one sample, where
+#            every layer is host-bound, trained on NCCL with one process;
 #   library  the machine's own torchvision builders (MobileNetV3, EfficientNet, ConvNeXt,
 #            ShuffleNetV2, RegNet; others named in $BUILDERS) profiled on the GPU and trained
 #            on NCCL with one process.
@@ -54,7 +60,7 @@ step() {  # step LIMIT_S COMMAND...: run it, say how it ended and how long it to
 }
 
 PARTS=("${@:2}")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(runtime memory devicemodel nd library)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(runtime memory devicemodel nd dense dispatch library)
 
 trained() {  # trained NAME MODEL_ARGS...: CUDA-event profile, then one-process NCCL runs
     local name=$1
@@ -96,6 +102,22 @@ for part in "${PARTS[@]}"; do
         trained m5 m5 --input-shape 1,16000 --batch-per-device 64
         trained cosmoflow3d cosmoflow3d --input-shape 1,64,64,64 --batch-per-device 16
         trained unet3d unet3d --input-shape 1,64,64,64 --batch-per-device 8 ;;
+    dense)
+        step 90 python3 -m layerwise profile unet3d_seg --input-shape 1,64,64,64 \
+            --batch-per-device 8 --devices 1 --device cuda --out "$OUT/profile-unet3d_seg.json"
+        for priced in "--analytic" "--profile $OUT/profile-unet3d_seg.json"; do
+            # shellcheck disable=SC2086  # the option and its value, split on purpose
+            step 90 python3 -m layerwise train unet3d_seg --input-shape 1,64,64,64 \
+                --batch-per-device 8 --dataset segments --strategy data --nproc 1 \
+                --steps 40 --cluster "$CLUSTER" $priced --out "$WORK/unet3d_seg${priced%% *}"
+        done
+        cp "$WORK/unet3d_seg--profile/result.json" "$OUT/train-unet3d_seg.json" 2>/dev/null ;;
+    dispatch)
+        step 60 python3 "$REPO/benchmarks/host_dispatch.py" --device cuda --out "$OUT/host.json"
+        step 60 python3 -m layerwise train resnet18 --image-size 8 --batch-per-device 1 \
+            --strategy data --nproc 1 --steps 40 --cluster "$CLUSTER" --analytic \
+            --out "$WORK/resnet18-8px"
+        cp "$WORK/resnet18-8px/result.json" "$OUT/train-resnet18-8px.json" 2>/dev/null ;;
     library)
         python3 -c "import torchvision; print('torchvision', torchvision.__version__)" || continue
         for builder in ${BUILDERS:-mobilenet_v3_small efficientnet_b0 convnext_tiny \
@@ -108,6 +130,7 @@ for part in "${PARTS[@]}"; do
                 --cluster "$CLUSTER" --profile "$WORK/profile-$builder.json" \
                 --out "$WORK/$builder-profiled"
         done ;;
-    *) echo "unknown part '$part': runtime, memory, devicemodel, nd or library"; exit 2 ;;
+    *) echo "unknown part '$part': runtime, memory, devicemodel, nd, dense, dispatch or" \
+            "library"; exit 2 ;;
     esac
 done

@@ -1,5 +1,6 @@
 """The analytic device model: waves over the SMs, a launch latency per kernel, memory-bound ops
-at memory bandwidth, and the search's vectorised prices equal to one tile's."""
+at memory bandwidth, the host's floor under a small tile, and the search's vectorised prices
+equal to one tile's."""
 
 from __future__ import annotations
 
@@ -176,10 +177,38 @@ def test_the_update_pays_bandwidth_and_one_launch_per_weight_tensor():
                                     + 2 * P100.device.kernel_latency)
 
 
-@pytest.mark.parametrize("model", ["alexnet", "inception_v3"])
-def test_the_vectorised_prices_equal_one_tiles(model):
+def test_a_small_tile_takes_at_least_its_hosts_floor_and_a_large_one_its_kernels():
+    """On a preset whose device gives the host's per-layer and per-op cost, a tile takes the
+    longer of its kernels and that floor: a pool of two samples' 16x16 maps costs the floor for
+    one op, a fused conv+BatchNorm+ReLU tile for three; a large convolution keeps its kernels'
+    time."""
+    h200 = load_cluster("h200x8")
+    layer_s, op_s = h200.device.host_layer_seconds, h200.device.host_op_seconds
+    assert (layer_s, op_s) == (pytest.approx(110e-6), pytest.approx(44e-6))
+    compute = AnalyticCompute(h200)
+    small = build_graph("resnet18", batch=2, image_size=32)
+    pool = small.by_name["maxpool"]
+    assert compute.tile_seconds(pool, largest_tile(pool, P("n1c1h1w1@0"))) == pytest.approx(
+        layer_s + op_s)
+    conv = small.by_name["conv1"]
+    assert len(conv.fused) == 2
+    assert compute.tile_seconds(conv, largest_tile(conv, P("n1c1h1w1@0"))) == pytest.approx(
+        layer_s + 3 * op_s)
+    large = build_graph("resnet18", batch=256).by_name["conv1"]
+    tile = largest_tile(large, P("n1c1h1w1@0"))
+    unfloored = AnalyticCompute(load_cluster("h100x8")).tile_seconds(large, tile)
+    assert compute.tile_seconds(large, tile) > 10 * (layer_s + 3 * op_s)
+    assert unfloored > 10 * (layer_s + 3 * op_s)
+
+
+@pytest.mark.parametrize(("model", "preset"), [("alexnet", "p100x16-2018"),
+                                               ("inception_v3", "p100x16-2018"),
+                                               ("resnet18", "h200x8")])
+def test_the_vectorised_prices_equal_one_tiles(model, preset):
+    """The search's vectors equal one tile's price, the host's floor included (h200x8)."""
+    cluster = load_cluster(preset)
     graph = build_graph(model, batch=64, image_size=96 if model == "inception_v3" else 224)
-    cost = CostModel(graph, P100, 4, AnalyticCompute(P100))
+    cost = CostModel(graph, cluster, 4, AnalyticCompute(cluster))
     for layer in graph.layers:
         configs = cost.configs[layer.name]
         vector = cost.pass_seconds(layer, configs)

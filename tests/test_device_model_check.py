@@ -1,5 +1,6 @@
-"""benchmarks/device_model_check.py, the check a lent GPU runs, works end to end on a CPU: every
-tile of the model measured and priced, and a row per op kind."""
+"""benchmarks/device_model_check.py and host_dispatch.py, the checks a lent GPU runs, work end to
+end on a CPU: every tile of the model measured and priced, and a row per op kind; the host's
+per-layer and per-op cost measured and written."""
 
 from __future__ import annotations
 
@@ -12,6 +13,23 @@ from layerwise.strategies.cost.profile import tile_plan
 from layerwise.strategies.model.graph import build_graph
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "device_model_check.py"
+DISPATCH = SCRIPT.parent / "host_dispatch.py"
+
+
+def test_the_hosts_floor_is_measured_per_layer_and_per_op(tmp_path):
+    """Longer chains of ops take longer: the line through them has a positive slope (the
+    cost of one op forward and backward) and intercept (of entering backward once)."""
+    out = tmp_path / "host.json"
+    result = subprocess.run(
+        [sys.executable, str(DISPATCH), "--device", "cpu", "--ops", "1,4,16", "--repeats", "50",
+         "--launches", "500", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(out.read_text())
+    chains = document["chain_seconds"]
+    assert chains["1"] < chains["4"] < chains["16"]
+    assert document["per_op_seconds"] > 0 and document["launch_seconds"] > 0
+    assert "per layer (intercept)" in result.stdout
 
 
 def test_every_tile_is_measured_and_priced_and_each_op_kind_summarised(tmp_path):

@@ -95,7 +95,9 @@ class AnalyticCompute:
         self.bytes_per_second = device.memory_bandwidth
         self.device_model = (
             DeviceModel(device.multiprocessors, self.flops_per_second, self.bytes_per_second,
-                        device.kernel_latency or 0.0, split_k=device.gemm_split_k)
+                        device.kernel_latency or 0.0, split_k=device.gemm_split_k,
+                        host_layer_seconds=device.host_layer_seconds or 0.0,
+                        host_op_seconds=device.host_op_seconds or 0.0)
             if device.multiprocessors is not None else None)
 
     def tile_seconds(self, layer: Layer, tile: TileWork) -> float:

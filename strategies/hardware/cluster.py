@@ -317,7 +317,10 @@ class DeviceType(_Spec):
     over the SMs in waves of tiles, and every kernel costs at least its launch. Without them (a CPU,
     a calibrated cluster) t_c is the plain roofline. `gemm_split_k` says whether the device's
     GEMM library splits the reduction of a forward or backward-data GEMM across thread blocks
-    to fill the SMs (split-K); backward weights is split either way.
+    to fill the SMs (split-K); backward weights is split either way. `host_layer_seconds` and
+    `host_op_seconds` are what the device's host takes to drive one layer's tile and each of
+    its ops, forward and backward (benchmarks/host_dispatch.py measures them): the floor under
+    a tile whose kernels are shorter.
     """
 
     name: Name = Field(min_length=1)
@@ -328,6 +331,8 @@ class DeviceType(_Spec):
     multiprocessors: int | None = Field(default=None, gt=0, strict=True)
     kernel_latency: Latency | None = None
     gemm_split_k: bool = True
+    host_layer_seconds: Latency | None = None
+    host_op_seconds: Latency | None = None
 
     _units: ClassVar[dict[str, str]] = {
         "peak_flops_fp32": "flops",
@@ -335,6 +340,8 @@ class DeviceType(_Spec):
         "memory_bytes": "memory",
         "memory_bandwidth": "bandwidth",
         "kernel_latency": "latency",
+        "host_layer_seconds": "latency",
+        "host_op_seconds": "latency",
     }
 
 

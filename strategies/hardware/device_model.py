@@ -18,6 +18,12 @@ grows). Three effects cause it, and this model prices each one from published de
   passes, one update per weight tensor).
 - Memory-bound ops (pooling, elementwise, BatchNorm, concat, the SGD update) move their tensors
   at the device's memory bandwidth.
+- The host's floor: the host issues a tile's ops and enters the autograd engine once per layer
+  (the runtime differentiates each layer's graph on its own); while that takes longer than the
+  kernels, the device waits, so a tile takes at least `host_layer_seconds` plus
+  `host_op_seconds` per op (its main op and each fused one), forward and backward. Both are
+  the device's host measured apart from any model (benchmarks/host_dispatch.py, one-element
+  tensors); a preset without them has no floor.
 
 A large GEMM's share of peak is the cluster's `compute_efficiency`: PALEO's "platform percent
 of peak" (Qi, Sparks, Talwalkar, ICLR 2017, section 3.1.1), one fraction per platform. The
@@ -202,7 +208,8 @@ def blocks_per_multiprocessor(tile: tuple[int, int]) -> int:
 class DeviceModel:
     """t_c of one tile on a GPU with `multiprocessors` SMs, a peak of `flops_per_second`
     (already times the platform's percent of peak), `bytes_per_second` of memory bandwidth
-    and `kernel_latency` seconds per launch. Every method takes numpy arrays with one entry
+    and `kernel_latency` seconds per launch, its host needing `host_layer_seconds` per layer
+    and `host_op_seconds` per op to drive a tile. Every method takes numpy arrays with one entry
     per tile, so the search prices every config of a layer in one call. `tile_shapes` and
     `split_factors` are the GEMM kernels it may pick from (TILE_SHAPES, SPLIT_FACTORS);
     without `split_k` the forward and backward-data GEMMs run unsplit (the device's library
@@ -211,8 +218,11 @@ class DeviceModel:
     def __init__(self, multiprocessors: int, flops_per_second: float, bytes_per_second: float,
                  kernel_latency: float,
                  tile_shapes: tuple[tuple[int, int], ...] = TILE_SHAPES,
-                 split_factors: tuple[int, ...] = SPLIT_FACTORS, split_k: bool = True) -> None:
+                 split_factors: tuple[int, ...] = SPLIT_FACTORS, split_k: bool = True,
+                 host_layer_seconds: float = 0.0, host_op_seconds: float = 0.0) -> None:
         self.multiprocessors = multiprocessors
+        self.host_layer_seconds = host_layer_seconds
+        self.host_op_seconds = host_op_seconds
         self.flops_per_second = flops_per_second
         self.bytes_per_second = bytes_per_second
         self.kernel_latency = kernel_latency
@@ -289,8 +299,17 @@ class DeviceModel:
     def pass_seconds(self, layer: Layer, out_elements: np.ndarray, out_channels: np.ndarray,
                      input_elements: np.ndarray, param_elements: np.ndarray) -> np.ndarray:
         """Forward + backward of tiles with `out_elements` outputs over `out_channels`
-        channels, reading `input_elements` (halos included) and holding `param_elements`."""
+        channels, reading `input_elements` (halos included) and holding `param_elements`: the
+        kernels' time, or the host's floor where that is longer."""
         out_elements = np.asarray(out_elements)
+        if layer.kind == "input":
+            return np.zeros(np.shape(out_elements))
+        host = self.host_layer_seconds + self.host_op_seconds * (1 + len(layer.fused))
+        return np.maximum(self._kernel_seconds(layer, out_elements, out_channels,
+                                               input_elements, param_elements), host)
+
+    def _kernel_seconds(self, layer: Layer, out_elements: np.ndarray, out_channels: np.ndarray,
+                        input_elements: np.ndarray, param_elements: np.ndarray) -> np.ndarray:
         if layer.kind in FREE_KINDS:
             return np.zeros(np.shape(out_elements))
         fraction = out_elements / np.prod(layer.output_shape)
