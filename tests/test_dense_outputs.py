@@ -13,13 +13,16 @@ tests/test_bad_input.py; the engines that cannot train it (local) say so in one 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 import layerwise
+from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
+from layerwise.flows.cli.run import check_before_start
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.exactness.accuracy import binomial_tolerance_images, check_accuracy
 from layerwise.strategies.model.graph import build_graph
@@ -28,6 +31,7 @@ from layerwise.strategies.runtime.datasets import labels_positions, load_dataset
 from layerwise.strategies.strategy import LayerChoice
 from layerwise.tasks.validate import validation_counts
 
+ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
@@ -141,3 +145,16 @@ def test_the_accuracy_bound_of_positions_is_taken_over_images():
     assert check.passed and check.unit == "position(s)" and "100 images" in check.rule
     assert not check_accuracy(40 * 64, 80 * 64, 100 * 64, None, per_sample=64).passed
     assert check_accuracy(0, 0, 6400, 0.5, per_sample=64).tolerance_images == 3200
+
+
+def test_the_segmentation_config_trains_a_voxel_scoring_network_on_segments():
+    """`layerwise run --config configs/segments3d.yaml`: its model scores every voxel of the
+    config's volumes, on a dataset labelled per voxel, and passes the checks made before the
+    flow starts."""
+    config = load_config(ROOT / "configs" / "segments3d.yaml")
+    assert config.dataset == "segments" and "spatial" in config.strategies
+    graph = build_graph(config.models[0].name, batch=config.global_batch,
+                        image_size=config.image_size, num_classes=config.classes)
+    assert graph.by_name[graph.outputs[0]].output_shape == (
+        config.global_batch, config.classes, *graph.input_shape[2:])
+    check_before_start(config)

@@ -70,7 +70,8 @@ def test_every_zoo_model_builds_a_graph_whose_params_match_the_module(name):
     module = build_model(name, num_classes=10, image_size=size, device="meta")
     assert graph.param_count == sum(p.numel() for p in module.parameters())
     assert graph.layers[0].kind == "input"
-    assert graph.by_name[graph.outputs[0]].output_shape == (2, 10)
+    scores = graph.input_shape[2:] if name == "unet3d_seg" else ()  # one per voxel
+    assert graph.by_name[graph.outputs[0]].output_shape == (2, 10, *scores)
 
 
 def test_conv_geometry_and_flops_are_exact():

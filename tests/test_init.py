@@ -22,7 +22,8 @@ from layerwise.flows.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 WRITTEN = ("params.yaml", "dvc.yaml", "prefect.yaml", ".gitignore", "configs/benchmark.yaml",
-           "configs/signals.yaml", "configs/volumes.yaml", "configs/volumes3d.yaml")
+           "configs/segments3d.yaml", "configs/signals.yaml", "configs/volumes.yaml",
+           "configs/volumes3d.yaml")
 
 
 def _yaml(path: Path) -> object:

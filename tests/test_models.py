@@ -23,11 +23,12 @@ from layerwise.strategies.model.zoo import (
 
 ZOO_NAMES = [
     "tiny_cnn", "lenet5", "wide_fc", "cosmoflow2d", "alexnet", "vgg16", "resnet18", "resnet50",
-    "resnet101", "resnet152", "inception_v3", "cosmoflow3d", "unet3d", "m5",
+    "resnet101", "resnet152", "inception_v3", "cosmoflow3d", "unet3d", "unet3d_seg", "m5",
 ]
 # the image classifiers, with their stems and minimum sizes (the 1-d and 3-d networks:
 # tests/test_nd_layers.py)
-IMAGE_MODELS = [name for name in ZOO_NAMES if name not in ("cosmoflow3d", "unet3d", "m5")]
+IMAGE_MODELS = [name for name in ZOO_NAMES
+                if name not in ("cosmoflow3d", "unet3d", "unet3d_seg", "m5")]
 
 PARAMS_1000 = {  # torchvision's counts at 1000 classes (lenet5, wide_fc: 10; cosmoflow2d: 3)
     "alexnet": 61_100_840,

@@ -35,7 +35,8 @@ runner = CliRunner()
 # handful of values (a 1x1 map over 8 samples is as ill-conditioned as float64 rounding allows)
 IMAGE_SIZE = {"tiny_cnn": 8, "lenet5": 16, "wide_fc": 8, "cosmoflow2d": 16, "alexnet": 21,
               "vgg16": 32, "resnet18": 32, "resnet50": 32, "resnet101": 32, "resnet152": 32,
-              "inception_v3": 20, "cosmoflow3d": 8, "unet3d": 8, "m5": 1024}
+              "inception_v3": 20, "cosmoflow3d": 8, "unet3d": 8, "unet3d_seg": 8, "m5": 1024}
+DATASET = {"unet3d_seg": "segments"}  # a label per voxel; the others: synthetic
 SMALL = ("tiny_cnn", "lenet5", "wide_fc")  # three steps, so momentum and decay act twice
 # One step for the deep BatchNorm networks: over a second step at these sizes float64 rounding
 # grows through their 50-150 BatchNorms to within 2-10x of the tolerance (ResNet-50 `data`:
@@ -75,6 +76,7 @@ def test_every_exact_strategy_matches_one_device(tmp_path, model: str, nproc: in
     size = NARROW[model][0] if model in NARROW else IMAGE_SIZE[model]
     result = runner.invoke(app, ["verify", model, "--strategy", "all", "--nproc", str(nproc),
                                  "--image-size", str(size), "--steps", str(steps),
+                                 "--dataset", DATASET.get(model, "synthetic"),
                                  "--out", str(tmp_path / "v"), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

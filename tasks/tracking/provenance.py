@@ -100,7 +100,8 @@ def dvc_data_hash() -> str | None:
 def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
     """The run's data as an MLflow dataset: a prepared dataset's folder as source, the md5 DVC
     recorded for it in dvc.lock as digest (MLflow's own digest of the name and source without
-    one), its tensors as schema; synthetic data names the code that draws it."""
+    one), its tensors as schema (a label per sample, or per position); generated data
+    (synthetic, segments) names the code that draws it."""
     if image is None:
         source = CodeDatasetSource({"generator": "layerwise.strategies.runtime.datasets"})
         return MetaDataset(source, name=dataset)
@@ -109,7 +110,8 @@ def dataset_input(dataset: str, image: ImageSpec | None) -> MetaDataset:
     digest = locked.get("md5") if locked.get("path") == folder.as_posix() else None
     schema = Schema([TensorSpec(np.dtype(np.float32),
                                 (-1, image.channels, *image.sizes), "x"),
-                     TensorSpec(np.dtype(np.int64), (-1,), "y")])
+                     TensorSpec(np.dtype(np.int64),
+                                (-1, *(image.sizes if image.per_position else ())), "y")])
     with warnings.catch_warnings():  # MLflow registers its local source for two URI schemes
         warnings.simplefilter("ignore", UserWarning)  # and warns that both match a path
         source = resolve_dataset_source(str(folder.resolve()))
