@@ -896,3 +896,41 @@ class LibraryBlocks(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(self.block(self.units(self.stem(x)))) + self.column_bias
         return self.fc(x.mean((2, 3)))
+
+
+class SizedDecoder(nn.Module):
+    """An encoder-decoder whose decoder pads its upsampled map to its skip's size by reading
+    sizes in Python, as MONAI's UpCat does: `len(x.shape)` and a comparison per spatial dim
+    (odd sides get a replicated row, even ones nothing), then the skip concatenated and a 1x1
+    head scoring every pixel."""
+
+    def __init__(self, num_classes: int = 3, in_channels: int = 1) -> None:
+        super().__init__()
+        self.encode = nn.Sequential(nn.Conv2d(in_channels, 4, 3, padding=1), nn.ReLU())
+        self.down = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(4, 8, 3, padding=1), nn.ReLU())
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.head = nn.Conv2d(8, num_classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = self.encode(x)
+        up = self.up(self.down(skip))
+        dimensions = len(up.shape) - 2
+        pads = [0] * (2 * dimensions)
+        for index in range(dimensions):
+            if skip.shape[-index - 1] != up.shape[-index - 1]:
+                pads[2 * index + 1] = 1
+        up = F.pad(up, pads, "replicate")
+        return self.head(torch.cat([skip, up], dim=1))
+
+
+class BatchSizedView(nn.Module):
+    """Reads sizes in Python (`len(x.shape)`) and views by the batch it traced with: a graph
+    traced with sizes known would hold that batch as a constant."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(x.shape[0] if len(x.shape) == 4 else 1, -1)
+        return self.fc(flat)

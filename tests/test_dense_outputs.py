@@ -30,6 +30,7 @@ from layerwise.strategies.model.space import enumerate_configs
 from layerwise.strategies.runtime.datasets import labels_positions, load_dataset
 from layerwise.strategies.strategy import LayerChoice
 from layerwise.tasks.validate import validation_counts
+from tests.idiom_models import SizedDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -80,7 +81,7 @@ def test_a_prepared_folder_labelled_per_position_loads_and_a_wrong_label_shape_i
 
 
 def test_a_monai_style_unet_scoring_every_pixel_is_exact_split_over_classes_and_height(
-        tmp_path):
+        tmp_path, workers_import_tests):
     """Every layer split 4 ways over h and w where it can, the scores over classes and height:
     each tile's loss reads its own positions' labels, the class-split scores reduce their
     log-sum-exp over the group per position; float64 equal to one process, the bytes priced,
@@ -158,3 +159,26 @@ def test_the_segmentation_config_trains_a_voxel_scoring_network_on_segments():
     assert graph.by_name[graph.outputs[0]].output_shape == (
         config.global_batch, config.classes, *graph.input_shape[2:])
     check_before_start(config)
+
+
+def test_a_decoder_reading_sizes_in_python_traces_with_its_sizes_and_trains_exactly(
+        tmp_path, workers_import_tests):
+    """MONAI's UpCat pads each upsampled map to its skip's size by `len(x.shape)` and a
+    comparison of sizes, which fx cannot trace: traced again with this input's sizes known,
+    the pad of even sides is zero and leaves the graph, and the network trains equal to one
+    process split over height and width. An odd side needs a real pad, refused in one line; a
+    graph that would hold its batch as a constant is not kept (the tracing error stands)."""
+    reference = "tests.idiom_models:SizedDecoder"
+    graph = build_graph(reference, batch=2, image_size=16, in_channels=1, num_classes=3)
+    assert [layer.kind for layer in graph.layers].count("concat") == 1
+    assert graph.param_count == sum(p.numel() for p in SizedDecoder().parameters())
+    result = runner.invoke(app, ["verify", reference, "--strategy", "data,spatial",
+                                 "--nproc", "2", "--input-shape", "1,16,16", "--batch", "2",
+                                 "--classes", "3", "--steps", "2", "--dataset", "segments",
+                                 "--out", str(tmp_path / "v"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert all(d["exact"] for d in json.loads(result.stdout)["divergences"])
+    with pytest.raises(LayerwiseError, match="fx node 'pad': function pad"):
+        build_graph(reference, batch=2, image_size=17, in_channels=1, num_classes=3)
+    with pytest.raises(LayerwiseError, match=r"torch.fx cannot trace .*`flat = x.reshape"):
+        build_graph("tests.idiom_models:BatchSizedView", batch=2, image_size=8)

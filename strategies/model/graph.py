@@ -44,7 +44,7 @@ import io
 import json
 import operator
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from copy import deepcopy as copy_module
 from functools import cached_property
 from pathlib import Path
@@ -62,6 +62,7 @@ from layerwise.strategies.model.channel_maps import channel_maps
 from layerwise.strategies.model.elementwise import elementwise_refusal
 from layerwise.strategies.model.fx_nodes import STOCHASTIC_DEPTH, is_stochastic_depth
 from layerwise.strategies.model.op_call import OpCall, function_call, module_call
+from layerwise.strategies.model.sized_trace import trace_module
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten",
@@ -1188,8 +1189,7 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
     was_training = model.training
     model.train()
     try:
-        with _proxies_are_tensors():
-            gm = fx.symbolic_trace(model)
+        gm = trace_module(model, tuple(input_shape))
     except Exception as error:  # fx raises many types; all mean "not traceable"
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise GraphError(
@@ -1227,25 +1227,6 @@ def trace(model: nn.Module, input_shape: tuple[int, ...], name: str | None = Non
             "image size and channel count"
         ) from error
     return _build(gm, tuple(input_shape), label)
-
-
-@contextlib.contextmanager
-def _proxies_are_tensors() -> Iterator[None]:
-    """While fx traces, `torch.jit.isinstance(value, torch.Tensor)` holds for a traced value,
-    as it holds for the tensor the value stands for (MONAI's UpCat concatenates its skip
-    input only when that check passes, and fx would trace the other branch silently)."""
-    original = torch.jit.isinstance
-
-    def isinstance_of_traced(obj: Any, target_type: Any) -> bool:
-        if isinstance(obj, fx.Proxy) and target_type is torch.Tensor:
-            return True
-        return original(obj, target_type)
-
-    torch.jit.isinstance = isinstance_of_traced
-    try:
-        yield
-    finally:
-        torch.jit.isinstance = original
 
 
 def _runs(model: nn.Module, input_shape: tuple[int, ...], device: torch.device,

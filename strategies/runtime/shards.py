@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import fx, nn
+from torch import nn
 
 from layerwise.strategies.model.graph import Layer, param_key
+from layerwise.strategies.model.sized_trace import trace_module
 from layerwise.strategies.runtime.comm import exchange_tagged
 from layerwise.strategies.runtime.plan import LayerPlan, StrategyPlan
 
@@ -55,7 +56,7 @@ class ShardedModel:
     def __init__(self, module: nn.Module, plan: StrategyPlan, rank: int) -> None:
         self.plan = plan
         self.rank = rank
-        self.graph_module = fx.symbolic_trace(module)
+        self.graph_module = trace_module(module, plan.graph.input_shape)
         self.nodes = {node.name: node for node in self.graph_module.graph.nodes}
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")

@@ -60,6 +60,7 @@ from torch.func import functional_call
 
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.model.sized_trace import trace_module
 from layerwise.strategies.runtime.comm import ByteCounter, gather_tensor_trees
 from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
 from layerwise.strategies.runtime.momentum import momentum_buffers
@@ -145,7 +146,7 @@ class LocalEngine:
         self.module = context.module
         self.overlapping = execution.variant == "overlapping"
         self.is_last = self.rank == self.world - 1
-        traced = fx.symbolic_trace(context.module)
+        traced = trace_module(context.module, graph.input_shape)
         self.dropouts = model_dropouts(traced, graph)
         source = graph.layers[0] if self.rank == 0 else graph.by_name[
             self.cuts[self.rank - 1].crossing]

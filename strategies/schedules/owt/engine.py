@@ -50,6 +50,7 @@ from torch import fx, nn
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import Layer, LayerGraph
 from layerwise.strategies.model.ops import sync_batch_norm
+from layerwise.strategies.model.sized_trace import trace_module
 from layerwise.strategies.model.space import tile_range
 from layerwise.strategies.runtime.comm import ByteCounter, Communicator, ring_bytes
 from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
@@ -321,7 +322,7 @@ class OwtEngine:
         self.module = context.module
         self.state_keys = list(self.module.state_dict())
         self.parameter_keys = [key for key, _ in self.module.named_parameters()]
-        self.graph_module = fx.symbolic_trace(self.module)
+        self.graph_module = trace_module(self.module, graph.input_shape)
         self._find_nodes(graph, split)
         self.fc = self._build_fc(graph, split)
         self.fc_keys = {shard.key for shard in self._fc_shards()}

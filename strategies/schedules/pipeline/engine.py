@@ -43,6 +43,7 @@ from torch.fx.passes.split_module import split_module
 
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import LayerGraph
+from layerwise.strategies.model.sized_trace import trace_module
 from layerwise.strategies.runtime.buckets import flatten_into
 from layerwise.strategies.runtime.comm import ByteCounter, Communicator
 from layerwise.strategies.runtime.engine_protocol import MODEL_STATE_KEY, EngineContext
@@ -105,7 +106,7 @@ class PipelineEngine:
         self.stage = next((index for index, stage in enumerate(self.stages)
                            if self.rank in stage.devices), None)
         self._cuts = _neighbour_cuts(context.graph, execution, self.stage)
-        traced = fx.symbolic_trace(context.module)
+        traced = trace_module(context.module, context.graph.input_shape)
         self._dropouts = _mask_dropouts(traced, context.graph)
         held = _hold_parameters(traced)
         modules, keys = _split(traced, context.module, context.graph, execution, held)
