@@ -16,9 +16,9 @@ that has them; that build runs on a CPU. On the development machine (about 5 GB,
 
 (a GPU machine's own Python usually has torchvision already). `--library torchvision` takes
 torchvision's classification builders (`torchvision.models:NAME`, 10 classes, --image-size);
-`--library monai` MONAI's UNet, BasicUNet and SegResNet in 2-d and 3-d as MONAI builds them,
-their dense output averaged over space into class scores (`pooled`: layerwise trains with
-cross-entropy on (batch, classes)). For each network it counts the parameters of the
+`--library monai` MONAI's UNet, BasicUNet and SegResNet in 2-d and 3-d as MONAI builds them
+(`monai.networks.nets:UNet(spatial_dims=3, ...)`), scoring every position and trained on a label
+per position (the generated `segments` dataset). For each network it counts the parameters of the
 library's own module and checks the traced graph's count against it, then runs `layerwise
 verify` (float64, gloo processes) on the searched plan and on `spatial` (every layer split
 along its spatial dims as far as its ops allow) at each of --nproc, each against one process,
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -73,26 +72,17 @@ MONAI = tuple((f"{network}(spatial_dims={dims}, in_channels=1, out_channels=3, {
 MIN_SIDE = {"inception_v3": 80, "vit_b_16": 224, "maxvit_t": 224}
 CLASSES = 10
 STRATEGIES = ("data", "layerwise", "spatial")
-ROOT = Path(__file__).resolve().parent.parent  # verify's ranks import `pooled` from here
-
-
-def pooled(network: str, **arguments: object) -> nn.Module:
-    """A MONAI network as MONAI builds it, its dense (batch, out_channels, *space) output
-    averaged over space: (batch, out_channels) class scores."""
-    body = getattr(importlib.import_module("monai.networks.nets"), network)(**arguments)
-    pool = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
-            nn.AdaptiveAvgPool3d)[int(arguments["spatial_dims"]) - 1](1)  # type: ignore[call-overload]
-    return nn.Sequential(body, pool, nn.Flatten())
 
 
 class Network(NamedTuple):
-    """One row's network: its name, the reference layerwise takes, the library's own module
-    and the input (channels and spatial sizes)."""
+    """One row's network: its name, the reference layerwise takes, the library's own module,
+    the input (channels and spatial sizes) and the dataset it trains on."""
 
     name: str
     reference: str
     library_module: Callable[[], nn.Module]
     input_shape: tuple[int, ...]
+    dataset: str = "synthetic"
 
 
 def networks(library: str, builders: str | None, side: int) -> list[Network]:
@@ -100,9 +90,8 @@ def networks(library: str, builders: str | None, side: int) -> list[Network]:
     if library == "monai":
         chosen = [(entry, shape) for entry, shape in MONAI
                   if builders is None or entry.split("(")[0] in builders.split(";")]
-        return [Network(entry, f"benchmarks.library_models_check:pooled(network="
-                               f"'{entry.split('(')[0]}', {entry.partition('(')[2]}",
-                        _monai(entry), shape) for entry, shape in chosen]
+        return [Network(entry, f"monai.networks.nets:{entry}", _monai(entry), shape,
+                        "segments") for entry, shape in chosen]
     names = TORCHVISION if builders is None else tuple(builders.split(";"))
     return [Network(name, f"torchvision.models:{name}", _torchvision(name),
                     (3, *(max(side, MIN_SIDE.get(name.split("(")[0], 0)),) * 2))
@@ -116,7 +105,7 @@ def _torchvision(builder: str) -> Callable[[], nn.Module]:
 
 
 def _monai(entry: str) -> Callable[[], nn.Module]:
-    network, given = split_reference(f"x:{entry}")
+    network, given = split_reference(f"monai.networks.nets:{entry}")
     return lambda: getattr(importlib.import_module("monai.networks.nets"),
                            network.partition(":")[2])(**given)
 
@@ -137,16 +126,14 @@ def check(network: Network, args: argparse.Namespace, folder: Path) -> dict[str,
                held=graph.held_notes)
     classes = graph.by_name[graph.outputs[0]].output_shape[1]  # MONAI's out_channels
     runs = {}
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     for nproc in args.nproc:
         command = [sys.executable, "-m", "layerwise", "verify", network.reference,
                    "--strategy", ",".join(STRATEGIES), "--nproc", str(nproc),
-                   "--input-shape", shape, "--classes", str(classes), "--steps",
+                   "--input-shape", shape, "--classes", str(classes), "--dataset",
+                   network.dataset, "--steps",
                    str(args.steps), "--out", str(folder / f"{safe_name(network.name)}-{nproc}"),
                    "--json"]
-        done = subprocess.run(command, capture_output=True, text=True, check=False,
-                              env=environment)
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
         try:  # a plan that is not exact exits 1 with its report
             report = json.loads(done.stdout)
         except json.JSONDecodeError:
@@ -205,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="every row as JSON")
     args = parser.parse_args(argv)
     args.nproc = [int(n) for n in args.nproc.split(",")]
-    sys.path.insert(0, str(ROOT))  # `pooled`, traced here as verify's ranks import it
     console = Console()
     try:
         library = importlib.import_module(args.library)

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import layerwise
 from layerwise.flows.benchmark_config import load_config
 from layerwise.flows.cli import app
 from layerwise.flows.cli.run import check_before_start
@@ -28,8 +27,8 @@ from layerwise.strategies.exactness.accuracy import binomial_tolerance_images, c
 from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.model.space import enumerate_configs
 from layerwise.strategies.runtime.datasets import labels_positions, load_dataset
-from layerwise.strategies.strategy import LayerChoice
 from layerwise.tasks.validate import validation_counts
+from tests.chosen_plans import exact_on_4_processes_with_the_predicted_bytes
 from tests.idiom_models import SizedDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +86,6 @@ def test_a_monai_style_unet_scoring_every_pixel_is_exact_split_over_classes_and_
     log-sum-exp over the group per position; float64 equal to one process, the bytes priced,
     and the trained model's validation counted per position."""
     reference = "tests.idiom_models:monai_unet_scores"
-    shape = {"image_size": 16, "batch_per_device": 1, "dataset": "segments", "in_channels": 1}
     graph = build_graph(reference, batch=4, image_size=16, in_channels=1)
     output = graph.outputs[0]
 
@@ -98,22 +96,9 @@ def test_a_monai_style_unet_scoring_every_pixel_is_exact_split_over_classes_and_
         return next((c for c in configs if c.n == 1 and c.c == 1 and c.h * c.w == 4),
                     configs[0])
 
-    searched = layerwise.search(reference, devices=4, cluster="local", baselines=("data",),
-                                image_size=16, batch_per_device=1, in_channels=1)
-    plan = searched.strategies["data"].model_copy(update={"name": "chosen", "layers": tuple(
-        LayerChoice(name=layer.name, config=chosen(layer).text) for layer in graph.layers)})
-    plan.save(tmp_path / "chosen.json")
-    result = runner.invoke(app, ["verify", reference, "--strategy", str(tmp_path / "chosen.json"),
-                                 "--nproc", "4", "--steps", "2", "--image-size", "16",
-                                 "--in-channels", "1", "--batch-per-device", "1",
-                                 "--dataset", "segments", "--out", str(tmp_path / "v"),
-                                 "--json"])
-    assert result.exit_code == 0, result.output
-    [divergence] = json.loads(result.stdout)["divergences"]
-    assert divergence["exact"] is True, divergence
-    run = layerwise.train(reference, str(tmp_path / "chosen.json"), nproc=4, steps=1,
-                          out=tmp_path / "run", **shape)
-    assert run.bytes_per_step == run.predicted_bytes_per_step
+    exact_on_4_processes_with_the_predicted_bytes(
+        reference, {layer.name: chosen(layer) for layer in graph.layers}, tmp_path,
+        image_size=16, batch_per_device=1, dataset="segments", in_channels=1)
     correct, predictions, per_sample = validation_counts(tmp_path / "run")
     assert (predictions, per_sample) == (256 * 16 * 16, 16 * 16)
     assert 0 < correct < predictions

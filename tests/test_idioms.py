@@ -42,8 +42,9 @@ from layerwise.strategies.model.zoo import build_model
 from layerwise.strategies.schedules import INEXACT
 from layerwise.strategies.schedules.pipeline.planner import optimal_pipeline, plan_strategy
 from layerwise.strategies.search.baselines import baseline
-from layerwise.strategies.strategy import LayerChoice, Strategy
+from layerwise.strategies.strategy import Strategy
 from layerwise.strategies.training_run import RunResult
+from tests.chosen_plans import exact_on_4_processes_with_the_predicted_bytes
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -400,37 +401,14 @@ def test_instance_norms_split_along_samples_and_height_at_once_equal_one_process
     chosen = _first_configs(graph, lambda config: config.n == 2 and config.h == 2)
     assert sum(bool(graph.by_name[name].plane_norms) and config.n == 2 == config.h
                for name, config in chosen.items()) >= 4
-    _exact_on_4_processes_with_the_predicted_bytes("TinyUNet", chosen, tmp_path, **shape)
+    exact_on_4_processes_with_the_predicted_bytes("tests.idiom_models:TinyUNet", chosen,
+                                                  tmp_path, **shape)
 
 
 def _first_configs(graph, wanted) -> dict[str, ParallelConfig]:
     """Each layer's first config on 4 devices that `wanted` takes, else its first."""
     return {layer.name: next((c for c in enumerate_configs(layer, 4) if wanted(c)),
                              enumerate_configs(layer, 4)[0]) for layer in graph.layers}
-
-
-def _exact_on_4_processes_with_the_predicted_bytes(model: str, chosen, tmp_path, image_size,
-                                                   batch_per_device) -> RunResult:
-    """The plan `chosen` (layer -> config) in a strategy file: verify on 4 processes, float64,
-    2 steps, exact; then one step of training moving the bytes the cost model prices."""
-    reference = f"tests.idiom_models:{model}"
-    shape = {"image_size": image_size, "batch_per_device": batch_per_device}
-    searched = layerwise.search(reference, devices=4, cluster="local", baselines=("data",),
-                                **shape).strategies["data"]
-    plan = searched.model_copy(update={"name": "chosen", "layers": tuple(
-        LayerChoice(name=name, config=config.text) for name, config in chosen.items())})
-    plan.save(tmp_path / "chosen.json")
-    result = runner.invoke(app, ["verify", reference, "--strategy", str(tmp_path / "chosen.json"),
-                                 "--nproc", "4", "--steps", "2", "--image-size", str(image_size),
-                                 "--batch-per-device", str(batch_per_device),
-                                 "--out", str(tmp_path / "v"), "--json"])
-    assert result.exit_code == 0, result.output
-    [divergence] = json.loads(result.stdout)["divergences"]
-    assert divergence["exact"] is True, divergence
-    run = layerwise.train(reference, str(tmp_path / "chosen.json"), nproc=4, steps=1,
-                          out=tmp_path / "run", **shape)
-    assert run.bytes_per_step == run.predicted_bytes_per_step
-    return run
 
 
 def test_upsampling_reads_the_rows_its_interpolation_weights_reach() -> None:
@@ -480,7 +458,8 @@ def test_group_norms_split_along_channels_and_height_at_once_equal_one_process(
     assert [graph.by_name[name].plane_norms for name in ("conv1", "conv2")] == [(4,), (2,)]
     chosen = _first_configs(graph, lambda config: config.c == 2 and config.h == 2)
     assert chosen["conv1"].text == chosen["conv2"].text == "n1c2h2w1@0-3"
-    run = _exact_on_4_processes_with_the_predicted_bytes("GroupNormSplits", chosen, tmp_path,
+    run = exact_on_4_processes_with_the_predicted_bytes("tests.idiom_models:GroupNormSplits",
+                                                        chosen, tmp_path,
                                                          **shape)
     assert run.bytes_per_step_by_layer["conv1"]["sync"] > 0
 

@@ -47,6 +47,7 @@ from layerwise.strategies.files.documents import read_json
 from layerwise.strategies.files.locations import PREPARED_DIR
 from layerwise.strategies.hardware.host_memory import check_memory
 from layerwise.strategies.model.input_size import InputSize, spatial_size
+from layerwise.strategies.runtime.generated import GeneratedSplit
 from layerwise.strategies.runtime.segments import (
     SEGMENTS_TRAIN_SAMPLES,
     SEGMENTS_VAL_SAMPLES,
@@ -112,24 +113,12 @@ class ArraySplit:
 
 
 @dataclass(frozen=True)
-class SyntheticSplit:
-    """`count` samples generated on demand from the class prototypes and their own seed."""
+class SyntheticSplit(GeneratedSplit):
+    """Samples generated on demand from the class prototypes and their own seed."""
 
     prototypes: np.ndarray  # (classes, C, *spatial), zero mean and unit std each
-    count: int
-    seed: int
-    stream: int  # 0 train, 1 validation: disjoint sample seeds
 
-    def __len__(self) -> int:
-        return self.count
-
-    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        samples = [self._sample(int(index)) for index in indices]
-        return (np.stack([x for x, _ in samples]),
-                np.array([y for _, y in samples], dtype=np.int64))
-
-    def _sample(self, index: int) -> tuple[np.ndarray, int]:
-        rng = np.random.default_rng([self.seed, self.stream, index])
+    def _sample(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         classes, _, *sizes = self.prototypes.shape
         label = int(rng.integers(classes))
         if len(sizes) == 2:  # as every 2-d dataset has always drawn it
@@ -228,13 +217,13 @@ def load_dataset(name: str, image_size: InputSize, num_classes: int, in_channels
         sizes = wanted.sizes
         return Dataset(name=name, spec=ImageSpec(image_size=image_size, classes=num_classes,
                                                  channels=in_channels, per_position=True),
-                       train=SegmentsSplit(levels, sizes, SEGMENTS_TRAIN_SAMPLES, seed, 0),
-                       val=SegmentsSplit(levels, sizes, SEGMENTS_VAL_SAMPLES, seed, 1))
+                       train=SegmentsSplit(SEGMENTS_TRAIN_SAMPLES, seed, 0, levels, sizes),
+                       val=SegmentsSplit(SEGMENTS_VAL_SAMPLES, seed, 1, levels, sizes))
     if fixed is None:
         prototypes = synthetic_prototypes(wanted, seed)
         return Dataset(name=name, spec=wanted,
-                       train=SyntheticSplit(prototypes, SYNTHETIC_TRAIN_SAMPLES, seed, 0),
-                       val=SyntheticSplit(prototypes, SYNTHETIC_VAL_SAMPLES, seed, 1))
+                       train=SyntheticSplit(SYNTHETIC_TRAIN_SAMPLES, seed, 0, prototypes),
+                       val=SyntheticSplit(SYNTHETIC_VAL_SAMPLES, seed, 1, prototypes))
     _check_fits(name, fixed, wanted)
     folder = root / name
     return Dataset(name=name, spec=fixed, train=_load_npz(folder / "train.npz", name, fixed),

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerwise.strategies.runtime.generated import GeneratedSplit
+
 SEGMENTS_TRAIN_SAMPLES = 2048
 SEGMENTS_VAL_SAMPLES = 256
 _LEVEL_SCALE = 1.5  # class levels' spread against the noise's unit standard deviation
@@ -30,25 +32,13 @@ def segment_levels(classes: int, channels: int, seed: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class SegmentsSplit:
-    """`count` samples, each x (C, *sizes) and a label per position y (*sizes)."""
+class SegmentsSplit(GeneratedSplit):
+    """Samples each x (C, *sizes) with a label per position y (*sizes)."""
 
     levels: np.ndarray  # (classes, channels), from `segment_levels`
     sizes: tuple[int, ...]
-    count: int
-    seed: int
-    stream: int  # 0 train, 1 validation: disjoint sample seeds
 
-    def __len__(self) -> int:
-        return self.count
-
-    def take(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        samples = [self._sample(int(index)) for index in indices]
-        return (np.stack([x for x, _ in samples]).reshape(len(samples), -1, *self.sizes),
-                np.stack([y for _, y in samples]).reshape(len(samples), *self.sizes))
-
-    def _sample(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        rng = np.random.default_rng([self.seed, self.stream, index])
+    def _sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         classes = self.levels.shape[0]
         labels = np.zeros(self.sizes, dtype=np.int64)
         for _ in range(int(rng.integers(1, _MOST_BOXES + 1))):
