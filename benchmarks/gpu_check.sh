@@ -24,8 +24,10 @@
 #            profiled with CUDA events, trained on NCCL with one process against both
 #            predictions;
 #   dispatch the host's floor under a tile (benchmarks/host_dispatch.py: per layer and per op
-#            forward and backward, one launch), and ResNet-18 at 8 px and one sample, where
-#            every layer is host-bound, trained on NCCL with one process;
+#            forward and backward, one launch); tiles timed alone as the profile times them
+#            against the same tiles back to back (benchmarks/tile_overlap.py: ResNet-18 and
+#            torchvision's MobileNetV3, EfficientNet, ConvNeXt and RegNet); and tiny_cnn at 32 px
+#            and 2 images, where every layer is host-bound, trained on NCCL with one process;
 #   library  the machine's own torchvision builders (MobileNetV3, EfficientNet, ConvNeXt,
 #            ShuffleNetV2, RegNet; others named in $BUILDERS) profiled on the GPU and trained
 #            on NCCL with one process.
@@ -114,10 +116,15 @@ for part in "${PARTS[@]}"; do
         cp "$WORK/unet3d_seg--profile/result.json" "$OUT/train-unet3d_seg.json" 2>/dev/null ;;
     dispatch)
         step 60 python3 "$REPO/benchmarks/host_dispatch.py" --device cuda --out "$OUT/host.json"
-        step 60 python3 -m layerwise train resnet18 --image-size 8 --batch-per-device 1 \
+        step 100 python3 "$REPO/benchmarks/tile_overlap.py" --device cuda --models resnet18 \
+            --image-size 224 --batch 64
+        step 200 python3 "$REPO/benchmarks/tile_overlap.py" --device cuda --models \
+            "$(printf 'torchvision.models:%s;' mobilenet_v3_small efficientnet_b0 convnext_tiny \
+            regnet_y_400mf)unet3d_seg" --image-size 64 --classes 10 --batch 32
+        step 60 python3 -m layerwise train tiny_cnn --image-size 32 --batch-per-device 2 \
             --strategy data --nproc 1 --steps 40 --cluster "$CLUSTER" --analytic \
-            --out "$WORK/resnet18-8px"
-        cp "$WORK/resnet18-8px/result.json" "$OUT/train-resnet18-8px.json" 2>/dev/null ;;
+            --out "$WORK/tiny_cnn-2"
+        cp "$WORK/tiny_cnn-2/result.json" "$OUT/train-tiny_cnn-2.json" 2>/dev/null ;;
     library)
         python3 -c "import torchvision; print('torchvision', torchvision.__version__)" || continue
         for builder in ${BUILDERS:-mobilenet_v3_small efficientnet_b0 convnext_tiny \

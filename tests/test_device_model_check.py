@@ -9,11 +9,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from layerwise.strategies.cost.profile import tile_plan
 from layerwise.strategies.model.graph import build_graph
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "device_model_check.py"
 DISPATCH = SCRIPT.parent / "host_dispatch.py"
+OVERLAP = SCRIPT.parent / "tile_overlap.py"
+
+
+def test_tiles_are_timed_alone_and_back_to_back():
+    """Every layer's tile on one device, timed alone (the profile's sum) and in one sequence:
+    a row per model with both and their ratio."""
+    result = subprocess.run(
+        [sys.executable, str(OVERLAP), "--device", "cpu", "--models", "tiny_cnn;lenet5",
+         "--image-size", "16", "--batch", "4", "--repeats", "5"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:]}
+    assert set(rows) == {"tiny_cnn", "lenet5"}
+    assert rows["lenet5"][0] == "9"  # its layers but the input
+    for _, alone, chained, ratio in rows.values():
+        assert float(alone) > 0 and float(chained) > 0
+        assert float(ratio) == pytest.approx(float(alone) / float(chained), abs=0.01)
 
 
 def test_the_hosts_floor_is_measured_per_layer_and_per_op(tmp_path):

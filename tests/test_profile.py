@@ -483,7 +483,7 @@ def test_profile_key_of_a_profile_is_its_default_file_name(tiny, tiny_profile):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tiles_are_timed_with_events(tiny):
     profile = profile_graph(tiny, 2, device="cuda")
-    assert profile.device_type == "cuda" and profile.method == "cuda-events"
+    assert profile.device_type == "cuda" and profile.method == "cuda-events-queued"
     assert profile.device_name == torch.cuda.get_device_name()
     layer = tiny.by_name["conv1"]
     assert t_c(profile, layer, ParallelConfig(n=2, devices=(0, 1))) > 0

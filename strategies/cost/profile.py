@@ -615,19 +615,26 @@ def _cpu_times(parts: Sequence[Callable[[], None]], repeats: int, budget_s: floa
 
 def _cuda_times(parts: Sequence[Callable[[], None]], repeats: int, budget_s: float,
                 device: torch.device) -> list[list[float]]:
-    """As _cpu_times, timed by CUDA events recorded between the parts."""
-    times: list[list[float]] = []
+    """As _cpu_times, timed by CUDA events recorded between the parts, the runs queued back
+    to back: the host issues run after run without waiting for the device, as a step issues
+    layer after layer, so a part's time is the device's while the device is the slower and
+    the host's while the host is (timing each run alone, the device idled while the host
+    issued the first kernels: 1.2-1.8x a step's compute on networks of small layers,
+    benchmarks/tile_overlap.py). The host stops queueing once `budget_s` of wall time has
+    passed (at least one run)."""
+    runs: list[list[torch.cuda.Event]] = []
     torch.cuda.synchronize(device)
-    while len(times) < repeats and (not times or math.fsum(map(sum, times)) < budget_s):
+    started = time.perf_counter()
+    while len(runs) < repeats and (not runs or time.perf_counter() - started < budget_s):
         events = [torch.cuda.Event(enable_timing=True) for _ in range(len(parts) + 1)]
         events[0].record()
         for part, end in zip(parts, events[1:], strict=True):
             part()
             end.record()
-        events[-1].synchronize()
-        times.append([start.elapsed_time(end) / 1000.0  # elapsed_time is in ms
-                      for start, end in itertools.pairwise(events)])
-    return times
+        runs.append(events)
+    runs[-1][-1].synchronize()
+    return [[start.elapsed_time(end) / 1000.0  # elapsed_time is in ms
+             for start, end in itertools.pairwise(events)] for events in runs]
 
 
 def measure_tile(layer: Layer, tile: TileWork, device: str | torch.device = "cpu",
@@ -798,7 +805,7 @@ def profile_graph(
         threads=thread_count,
         processes=processes,
         huge_pages=huge_pages_in_use(),
-        method="cuda-events" if kind == "cuda" else "monotonic-median",
+        method="cuda-events-queued" if kind == "cuda" else "monotonic-median",
         warmup=warmup,
         repeats=repeats,
         seconds=seconds,
