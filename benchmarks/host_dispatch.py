@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from one_run_timing import median_seconds
 
 from layerwise.strategies.hardware.this_machine import device_name, resolve_device
 
@@ -40,26 +40,17 @@ def _chain_seconds(ops: int, device: torch.device, repeats: int) -> float:
     backward through one `backward()` call."""
     leaf = torch.ones(1, device=device, requires_grad=True)
     grad = torch.ones(1, device=device)
-    cuda = device.type == "cuda"
-    times = []
-    for _ in range(repeats):
+
+    def clear() -> None:
         leaf.grad = None
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            began = time.perf_counter()
+
+    def chain() -> None:
         value = leaf
         for _ in range(ops):
             value = value * 1.0001
         value.backward(grad)
-        if cuda:
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000.0)
-        else:
-            times.append(time.perf_counter() - began)
-    return statistics.median(times[repeats // 5:])  # the first fifth warms up
+
+    return median_seconds(chain, device, repeats, prepare=clear)
 
 
 def _launch_seconds(launches: int, device: torch.device) -> float:

@@ -18,11 +18,10 @@ GPU alone / chained is how much the profile's per-tile timing over-counts a step
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
+from one_run_timing import median_seconds
 
 from layerwise.strategies.cost.profile import build_tile, measure_tile
 from layerwise.strategies.hardware.this_machine import device_name, resolve_device
@@ -49,28 +48,19 @@ def chained_seconds(graph: LayerGraph, device: torch.device, repeats: int) -> fl
     generator = torch.Generator().manual_seed(1)
     grads = [torch.randn(tuple(tile.output_shape), generator=generator).to(device)
              for _, tile in _tiles(graph)]
-    cuda = device.type == "cuda"
-    times = []
-    for _ in range(repeats):
+
+    def clear() -> None:
         for program in programs:
             for leaf in program.leaves:
                 leaf.grad = None
-        if cuda:
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        began = time.perf_counter()
+
+    def in_sequence() -> None:
         outputs = [program.forward() for program in programs]
         for output, grad in zip(reversed(outputs), reversed(grads), strict=True):
             if output.requires_grad:
                 output.backward(grad)
-        if cuda:
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000.0)
-        else:
-            times.append(time.perf_counter() - began)
-    return statistics.median(times[repeats // 5:])
+
+    return median_seconds(in_sequence, device, repeats, prepare=clear)
 
 
 def main(argv: list[str] | None = None) -> int:

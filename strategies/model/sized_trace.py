@@ -6,7 +6,10 @@ pads each upsampled map to its skip's size that way. torch.fx's MetaTracer trace
 tensor beside every value, so such reads see this input's sizes and become constants of the
 graph. layerwise builds a graph per input shape anyway; what must not be baked in is the batch,
 which tiles split: the graph is kept only if it runs at another batch as the model does. A pad
-that the size check made zero (even sides) is the identity and leaves the graph.
+that the size check made zero (even sides) is the identity and leaves the graph. A spatial size
+read into an op's arguments (a view by the input's height) becomes a constant too, which no
+check here can tell from a real one: `layerwise verify` proves a plan of such a model exact or
+not, as for any other.
 """
 
 from __future__ import annotations
@@ -104,9 +107,11 @@ def _runs_as_the_model(gm: fx.GraphModule, model: nn.Module,
                 expected = model(torch.empty(input_shape, device=device))
     except Exception:  # any failure: not the model's graph at this batch
         return False
-    outputs = [node for node in gm.graph.nodes if node.op == "output"][0].args[0]
-    got = [value.meta["tensor_meta"].shape for value in fx.node.map_aggregate(
-        outputs, lambda value: value)] if isinstance(outputs, list | tuple) else [
-        outputs.meta["tensor_meta"].shape]
-    wanted = list(expected) if isinstance(expected, list | tuple) else [expected]
-    return [tuple(shape) for shape in got] == [tuple(value.shape) for value in wanted]
+    returned = next(node for node in gm.graph.nodes if node.op == "output").args[0]
+    got = [node.meta["tensor_meta"].shape for node in _flat(returned)]
+    return [tuple(shape) for shape in got] == [tuple(value.shape) for value in _flat(expected)]
+
+
+def _flat(value: Any) -> list[Any]:
+    """A returned value's tensors (or nodes), one level of tuple or list unpacked."""
+    return list(value) if isinstance(value, list | tuple) else [value]
