@@ -934,3 +934,24 @@ class BatchSizedView(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(x.shape[0] if len(x.shape) == 4 else 1, -1)
         return self.fc(flat)
+
+
+class Paddings(nn.Module):
+    """Every way users pad: F.pad replicate of the bottom and right rows (MONAI's UpCat at odd
+    sides), nn.ReflectionPad2d before a valid convolution, nn.ZeroPad2d, a constant F.pad of
+    one side, a circular pad and a crop (a negative pad)."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3) -> None:
+        super().__init__()
+        self.reflect = nn.ReflectionPad2d((1, 2, 2, 1))
+        self.conv = nn.Conv2d(in_channels, 6, 3)
+        self.zero = nn.ZeroPad2d(1)
+        self.head = nn.Conv2d(6, num_classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.pad(x, [0, 1, 0, 1], "replicate")
+        x = torch.relu(self.conv(self.reflect(x)))
+        x = F.pad(self.zero(x), [2, 0], "constant", 0.5)
+        x = F.pad(x, [1, 1, 1, 1], "circular")
+        x = F.pad(x, [-1, -2, -2, -1])
+        return self.head(x).mean((2, 3))

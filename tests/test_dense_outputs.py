@@ -150,20 +150,21 @@ def test_a_decoder_reading_sizes_in_python_traces_with_its_sizes_and_trains_exac
         tmp_path, workers_import_tests):
     """MONAI's UpCat pads each upsampled map to its skip's size by `len(x.shape)` and a
     comparison of sizes, which fx cannot trace: traced again with this input's sizes known,
-    the pad of even sides is zero and leaves the graph, and the network trains equal to one
-    process split over height and width. An odd side needs a real pad, refused in one line; a
-    graph that would hold its batch as a constant is not kept (the tracing error stands)."""
+    the pad of even sides is zero and leaves the graph, an odd side's is a padding layer, and
+    the network trains equal to one process split over height and width. A graph that would
+    hold its batch as a constant is not kept (the tracing error stands)."""
     reference = "tests.idiom_models:SizedDecoder"
-    graph = build_graph(reference, batch=2, image_size=16, in_channels=1, num_classes=3)
-    assert [layer.kind for layer in graph.layers].count("concat") == 1
-    assert graph.param_count == sum(p.numel() for p in SizedDecoder().parameters())
+    even = build_graph(reference, batch=2, image_size=16, in_channels=1, num_classes=3)
+    assert [layer.kind for layer in even.layers].count("pad") == 0
+    assert even.param_count == sum(p.numel() for p in SizedDecoder().parameters())
+    odd = build_graph(reference, batch=2, image_size=17, in_channels=1, num_classes=3)
+    [pad] = [layer for layer in odd.layers if layer.kind == "pad"]
+    assert pad.padding is not None and pad.padding.sides == ((0, 1), (0, 1))
     result = runner.invoke(app, ["verify", reference, "--strategy", "data,spatial",
-                                 "--nproc", "2", "--input-shape", "1,16,16", "--batch", "2",
+                                 "--nproc", "2", "--input-shape", "1,17,17", "--batch", "2",
                                  "--classes", "3", "--steps", "2", "--dataset", "segments",
                                  "--out", str(tmp_path / "v"), "--json"])
     assert result.exit_code == 0, result.output
     assert all(d["exact"] for d in json.loads(result.stdout)["divergences"])
-    with pytest.raises(LayerwiseError, match="fx node 'pad': function pad"):
-        build_graph(reference, batch=2, image_size=17, in_channels=1, num_classes=3)
     with pytest.raises(LayerwiseError, match=r"torch.fx cannot trace .*`flat = x.reshape"):
         build_graph("tests.idiom_models:BatchSizedView", batch=2, image_size=8)

@@ -62,15 +62,25 @@ from layerwise.strategies.model.channel_maps import channel_maps
 from layerwise.strategies.model.elementwise import elementwise_refusal
 from layerwise.strategies.model.fx_nodes import STOCHASTIC_DEPTH, is_stochastic_depth
 from layerwise.strategies.model.op_call import OpCall, function_call, module_call
+from layerwise.strategies.model.padding import PAD_MODES
 from layerwise.strategies.model.sized_trace import trace_module
 
 LayerKind = Literal[
     "input", "conv", "linear", "pool", "adaptive_pool", "add", "concat", "elementwise", "flatten",
-    "resize", "channels",
+    "resize", "channels", "pad",
 ]
 
 BYTES_PER_ELEMENT = 4  # fp32 training, the setting of every paper layerwise implements
 OVER_CHANNELS = "(channels)"  # the op name's suffix of a LayerNorm over the channels alone
+
+# padding modules, by the F.pad mode each runs
+_PAD_MODULES: dict[type[nn.Module], str] = {
+    **dict.fromkeys((nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d,
+                     nn.ConstantPad2d, nn.ConstantPad3d), "constant"),
+    **dict.fromkeys((nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d), "replicate"),
+    **dict.fromkeys((nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d), "reflect"),
+    **dict.fromkeys((nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d), "circular"),
+}
 
 _ELEMENTWISE_MODULES: dict[type[nn.Module], float] = {
     # module type -> forward FLOPs per output element (BatchNorm: normalise + affine)
@@ -175,6 +185,17 @@ class Resize(BaseModel):
     scales: tuple[float | None, ...] = (None, None)  # one per spatial dim
 
 
+class Padding(BaseModel):
+    """A padding's mode, its constant value, and the rows it adds before and after along each
+    spatial dim, the first spatial dim first (negative: cropped)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: str
+    value: float = 0.0
+    sides: tuple[tuple[int, int], ...]
+
+
 # interpolate modes whose tiles are exact along every spatial dim (ops.resize); the others hold
 # them whole
 SPLIT_RESIZE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
@@ -215,6 +236,7 @@ class Layer(BaseModel):
     geometry: Geometry | None = None
     concat_dim: int | None = None
     resize: Resize | None = None
+    padding: Padding | None = None
     fused: tuple[FusedOp, ...] = ()
     # an elementwise op taken by its nature, as the profiler (which times shapes without the
     # model) runs it; None for every op the layer graph names
@@ -357,6 +379,7 @@ class LayerGraph(BaseModel):
                                           else {"transposed"}) if layer.geometry else None,
                 layer.concat_dim,
                 *([layer.resize.model_dump()] if layer.resize else []),
+                *([layer.padding.model_dump()] if layer.padding else []),
                 *([list(layer.channels)] if layer.channels else []),
             ]
             for layer in self.layers
@@ -546,6 +569,7 @@ class _Raw(BaseModel):
     geometry: Geometry | None = None
     concat_dim: int | None = None
     resize: Resize | None = None
+    padding: Padding | None = None
     fused: list[FusedOp] = []
     function: OpCall | None = None
     elementwise_flops_per_element: float = 0.0
@@ -804,6 +828,10 @@ class _Builder:
         if isinstance(module, nn.Upsample):
             return self._resize(node, common, op, target, module.scale_factor, module.mode,
                                 module.align_corners, module.recompute_scale_factor, False)
+        for pad_type, mode in _PAD_MODULES.items():
+            if isinstance(module, pad_type):
+                return self._pad(node, common, op, target, tuple(module.padding), mode,
+                                 float(getattr(module, "value", 0.0)))
         if isinstance(module, nn.PReLU):  # a slope per channel, sharded along c, or one that
             # every channel tile holds (Layer.channel_dim)
             return _Raw(kind="elementwise", op=op, target=target, param_shapes=params,
@@ -838,6 +866,10 @@ class _Builder:
             )
             return _Raw(kind="pool", op=_POOL_FUNCTIONS[fn], target=name, param_shapes={},
                         flops=out * _numel(kernel), geometry=geometry, **common)
+        if fn in (F.pad, torch._C._nn.pad):
+            return self._pad(node, common, "pad", name, tuple(_call_arg(node, 1, "pad", ())),
+                             _call_arg(node, 2, "mode", "constant"),
+                             float(_call_arg(node, 3, "value", None) or 0.0))
         if fn is F.interpolate:
             return self._resize(node, common, "interpolate", name,
                                 _call_arg(node, 2, "scale_factor", None),
@@ -995,6 +1027,26 @@ class _Builder:
                       "computed by the full op only, so the spatial dims stay whole")
         return raw
 
+    def _pad(self, node: fx.Node, common: dict[str, Any], op: str, target: str,
+             pad: tuple[int, ...], mode: str, value: float) -> _Raw:
+        """A padding of the spatial dims (F.pad, nn.ZeroPad2d, nn.ReplicationPad3d, ...): each
+        output row copies one input row or is the constant (padding.py), so a tile is a gather
+        of its needed input box, split along every dim. Padding the channels or the batch is
+        refused."""
+        spatial = len(common["input_shapes"][0]) - 2
+        if mode not in PAD_MODES or spatial not in SPATIAL_DIMS or len(pad) % 2:
+            raise self._unsupported(node, f"{op} in mode {mode} of a "
+                                    f"{len(common['input_shapes'][0])}-d tensor")
+        if len(pad) // 2 > spatial:
+            raise self._unsupported(node, f"{op} of the channels or the batch ({list(pad)}): "
+                                    "layerwise pads spatial dims only")
+        sides = [(0, 0)] * spatial  # F.pad's list runs from the last dim backwards
+        for index in range(len(pad) // 2):
+            sides[spatial - 1 - index] = (int(pad[2 * index]), int(pad[2 * index + 1]))
+        label = op if op != "pad" else f"pad({mode})"
+        return _Raw(kind="pad", op=label, target=target, param_shapes={}, flops=0,
+                    padding=Padding(mode=mode, value=value, sides=tuple(sides)), **common)
+
     def _group_norm(self, common: dict[str, Any], op: str, target: str,
                     params: dict[str, tuple[int, ...]], groups: int) -> _Raw:
         """GroupNorm: per-sample statistics over each group's channels and the whole plane
@@ -1119,9 +1171,9 @@ class _Builder:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
-            "1-3d convolutions (transposed too), Linear, pooling, upsampling, norms, "
-            "activations, dropout, add, cat, channel chunks and shuffles, flatten, spatial "
-            "means"
+            "1-3d convolutions (transposed too), Linear, pooling, upsampling, padding of the "
+            "spatial dims, norms, activations, dropout, add, cat, channel chunks and shuffles, "
+            "flatten, spatial means"
         )
 
 
@@ -1356,7 +1408,7 @@ def _build(gm: fx.GraphModule, input_shape: tuple[int, ...], label: str) -> Laye
             inputs=tuple(raw.inputs), input_shapes=tuple(raw.input_shapes),
             output_shape=raw.output_shape, param_shapes=raw.param_shapes, flops=raw.flops,
             geometry=raw.geometry, concat_dim=raw.concat_dim, resize=raw.resize,
-            fused=tuple(raw.fused), function=raw.function,
+            padding=raw.padding, fused=tuple(raw.fused), function=raw.function,
             max_degrees=raw.max_degrees, held_reason=raw.held_reason, reads=tuple(raw.reads),
             before=raw.before, after=raw.after, channels=raw.channels,
         )

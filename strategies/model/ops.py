@@ -28,12 +28,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from layerwise.strategies.errors import ConfigError
-from layerwise.strategies.model.graph import OVER_CHANNELS, Geometry, Layer, Resize
+from layerwise.strategies.model.graph import OVER_CHANNELS, Geometry, Layer, Padding, Resize
+from layerwise.strategies.model.padding import source_rows
 from layerwise.strategies.model.resize import resize_taps
 from layerwise.strategies.model.tiles import Box, Range, needed_range, real_box
 
@@ -572,6 +574,30 @@ def activation(x: Tensor, function: Callable[[Tensor], Tensor], writes_input: bo
     return function(x.clone() if writes_input else x)
 
 
+def pad(x: Tensor, out_box: Box, in_start: Sizes, padding: Padding, in_size: Sizes) -> Tensor:
+    """The rows out_box of a padding (graph.py's kind "pad") from the needed input box x, whose
+    first row along each spatial dim is global `in_start`: along each padded dim, a gather of
+    the input row each output row copies (padding.source_rows), the constant where it copies
+    none. The same values torch's pad writes; its backward sums each row's gradients as
+    torch's does, in another order."""
+    for axis, (before, after) in enumerate(padding.sides):
+        if before == after == 0:
+            continue
+        dim = 2 + axis
+        start, stop = out_box[dim]
+        rows = source_rows(padding.mode, before, after, in_size[axis], start, stop)
+        inside = torch.from_numpy(rows >= 0).to(x.device)
+        local = torch.from_numpy(np.where(rows >= 0, rows - in_start[axis], 0)).to(x.device)
+        gathered = x.index_select(dim, local)
+        if not bool(inside.all()):
+            shape = [1] * x.dim()
+            shape[dim] = stop - start
+            gathered = torch.where(inside.view(shape), gathered,
+                                   torch.tensor(padding.value, dtype=x.dtype, device=x.device))
+        x = gathered
+    return x
+
+
 def channel_map(x: Tensor, sources: Sequence[int], first_channel: int) -> Tensor:
     """A tile of a channel map (a chunk, slice or shuffle of the channels): output channel j
     is channel `sources[j]` of the input, whose box `x` starts at channel `first_channel`."""
@@ -624,6 +650,9 @@ def layer_op(layer: Layer, inputs: Sequence[Tensor | None], weight: Tensor | Non
         assert layer.resize is not None
         return resize(first, own, _needed_starts(layer, box, rank), layer.resize, in_size,
                       layer.output_shape[2:])
+    if kind == "pad":
+        assert layer.padding is not None
+        return pad(first, own, _needed_starts(layer, box, rank), layer.padding, in_size)
     if kind == "channels":
         return channel_map(first, layer.channels[box[1][0]:box[1][1]],
                            needed_range(layer, 0, 1, box[1])[0])

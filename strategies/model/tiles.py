@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.model.graph import SPLIT_RESIZE_MODES, Layer, LayerGraph
+from layerwise.strategies.model.padding import source_reach
 from layerwise.strategies.model.resize import resize_taps
 from layerwise.strategies.model.space import (
     DIMS,
@@ -127,6 +128,12 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
             return (0, in_size)
         first, last = resize_reach(layer, dim)
         return (first[start], last[stop - 1] + 1)
+    if kind == "pad" and layer.padding is not None:
+        axis = dim - VIEW + len(layer.padding.sides)
+        before, after = layer.padding.sides[axis]
+        if before == after == 0:
+            return out
+        return source_reach(layer.padding.mode, before, after, in_size, start, stop)
     if kind == "adaptive_pool":
         out_size = as_view(layer.output_shape)[dim]
         return (start * in_size // out_size, -(-stop * in_size // out_size))
