@@ -1171,9 +1171,8 @@ class _Builder:
         described = what or f"{node.op} {node.target}"
         return GraphError(
             f"unsupported operation at fx node '{node.name}': {described}; layerwise handles "
-            "1-3d convolutions (transposed too), Linear, pooling, upsampling, padding of the "
-            "spatial dims, norms, activations, dropout, add, cat, channel chunks and shuffles, "
-            "flatten, spatial means"
+            "convolutions (1-3d, transposed), Linear, pooling, upsampling, padding, norms, "
+            "activations, dropout, add, cat, channel maps, flatten, spatial means"
         )
 
 
