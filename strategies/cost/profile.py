@@ -632,7 +632,8 @@ def _cuda_times(parts: Sequence[Callable[[], None]], repeats: int, budget_s: flo
             part()
             end.record()
         runs.append(events)
-    runs[-1][-1].synchronize()
+    if runs:  # none for a warm-up of 0 runs
+        runs[-1][-1].synchronize()
     return [[start.elapsed_time(end) / 1000.0  # elapsed_time is in ms
              for start, end in itertools.pairwise(events)] for events in runs]
 
