@@ -179,7 +179,6 @@ class Reference:
     correct: int | None = None
     images: int | None = None  # validation predictions (positions of a dense output)
     error: str | None = None
-    per_sample: int = 1
 
     @property
     def accuracy(self) -> float | None:
@@ -350,11 +349,11 @@ def _reference_accuracy(context: Context, model: ModelVersion, graph: LayerGraph
                 model.name, REFERENCE_STRATEGY, options, config.steps, out,
                 config.train_deadline_s, graph)
         with context.clock.stage("validate"):
-            correct, images, per_sample = measure_accuracy.with_options(
+            correct, images, _ = measure_accuracy.with_options(
                 task_run_name=f"validate[{label}]")(out)
     except Exception as error:  # every strategy's run reports it; the flow goes on
         return Reference(error=f"the one-process reference failed: {error}")
-    return Reference(correct=correct, images=images, per_sample=per_sample)
+    return Reference(correct=correct, images=images)
 
 
 def _benchmark_strategy(context: Context, model: ModelVersion, graph: LayerGraph,
