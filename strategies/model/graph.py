@@ -62,7 +62,7 @@ from layerwise.strategies.model.channel_maps import channel_maps
 from layerwise.strategies.model.elementwise import elementwise_refusal
 from layerwise.strategies.model.fx_nodes import STOCHASTIC_DEPTH, is_stochastic_depth
 from layerwise.strategies.model.op_call import OpCall, function_call, module_call
-from layerwise.strategies.model.padding import PAD_MODES
+from layerwise.strategies.model.padding import PAD_FUNCTIONS, PAD_MODES
 from layerwise.strategies.model.sized_trace import trace_module
 
 LayerKind = Literal[
@@ -866,7 +866,7 @@ class _Builder:
             )
             return _Raw(kind="pool", op=_POOL_FUNCTIONS[fn], target=name, param_shapes={},
                         flops=out * _numel(kernel), geometry=geometry, **common)
-        if fn in (F.pad, torch._C._nn.pad):
+        if fn in PAD_FUNCTIONS:
             return self._pad(node, common, "pad", name, tuple(_call_arg(node, 1, "pad", ())),
                              _call_arg(node, 2, "mode", "constant"),
                              float(_call_arg(node, 3, "value", None) or 0.0))

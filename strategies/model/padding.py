@@ -11,8 +11,12 @@ it, circular wraps, a negative pad crops.
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 PAD_MODES = ("constant", "replicate", "reflect", "circular")
+# how a traced graph names F.pad: the Python function, or the builtin it forwards to
+PAD_FUNCTIONS = (F.pad, torch._C._nn.pad)
 
 
 def source_rows(mode: str, before: int, after: int, size: int, start: int,

@@ -6,7 +6,8 @@ pads each upsampled map to its skip's size that way. torch.fx's MetaTracer trace
 tensor beside every value, so such reads see this input's sizes and become constants of the
 graph. layerwise builds a graph per input shape anyway; what must not be baked in is the batch,
 which tiles split: the graph is kept only if it runs at another batch as the model does. A pad
-that the size check made zero (even sides) is the identity and leaves the graph. A spatial size
+that the size check made zero (even sides) is the identity and leaves the graph (any traced
+graph's zero pads do: `trace_module`). A spatial size
 read into an op's arguments (a view by the input's height) becomes a constant too, which no
 check here can tell from a real one: `layerwise verify` proves a plan of such a model exact or
 not, as for any other.
@@ -23,13 +24,12 @@ from copy import deepcopy
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.meta_tracer import MetaTracer
 from torch.fx.passes.shape_prop import ShapeProp
 
-_PADS = (F.pad, torch._C._nn.pad)
+from layerwise.strategies.model.padding import PAD_FUNCTIONS
 
 
 @contextlib.contextmanager
@@ -57,12 +57,14 @@ def trace_module(module: nn.Module, input_shape: tuple[int, ...]) -> fx.GraphMod
     fx's own error where neither works."""
     try:
         with proxies_are_tensors():
-            return fx.symbolic_trace(module)
+            gm = fx.symbolic_trace(module)
     except Exception:
         sized = traced_at_its_sizes(module, input_shape)
         if sized is None:
             raise
         return sized
+    _drop_zero_pads(gm)
+    return gm
 
 
 def traced_at_its_sizes(model: nn.Module, input_shape: tuple[int, ...]) -> fx.GraphModule | None:
@@ -86,7 +88,7 @@ def _drop_zero_pads(gm: fx.GraphModule) -> None:
     """Pads of zero on every side (a size check that found nothing to pad) pass their input
     on: the identity."""
     for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target in _PADS:
+        if node.op == "call_function" and node.target in PAD_FUNCTIONS:
             pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad")
             if isinstance(pad, list | tuple) and not any(pad):
                 node.replace_all_uses_with(node.args[0])
