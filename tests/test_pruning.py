@@ -111,15 +111,41 @@ def test_the_end_devices_bound_transfers_from_below_and_are_exact_on_two_devices
         assert (lower[small] == exact[small]).all()
 
 
-@pytest.mark.parametrize("terms_kept", [True, False])
+@pytest.mark.parametrize(("model", "devices", "image_size"),
+                         [("resnet18", 16, 32), ("unet3d", 8, 16), ("m5", 16, 4000)])
+def test_bounds_from_the_ends_tables_are_those_of_the_whole_tables_bit_for_bit(
+        model, devices, image_size, monkeypatch):
+    """From 32 devices on, a bound's passes read tables of each side's end devices only
+    (`ConfigTable`'s ends_only): every bound is the one the whole tables give, bit for bit, on
+    the edge from the input, residual, strided, 3-d (depth) and 1-d edges, across nodes whose
+    ports are shared, uneven tiles included."""
+    graph = build_graph(model, batch=3 * devices, image_size=image_size)
+    cluster = load_cluster("p100x16")
+    assert any(link.shared_by > 1 for _, link in cluster.link_tiers())
+
+    def bounds(ends_from: int) -> list[np.ndarray]:
+        monkeypatch.setattr(tables, "ENDS_TABLES_FROM_DEVICES", ends_from)
+        cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
+        return [cost.edge_lower_bound(graph.by_name[u], graph.by_name[v])
+                for u, v in graph.edges[:8]]
+
+    ends, whole = bounds(0), bounds(devices + 1)
+    assert graph.by_name[graph.edges[0][0]].kind == "input"
+    assert [array.tobytes() for array in ends] == [array.tobytes() for array in whole]
+
+
+@pytest.mark.parametrize("terms", ["kept", "over budget", "ends tables"])
 def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_for_bit(
-        terms_kept, monkeypatch):
+        terms, monkeypatch):
     """The search's exact t_x between the kept configs reads the per-device terms its bounds
-    built (or, past their memory budget, builds the kept configs' own); every entry is the
-    whole matrix's, bit for bit, in the order the configs are asked for: on the edge from the
-    input (no backward), residual and strided edges, across nodes whose ports are shared."""
-    if not terms_kept:
+    built (or, past their memory budget or where the bounds read ends-only tables, builds the
+    kept configs' own); every entry is the whole matrix's, bit for bit, in the order the
+    configs are asked for: on the edge from the input (no backward), residual and strided
+    edges, across nodes whose ports are shared."""
+    if terms == "over budget":
         monkeypatch.setattr(tables, "_KEPT_SIDES_BYTES", 0)
+    elif terms == "ends tables":
+        monkeypatch.setattr(tables, "ENDS_TABLES_FROM_DEVICES", 0)
     graph = build_graph("resnet18", batch=16 * 8, image_size=32)
     cluster = load_cluster("p100x16")
     assert any(link.shared_by > 1 for _, link in cluster.link_tiers())

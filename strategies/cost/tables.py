@@ -45,6 +45,8 @@ _CONFIG_TABLE_BYTES = 112
 _PAIR_BYTES = 32
 # the search keeps each edge's per-device terms from its bounds to its exact pass up to this
 _KEPT_SIDES_BYTES = 96 << 20
+# from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
+ENDS_TABLES_FROM_DEVICES = 32
 
 # Dimensions whose per-dim tables are multiplied into one table: (n, c), (h, w) and (d, pad).
 # Every group is two dims, so depth is paired with a padding dim of size 1 that no config
@@ -207,7 +209,13 @@ def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:
 
 def _unit_runs(config: ParallelConfig, unit: int) -> dict[int, list[tuple[int, int]]]:
     """The aligned runs of tile positions (start, log2 length) that each unit holds."""
-    block = config.devices
+    return _block_runs(config.devices, unit)
+
+
+@cache
+def _block_runs(block: tuple[int, ...], unit: int) -> dict[int, list[tuple[int, int]]]:
+    """`_unit_runs` of the configs on `block`: the runs depend on the devices alone, and a
+    search space puts many configs on each block (at 64 devices, 848 configs on 127)."""
     start = block[0]
     if block == tuple(range(start, start + len(block))):
         # a contiguous block: each unit holds one range of positions
@@ -309,18 +317,32 @@ class ConfigTable:
     per group. `sharing` (configs, D, link classes) holds, for each config's devices, how many
     of its devices sit behind each class's port (`shared_by` devices per port; None where no
     port is shared).
+
+    `ends_only`: each config's tiles on its first and last devices only (`_ends`), the only
+    ones a bound's pass reads on this side: a device's states are then a few per exponent pair
+    instead of one per tile, so the edge tables indexed by them shrink by as much (on 256
+    devices, 90 states against 4,097 per group). Its sharing still counts every device of a
+    config, and it has no tier views (`tiers` is empty: the pass that reads them reads the
+    other side's).
     """
 
     def __init__(self, configs: Sequence[ParallelConfig], devices: int, units: Sequence[int],
-                 single: np.ndarray, shared_by: Sequence[int]) -> None:
+                 single: np.ndarray, shared_by: Sequence[int], ends_only: bool = False) -> None:
         count = len(configs)
         self.single = single
         self.exponents = np.zeros((count, _TABLE_DIMS), dtype=np.int64)
         # tile index along each dim of the tile held by each device; -1 where none
         self.tile_of = np.full((count, devices, _TABLE_DIMS), -1, dtype=np.int64)
+        member = np.zeros((count, devices), dtype=bool)
         for row, config in enumerate(configs):
             self.exponents[row, :_PAD] = [degree.bit_length() - 1 for degree in config.degrees]
-            self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
+            member[row, list(config.devices)] = True
+            if ends_only:
+                ends = sorted({0, config.size - 1})
+                self.tile_of[row, [config.devices[at] for at in ends]] = _tile_indices(
+                    config.degrees)[ends]
+            else:
+                self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
         # one past the highest device of each config: devices beyond hold no tile
         levels = devices.bit_length()
         width = (1 << (levels - 1)) + 1
@@ -347,10 +369,11 @@ class ConfigTable:
         self.by_size = _by_size(configs)
         self.ends = _ends(self.by_size)
         first = len(single)
-        self.tiers = tuple(_tier_views(configs[first:], self.exponents[first:], devices, unit)
-                           for unit in units)
+        self.tiers = () if ends_only else tuple(
+            _tier_views(configs[first:], self.exponents[first:], devices, unit)
+            for unit in units)
         self.sharing = (None if all(size == 1 for size in shared_by)
-                        else _sharing(self.tile_of[..., 0] >= 0, shared_by))
+                        else _sharing(member, shared_by))
 
 
 def _sharing(member: np.ndarray, shared_by: Sequence[int]) -> np.ndarray:
@@ -438,6 +461,12 @@ def _bound(groups: Sequence[GroupTerms]) -> int:
                math.prod(int(group.row.max(initial=0)) for group in groups))
 
 
+def _spread(small: np.ndarray, at_rows: np.ndarray, at_columns: np.ndarray) -> np.ndarray:
+    """A table over distinct runs and tiles spread over the states: rows first (few columns),
+    then columns."""
+    return np.take(small.take(at_rows, axis=0), at_columns, axis=1)
+
+
 def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """first * second of int32 element counts, in int64 where a product could reach 2^31."""
     if int(first.max(initial=0)) * int(second.max(initial=0)) >= _INT32_LIMIT:
@@ -482,7 +511,8 @@ class EdgeDims:
                 p_at = p.state_exponents[k] * width + p.state_tiles[k]
                 q_at = q.state_exponents[k] * width + q.state_tiles[k]
                 parts.append((
-                    np.take(table.pairs[p_at], q_at, axis=1),  # (S, T)
+                    _spread(table.pairs[p.dim_tiles[k]][:, q.dim_tiles[k]], p.dim_tile_of[k],
+                            q.dim_tile_of[k]),  # (S, T), from the distinct tiles along dim
                     np.take(table.producers_touching[p.pair_exponents[k]], q_at,
                             axis=1),  # (A, T)
                     np.take(table.row_sum[p_at], q.pair_exponents[k], axis=1),  # (S, B)
@@ -497,22 +527,37 @@ class EdgeDims:
                 row=row * row_1, sent=sent * sent_1))
         return tuple(groups)
 
-    def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[TierTerms, ...]:
+    def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable,
+                   passes: str = "both") -> tuple[TierTerms, ...]:
         """Per tier of the cluster, the per-dim tables over the runs of tiles its units hold
         (`TierViews`), multiplied into one table per group of two dims. Along one dim a run
         is tiles [low, high) of 2^fine, the range of tile `tile` of 2^coarse; each table is
-        computed over the distinct runs and tiles of the dim, then spread over the states."""
+        computed over the distinct runs and tiles of the dim, then spread over the states.
+        `passes`: "forward" builds the forward tables only (over the producer's runs: `ptab`
+        needs tier views, `qtab` none), "backward" the backward ones only (the other way),
+        "both" all."""
+        if passes == "both":
+            views = list(zip(ptab.tiers, qtab.tiers, strict=True))
+        else:
+            views = [(view, None) if passes == "forward" else (None, view)
+                     for view in (ptab.tiers if passes == "forward" else qtab.tiers)]
+        return tuple(self._tier_terms(ptab, qtab, p_view, q_view) for p_view, q_view in views)
+
+    def _tier_terms(self, ptab: ConfigTable, qtab: ConfigTable, p_view: TierViews | None,
+                    q_view: TierViews | None) -> TierTerms:
+        """One tier's tables: the forward ones where `p_view` is given, the backward ones
+        where `q_view` is."""
         levels, width = self.dims[0].need_len.shape
-        tiers = []
-        active = self.active
-        for p_view, q_view in zip(ptab.tiers, qtab.tiers, strict=True):
-            same, touch, row, sent = [], [], [], []
-            for group in active:
-                dims = _GROUPS[group]
-                p, q = ptab.groups[group], qtab.groups[group]
-                parts = []
-                for k, dim in enumerate(dims):
-                    table = self.dims[dim]
+        same: list[np.ndarray] = []
+        touch: list[np.ndarray] = []
+        row: list[np.ndarray] = []
+        sent: list[np.ndarray] = []
+        for group in self.active:
+            p, q = ptab.groups[group], qtab.groups[group]
+            forward, backward = [], []
+            for k, dim in enumerate(_GROUPS[group]):
+                table = self.dims[dim]
+                if p_view is not None:
                     # forward: a producer unit's run against each consumer tile; a run
                     # covers the coarse tile's range, so its elements are one overlap
                     columns = q.dim_tiles[k]
@@ -522,6 +567,10 @@ class EdgeDims:
                     below = np.zeros((levels, width + 1, len(columns)), dtype=np.int32)
                     np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
                     touched = below[fine, high] - below[fine, low]
+                    # spread over the states: rows first (few columns), then columns
+                    at = (p_view.run_of[group][k], q.dim_tile_of[k])
+                    forward.append(tuple(_spread(small, *at) for small in (shared, touched)))
+                if q_view is not None:
                     # backward: each producer tile against a consumer unit's run
                     overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)
                     fine, _, _, low, high = q_view.runs[group][k]
@@ -532,21 +581,17 @@ class EdgeDims:
                     below = np.zeros((len(overlap), levels, width + 1), dtype=np.int32)
                     np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
                     feeds = below[:, fine, high] - below[:, fine, low]
-                    # spread over the states: rows first (few columns), then columns
-                    forward = (p_view.run_of[group][k], q.dim_tile_of[k])
-                    backward = (p.dim_tile_of[k], q_view.run_of[group][k])
-                    parts.append(tuple(
-                        np.take(small.take(at_rows, axis=0), at_columns, axis=1)
-                        for small, (at_rows, at_columns) in (
-                            (shared, forward), (touched, forward), (rows, backward),
-                            (feeds, backward))))
-                (shared, touched, rows, feeds), (shared_1, touched_1, rows_1, feeds_1) = parts
+                    at = (p.dim_tile_of[k], q_view.run_of[group][k])
+                    backward.append(tuple(_spread(small, *at) for small in (rows, feeds)))
+            if forward:
+                (shared, touched), (shared_1, touched_1) = forward
                 same.append(_product(shared, shared_1))
                 touch.append(touched * touched_1)
+            if backward:
+                (rows, feeds), (rows_1, feeds_1) = backward
                 row.append(_product(rows, rows_1))
                 sent.append(feeds * feeds_1)
-            tiers.append(TierTerms(same=same, touch=touch, row=row, sent=sent))
-        return tuple(tiers)
+        return TierTerms(same=same, touch=touch, row=row, sent=sent)
 
 
 @dataclass(frozen=True)
@@ -602,24 +647,21 @@ class ProducerSide:
     same_at: list[np.ndarray]  # per group: (D, P) its row offset into `same` (state x T)
     same: list[np.ndarray]  # per group: (S, T) `GroupTerms.same`
     recv: list[np.ndarray]  # per group: (T, P) producer tiles a consumer state needs
-    # the first configs' senders are all in one link class of each device: its figures,
+    # the first configs' senders are all in one link class of each device: that class,
     # (D, single); the other configs' by the runs of producer tiles each device's units hold
-    seconds_per_element: np.ndarray
-    latency: np.ndarray
-    classes: np.ndarray  # (D, single): the link class of those figures
+    classes: np.ndarray
     tiers: list[TierSide]
     sharing: np.ndarray | None  # `ConfigTable.sharing`, in the table's order
 
     def narrowed(self, at: np.ndarray) -> ProducerSide:
         """The terms of the producer configs at sorted table positions `at` only (the
         single-class configs stay first)."""
-        single, mixed = _split(at, self.seconds_per_element.shape[1])
+        single, mixed = _split(at, self.classes.shape[1])
         return ProducerSide(
             state=[state[:, at] for state in self.state],
             same_at=[same_at[:, at] for same_at in self.same_at], same=self.same,
             recv=[recv[:, at] for recv in self.recv],
-            seconds_per_element=self.seconds_per_element[:, single],
-            latency=self.latency[:, single], classes=self.classes[:, single],
+            classes=self.classes[:, single],
             tiers=[tier.narrowed(mixed) for tier in self.tiers],
             sharing=None if self.sharing is None else self.sharing[at])
 
@@ -632,20 +674,17 @@ class ConsumerSide:
     row: list[np.ndarray]  # per group: (S, Q) elements of a producer state needed in all
     sent: list[np.ndarray]  # per group: (S, Q) consumer tiles a producer state feeds
     need: np.ndarray  # (D, Q) elements each device's consumer tile needs
-    seconds_per_element: np.ndarray  # (D, single) as `ProducerSide`'s
-    latency: np.ndarray
-    classes: np.ndarray
+    classes: np.ndarray  # (D, single) as `ProducerSide`'s
     tiers: list[TierSide]
     sharing: np.ndarray | None
 
     def narrowed(self, at: np.ndarray) -> ConsumerSide:
         """The terms of the consumer configs at sorted table positions `at` only."""
-        single, mixed = _split(at, self.seconds_per_element.shape[1])
+        single, mixed = _split(at, self.classes.shape[1])
         return ConsumerSide(
             state=[state[:, at] for state in self.state], row=[row[:, at] for row in self.row],
             sent=[sent[:, at] for sent in self.sent], need=self.need[:, at],
-            seconds_per_element=self.seconds_per_element[:, single],
-            latency=self.latency[:, single], classes=self.classes[:, single],
+            classes=self.classes[:, single],
             tiers=[tier.narrowed(mixed) for tier in self.tiers],
             sharing=None if self.sharing is None else self.sharing[at])
 
@@ -715,13 +754,20 @@ def _rates(links: Sequence[LinkClass],
             for k, link in enumerate(links)]
 
 
-def _single_rates(per_element: np.ndarray, classes: np.ndarray,
-                  sharing: np.ndarray | None) -> np.ndarray:
-    """The single-class configs' seconds per element on a block's receiving devices
-    ((configs, devices, single)), their class's shared port priced as `_rates` does."""
+def _single_figures(links: Sequence[LinkClass], classes: np.ndarray,
+                    sharing: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per element and latency of the single-class configs on a block's receiving
+    devices, (configs, devices, single) from each device's class (`classes`), a shared port
+    priced as `_rates` does: the class's figures gathered from a table of each link class
+    (and, where ports are shared, of each receiving device), one gather each."""
+    per_element = np.array([link.seconds_per_element for link in links])
+    latency = np.array([link.latency for link in links]).take(classes)
     if sharing is None:
-        return per_element
-    return per_element * np.take_along_axis(sharing, classes, axis=2)
+        return per_element.take(classes), latency
+    count, tiles, kinds = sharing.shape
+    rates = per_element * sharing  # (configs, devices, classes), in float64
+    at = np.arange(count * tiles, dtype=np.int64).reshape(count, tiles, 1) * kinds + classes
+    return rates.reshape(-1).take(at), latency
 
 
 def _rows(table: np.ndarray, dtype: type) -> np.ndarray:
@@ -752,14 +798,14 @@ def _forward_block(producer: ProducerSide, consumer: ConsumerSide, links: Sequen
     need = consumer.need[devices, columns[:, None]][..., None]
     remote = np.subtract(need, same)
     forward = np.empty((len(columns), same.shape[2]))
-    first = producer.seconds_per_element.shape[1]
+    first = producer.classes.shape[1]
     sharing = (None if consumer.sharing is None
                else consumer.sharing[columns[:, None], devices])  # the receivers' ports
     if first:
-        one = remote[..., :first] * _single_rates(producer.seconds_per_element[devices],
-                                                  producer.classes[devices], sharing)
+        rate, latency = _single_figures(links, producer.classes[devices], sharing)
+        one = remote[..., :first] * rate
         messages = np.subtract(recv[..., :first], same[..., :first] > 0)
-        one += messages * producer.latency[devices]
+        one += messages * latency
         forward[:, :first] = one.max(axis=1)
     if first < same.shape[2]:
         same, recv = same[..., first:], recv[..., first:]
@@ -789,15 +835,14 @@ def _backward_block(producer: ProducerSide, consumer: ConsumerSide, links: Seque
         sent = part if sent is None else np.multiply(sent, part, out=sent)
     assert same is not None and row_sum is not None and sent is not None  # two groups at least
     back = np.empty((len(rows), same.shape[2]))
-    first = consumer.seconds_per_element.shape[1]
+    first = consumer.classes.shape[1]
     sharing = (None if producer.sharing is None
                else producer.sharing[rows[:, None], devices])  # the receivers' ports
     if first:
-        one = np.subtract(row_sum[..., :first], same[..., :first])
-        one = one * _single_rates(consumer.seconds_per_element[devices],
-                                  consumer.classes[devices], sharing)
+        rate, latency = _single_figures(links, consumer.classes[devices], sharing)
+        one = np.subtract(row_sum[..., :first], same[..., :first]) * rate
         messages = np.subtract(sent[..., :first], same[..., :first] > 0)
-        one += messages * consumer.latency[devices]
+        one += messages * latency
         back[:, :first] = one.max(axis=1)
     if first < same.shape[2]:
         same, row_sum, sent = same[..., first:], row_sum[..., first:], sent[..., first:]
@@ -988,13 +1033,32 @@ class TransferTables:
         key = (*self._sides_key(producer, consumer, producer_configs, consumer_configs,
                                 spaces), ends_only)
         if key not in self._matrices:
-            if ends_only:  # the bounds' sides, kept for the exact pass over the kept configs
+            if ends_only and self.devices >= ENDS_TABLES_FROM_DEVICES:
+                self._matrices[key] = self._bounds_from_ends(producer, consumer,
+                                                             producer_configs, consumer_configs)
+            elif ends_only:  # the bounds' sides, kept for the exact pass over the kept configs
                 sides = self._whole_sides(producer, consumer, producer_configs,
                                           consumer_configs, spaces)
+                self._matrices[key] = self._pairs(sides, ends_only)
             else:
                 sides = self._sides_of(producer, consumer, producer_configs, consumer_configs)
-            self._matrices[key] = self._pairs(sides, ends_only)
+                self._matrices[key] = self._pairs(sides, ends_only)
         return self._matrices[key]
+
+    def _bounds_from_ends(self, producer: Layer, consumer: Layer,
+                          producer_configs: Sequence[ParallelConfig],
+                          consumer_configs: Sequence[ParallelConfig],
+                          ) -> tuple[np.ndarray, None]:
+        """`_pairs(ends_only=True)` from tables of the ends each pass reads: the forward pass
+        over the consumers' ends and the backward over the producers', each side's states
+        then a few per exponent pair (`ConfigTable`'s `ends_only`); bit for bit the same
+        bounds. Nothing is kept for the exact pass: it builds the kept configs' own sides."""
+        dims = self._edge_dims(producer, consumer)
+        backward = producer.kind != "input"
+        forward = self._sides(dims, producer_configs, consumer_configs, backward, "forward")
+        return self._pairs(forward, ends_only=True, backward_sides=self._sides(
+            dims, producer_configs, consumer_configs, backward, "backward")
+            if backward else None)
 
     def _space_id(self, space: Hashable, configs: Sequence[ParallelConfig]) -> int:
         """Equal search spaces (as lists of configs) get equal ids."""
@@ -1098,10 +1162,12 @@ class TransferTables:
             self._classes[block] = np.where(high <= low, low, -1)
         return self._classes[block]
 
-    def _config_table(self, configs: Sequence[ParallelConfig]) -> tuple[np.ndarray, ConfigTable]:
+    def _config_table(self, configs: Sequence[ParallelConfig],
+                      ends_only: bool = False) -> tuple[np.ndarray, ConfigTable]:
         """The config table of `configs` in its order (those in one link class of each device
-        first), and that order (cached: layers share search spaces)."""
-        key = tuple((config.degrees, config.devices) for config in configs)
+        first), and that order (cached: layers share search spaces); `ends_only` as
+        `ConfigTable`'s, in the same order."""
+        key = (tuple((config.degrees, config.devices) for config in configs), ends_only)
         if key not in self._config_tables:
             classes = np.array([self._link_classes(config.devices)
                                 for config in configs]).reshape(len(configs), self.devices)
@@ -1109,19 +1175,22 @@ class TransferTables:
             order = np.argsort(mixed, kind="stable")
             table = ConfigTable([configs[index] for index in order], self.devices,
                                 self._units, classes[order[:len(configs) - mixed.sum()]],
-                                [link.shared_by for link in self._links])
+                                [link.shared_by for link in self._links], ends_only)
             self._config_tables[key] = (order, table)
         return self._config_tables[key]
 
     def _sides(self, dims: EdgeDims, pconfs: Sequence[ParallelConfig],
-               qconfs: Sequence[ParallelConfig], backward: bool) -> EdgeSides:
+               qconfs: Sequence[ParallelConfig], backward: bool,
+               passes: str = "both") -> EdgeSides:
         """The per-device terms `_pairs` describes, of every producer and consumer config: what
-        each block of pairs reads, whichever pairs are priced."""
-        (porder, ptab), (qorder, qtab) = self._config_table(pconfs), self._config_table(qconfs)
-        per_element = np.array([link.seconds_per_element for link in self._links])
-        latency = np.array([link.latency for link in self._links])
+        each block of pairs reads, whichever pairs are priced. `passes` "forward" builds what
+        a bound's forward pass reads (the consumers' ends-only table: `ConfigTable`),
+        "backward" what its backward pass reads (the producers'); the other pass's tier terms
+        are then empty."""
+        (porder, ptab) = self._config_table(pconfs, ends_only=passes == "backward")
+        (qorder, qtab) = self._config_table(qconfs, ends_only=passes == "forward")
         groups = dims.terms(ptab, qtab)
-        tiers = dims.tier_terms(ptab, qtab)
+        tiers = dims.tier_terms(ptab, qtab, passes)
         need = dims.need(qtab)  # (Q, D) needed elements of each consumer tile
         # element counts in int32 where no product can reach 2^31 (counts of tiles always;
         # a unit's elements are at most all of them)
@@ -1137,8 +1206,6 @@ class TransferTables:
             same=[_rows(terms.same, dtype) for terms in groups],
             recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T.astype(counts))
                   for terms in groups],
-            seconds_per_element=np.ascontiguousarray(per_element[ptab.single].T),
-            latency=np.ascontiguousarray(latency[ptab.single].T),
             classes=np.ascontiguousarray(ptab.single.T),
             sharing=ptab.sharing,
             tiers=[TierSide(
@@ -1147,15 +1214,14 @@ class TransferTables:
                                               terms.same, strict=True)],
                 elements=[_rows(same, dtype) for same in terms.same],
                 messages=[_rows(touch, counts) for touch in terms.touch])
-                for view, terms in zip(ptab.tiers, tiers, strict=True)],
+                for view, terms in zip(ptab.tiers, tiers, strict=True)]
+            if passes != "backward" else [],
         )
         consumer = ConsumerSide(
             state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
             row=[_rows(terms.row[:, terms.q_pair], dtype) for terms in groups],
             sent=[_rows(terms.sent[:, terms.q_pair], counts) for terms in groups],
             need=np.ascontiguousarray(need.T.astype(dtype)),
-            seconds_per_element=np.ascontiguousarray(per_element[qtab.single].T),
-            latency=np.ascontiguousarray(latency[qtab.single].T),
             classes=np.ascontiguousarray(qtab.single.T),
             sharing=qtab.sharing,
             tiers=[TierSide(
@@ -1163,7 +1229,8 @@ class TransferTables:
                        for g in dims.active],
                 elements=[_rows(row, dtype) for row in terms.row],
                 messages=[_rows(sent, counts) for sent in terms.sent])
-                for view, terms in zip(qtab.tiers, tiers, strict=True)],
+                for view, terms in zip(qtab.tiers, tiers, strict=True)]
+            if passes != "forward" else [],
         )
         return EdgeSides(producer=producer, consumer=consumer, ptab=ptab, qtab=qtab,
                          porder=porder, qorder=qorder, backward=backward)
@@ -1198,8 +1265,8 @@ class TransferTables:
                 out[rows] = _backward_block(producer, consumer, self._links, rows,
                                             devices[start:start + step])
 
-    def _pairs(self, sides: EdgeSides,
-               ends_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    def _pairs(self, sides: EdgeSides, ends_only: bool = False,
+               backward_sides: EdgeSides | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Every pair's t_x from per-device terms.
 
         Per device: `same` elements it holds of what its consumer tile needs, the producer
@@ -1214,7 +1281,9 @@ class TransferTables:
         (`_forward_block`, configs grouped by size), the backward over each producer
         config's (`_backward_block`). One pair alone gives the same bits as in a matrix.
         `ends_only` runs each pass over the first and last devices of each config only: the
-        seconds become a lower bound, the elements are not counted (None).
+        seconds become a lower bound, the elements are not counted (None). `backward_sides`:
+        the sides the backward pass reads, where they are not `sides` (a bound's two passes
+        read the ends of opposite sides: `_sides`' `passes`).
         """
         pconfs, qconfs = len(sides.porder), len(sides.qorder)
         # forward blocks are consumer configs x producer configs: kept that way (whole rows
@@ -1227,7 +1296,8 @@ class TransferTables:
         seconds = forward.T
         if sides.backward:
             back = np.empty((pconfs, qconfs))
-            self._backward(sides.producer, sides.consumer,
+            read = backward_sides or sides
+            self._backward(read.producer, read.consumer,
                            ptab.ends if ends_only else ptab.by_size, back)
             seconds = seconds + back
         ordered = np.ix_(sides.porder, sides.qorder)
