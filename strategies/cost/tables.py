@@ -368,6 +368,18 @@ class ConfigTable:
         self.groups: tuple[GroupStates, ...] = tuple(groups)
         self.by_size = _by_size(configs)
         self.ends = _ends(self.by_size)
+        # each config's size and the first device of its block (-1 where the block is not
+        # a run of consecutive devices), and where each degrees sit on each first device
+        self.size = np.array([config.size for config in configs], dtype=np.int64)
+        self.start = np.array([config.devices[0] if config.devices == tuple(range(
+            config.devices[0], config.devices[0] + config.size)) else -1
+            for config in configs], dtype=np.int64)
+        degree_ids: dict[tuple[int, ...], int] = {}
+        self.degree_id = np.array([degree_ids.setdefault(config.degrees, len(degree_ids))
+                                   for config in configs], dtype=np.int64)
+        self.at_start = np.full((len(degree_ids), devices), -1, dtype=np.int64)
+        runs = self.start >= 0
+        self.at_start[self.degree_id[runs], self.start[runs]] = np.flatnonzero(runs)
         first = len(single)
         self.tiers = () if ends_only else tuple(
             _tier_views(configs[first:], self.exponents[first:], devices, unit)
@@ -914,6 +926,9 @@ class TransferTables:
             self._units.append(size)
         if not self._links:  # a cluster of one device: nothing ever moves
             self._links.append(LinkClass(seconds_per_element=0.0, latency=0.0))
+        # shifting every device by a multiple of this (cyclically) keeps which unit of every
+        # tier each device is in, and behind which shared port: t_x is unchanged
+        self._symmetry = math.lcm(1, *self._units, *(link.shared_by for link in self._links))
         self._config_tables: dict[tuple[object, ...], tuple[np.ndarray, ConfigTable]] = {}
         self._classes: dict[tuple[int, ...], np.ndarray] = {}
         self._needed: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -1237,33 +1252,113 @@ class TransferTables:
 
     def _forward(self, producer: ProducerSide, consumer: ConsumerSide,
                  groups: Sequence[tuple[np.ndarray, np.ndarray]], out: np.ndarray,
-                 moved: np.ndarray | None = None) -> None:
+                 moved: np.ndarray | None = None,
+                 tables: tuple[ConfigTable, ConfigTable] | None = None) -> None:
         """Forward t_x of the consumer configs in `groups` (positions of one size, and the
         devices to price each over) x every producer config, into those rows of `out` (and
-        their elements into `moved`), in chunks of _CHUNK_ELEMENTS."""
-        producers = producer.state[0].shape[1]
+        their elements into `moved`), in chunks of _CHUNK_ELEMENTS. With `tables` (the
+        consumers' and the producers' config tables, `groups` holding every config of each
+        size) the pairs that a shift maps onto pairs already priced are copied from them
+        (`_shifted`)."""
         for columns_of_size, devices in groups:
-            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * producers))
-            self.terms_priced += devices.size * producers
-            for start in range(0, len(columns_of_size), step):
-                columns = columns_of_size[start:start + step]
-                out[columns], block_moved = _forward_block(
-                    producer, consumer, self._links, columns, devices[start:start + step])
+            shifted = None if tables is None else self._shifted(*tables, columns_of_size)
+            direct = slice(None) if shifted is None else shifted.direct
+            self._forward_blocks(producer, consumer, columns_of_size[direct], devices[direct],
+                                 out, moved)
+            if shifted is not None and len(shifted.rows):
+                if len(shifted.others):
+                    self._forward_blocks(producer.narrowed(shifted.others), consumer,
+                                         shifted.rows, devices[shifted.moved], out, moved,
+                                         shifted.others)
+                out[shifted.rows[:, None], shifted.copied] = out[shifted.partner[:, None],
+                                                                 shifted.source]
                 if moved is not None:
-                    moved[columns] = block_moved
+                    moved[shifted.rows[:, None], shifted.copied] = moved[
+                        shifted.partner[:, None], shifted.source]
+
+    def _forward_blocks(self, producer: ProducerSide, consumer: ConsumerSide,
+                        columns_of_size: np.ndarray, devices: np.ndarray, out: np.ndarray,
+                        moved: np.ndarray | None, at: np.ndarray | None = None) -> None:
+        """`_forward`'s blocks of consumer configs `columns_of_size` x the producer configs of
+        `producer`, which are those at table positions `at` (default: all)."""
+        producers = producer.state[0].shape[1]
+        step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * producers))
+        self.terms_priced += devices.size * producers
+        for start in range(0, len(columns_of_size), step):
+            columns = columns_of_size[start:start + step]
+            block, block_moved = _forward_block(
+                producer, consumer, self._links, columns, devices[start:start + step])
+            rows = columns if at is None else (columns[:, None], at)
+            out[rows] = block
+            if moved is not None:
+                moved[rows] = block_moved
 
     def _backward(self, producer: ProducerSide, consumer: ConsumerSide,
-                  groups: Sequence[tuple[np.ndarray, np.ndarray]], out: np.ndarray) -> None:
+                  groups: Sequence[tuple[np.ndarray, np.ndarray]], out: np.ndarray,
+                  tables: tuple[ConfigTable, ConfigTable] | None = None) -> None:
         """Backward t_x of the producer configs in `groups` x every consumer config, into those
-        rows of `out`, as `_forward`."""
-        consumers = consumer.state[0].shape[1]
+        rows of `out`, as `_forward` (`tables`: the producers' and the consumers')."""
         for rows_of_size, devices in groups:
-            step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * consumers))
-            self.terms_priced += devices.size * consumers
-            for start in range(0, len(rows_of_size), step):
-                rows = rows_of_size[start:start + step]
-                out[rows] = _backward_block(producer, consumer, self._links, rows,
-                                            devices[start:start + step])
+            shifted = None if tables is None else self._shifted(*tables, rows_of_size)
+            direct = slice(None) if shifted is None else shifted.direct
+            self._backward_blocks(producer, consumer, rows_of_size[direct], devices[direct],
+                                  out)
+            if shifted is not None and len(shifted.rows):
+                if len(shifted.others):
+                    self._backward_blocks(producer, consumer.narrowed(shifted.others),
+                                          shifted.rows, devices[shifted.moved], out,
+                                          shifted.others)
+                out[shifted.rows[:, None], shifted.copied] = out[shifted.partner[:, None],
+                                                                 shifted.source]
+
+    def _backward_blocks(self, producer: ProducerSide, consumer: ConsumerSide,
+                         rows_of_size: np.ndarray, devices: np.ndarray, out: np.ndarray,
+                         at: np.ndarray | None = None) -> None:
+        """`_backward`'s blocks, as `_forward_blocks`."""
+        consumers = consumer.state[0].shape[1]
+        step = max(1, _CHUNK_ELEMENTS // (devices.shape[1] * consumers))
+        self.terms_priced += devices.size * consumers
+        for start in range(0, len(rows_of_size), step):
+            rows = rows_of_size[start:start + step]
+            out[rows if at is None else (rows[:, None], at)] = _backward_block(
+                producer, consumer, self._links, rows, devices[start:start + step])
+
+    def _shifted(self, own: ConfigTable, other: ConfigTable,
+                 positions: np.ndarray) -> Shifted | None:
+        """Which pairs of the configs at `positions` (one size, in `own`) x every config of
+        `other` a shift maps onto pairs priced directly.
+
+        Shifting both blocks of a pair by k devices (cyclically) leaves its t_x unchanged, bit
+        for bit, where k is a multiple of `_symmetry` and of both sizes (each block stays a
+        block of its size, aligned as it was): every device meets the same tiles over the same
+        links. With `period` the least such multiple of this size, a config whose block starts
+        at s >= period is priced against the configs of `other` whose size divides period by
+        copying its partner's (the block at s mod period) row, each of them shifted by
+        s - s mod period; only the larger configs of `other` are priced. None where no
+        multiple of the size divides the devices."""
+        size = int(own.size[positions[0]])
+        period = math.lcm(size, self._symmetry)
+        if self.devices % period:
+            return None
+        start = own.start[positions]
+        shift = start - start % period
+        partner = np.where(start >= period, own.at_start[own.degree_id[positions],
+                                                          np.maximum(start - shift, 0)], -1)
+        moved = np.flatnonzero(partner >= 0)
+        if not len(moved):
+            return None
+        candidates = np.flatnonzero((other.start >= 0) & (period % other.size == 0))
+        source = other.at_start[other.degree_id[candidates][None, :],
+                                (other.start[candidates][None, :] - shift[moved, None])
+                                % self.devices]
+        kept = (source >= 0).all(axis=0)
+        copied = candidates[kept]
+        others = np.setdiff1d(np.arange(len(other.size)), copied)
+        direct = np.ones(len(positions), dtype=bool)
+        direct[moved] = False
+        return Shifted(direct=direct, moved=moved, rows=positions[moved],
+                       partner=partner[moved], copied=copied, source=source[:, kept],
+                       others=others)
 
     def _pairs(self, sides: EdgeSides, ends_only: bool = False,
                backward_sides: EdgeSides | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -1292,13 +1387,13 @@ class TransferTables:
         moved = None if ends_only else np.empty((qconfs, pconfs), dtype=np.int64)
         qtab, ptab = sides.qtab, sides.ptab
         self._forward(sides.producer, sides.consumer, qtab.ends if ends_only else qtab.by_size,
-                      forward, moved)
+                      forward, moved, (qtab, ptab))
         seconds = forward.T
         if sides.backward:
             back = np.empty((pconfs, qconfs))
             read = backward_sides or sides
             self._backward(read.producer, read.consumer,
-                           ptab.ends if ends_only else ptab.by_size, back)
+                           ptab.ends if ends_only else ptab.by_size, back, (ptab, qtab))
             seconds = seconds + back
         ordered = np.ix_(sides.porder, sides.qorder)
         in_order = np.empty((pconfs, qconfs))
@@ -1326,6 +1421,23 @@ class TransferTables:
             self._backward(producer, consumer, _narrowed(sides.ptab.by_size, p_sorted), back)
             seconds = seconds + back
         return seconds[np.ix_(np.searchsorted(p_sorted, p_at), np.searchsorted(q_sorted, q_at))]
+
+
+@dataclass(frozen=True)
+class Shifted:
+    """`TransferTables._shifted`: of a group of configs of one size, those priced directly
+    (`direct`, a mask) and those copied (`moved`, their indices in the group; `rows`, their
+    table positions), each one's partner (table position), the configs of the other side
+    whose pairs are copied (`copied`) from the partner's pairs with `source` (rows x copied:
+    table positions), and the other side's configs priced directly for them (`others`)."""
+
+    direct: np.ndarray
+    moved: np.ndarray
+    rows: np.ndarray
+    partner: np.ndarray
+    copied: np.ndarray
+    source: np.ndarray
+    others: np.ndarray
 
 
 def _narrowed(by_size: list[tuple[np.ndarray, np.ndarray]],
