@@ -1,12 +1,13 @@
 """Search time of every zoo model over both search spaces (a measurement, not a test).
 
-    taskset -c 0 .venv/bin/python benchmarks/bench_search.py               # 4, 16, 64 devices
+    taskset -c 0 .venv/bin/python benchmarks/bench_search.py        # 4, 16, 64, 256 devices
     taskset -c 0 .venv/bin/python benchmarks/bench_search.py --devices 16 --models inception_v3
 
 Full input size, 32 images per device, analytic t_c; one core with `taskset -c 0`. Each model
 is searched over origin placement (every layer's devices start at 0) and over the whole space,
-aligned placement (also every offset aligned to a config's size; the default up to
-strategies/jobs/pricing.py's AUTO_ALIGNED_DEVICES devices), side by side.
+aligned placement (also every offset aligned to a config's size), side by side, up to
+strategies/jobs/pricing.py's AUTO_ALIGNED_DEVICES devices, where `auto` takes the whole space;
+beyond, over origin placement only, as `auto` does (the aligned columns are empty).
 The presets have 16 (p100x16) and 8 (h200x8) devices; larger counts use the same preset with
 more nodes. Each search is fresh in this process, as `optimal_strategy` runs it: the node
 vectors, the bounds and exact t_x between the configs they keep (`cost s`; `kept`: the share of
@@ -30,6 +31,7 @@ from rich.table import Table
 from layerwise.strategies.cost.compute_time import AnalyticCompute
 from layerwise.strategies.cost.cost_model import CostModel, Placement
 from layerwise.strategies.hardware.cluster import Cluster, load_cluster
+from layerwise.strategies.jobs.pricing import AUTO_ALIGNED_DEVICES
 from layerwise.strategies.model.graph import LayerGraph, build_graph
 from layerwise.strategies.model.zoo import ZOO
 from layerwise.strategies.search.elimination import (
@@ -62,22 +64,28 @@ def search(graph: LayerGraph, devices: int, cluster: Cluster,
 
 
 def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int | str]:
+    """One row: origin and aligned side by side (aligned only where `auto` takes it); the
+    split of the time, the work, the share kept and the peak memory of the search `auto`
+    runs."""
     graph = build_graph(model, batch=32 * devices)
     row: dict[str, float | int | str] = {"layers": len(graph.layers)}
-    for placement in ("origin", "aligned"):
+    whole = devices <= AUTO_ALIGNED_DEVICES
+    placements: tuple[Placement, ...] = ("origin", "aligned") if whole else ("origin",)
+    for placement in placements:
         cost, costs, solution, costing, solving = search(graph, devices, cluster, placement)
         row[f"{placement} configs"] = max(len(c) for c in cost.configs.values())
         row[f"{placement} s"] = costing + solving
         row[f"{placement} optimum"] = solution.cost
-        if placement == "aligned":
+        if placement == placements[-1]:  # what `auto` runs
             row["cost s"], row["elim s"], row["method"] = costing, solving, solution.method
             row["terms priced"] = cost.terms_priced  # the work, whatever the machine
             row["kept"] = f"{solution.configs_kept / costs.configs:.1%}"
-    row["ratio"] = f"{float(row['aligned s']) / float(row['origin s']):.2f}x"
-    row["optimum"] = "=" if row["aligned optimum"] == row["origin optimum"] else (
-        f"{float(row['aligned optimum']) / float(row['origin optimum']) - 1:+.1%}")
+    if whole:
+        row["ratio"] = f"{float(row['aligned s']) / float(row['origin s']):.2f}x"
+        row["optimum"] = "=" if row["aligned optimum"] == row["origin optimum"] else (
+            f"{float(row['aligned optimum']) / float(row['origin optimum']) - 1:+.1%}")
     tracemalloc.start()
-    search(graph, devices, cluster, "aligned")
+    search(graph, devices, cluster, placements[-1])
     row["peak MB"] = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
     return row
@@ -90,7 +98,7 @@ COLUMNS = ("model", "cluster", "devices", "layers", "origin configs", "aligned c
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", default="4,16,64")
+    parser.add_argument("--devices", default="4,16,64,256")
     parser.add_argument("--models", default=",".join(ZOO))
     parser.add_argument("--clusters", default="p100x16,h200x8")
     args = parser.parse_args()
@@ -107,9 +115,10 @@ def main() -> None:
             for model in args.models.split(","):
                 row = {"model": model, "cluster": cluster.name, "devices": devices,
                        **measure(model, devices, cluster)}
-                cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else
-                         f"{row[c]:,}" if isinstance(row[c], int) else str(row[c])
-                         for c in COLUMNS]
+                values = [row.get(column, "") for column in COLUMNS]
+                cells = [f"{value:.3f}" if isinstance(value, float) else
+                         f"{value:,}" if isinstance(value, int) else str(value)
+                         for value in values]
                 cells[COLUMNS.index("peak MB")] = f"{row['peak MB']:.0f}"
                 table.add_row(*cells)
                 console.print(" ".join(cells), style="dim")

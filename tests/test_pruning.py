@@ -191,3 +191,27 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
             kept_v = random.choice(len(cost.configs[v]), count, replace=False)
             kept = cost.kept_edge(producer, consumer, kept_u, kept_v)
             assert kept.tobytes() == whole[np.ix_(kept_u, kept_v)].tobytes(), (u, v)
+
+
+def test_a_strategy_best_for_the_bounds_tightens_them_on_residual_networks(monkeypatch):
+    """Where the forest's strategy (which ignores each residual block's shortcut) keeps many
+    configs, the strategy best for the bounds themselves over the configs kept, priced
+    exactly, bounds the optimum from above more closely: fewer configs kept, the same
+    strategy and cost."""
+    devices = 32
+    graph = build_graph("resnet50", batch=32 * devices, image_size=32)
+    cluster = load_cluster("p100x16")
+    cluster = cluster.model_copy(update={"nodes": devices // cluster.devices_per_node})
+
+    def searched() -> search.SearchResult:
+        cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="origin")
+        return search.optimal_strategy(cost)
+
+    tightened = searched()
+    share = search._LOOSE_SHARE
+    monkeypatch.setattr(search, "_LOOSE_SHARE", 1.0)  # never past it: the forest's alone
+    forest_only = searched()
+    assert forest_only.configs_kept > share * forest_only.configs
+    assert tightened.configs_kept < forest_only.configs_kept / 2
+    assert tightened.assignment == forest_only.assignment
+    assert tightened.predicted == forest_only.predicted

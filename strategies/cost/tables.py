@@ -930,6 +930,8 @@ class TransferTables:
         # tier each device is in, and behind which shared port: t_x is unchanged
         self._symmetry = math.lcm(1, *self._units, *(link.shared_by for link in self._links))
         self._config_tables: dict[tuple[object, ...], tuple[np.ndarray, ConfigTable]] = {}
+        # `_shifted` per pair of those tables (kept alive there) and group of configs
+        self._shift_plans: dict[tuple[int, int, int, int], Shifted | None] = {}
         self._classes: dict[tuple[int, ...], np.ndarray] = {}
         self._needed: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._geometries: dict[tuple[object, ...], int] = {}  # equal layer geometries, one id
@@ -1325,6 +1327,14 @@ class TransferTables:
 
     def _shifted(self, own: ConfigTable, other: ConfigTable,
                  positions: np.ndarray) -> Shifted | None:
+        """`_shift_plan`, once per pair of config tables and group (edges share them)."""
+        key = (id(own), id(other), int(positions[0]), len(positions))
+        if key not in self._shift_plans:
+            self._shift_plans[key] = self._shift_plan(own, other, positions)
+        return self._shift_plans[key]
+
+    def _shift_plan(self, own: ConfigTable, other: ConfigTable,
+                    positions: np.ndarray) -> Shifted | None:
         """Which pairs of the configs at `positions` (one size, in `own`) x every config of
         `other` a shift maps onto pairs priced directly.
 
@@ -1353,7 +1363,9 @@ class TransferTables:
                                 % self.devices]
         kept = (source >= 0).all(axis=0)
         copied = candidates[kept]
-        others = np.setdiff1d(np.arange(len(other.size)), copied)
+        priced = np.ones(len(other.size), dtype=bool)
+        priced[copied] = False
+        others = np.flatnonzero(priced)
         direct = np.ones(len(positions), dtype=bool)
         direct[moved] = False
         return Shifted(direct=direct, moved=moved, rows=positions[moved],
