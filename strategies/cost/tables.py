@@ -1202,13 +1202,15 @@ class TransferTables:
         """The per-device terms `_pairs` describes, of every producer and consumer config: what
         each block of pairs reads, whichever pairs are priced. `passes` "forward" builds what
         a bound's forward pass reads (the consumers' ends-only table: `ConfigTable`),
-        "backward" what its backward pass reads (the producers'); the other pass's tier terms
-        are then empty."""
+        "backward" what its backward pass reads (the producers'); what only the other pass
+        reads is then left out (empty lists, zero needs)."""
         (porder, ptab) = self._config_table(pconfs, ends_only=passes == "backward")
         (qorder, qtab) = self._config_table(qconfs, ends_only=passes == "forward")
         groups = dims.terms(ptab, qtab)
         tiers = dims.tier_terms(ptab, qtab, passes)
-        need = dims.need(qtab)  # (Q, D) needed elements of each consumer tile
+        forward, backward_pass = passes != "backward", passes != "forward"
+        # (Q, D) needed elements of each consumer tile (the forward pass's)
+        need = dims.need(qtab) if forward else np.zeros((len(qconfs), self.devices), np.int64)
         # element counts in int32 where no product can reach 2^31 (counts of tiles always;
         # a unit's elements are at most all of them)
         bound = max(_bound(groups), int(need.max(initial=0)))
@@ -1219,10 +1221,10 @@ class TransferTables:
         producer = ProducerSide(
             state=[np.ascontiguousarray(terms.p_state.T) for terms in groups],
             same_at=[np.ascontiguousarray(terms.p_state.T * terms.same.shape[1])
-                     for terms in groups],
+                     for terms in groups] if forward else [],
             same=[_rows(terms.same, dtype) for terms in groups],
             recv=[np.ascontiguousarray(terms.recv[terms.p_pair].T.astype(counts))
-                  for terms in groups],
+                  for terms in groups] if forward else [],
             classes=np.ascontiguousarray(ptab.single.T),
             sharing=ptab.sharing,
             tiers=[TierSide(
@@ -1232,12 +1234,14 @@ class TransferTables:
                 elements=[_rows(same, dtype) for same in terms.same],
                 messages=[_rows(touch, counts) for touch in terms.touch])
                 for view, terms in zip(ptab.tiers, tiers, strict=True)]
-            if passes != "backward" else [],
+            if forward else [],
         )
         consumer = ConsumerSide(
             state=[np.ascontiguousarray(terms.q_state.T) for terms in groups],
-            row=[_rows(terms.row[:, terms.q_pair], dtype) for terms in groups],
-            sent=[_rows(terms.sent[:, terms.q_pair], counts) for terms in groups],
+            row=[_rows(terms.row[:, terms.q_pair], dtype) for terms in groups]
+            if backward_pass else [],
+            sent=[_rows(terms.sent[:, terms.q_pair], counts) for terms in groups]
+            if backward_pass else [],
             need=np.ascontiguousarray(need.T.astype(dtype)),
             classes=np.ascontiguousarray(qtab.single.T),
             sharing=qtab.sharing,
@@ -1247,7 +1251,7 @@ class TransferTables:
                 elements=[_rows(row, dtype) for row in terms.row],
                 messages=[_rows(sent, counts) for sent in terms.sent])
                 for view, terms in zip(qtab.tiers, tiers, strict=True)]
-            if passes != "forward" else [],
+            if backward_pass else [],
         )
         return EdgeSides(producer=producer, consumer=consumer, ptab=ptab, qtab=qtab,
                          porder=porder, qorder=qorder, backward=backward)
