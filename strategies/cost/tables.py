@@ -1049,18 +1049,19 @@ class TransferTables:
                                               consumer_configs), ends_only)
         key = (*self._sides_key(producer, consumer, producer_configs, consumer_configs,
                                 spaces), ends_only)
-        if key not in self._matrices:
-            if ends_only and self.devices >= ENDS_TABLES_FROM_DEVICES:
-                self._matrices[key] = self._bounds_from_ends(producer, consumer,
-                                                             producer_configs, consumer_configs)
-            elif ends_only:  # the bounds' sides, kept for the exact pass over the kept configs
-                sides = self._whole_sides(producer, consumer, producer_configs,
-                                          consumer_configs, spaces)
-                self._matrices[key] = self._pairs(sides, ends_only)
-            else:
-                sides = self._sides_of(producer, consumer, producer_configs, consumer_configs)
-                self._matrices[key] = self._pairs(sides, ends_only)
-        return self._matrices[key]
+        if key in self._matrices:
+            return self._matrices[key]
+        if ends_only and self.devices >= ENDS_TABLES_FROM_DEVICES:
+            matrices = self._bounds_from_ends(producer, consumer, producer_configs,
+                                              consumer_configs)
+        elif ends_only:  # the bound's sides, kept for the exact pass over the kept configs
+            matrices = self._pairs(self._whole_sides(producer, consumer, producer_configs,
+                                                     consumer_configs, spaces), ends_only=True)
+        else:
+            matrices = self._pairs(self._sides_of(producer, consumer, producer_configs,
+                                                  consumer_configs))
+        self._matrices[key] = matrices
+        return matrices
 
     def _bounds_from_ends(self, producer: Layer, consumer: Layer,
                           producer_configs: Sequence[ParallelConfig],
@@ -1096,8 +1097,10 @@ class TransferTables:
         per_table = dim_table_bytes(self._levels)
         per_config = _CONFIG_TABLE_BYTES + (  # and `ConfigTable.sharing` where a port is shared
             4 * len(self._links) if any(link.shared_by > 1 for link in self._links) else 0)
+        # from ENDS_TABLES_FROM_DEVICES a search space has an ends-only config table too
+        tables = 2 if self.devices >= ENDS_TABLES_FROM_DEVICES else 1
         needed = (len(keys) * per_table
-                  + sum(count * self.devices * per_config for count in config_counts)
+                  + sum(tables * count * self.devices * per_config for count in config_counts)
                   + pairs * _PAIR_BYTES)
         check_memory(needed, f"the cost model on {self.devices} devices ({len(keys)} "
                              f"per-dimension transfer tables of {human_bytes(per_table)} each)",
