@@ -24,6 +24,8 @@ from layerwise.flows.cli import app
 from layerwise.flows.cli.run import check_before_start
 from layerwise.strategies.errors import LayerwiseError
 from layerwise.strategies.exactness.accuracy import binomial_tolerance_images, check_accuracy
+from layerwise.strategies.jobs.job import new_job
+from layerwise.strategies.jobs.options import TrainOptions
 from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.model.space import enumerate_configs
 from layerwise.strategies.runtime.datasets import labels_positions, load_dataset
@@ -168,3 +170,18 @@ def test_a_decoder_reading_sizes_in_python_traces_with_its_sizes_and_trains_exac
     assert all(d["exact"] for d in json.loads(result.stdout)["divergences"])
     with pytest.raises(LayerwiseError, match=r"torch.fx cannot trace .*`flat = x.reshape"):
         build_graph("tests.idiom_models:BatchSizedView", batch=2, image_size=8)
+
+
+def test_a_network_scoring_every_position_trains_on_segments_unless_told(tmp_path):
+    """Without --dataset, a network that scores every position gets the generated dataset
+    labelled per position, and says so; a dataset given is kept (and checked)."""
+    options = TrainOptions.given(nproc=1, batch=1, image_size=8)
+    with new_job("unet3d_seg", "data", options, tmp_path / "run", analytic=True) as job:
+        assert job.settings.dataset == "segments"
+        assert any("dataset: segments" in warning for warning in job.warnings)
+    with new_job("tiny_cnn", "data", options, tmp_path / "cls", analytic=True) as job:
+        assert job.settings.dataset == "synthetic"
+        assert not any("dataset:" in warning for warning in job.warnings)
+    given = TrainOptions.given(nproc=1, batch=1, image_size=8, dataset="synthetic")
+    with pytest.raises(LayerwiseError, match="labels each sample once"):
+        new_job("unet3d_seg", "data", given, tmp_path / "given", analytic=True)

@@ -83,8 +83,9 @@ def train(
     analytic: Annotated[bool, typer.Option(
         help="Predict t_c with the cluster device's analytic model (the default).")] = False,
     dataset: Annotated[str | None, typer.Option(
-        help="synthetic (any size, the default), digits (run `dvc repro prepare` first), "
-             "cifar10, imagefolder or any folder prepared under data/prepared/.")
+        help="synthetic (any size, the default), segments (a label per position, the "
+             "default for a network scoring every position), digits (run `dvc repro prepare` "
+             "first), cifar10, imagefolder or any folder prepared under data/prepared/.")
     ] = None,
     epochs: Annotated[int | None, typer.Option(
         help="Passes over the training split (default 1).")] = None,

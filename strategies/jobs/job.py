@@ -137,6 +137,12 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
     check_memory(training_bytes(graph, options.nnodes),
                  f"training {model} at {options.batch_phrase(world)}",
                  "use a smaller --batch or --image-size, or more machines")
+    chosen_data: tuple[str, ...] = ()
+    if "dataset" not in options.model_fields_set and scores_every_position(graph):
+        # the default data labels each sample once; this network needs a label per position
+        options = options.model_copy(update={"dataset": "segments"})
+        chosen_data = (f"dataset: segments (generated, a label per position), as {model} "
+                       "scores every position; --dataset chooses another",)
     check_class_scores(graph, model, options.dataset)
     classes = graph.by_name[graph.outputs[0]].output_shape[1]
     if classes < 2:  # --classes is checked; a model of one's own may still output one score
@@ -154,7 +160,7 @@ def _new_job(model: str, strategy: str, options: TrainOptions, world: int, claim
     return Job(settings=settings, strategy=chosen, graph=graph, batches=_batches(settings),
                claim=claim, checkpoint_step=None, node_rank=node_rank,
                rdzv_endpoint=rdzv_endpoint,
-               warnings=(*_idle_warning(chosen, world),
+               warnings=(*chosen_data, *_idle_warning(chosen, world),
                          *(f"held: {note}" for note in graph.held_notes)))
 
 
@@ -168,6 +174,11 @@ def _check_graph_fits(graph: LayerGraph, model: str, batch: int, image_size: Inp
             in_channels is not None and graph.input_shape[1] != in_channels):
         raise ValueError(f"the graph of {graph.model} at batch {graph.batch}, input "
                          f"{graph.input_shape}, is not {model}'s at batch {batch}")
+
+
+def scores_every_position(graph: LayerGraph) -> bool:
+    """Whether the network's one output scores every position, (batch, classes, *positions)."""
+    return len(graph.outputs) == 1 and len(graph.by_name[graph.outputs[0]].output_shape) > 2
 
 
 def check_class_scores(graph: LayerGraph, model: str, dataset: str) -> None:
