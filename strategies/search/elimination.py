@@ -465,9 +465,10 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
     if relaxed is None:
         return bounds
     best = bounds.original(relaxed.choice)
+    incumbent = bounds.incumbent or best  # none where the bounds proved nothing
     candidates = {name: np.unique(np.concatenate([
         kept[np.argsort(lower[name][kept], kind="stable")[:_CANDIDATES]],
-        [bounds.incumbent[name], best[name]]])) for name, kept in bounds.kept.items()}
+        [incumbent[name], best[name]]])) for name, kept in bounds.kept.items()}
     exact = _eliminate({name: nodes[name][candidates[name]] for name in nodes}, {
         (u, v): cost_model.kept_edge(graph.by_name[u], graph.by_name[v], candidates[u],
                                      candidates[v]) for u, v in graph.edges}, order, milp=False)
