@@ -292,9 +292,11 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     (("graph", "tests.idiom_models:RandomSlopes"),
      "RReLU (not elementwise: it draws random numbers, which would differ per tile"),
     # cross-entropy per position needs a label per position: this failed only inside the
-    # workers; and a label per position needs scores at the input's own positions
+    # workers (without --dataset such a network takes segments); and a label per position
+    # needs scores at the input's own positions
     (("train", "tests.idiom_models:ScoreMaps", "--strategy", "data", "--nproc", "1",
-      "--image-size", "8"), "scores every position (32, 4, 8, 8), but the synthetic dataset "
+      "--image-size", "8", "--dataset", "synthetic"),
+     "scores every position (32, 4, 8, 8), but the synthetic dataset "
                             "labels each sample once; use a dataset labelled per position"),
     (("train", "tests.idiom_models:CoarseScores", "--strategy", "data", "--nproc", "1",
       "--image-size", "8", "--dataset", "segments", "--in-channels", "3"),
