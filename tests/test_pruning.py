@@ -124,7 +124,7 @@ def test_bounds_from_the_ends_tables_are_those_of_the_whole_tables_bit_for_bit(
     assert any(link.shared_by > 1 for _, link in cluster.link_tiers())
 
     def bounds(ends_from: int) -> list[np.ndarray]:
-        monkeypatch.setattr(tables, "ENDS_TABLES_FROM_DEVICES", ends_from)
+        monkeypatch.setattr(tables, "_ENDS_TABLES_FROM_DEVICES", ends_from)
         cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
         return [cost.edge_lower_bound(graph.by_name[u], graph.by_name[v])
                 for u, v in graph.edges[:8]]
@@ -174,7 +174,7 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
     if terms == "over budget":
         monkeypatch.setattr(tables, "_KEPT_SIDES_BYTES", 0)
     elif terms == "ends tables":
-        monkeypatch.setattr(tables, "ENDS_TABLES_FROM_DEVICES", 0)
+        monkeypatch.setattr(tables, "_ENDS_TABLES_FROM_DEVICES", 0)
     graph = build_graph("resnet18", batch=16 * 8, image_size=32)
     cluster = load_cluster("p100x16")
     assert any(link.shared_by > 1 for _, link in cluster.link_tiers())

@@ -46,7 +46,7 @@ _PAIR_BYTES = 32
 # the search keeps each edge's per-device terms from its bounds to its exact pass up to this
 _KEPT_SIDES_BYTES = 96 << 20
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
-ENDS_TABLES_FROM_DEVICES = 32
+_ENDS_TABLES_FROM_DEVICES = 32
 
 # Dimensions whose per-dim tables are multiplied into one table: (n, c), (h, w) and (d, pad).
 # Every group is two dims, so depth is paired with a padding dim of size 1 that no config
@@ -1051,7 +1051,7 @@ class TransferTables:
                                 spaces), ends_only)
         if key in self._matrices:
             return self._matrices[key]
-        if ends_only and self.devices >= ENDS_TABLES_FROM_DEVICES:
+        if ends_only and self.devices >= _ENDS_TABLES_FROM_DEVICES:
             matrices = self._bounds_from_ends(producer, consumer, producer_configs,
                                               consumer_configs)
         elif ends_only:  # the bound's sides, kept for the exact pass over the kept configs
@@ -1097,8 +1097,8 @@ class TransferTables:
         per_table = dim_table_bytes(self._levels)
         per_config = _CONFIG_TABLE_BYTES + (  # and `ConfigTable.sharing` where a port is shared
             4 * len(self._links) if any(link.shared_by > 1 for link in self._links) else 0)
-        # from ENDS_TABLES_FROM_DEVICES a search space has an ends-only config table too
-        tables = 2 if self.devices >= ENDS_TABLES_FROM_DEVICES else 1
+        # from _ENDS_TABLES_FROM_DEVICES a search space has an ends-only config table too
+        tables = 2 if self.devices >= _ENDS_TABLES_FROM_DEVICES else 1
         needed = (len(keys) * per_table
                   + sum(tables * count * self.devices * per_config for count in config_counts)
                   + pairs * _PAIR_BYTES)
@@ -1279,11 +1279,9 @@ class TransferTables:
                     self._forward_blocks(producer.narrowed(shifted.others), consumer,
                                          shifted.rows, devices[shifted.moved], out, moved,
                                          shifted.others)
-                out[shifted.rows[:, None], shifted.copied] = out[shifted.partner[:, None],
-                                                                 shifted.source]
+                shifted.copy(out)
                 if moved is not None:
-                    moved[shifted.rows[:, None], shifted.copied] = moved[
-                        shifted.partner[:, None], shifted.source]
+                    shifted.copy(moved)
 
     def _forward_blocks(self, producer: ProducerSide, consumer: ConsumerSide,
                         columns_of_size: np.ndarray, devices: np.ndarray, out: np.ndarray,
@@ -1317,8 +1315,7 @@ class TransferTables:
                     self._backward_blocks(producer, consumer.narrowed(shifted.others),
                                           shifted.rows, devices[shifted.moved], out,
                                           shifted.others)
-                out[shifted.rows[:, None], shifted.copied] = out[shifted.partner[:, None],
-                                                                 shifted.source]
+                shifted.copy(out)
 
     def _backward_blocks(self, producer: ProducerSide, consumer: ConsumerSide,
                          rows_of_size: np.ndarray, devices: np.ndarray, out: np.ndarray,
@@ -1457,6 +1454,11 @@ class Shifted:
     copied: np.ndarray
     source: np.ndarray
     others: np.ndarray
+
+    def copy(self, out: np.ndarray) -> None:
+        """Fill the copied pairs of `out` (table positions x table positions) from their
+        partners' pairs, priced before."""
+        out[self.rows[:, None], self.copied] = out[self.partner[:, None], self.source]
 
 
 def _narrowed(by_size: list[tuple[np.ndarray, np.ndarray]],
