@@ -418,7 +418,8 @@ class DimTable:
     - producers_touching[a, (b, j)]: producer tiles of 2^a that consumer tile j needs from;
     - consumers_touching[(a, i), b] and row_sum[(a, i), b]: consumer tiles of 2^b that need
       producer tile i, and the elements of i they need in total;
-    - need_len[b, j]: the length of the range consumer tile j needs.
+    - need_len[b, j]: the length of the range consumer tile j needs;
+    - touching[a, i, (b, j)]: whether pairs[(a, i), (b, j)] is not zero.
     """
 
     def __init__(self, producer_size: int, starts: np.ndarray, stops: np.ndarray,
@@ -438,6 +439,8 @@ class DimTable:
                 index[None, :]] = np.maximum(shared, 0)
         touching = overlap > 0
         self.pairs = overlap.reshape(levels * width, levels * width)
+        # which consumer tiles each producer tile touches, by producer exponent and tile
+        self.touching = touching.reshape(levels, width, levels * width)
         self.producers_touching = touching.sum(axis=1, dtype=np.int32).reshape(levels, -1)
         self.consumers_touching = touching.sum(axis=3, dtype=np.int32).reshape(-1, levels)
         self.row_sum = overlap.sum(axis=3, dtype=np.int64).reshape(-1, levels)
@@ -445,7 +448,7 @@ class DimTable:
 
 def dim_table_bytes(levels: int) -> int:
     """Memory one `DimTable` on 2^(levels-1) devices takes while it is built: the int32
-    overlaps it keeps and their mask, over every (exponent, tile) pair, and the int64 shares
+    overlaps and their mask it keeps, over every (exponent, tile) pair, and the int64 shares
     of every pair of tiles."""
     width = (1 << (levels - 1)) + 1
     tiles = (1 << levels) - 1
@@ -575,24 +578,31 @@ class EdgeDims:
                     columns = q.dim_tiles[k]
                     fine, coarse, tile, low, high = p_view.runs[group][k]
                     shared = table.pairs[coarse * width + tile][:, columns]
-                    touching = table.pairs[:, columns].reshape(levels, width, -1) > 0
-                    below = np.zeros((levels, width + 1, len(columns)), dtype=np.int32)
+                    # the tiles producer runs count along, at the exponents they are of only
+                    used, level = np.unique(fine, return_inverse=True)
+                    touching = np.take(table.touching[used], columns, axis=2)
+                    below = np.zeros((len(used), width + 1, len(columns)), dtype=np.int32)
                     np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
-                    touched = below[fine, high] - below[fine, low]
+                    touched = below[level, high] - below[level, low]
                     # spread over the states: rows first (few columns), then columns
                     at = (p_view.run_of[group][k], q.dim_tile_of[k])
                     forward.append(tuple(_spread(small, *at) for small in (shared, touched)))
                 if q_view is not None:
                     # backward: each producer tile against a consumer unit's run
-                    overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)
                     fine, _, _, low, high = q_view.runs[group][k]
-                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int64)
-                    np.cumsum(overlap, axis=2, dtype=np.int64, out=below[..., 1:])
+                    # the consumer tiles its runs count along, at their exponents only
+                    used, level = np.unique(fine, return_inverse=True)
+                    overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)[:, used]
+                    # a sum along a whole level is at most a row of `row_sum`
+                    wide = np.int32 if int(table.row_sum.max()) < _INT32_LIMIT else np.int64
+                    below = np.zeros((len(overlap), len(used), width + 1), dtype=wide)
+                    np.cumsum(overlap, axis=2, dtype=wide, out=below[..., 1:])
                     # int32: at most a run of tiles times the dimension
-                    rows = (below[:, fine, high] - below[:, fine, low]).astype(np.int32)
-                    below = np.zeros((len(overlap), levels, width + 1), dtype=np.int32)
+                    rows = (below[:, level, high] - below[:, level, low]).astype(np.int32,
+                                                                                  copy=False)
+                    below = np.zeros((len(overlap), len(used), width + 1), dtype=np.int32)
                     np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
-                    feeds = below[:, fine, high] - below[:, fine, low]
+                    feeds = below[:, level, high] - below[:, level, low]
                     at = (p.dim_tile_of[k], q_view.run_of[group][k])
                     backward.append(tuple(_spread(small, *at) for small in (rows, feeds)))
             if forward:
