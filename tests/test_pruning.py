@@ -191,6 +191,14 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
             kept_v = random.choice(len(cost.configs[v]), count, replace=False)
             kept = cost.kept_edge(producer, consumer, kept_u, kept_v)
             assert kept.tobytes() == whole[np.ix_(kept_u, kept_v)].tobytes(), (u, v)
+    # all edges at once, as the search asks: the stages' repeated blocks (equal terms, configs
+    # asked for that differ) read one build over every config they ask for
+    wholes = {(u, v): cost.edge(graph.by_name[u], graph.by_name[v])[0] for u, v in graph.edges}
+    for count in (1, 5):
+        kept = {name: random.choice(len(configs), count, replace=False)
+                for name, configs in cost.configs.items()}
+        for (u, v), matrix in cost.kept_edges(kept).items():
+            assert matrix.tobytes() == wholes[u, v][np.ix_(kept[u], kept[v])].tobytes(), (u, v)
 
 
 def test_a_strategy_best_for_the_bounds_tightens_them_on_residual_networks(monkeypatch):

@@ -40,7 +40,7 @@ edge; tables.py computes those vectorised over whole search spaces.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -49,7 +49,7 @@ import numpy as np
 
 from layerwise.strategies.breakdown import Breakdown
 from layerwise.strategies.cost.compute_time import ComputeSource
-from layerwise.strategies.cost.tables import LayerTiles, TransferTables
+from layerwise.strategies.cost.tables import KeptRequest, LayerTiles, TransferTables
 from layerwise.strategies.errors import ConfigError
 from layerwise.strategies.hardware.cluster import GRADIENT_BUCKET_BYTES, Cluster, Link
 from layerwise.strategies.hardware.ports import ServerPorts, ring_links, shares_ports
@@ -509,6 +509,17 @@ class CostModel:
         return self._transfers.kept(
             producer, consumer, self.configs[producer.name], self.configs[consumer.name],
             (_space_key(producer), _space_key(consumer)), producer_kept, consumer_kept)
+
+    def kept_edges(self, kept: Mapping[str, np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
+        """`kept_edge` of every edge of the graph, with `kept[name]` the configs kept of each
+        layer: the edges of a network's repeated blocks share one build of their per-device
+        terms (`TransferTables.kept_many`)."""
+        graph = self.graph
+        requests = [KeptRequest(
+            graph.by_name[u], graph.by_name[v], self.configs[u], self.configs[v],
+            (_space_key(graph.by_name[u]), _space_key(graph.by_name[v])), kept[u], kept[v])
+            for u, v in graph.edges]
+        return dict(zip(graph.edges, self._transfers.kept_many(requests), strict=True))
 
     def forget_kept_tables(self) -> None:
         """Free what `kept_edge` reads (the search is done with it)."""

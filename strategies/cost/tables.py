@@ -25,6 +25,7 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -487,6 +488,19 @@ def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     if int(first.max(initial=0)) * int(second.max(initial=0)) >= _INT32_LIMIT:
         first = first.astype(np.int64)
     return first * second
+
+
+class KeptRequest(NamedTuple):
+    """The arguments of one `TransferTables.kept`, in its order: an edge, its two whole search
+    spaces and their names, and the positions of the configs kept of each."""
+
+    producer: Layer
+    consumer: Layer
+    producer_configs: Sequence[ParallelConfig]
+    consumer_configs: Sequence[ParallelConfig]
+    spaces: tuple[Hashable, Hashable]
+    producer_kept: np.ndarray
+    consumer_kept: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -1009,6 +1023,35 @@ class TransferTables:
                     producer, consumer, [producer_configs[i] for i in producer_kept],
                     [consumer_configs[i] for i in consumer_kept]))[0]
         return self._kept[key]
+
+    def kept_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
+        """`kept` of many edges at once, in order. Edges with equal sides (a network's
+        repeated blocks: ResNet-152's 30 kinds of edge for its 259) that ask for different
+        configs get one build of the sides, over all the configs they ask for together, and
+        each edge's pairs are read from it (`_some_pairs`, bit for bit `kept`'s): one build
+        instead of one per edge."""
+        groups: dict[tuple[object, ...], list[tuple[bytes, bytes, KeptRequest]]] = {}
+        for request in requests:
+            sides_key = self._sides_key(request.producer, request.consumer,
+                                        request.producer_configs, request.consumer_configs,
+                                        request.spaces)
+            asked = (request.producer_kept.tobytes(), request.consumer_kept.tobytes())
+            if (*sides_key, *asked) not in self._kept and sides_key not in self._bounded_sides:
+                groups.setdefault(sides_key, []).append((*asked, request))
+        for sides_key, asking in groups.items():
+            if len({(p_asked, q_asked) for p_asked, q_asked, _ in asking}) < 2:
+                continue  # one set of configs: `kept` builds exactly those
+            first = asking[0][2]
+            p_union = np.unique(np.concatenate([r.producer_kept for _, _, r in asking]))
+            q_union = np.unique(np.concatenate([r.consumer_kept for _, _, r in asking]))
+            sides = self._sides_of(first.producer, first.consumer,
+                                   [first.producer_configs[i] for i in p_union],
+                                   [first.consumer_configs[i] for i in q_union])
+            for p_asked, q_asked, request in asking:
+                self._kept.setdefault((*sides_key, p_asked, q_asked), self._some_pairs(
+                    sides, np.searchsorted(p_union, request.producer_kept),
+                    np.searchsorted(q_union, request.consumer_kept)))
+        return [self.kept(*request) for request in requests]
 
     def forget_sides(self) -> None:
         """Drop the per-device terms kept for `kept` (the search's exact pass is done)."""

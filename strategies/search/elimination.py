@@ -439,8 +439,7 @@ def kept_costs(cost_model: CostModel,
             len(cost) for cost in nodes.values()):
         bounds = _tightened(cost_model, nodes, bounded, lower, bounds)
     report("costing edges")
-    edges = {(u, v): cost_model.kept_edge(graph.by_name[u], graph.by_name[v], bounds.kept[u],
-                                          bounds.kept[v]) for u, v in graph.edges}
+    edges = cost_model.kept_edges(bounds.kept)
     cost_model.forget_kept_tables()
     return KeptCosts(bounds=bounds, nodes=bounds.restrict(nodes, {})[0], edges=edges,
                      configs=sum(len(cost) for cost in nodes.values()))
@@ -469,9 +468,8 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
     candidates = {name: np.unique(np.concatenate([
         kept[np.argsort(lower[name][kept], kind="stable")[:_CANDIDATES]],
         [incumbent[name], best[name]]])) for name, kept in bounds.kept.items()}
-    exact = _eliminate({name: nodes[name][candidates[name]] for name in nodes}, {
-        (u, v): cost_model.kept_edge(graph.by_name[u], graph.by_name[v], candidates[u],
-                                     candidates[v]) for u, v in graph.edges}, order, milp=False)
+    exact = _eliminate({name: nodes[name][candidates[name]] for name in nodes},
+                       cost_model.kept_edges(candidates), order, milp=False)
     if exact is None:
         return bounds
     choice = {name: int(candidates[name][index]) for name, index in exact.choice.items()}
@@ -481,11 +479,9 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
 
 def _priced(cost_model: CostModel, nodes: dict[str, np.ndarray], choice: dict[str, int]) -> float:
     """The exact step of one strategy (config index per layer): its node costs and exact t_x."""
-    graph = cost_model.graph
+    edges = cost_model.kept_edges({name: np.array([index]) for name, index in choice.items()})
     return sum(float(cost[choice[name]]) for name, cost in nodes.items()) + sum(
-        float(cost_model.kept_edge(graph.by_name[u], graph.by_name[v],
-                                   np.array([choice[u]]), np.array([choice[v]]))[0, 0])
-        for u, v in graph.edges)
+        float(cost[0, 0]) for cost in edges.values())
 
 
 def optimal_strategy(cost_model: CostModel,
