@@ -490,19 +490,6 @@ def _product(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return first * second
 
 
-class KeptRequest(NamedTuple):
-    """The arguments of one `TransferTables.kept`, in its order: an edge, its two whole search
-    spaces and their names, and the positions of the configs kept of each."""
-
-    producer: Layer
-    consumer: Layer
-    producer_configs: Sequence[ParallelConfig]
-    consumer_configs: Sequence[ParallelConfig]
-    spaces: tuple[Hashable, Hashable]
-    producer_kept: np.ndarray
-    consumer_kept: np.ndarray
-
-
 @dataclass(frozen=True)
 class EdgeDims:
     """The per-dimension tables of one edge (n, c, d, h, w and the padding dim) and their ids:
@@ -926,6 +913,19 @@ class EdgeSides:
     def q_position(self) -> np.ndarray:
         """The table position of each consumer config of the list."""
         return np.argsort(self.qorder)
+
+
+class KeptRequest(NamedTuple):
+    """The arguments of one `TransferTables.kept`, in its order: an edge, its two whole search
+    spaces and their names, and the positions of the configs kept of each."""
+
+    producer: Layer
+    consumer: Layer
+    producer_configs: Sequence[ParallelConfig]
+    consumer_configs: Sequence[ParallelConfig]
+    spaces: tuple[Hashable, Hashable]
+    producer_kept: np.ndarray
+    consumer_kept: np.ndarray
 
 
 class TransferTables:

@@ -468,20 +468,29 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
     candidates = {name: np.unique(np.concatenate([
         kept[np.argsort(lower[name][kept], kind="stable")[:_CANDIDATES]],
         [incumbent[name], best[name]]])) for name, kept in bounds.kept.items()}
-    exact = _eliminate({name: nodes[name][candidates[name]] for name in nodes},
-                       cost_model.kept_edges(candidates), order, milp=False)
+    edges = cost_model.kept_edges(candidates)
+    exact = _eliminate({name: nodes[name][candidates[name]] for name in nodes}, edges, order,
+                       milp=False)
     if exact is None:
         return bounds
     choice = {name: int(candidates[name][index]) for name, index in exact.choice.items()}
-    upper = _priced(cost_model, nodes, choice)
+    # its exact t_x are entries of the candidates' matrices (bit for bit `_priced`'s)
+    upper = _step(nodes, choice, {(u, v): float(cost[exact.choice[u], exact.choice[v]])
+                                  for (u, v), cost in edges.items()})
     return within(lower, choice, upper) if upper < bounds.upper else bounds
 
 
 def _priced(cost_model: CostModel, nodes: dict[str, np.ndarray], choice: dict[str, int]) -> float:
     """The exact step of one strategy (config index per layer): its node costs and exact t_x."""
     edges = cost_model.kept_edges({name: np.array([index]) for name, index in choice.items()})
+    return _step(nodes, choice, {edge: float(cost[0, 0]) for edge, cost in edges.items()})
+
+
+def _step(nodes: dict[str, np.ndarray], choice: dict[str, int],
+          transfers: dict[tuple[str, str], float]) -> float:
+    """A strategy's step: its node costs, then its t_x in the graph's edge order."""
     return sum(float(cost[choice[name]]) for name, cost in nodes.items()) + sum(
-        float(cost[0, 0]) for cost in edges.values())
+        transfers.values())
 
 
 def optimal_strategy(cost_model: CostModel,
