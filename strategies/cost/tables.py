@@ -1047,10 +1047,14 @@ class TransferTables:
             sides = self._sides_of(first.producer, first.consumer,
                                    [first.producer_configs[i] for i in p_union],
                                    [first.consumer_configs[i] for i in q_union])
+            # every pair of the union where that prices fewer pairs than the edges ask for
+            asked = sum(len(r.producer_kept) * len(r.consumer_kept) for _, _, r in asking)
+            union = self._pairs(sides)[0] if len(p_union) * len(q_union) <= asked else None
             for p_asked, q_asked, request in asking:
+                rows = np.searchsorted(p_union, request.producer_kept)
+                columns = np.searchsorted(q_union, request.consumer_kept)
                 self._kept.setdefault((*sides_key, p_asked, q_asked), self._some_pairs(
-                    sides, np.searchsorted(p_union, request.producer_kept),
-                    np.searchsorted(q_union, request.consumer_kept)))
+                    sides, rows, columns) if union is None else union[np.ix_(rows, columns)])
         return [self.kept(*request) for request in requests]
 
     def forget_sides(self) -> None:
