@@ -1027,9 +1027,12 @@ class TransferTables:
     def kept_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
         """`kept` of many edges at once, in order. Edges with equal sides (a network's
         repeated blocks: ResNet-152's 30 kinds of edge for its 259) that ask for different
-        configs get one build of the sides, over all the configs they ask for together, and
-        each edge's pairs are read from it (`_some_pairs`, bit for bit `kept`'s): one build
-        instead of one per edge."""
+        configs get one build of the sides, over all the configs they ask for together: one
+        build instead of one per edge. Their configs overlap (a repeated block keeps much the
+        same configs), so where every pair of that union is fewer pairs than the edges ask
+        for, all are priced at once (`_pairs`, shifts copied) and each edge's entries read
+        from them; else each edge's pairs are priced from the shared sides (`_some_pairs`).
+        Either way bit for bit `kept`'s."""
         groups: dict[tuple[object, ...], list[tuple[bytes, bytes, KeptRequest]]] = {}
         for request in requests:
             sides_key = self._sides_key(request.producer, request.consumer,
