@@ -1061,10 +1061,13 @@ class TransferTables:
             asked = sum(len(r.producer_kept) * len(r.consumer_kept) for _, _, r in asking)
             union = self._pairs(sides)[0] if len(p_union) * len(q_union) <= asked else None
             for p_asked, q_asked, request in asking:
+                key = (*sides_key, p_asked, q_asked)
+                if key in self._kept:  # another edge asked for the same configs
+                    continue
                 rows = np.searchsorted(p_union, request.producer_kept)
                 columns = np.searchsorted(q_union, request.consumer_kept)
-                self._kept.setdefault((*sides_key, p_asked, q_asked), self._some_pairs(
-                    sides, rows, columns) if union is None else union[np.ix_(rows, columns)])
+                self._kept[key] = (self._some_pairs(sides, rows, columns) if union is None
+                                   else union[np.ix_(rows, columns)])
         return [self.kept(*request) for request in requests]
 
     def forget_sides(self) -> None:
