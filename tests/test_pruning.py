@@ -168,7 +168,8 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
         terms, monkeypatch):
     """The search's exact t_x between the kept configs reads the per-device terms its bounds
     built (or, past their memory budget or where the bounds read ends-only tables, builds the
-    kept configs' own); every entry is the whole matrix's, bit for bit, in the order the
+    kept configs' own, one build shared by the edges of repeated blocks when every edge is
+    asked for at once); every entry is the whole matrix's, bit for bit, in the order the
     configs are asked for: on the edge from the input (no backward), residual and strided
     edges, across nodes whose ports are shared."""
     if terms == "over budget":
