@@ -349,8 +349,10 @@ class CostModel:
         return seconds
 
     def _group_link_ids(self, config: ParallelConfig) -> tuple[int, ...]:
-        """`_group_links` as small integers (equal links, equal ids), cheap to hash."""
-        key = (config.degrees, config.devices)
+        """`_group_links` as small integers (equal links, equal ids), cheap to hash; once per
+        degrees and block modulo the cluster's symmetry (a block moved by a multiple of it has
+        the same links)."""
+        key = (config.degrees, self._shifted_back(config.devices))
         if key not in self._replica_link_ids:
             ids = []
             for links in self._group_links(config):
@@ -360,6 +362,17 @@ class CostModel:
                 ids.append(self._link_ids[links])
             self._replica_link_ids[key] = tuple(ids)
         return self._replica_link_ids[key]
+
+    def _shifted_back(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """A contiguous block moved back by the largest multiple of the cluster's symmetry
+        (`TransferTables.symmetry`) that keeps it on the devices; other device lists as they
+        are. Its replica groups sit at the same positions in it and every link between two of
+        its devices is unchanged."""
+        start, size = devices[0], len(devices)
+        if devices != tuple(range(start, start + size)):
+            return devices
+        start %= self._transfers.symmetry
+        return tuple(range(start, start + size))
 
     def _whole_group_links(self, devices: tuple[int, ...]) -> GroupLinks:
         """The links of a group of all of a layer's devices (`_group_links` for one group; a

@@ -983,6 +983,12 @@ class TransferTables:
         # prints it; the suite bounds it)
         self.terms_priced = 0
 
+    @property
+    def symmetry(self) -> int:
+        """Shifting every device by a multiple of this keeps which unit of every tier each
+        device is in and behind which shared port: every link between two devices."""
+        return self._symmetry
+
     def matrices(self, producer: Layer, consumer: Layer,
                  producer_configs: Sequence[ParallelConfig],
                  consumer_configs: Sequence[ParallelConfig],
