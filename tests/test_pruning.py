@@ -163,6 +163,26 @@ def test_pairs_copied_by_a_shift_are_those_priced_directly_bit_for_bit(
     assert shifted_work < direct_work
 
 
+@pytest.mark.parametrize("cluster_name", ["p100x16", "p100x16-2018", "h200x8"])
+def test_sync_looked_up_once_per_shift_is_each_blocks_own_bit_for_bit(cluster_name,
+                                                                       monkeypatch):
+    """t_s looks up a block's replica links once per start modulo the cluster's symmetry:
+    every config's sync seconds and bytes are those of its own links, bit for bit, on 32
+    devices of 6-GPU nodes (aligned blocks of 4 and 8 then straddle nodes at some starts, not
+    at others) with ports shared by 4 (rings and a parameter server) or none."""
+    graph = build_graph("resnet18", batch=64, image_size=16)
+    cluster = load_cluster(cluster_name).model_copy(update={"devices_per_node": 6, "nodes": 6})
+
+    def synced() -> list[bytes]:
+        cost = CostModel(graph, cluster, 32, AnalyticCompute(cluster), placement="aligned")
+        return [array.tobytes() for layer in graph.layers
+                for array in cost.sync(layer, cost.configs[layer.name])]
+
+    once = synced()
+    monkeypatch.setattr(CostModel, "_shifted_back", lambda _self, devices: devices)
+    assert once == synced()
+
+
 @pytest.mark.parametrize("terms", ["kept", "over budget", "ends tables"])
 def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_for_bit(
         terms, monkeypatch):
