@@ -309,9 +309,9 @@ def _solve_final(graph: _Graph,
     small enough (exact), else the integer program (within its proven gap; None without
     `milp`)."""
     order, largest = _elimination_order(graph)
-    if largest > _MAX_FACTOR_ELEMENTS and not milp:
-        return None
     if largest > _MAX_FACTOR_ELEMENTS:
+        if not milp:
+            return None
         from layerwise.strategies.search.integer_program import (
             solve_milp,  # scipy loads only for the graphs that need it
         )
