@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_cost_model.py                 # 4 models, 24 plans each
     .venv/bin/python benchmarks/bench_cost_model.py --models lenet5 --plans 12 --steps 4
     .venv/bin/python benchmarks/bench_cost_model.py --mlflow        # and log the sweep
+    .venv/bin/python benchmarks/bench_cost_model.py --remeasure    # and the machine's own error
 
 For each model, plans drawn from the whole search space on --nproc processes: the data, OWT
 and spatial baselines, the plan searched with this machine's profile and calibration, and random
@@ -18,7 +19,10 @@ Printed per model: mean and worst |measured / predicted - 1|, the median ratio, 
 between the measured and predicted orders (1: the model ranks every pair of plans as measured),
 the measurement's own spread (the slowest over the fastest of plans that are the same configs
 under different names, a baseline the search or a draw also found: no model can be closer than
-that), and the plans it misprices most with their predicted terms (compute, transfer, sync). With
+that), and the plans it misprices most with their predicted terms (compute, transfer, sync).
+With --remeasure, a second set of processes measures the same plans again, just after the first:
+the mean |second / first - 1| and Kendall's tau between the two are what this machine repeats
+itself to, the floor under any model's error and above any model's tau here. With
 --mlflow, one MLflow run per sweep (the tracking URI from MLFLOW_TRACKING_URI, else ./mlflow.db):
 per plan the predicted and measured step as a table artifact, the scatter as a figure, the
 summary numbers as metrics.
@@ -68,6 +72,26 @@ MODELS = ("lenet5", "wide_fc", "resnet18", "tiny_cnn")
 IMAGE_SIZE = {"lenet5": 32, "wide_fc": 16, "resnet18": 32, "tiny_cnn": 32}
 BASELINES = ("data", "owt", "spatial_h", "spatial_w", "model")
 Assignment = dict[str, ParallelConfig]
+
+
+@dataclass(frozen=True)
+class Repeatability:
+    """The same plans measured by two sets of processes, one just after the other: the mean
+    |second / first - 1| of their median steps and Kendall's tau between the two orders."""
+
+    mean_error: float
+    kendall_tau: float
+
+
+def repeatability(first: Mapping[str, Sequence[float]],
+                  second: Mapping[str, Sequence[float]]) -> Repeatability:
+    """`Repeatability` of two measurements of the same plans (plan -> step seconds)."""
+    names = sorted(first)
+    once = [statistics.median(first[name]) for name in names]
+    again = [statistics.median(second[name]) for name in names]
+    return Repeatability(
+        mean_error=statistics.fmean(abs(b / a - 1) for a, b in zip(once, again, strict=True)),
+        kendall_tau=float(kendalltau(once, again).statistic))
 
 
 @dataclass(frozen=True)
@@ -144,10 +168,11 @@ def random_plans(graph: LayerGraph, space: Mapping[str, Sequence[ParallelConfig]
 
 
 def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Random
-          ) -> tuple[list[PlanResult], float | None, float]:
+          ) -> tuple[list[PlanResult], float | None, float, Repeatability | None]:
     """Every plan of one model, predicted and measured, the largest ratio of the slowest to
     the fastest measured step among plans of identical configs (None when no two are
-    identical), and the calibrated latency of an exchange."""
+    identical), the calibrated latency of an exchange, and with --remeasure the plans'
+    repeatability (else None)."""
     world = args.nproc
     batch = args.batch_per_device * world
     graph = build_graph(model, batch, IMAGE_SIZE[model], 10)
@@ -168,6 +193,10 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     job = Job(model=model, image_size=IMAGE_SIZE[model], batch=batch, steps=args.steps,
               warmup=args.warmup, runs=runs, threads=threads, cuda=False)
     measured = run(job, world)
+    repeated = None
+    if args.remeasure:
+        console.print(f"{model}: the same plans again, in a second set of processes ...")
+        repeated = repeatability(measured["seconds"], run(job, world)["seconds"])
     results = [PlanResult(name, predicted[name],
                           *measured_terms(measured["seconds"][name], measured["waits"][name]))
                for name in plans]
@@ -176,7 +205,8 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
         same.setdefault("|".join(plans[result.name][layer.name].text
                                  for layer in graph.layers), []).append(result.step)
     spreads = [max(steps) / min(steps) for steps in same.values() if len(steps) > 1]
-    return results, max(spreads) if spreads else None, cluster.links.intra_node.latency
+    return (results, max(spreads) if spreads else None, cluster.links.intra_node.latency,
+            repeated)
 
 
 def summary(rows: list[PlanResult]) -> dict[str, float]:
@@ -281,6 +311,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mlflow", action="store_true", help="log the sweep as one MLflow run")
+    parser.add_argument("--remeasure", action="store_true", help="measure the plans again in a "
+                        "second set of processes: the machine's own repeatability")
     args = parser.parse_args()
     if args.plans < len(BASELINES) + 2:
         parser.error(f"--plans must be at least {len(BASELINES) + 2} (the baselines, the "
@@ -288,18 +320,21 @@ def main() -> None:
     console = Console(width=150)
     rng = random.Random(args.seed)
     swept = {model: sweep(model, args, console, rng) for model in args.models}
-    results = {model: rows for model, (rows, _, _) in swept.items()}
+    results = {model: rows for model, (rows, _, _, _) in swept.items()}
     summaries = {model: summary(rows) for model, rows in results.items()}
-    for model, (_, spread, latency) in swept.items():
+    for model, (_, spread, latency, repeated) in swept.items():
         summaries[model]["latency"] = latency
         if spread is not None:
             summaries[model]["identical_spread"] = spread
+        if repeated is not None:
+            summaries[model]["remeasured_mean_error"] = repeated.mean_error
+            summaries[model]["remeasured_kendall_tau"] = repeated.kendall_tau
     table = Table(title=f"Eq. 1 against measured steps, {args.nproc} CPU processes, "
                         f"{args.plans} plans per model")
     mispriced = ("most mispriced (m/p: compute, transfer, sync ms, predicted -> measured; "
                  "compute measured as the rest)")
     for column in ("model", "plans", "mean |m/p - 1|", "worst", "median m/p", "Kendall tau",
-                   "identical plans' spread", mispriced):
+                   "identical plans' spread", "remeasured mean / tau", mispriced):
         table.add_column(column, justify="left" if column in ("model", mispriced) else "right")
     for model, rows in results.items():
         numbers = summaries[model]
@@ -308,7 +343,11 @@ def main() -> None:
                       f"{numbers['worst_error']:.2f}", f"{numbers['median_ratio']:.2f}",
                       f"{numbers['kendall_tau']:.2f}",
                       f"{numbers['identical_spread']:.2f}" if "identical_spread" in numbers
-                      else "-", "; ".join(_terms_text(row) for row in worst))
+                      else "-",
+                      f"{numbers['remeasured_mean_error']:.2f} / "
+                      f"{numbers['remeasured_kendall_tau']:.2f}"
+                      if "remeasured_mean_error" in numbers else "-",
+                      "; ".join(_terms_text(row) for row in worst))
     console.print(table)
     terms = Table(title="each term measured / predicted, median over the plans that predict "
                         "some of it (rest: the step less the measured waits, against t_c)")
