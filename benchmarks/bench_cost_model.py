@@ -15,6 +15,10 @@ run of --nproc ranks meets it), taken just before, and measured in one set of pr
 build every plan and give each a step on every batch in turn, in a new order per batch
 (bench_runtime.py's interleaving: each plan meets the same state of the machine).
 
+Every process runs as layerwise's own do, with huge pages for large CPU tensors
+(strategies/processes/huge_pages.py; `THP_MEM_ALLOC_ENABLE=0` turns them off), the profile's
+included.
+
 Printed per model: mean and worst |measured / predicted - 1|, the median ratio, Kendall's tau
 between the measured and predicted orders (1: the model ranks every pair of plans as measured),
 the measurement's own spread (the slowest over the fastest of plans that are the same configs
@@ -49,6 +53,13 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 from scipy.stats import kendalltau
+
+from layerwise.strategies.processes.huge_pages import huge_pages_in_use, use_huge_pages
+
+# as every layerwise process runs (its CLI, the launcher's workers, the profile they plan with),
+# before anything imports torch: on 4 KB pages each ResNet-18 step page-faults ~64 MB of fresh
+# memory per rank (16,000 faults) that a profiled tile, repeated, does not (docs/performance.md)
+use_huge_pages()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runtime import Job, Run, run  # noqa: E402  (the interleaved runs, shared)
@@ -246,7 +257,7 @@ def log_to_mlflow(results: dict[str, list[PlanResult]],
     with mlflow.start_run(run_name=f"cost model over {args.plans} plans x "
                                    f"{len(results)} models") as active:
         mlflow.log_params({"nproc": args.nproc, "plans": args.plans, "steps": args.steps,
-                           "models": ",".join(results)})
+                           "models": ",".join(results), "huge_pages": huge_pages_in_use()})
         for model, numbers in summaries.items():
             mlflow.log_metrics({f"{model}.{key}": value for key, value in numbers.items()})
         table: dict[str, list[object]] = {key: [] for key in (
