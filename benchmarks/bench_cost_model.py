@@ -26,7 +26,7 @@ under different names, a baseline the search or a draw also found: no model can 
 that), and the plans it misprices most with their predicted terms (compute, transfer, sync).
 With --remeasure, a second set of processes measures the same plans again, just after the first:
 the mean |second / first - 1| and Kendall's tau between the two are what this machine repeats
-itself to, the floor under any model's error and above any model's tau here. With
+itself to: the floor under any model's error here, and the ceiling over its tau. With
 --mlflow, one MLflow run per sweep (the tracking URI from MLFLOW_TRACKING_URI, else ./mlflow.db):
 per plan the predicted and measured step as a table artifact, the scatter as a figure, the
 summary numbers as metrics.
