@@ -21,6 +21,7 @@ included.
 
 Printed per model: mean and worst |measured / predicted - 1|, the median ratio, Kendall's tau
 between the measured and predicted orders (1: the model ranks every pair of plans as measured),
+the mean error and tau again over the plans that split depth, height or width somewhere,
 the measurement's own spread (the slowest over the fastest of plans that are the same configs
 under different names, a baseline the search or a draw also found: no model can be closer than
 that), and the plans it misprices most with their predicted terms (compute, transfer, sync).
@@ -117,6 +118,7 @@ class PlanResult:
     transfer: float
     sync: float
     exchanges: float  # the busiest rank's point-to-point exchanges per step
+    spatial: bool = False  # some layer split along d, h or w (a 1-d layer's length is w)
 
     @property
     def ratio(self) -> float:
@@ -209,7 +211,9 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
         console.print(f"{model}: the same plans again, in a second set of processes ...")
         repeated = repeatability(measured["seconds"], run(job, world)["seconds"])
     results = [PlanResult(name, predicted[name],
-                          *measured_terms(measured["seconds"][name], measured["waits"][name]))
+                          *measured_terms(measured["seconds"][name], measured["waits"][name]),
+                          spatial=any(config.d * config.h * config.w > 1
+                                      for config in plans[name].values()))
                for name in plans]
     same: dict[str, list[float]] = {}
     for result in results:
@@ -340,12 +344,19 @@ def main() -> None:
         if repeated is not None:
             summaries[model]["remeasured_mean_error"] = repeated.mean_error
             summaries[model]["remeasured_kendall_tau"] = repeated.kendall_tau
+        spatial = [row for row in results[model] if row.spatial]
+        if len(spatial) > 1:  # the plans that split d, h or w somewhere, stated apart
+            numbers = summary(spatial)
+            summaries[model] |= {"spatial_plans": numbers["plans"],
+                                 "spatial_mean_error": numbers["mean_error"],
+                                 "spatial_kendall_tau": numbers["kendall_tau"]}
     table = Table(title=f"Eq. 1 against measured steps, {args.nproc} CPU processes, "
                         f"{args.plans} plans per model")
     mispriced = ("most mispriced (m/p: compute, transfer, sync ms, predicted -> measured; "
                  "compute measured as the rest)")
     for column in ("model", "plans", "mean |m/p - 1|", "worst", "median m/p", "Kendall tau",
-                   "identical plans' spread", "remeasured mean / tau", mispriced):
+                   "identical plans' spread", "remeasured mean / tau",
+                   "d/h/w plans: count, mean / tau", mispriced):
         table.add_column(column, justify="left" if column in ("model", mispriced) else "right")
     for model, rows in results.items():
         numbers = summaries[model]
@@ -358,6 +369,9 @@ def main() -> None:
                       f"{numbers['remeasured_mean_error']:.2f} / "
                       f"{numbers['remeasured_kendall_tau']:.2f}"
                       if "remeasured_mean_error" in numbers else "-",
+                      f"{int(numbers['spatial_plans'])}, {numbers['spatial_mean_error']:.2f} / "
+                      f"{numbers['spatial_kendall_tau']:.2f}" if "spatial_plans" in numbers
+                      else "-",
                       "; ".join(_terms_text(row) for row in worst))
     console.print(table)
     terms = Table(title="each term measured / predicted, median over the plans that predict "
