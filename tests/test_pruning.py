@@ -77,17 +77,21 @@ def test_the_search_over_the_kept_configs_returns_the_search_over_all(model, dev
     assert pruned.choice == everything.choice
 
 
-@pytest.mark.parametrize(("model", "devices", "image_size"),
-                         [("resnet18", 32, 32), ("inception_v3", 16, 299)])
+@pytest.mark.parametrize(("model", "devices", "image_size", "batch"),
+                         [("resnet18", 32, 32, 32), ("inception_v3", 16, 299, 32),
+                          ("m5", 64, 4000, 1)])
 def test_bounds_from_cheap_transfer_bounds_find_the_strategy_of_the_search_over_all(
-        model, devices, image_size):
+        model, devices, image_size, batch):
     """On many devices the search costs t_x exactly only between the configs that bounds from
-    each config's end devices keep: the same strategy, the same cost, bit for bit (residual
-    blocks across 8 nodes; concatenated branches)."""
-    graph = build_graph(model, batch=32 * devices, image_size=image_size)
+    each config's end devices keep, and from 32 devices on, prices those bounds only between
+    the configs that bounds from degrees alone keep: the same strategy, the same cost, bit for
+    bit (residual blocks across 8 nodes; concatenated branches; a 1-d network across 16
+    nodes, a sample per device)."""
+    graph = build_graph(model, batch=batch * devices, image_size=image_size)
     cluster = CLUSTER.model_copy(update={"nodes": devices // CLUSTER.devices_per_node})
     cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
     assert devices >= search._BOUNDED_FROM_DEVICES
+    assert search._degree_classes_pay(cost) == (devices >= 32)
     result = search.optimal_strategy(cost)
     with collector_paused():
         nodes, edges = graph_costs(cost)
@@ -109,6 +113,51 @@ def test_the_end_devices_bound_transfers_from_below_and_are_exact_on_two_devices
         small = (np.array([c.size for c in cost.configs[u]])[:, None] <= 2) & (
             np.array([c.size for c in cost.configs[v]])[None, :] <= 2)
         assert (lower[small] == exact[small]).all()
+
+
+@pytest.mark.parametrize(("model", "cluster_name", "nodes", "image_size"),
+                         [("resnet18", "p100x16", 8, 32), ("inception_v3", "p100x16", 4, 75),
+                          ("unet3d", "h200x8", 2, 16), ("m5", "k20x8", 4, 4000)])
+def test_degree_bounds_bound_the_ends_bound_from_below(model, cluster_name, nodes, image_size):
+    """The first pruning's bound, from each config and the other side's degrees alone, is at
+    most the ends bound on every pair of configs (so at most t_x), and not nothing: on the
+    edge from the input (no backward), residual, concatenated (branches needing no part of
+    a tile), 3-d and 1-d edges; across nodes whose ports are shared, nodes of 8, and PCIe
+    groups inside nodes (two inner tiers)."""
+    cluster = load_cluster(cluster_name)
+    cluster = cluster.model_copy(update={"nodes": nodes})
+    devices = cluster.num_devices
+    graph = build_graph(model, batch=2 * devices, image_size=image_size)
+    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
+    edges = graph.edges[:6] + graph.edges[-6:]
+    assert graph.by_name[edges[0][0]].kind == "input"
+    for u, v in edges:
+        producer, consumer = graph.by_name[u], graph.by_name[v]
+        bound = cost.edge_degree_bound(producer, consumer)[
+            np.ix_(cost.degree_classes(producer), cost.degree_classes(consumer))]
+        ends = cost.edge_lower_bound(producer, consumer)
+        assert (bound <= ends).all(), (u, v)
+        assert (bound > 0).any(), (u, v)
+
+
+@pytest.mark.parametrize("ends_tables", [False, True])
+def test_ends_bounds_between_some_configs_are_the_whole_matrices_entries_bit_for_bit(
+        ends_tables, monkeypatch):
+    """The second pruning prices the ends bound between the configs the first kept only, each
+    edge's own, from per-device terms built once per kind of edge: every entry is the whole
+    bound matrix's, bit for bit, in the order asked for (whole tables, or from 32 devices
+    each pass's ends-only tables)."""
+    if ends_tables:
+        monkeypatch.setattr(tables, "_ENDS_TABLES_FROM_DEVICES", 0)
+    graph = build_graph("resnet18", batch=16 * 8, image_size=32)
+    cluster = load_cluster("p100x16")
+    cost = CostModel(graph, cluster, 16, AnalyticCompute(cluster), placement="aligned")
+    random = np.random.default_rng(1)
+    kept = {name: random.choice(len(configs), 1 + len(configs) // 3, replace=False)
+            for name, configs in cost.configs.items()}
+    for (u, v), matrix in cost.edge_lower_bounds(kept).items():
+        whole = cost.edge_lower_bound(graph.by_name[u], graph.by_name[v])
+        assert matrix.tobytes() == whole[np.ix_(kept[u], kept[v])].tobytes(), (u, v)
 
 
 @pytest.mark.parametrize(("model", "devices", "image_size"),

@@ -514,6 +514,30 @@ class CostModel:
             producer, consumer, self.configs[producer.name], self.configs[consumer.name],
             spaces=(_space_key(producer), _space_key(consumer)))
 
+    def edge_lower_bounds(self, kept: Mapping[str, np.ndarray],
+                          ) -> dict[tuple[str, str], np.ndarray]:
+        """`edge_lower_bound` of every edge of the graph between the configs at `kept[name]`
+        of each layer, bit for bit its entries: each kind of edge's per-device terms built
+        once, only the pairs asked for priced (`TransferTables.lower_bounds_many`)."""
+        self.check_memory(whole_spaces=True)
+        return dict(zip(self.graph.edges, self._transfers.lower_bounds_many(
+            self._requests(kept)), strict=True))
+
+    def edge_degree_bound(self, producer: Layer, consumer: Layer) -> np.ndarray:
+        """Seconds at most `edge_lower_bound`'s for every pair of classes of configs of the
+        two layers' whole search spaces (`degree_classes`), from each config and the other
+        side's degrees alone (degree_bounds.py): the search's first pruning, at a small share
+        of the work (on 64 devices 848 configs make about 210 classes)."""
+        self.check_memory(whole_spaces=True)
+        return self._transfers.degree_bounds(
+            producer, consumer, self.configs[producer.name], self.configs[consumer.name],
+            spaces=(_space_key(producer), _space_key(consumer)))
+
+    def degree_classes(self, layer: Layer) -> np.ndarray:
+        """The class of each config of the layer's search space for `edge_degree_bound`:
+        configs of equal degrees whose ends see the same seconds per element."""
+        return self._transfers.degree_classes(self.configs[layer.name])
+
     def kept_edge(self, producer: Layer, consumer: Layer, producer_kept: np.ndarray,
                   consumer_kept: np.ndarray) -> np.ndarray:
         """t_x seconds between the configs at indices `producer_kept` and `consumer_kept` of the
@@ -527,12 +551,16 @@ class CostModel:
         """`kept_edge` of every edge of the graph, with `kept[name]` the configs kept of each
         layer: the edges of a network's repeated blocks share one build of their per-device
         terms (`TransferTables.kept_many`)."""
+        return dict(zip(self.graph.edges, self._transfers.kept_many(self._requests(kept)),
+                        strict=True))
+
+    def _requests(self, kept: Mapping[str, np.ndarray]) -> list[KeptRequest]:
+        """Every edge of the graph with its whole spaces and the configs `kept` of each."""
         graph = self.graph
-        requests = [KeptRequest(
+        return [KeptRequest(
             graph.by_name[u], graph.by_name[v], self.configs[u], self.configs[v],
             (_space_key(graph.by_name[u]), _space_key(graph.by_name[v])), kept[u], kept[v])
             for u, v in graph.edges]
-        return dict(zip(graph.edges, self._transfers.kept_many(requests), strict=True))
 
     def forget_kept_tables(self) -> None:
         """Free what `kept_edge` reads (the search is done with it)."""

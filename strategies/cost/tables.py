@@ -21,6 +21,7 @@ is in tests/test_cost.py.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from layerwise.strategies.cost.degree_bounds import (
+    EndRows,
+    end_rows,
+    end_seconds,
+    grouped_products,
+)
 from layerwise.strategies.hardware.cluster import Cluster
 from layerwise.strategies.hardware.host_memory import check_memory, human_bytes
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer
@@ -46,6 +53,9 @@ _CONFIG_TABLE_BYTES = 112
 _PAIR_BYTES = 32
 # the search keeps each edge's per-device terms from its bounds to its exact pass up to this
 _KEPT_SIDES_BYTES = 96 << 20
+# where the pairs an edge's bounds are asked for exceed this share of all its pairs, the whole
+# matrix is priced (a shift copies ~0.4 of its pairs on 64 devices) and read from
+_NARROWED_SHARE = 0.4
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
 _ENDS_TABLES_FROM_DEVICES = 32
 
@@ -151,15 +161,6 @@ class LayerTiles:
 
 
 # ---- t_x: per-config tables ------------------------------------------------------------------
-
-
-@cache
-def _tile_indices(degrees: tuple[int, ...]) -> np.ndarray:
-    """(size, 6) tile index along (n, c, d, h, w, pad) of each tile, in `ParallelConfig.tiles`
-    order."""
-    padded = (*degrees, 1)
-    return np.stack(np.unravel_index(np.arange(math.prod(degrees)), padded),
-                    axis=1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -331,19 +332,27 @@ class ConfigTable:
                  single: np.ndarray, shared_by: Sequence[int], ends_only: bool = False) -> None:
         count = len(configs)
         self.single = single
+        degrees = np.array([config.degrees for config in configs],
+                           dtype=np.int64).reshape(count, _PAD)
         self.exponents = np.zeros((count, _TABLE_DIMS), dtype=np.int64)
-        # tile index along each dim of the tile held by each device; -1 where none
-        self.tile_of = np.full((count, devices, _TABLE_DIMS), -1, dtype=np.int64)
+        self.exponents[:, :_PAD] = np.log2(degrees).astype(np.int64)  # exact: powers of two
+        # tile index along each dim of the tile held by each device; -1 where none: tile k
+        # of a config (row-major over its degrees, `ParallelConfig.tiles`) on its k-th device
+        sizes = degrees.prod(axis=1)
+        row = np.repeat(np.arange(count), sizes)
+        position = np.arange(len(row)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        device = np.fromiter(itertools.chain.from_iterable(config.devices for config in configs),
+                             dtype=np.int64, count=len(row))
         member = np.zeros((count, devices), dtype=bool)
-        for row, config in enumerate(configs):
-            self.exponents[row, :_PAD] = [degree.bit_length() - 1 for degree in config.degrees]
-            member[row, list(config.devices)] = True
-            if ends_only:
-                ends = sorted({0, config.size - 1})
-                self.tile_of[row, [config.devices[at] for at in ends]] = _tile_indices(
-                    config.degrees)[ends]
-            else:
-                self.tile_of[row, list(config.devices)] = _tile_indices(config.degrees)
+        member[row, device] = True
+        after = np.cumprod(degrees[:, ::-1], axis=1)[:, ::-1] // degrees  # tiles per index
+        index = position[:, None] // after[row] % degrees[row]
+        if ends_only:  # the first and the last tile only
+            end = (position == 0) | (position == sizes[row] - 1)
+            row, device, index = row[end], device[end], index[end]
+        self.tile_of = np.full((count, devices, _TABLE_DIMS), -1, dtype=np.int64)
+        self.tile_of[row, device, :_PAD] = index
+        self.tile_of[row, device, _PAD] = 0
         # one past the highest device of each config: devices beyond hold no tile
         levels = devices.bit_length()
         width = (1 << (levels - 1)) + 1
@@ -452,6 +461,19 @@ class DimTable:
         self.consumers_touching[at] = np.add.reduceat(touches, first, axis=1, dtype=np.int32)
         self.row_sum = np.zeros((levels * width, levels), dtype=np.int64)
         self.row_sum[at] = np.add.reduceat(shared, first, axis=1, dtype=np.int64)
+        self._levels, self._width = levels, width
+
+    @cached_property
+    def largest_per_consumer_tile(self) -> np.ndarray:
+        """(levels, levels * width): of the producer tiles of 2^a, the most elements any one
+        shares with the range consumer tile (b, j) needs."""
+        return self.pairs.reshape(self._levels, self._width, -1).max(axis=1)
+
+    @cached_property
+    def largest_per_producer_tile(self) -> np.ndarray:
+        """(levels * width, levels): of the consumer tiles of 2^b, the most elements of
+        producer tile (a, i) any one needs."""
+        return self.pairs.reshape(-1, self._levels, self._width).max(axis=2)
 
 
 def dim_table_bytes(levels: int) -> int:
@@ -970,6 +992,8 @@ class TransferTables:
         # no id it is keyed by can be reused while it lives
         self._config_tables: dict[tuple[object, ...], tuple[Sequence[ParallelConfig],
                                                             np.ndarray, ConfigTable]] = {}
+        self._end_row_lists: dict[tuple[int, ...], tuple[Sequence[ParallelConfig],
+                                                         EndRows]] = {}
         # `_shifted` per pair of those tables (kept alive there) and group of configs
         self._shift_plans: dict[tuple[int, int, int, int], Shifted | None] = {}
         self._classes: dict[tuple[int, ...], np.ndarray] = {}
@@ -1024,6 +1048,127 @@ class TransferTables:
         maximum over fewer devices. `spaces` as for `matrices`."""
         return self._cached(producer, consumer, producer_configs, consumer_configs, spaces,
                             ends_only=True)[0]
+
+    def lower_bounds_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
+        """`lower_bounds` of many edges between the configs each asks for (`KeptRequest`: the
+        positions kept of each whole space), in order, bit for bit its entries: the per-device
+        terms of the whole spaces, built once per kind of edge (equal sides) and narrowed to
+        each edge's configs, whose pairs only are priced."""
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(self._sides_key(request.producer, request.consumer,
+                                              request.producer_configs,
+                                              request.consumer_configs, request.spaces),
+                              []).append(index)
+        bounds: list[np.ndarray | None] = [None] * len(requests)
+        for members in groups.values():
+            first = requests[members[0]]
+            asked = {(requests[index].producer_kept.tobytes(),
+                      requests[index].consumer_kept.tobytes()): requests[index]
+                     for index in members}
+            pairs = sum(len(r.producer_kept) * len(r.consumer_kept) for r in asked.values())
+            if pairs > _NARROWED_SHARE * len(first.producer_configs) * len(
+                    first.consumer_configs):  # the whole matrix, its pairs copied by shifts
+                whole = self.lower_bounds(first.producer, first.consumer,
+                                          first.producer_configs, first.consumer_configs,
+                                          first.spaces)
+                priced = {key: whole[np.ix_(r.producer_kept, r.consumer_kept)]
+                          for key, r in asked.items()}
+            else:
+                forward, backward = self._bound_sides(first.producer, first.consumer,
+                                                      first.producer_configs,
+                                                      first.consumer_configs, first.spaces)
+                priced = {key: self._ends_of_some(forward, backward, r.producer_kept,
+                                                  r.consumer_kept)
+                          for key, r in asked.items()}
+            for index in members:
+                bounds[index] = priced[(requests[index].producer_kept.tobytes(),
+                                        requests[index].consumer_kept.tobytes())]
+        return [bound for bound in bounds if bound is not None]
+
+    def _bound_sides(self, producer: Layer, consumer: Layer,
+                     producer_configs: Sequence[ParallelConfig],
+                     consumer_configs: Sequence[ParallelConfig],
+                     spaces: tuple[Hashable, Hashable]) -> tuple[EdgeSides, EdgeSides | None]:
+        """The sides a bound's forward and backward passes read (None: no backward pass), of
+        two whole search spaces: from _ENDS_TABLES_FROM_DEVICES devices each pass's own,
+        below one build of both, kept for the exact pass (`kept`)."""
+        backward = producer.kind != "input"
+        if self.devices >= _ENDS_TABLES_FROM_DEVICES:
+            dims = self._edge_dims(producer, consumer)
+            return (self._sides(dims, producer_configs, consumer_configs, backward, "forward"),
+                    self._sides(dims, producer_configs, consumer_configs, backward, "backward")
+                    if backward else None)
+        sides = self._whole_sides(producer, consumer, producer_configs, consumer_configs,
+                                  spaces)
+        return sides, sides if backward else None
+
+    def degree_bounds(self, producer: Layer, consumer: Layer,
+                      producer_configs: Sequence[ParallelConfig],
+                      consumer_configs: Sequence[ParallelConfig],
+                      spaces: tuple[Hashable, Hashable]) -> np.ndarray:
+        """A lower bound of `lower_bounds` from each side's degrees and the other side's
+        config (degree_bounds.py), per pair of classes (`degree_classes`: configs of equal
+        degrees and equal seconds per element at their ends), (producer classes, consumer
+        classes): every pair of configs of those classes has that bound. A small share of
+        `lower_bounds`' work; equal edges computed once."""
+        key = (*self._sides_key(producer, consumer, producer_configs, consumer_configs,
+                                spaces), "degrees")
+        if key not in self._matrices:
+            self._matrices[key] = (self._degree_bounds(producer, consumer, producer_configs,
+                                                       consumer_configs), None)
+        return self._matrices[key][0]
+
+    def degree_classes(self, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """(C,) the class of each config for `degree_bounds` (its rows and columns)."""
+        return self._end_rows(configs).row
+
+    def _degree_bounds(self, producer: Layer, consumer: Layer,
+                       producer_configs: Sequence[ParallelConfig],
+                       consumer_configs: Sequence[ParallelConfig]) -> np.ndarray:
+        dims = self._edge_dims(producer, consumer).dims
+        p_rows, q_rows = self._end_rows(producer_configs), self._end_rows(consumer_configs)
+        width = dims[0].need_len.shape[1]
+        latency = [link.latency for link in self._links]
+        # forward, at each consumer class's ends against each producer degrees
+        q_ends, p_ends = _end_tiles(q_rows.exponents, width), _end_tiles(p_rows.exponents, width)
+        need = np.ones((len(q_rows.exponents), 2, 1), dtype=np.int64)
+        for dim, table in enumerate(dims):
+            need *= table.need_len.reshape(-1)[q_ends[..., dim]][..., None]
+        largest = grouped_products([table.largest_per_consumer_tile.T for table in dims],
+                                   q_ends, p_rows.exponents, _GROUPS)
+        touching = grouped_products([table.producers_touching.T for table in dims], q_ends,
+                                    p_rows.exponents, _GROUPS)
+        at = q_rows.row_degree
+        forward = end_seconds(q_rows.row_rates, latency, self._units,
+                              np.broadcast_to(need, largest.shape)[at], largest[at],
+                              touching[at])  # (consumer classes, producer degrees)
+        seconds = forward.T[p_rows.row_degree]  # (producer classes, consumer classes)
+        if producer.kind == "input":  # no gradient flows back into the input
+            return seconds
+        # backward, at each producer class's ends against each consumer degrees
+        total, largest, touching = (
+            grouped_products([getattr(table, name) for table in dims], p_ends,
+                             q_rows.exponents, _GROUPS)
+            for name in ("row_sum", "largest_per_producer_tile", "consumers_touching"))
+        at = p_rows.row_degree
+        backward = end_seconds(p_rows.row_rates, latency, self._units, total[at], largest[at],
+                               touching[at])  # (producer classes, consumer degrees)
+        return seconds + backward[:, q_rows.row_degree]
+
+    def _end_rows(self, configs: Sequence[ParallelConfig]) -> EndRows:
+        """`end_rows` of a list of configs, cached as `_config_table` is."""
+        key = tuple(map(id, configs))
+        if key not in self._end_row_lists:
+            member = np.zeros((len(configs), self.devices), dtype=bool)
+            for row, config in enumerate(configs):
+                member[row, list(config.devices)] = True
+            shared_by = [link.shared_by for link in self._links]
+            shared = [size > 1 for size in shared_by]
+            self._end_row_lists[key] = (list(configs), end_rows(
+                configs, _TABLE_DIMS, [link.seconds_per_element for link in self._links],
+                _sharing(member, shared_by) if any(shared) else None, shared))
+        return self._end_row_lists[key][1]
 
     def kept(self, producer: Layer, consumer: Layer,
              producer_configs: Sequence[ParallelConfig],
@@ -1512,6 +1657,26 @@ class TransferTables:
         elements[ordered] = passes * moved.T * BYTES_PER_ELEMENT
         return in_order, elements
 
+    def _ends_of_some(self, forward: EdgeSides, backward: EdgeSides | None,
+                      p_kept: np.ndarray, q_kept: np.ndarray) -> np.ndarray:
+        """`_pairs(ends_only=True)` of the pairs of producer configs `p_kept` x consumer
+        configs `q_kept` (indices into the lists the sides were built from), bit for bit its
+        entries: the forward pass from `forward`, the backward from `backward` (None: the
+        producer is the input), each narrowed to those configs."""
+        p_at, q_at = forward.p_position[p_kept], forward.q_position[q_kept]
+        p_sorted, q_sorted = np.unique(p_at), np.unique(q_at)
+        seconds = np.empty((len(q_sorted), len(p_sorted)))
+        self._forward(forward.producer.narrowed(p_sorted), forward.consumer.narrowed(q_sorted),
+                      _narrowed(forward.qtab.ends, q_sorted), seconds)
+        seconds = seconds.T
+        if backward is not None:  # its tables order the same configs alike: same positions
+            back = np.empty((len(p_sorted), len(q_sorted)))
+            self._backward(backward.producer.narrowed(p_sorted),
+                           backward.consumer.narrowed(q_sorted),
+                           _narrowed(backward.ptab.ends, p_sorted), back)
+            seconds = seconds + back
+        return seconds[np.ix_(np.searchsorted(p_sorted, p_at), np.searchsorted(q_sorted, q_at))]
+
     def _some_pairs(self, sides: EdgeSides, p_kept: np.ndarray,
                     q_kept: np.ndarray) -> np.ndarray:
         """t_x seconds of the pairs of producer configs `p_kept` x consumer configs `q_kept`
@@ -1566,6 +1731,14 @@ def _direct(groups: Sequence[tuple[np.ndarray, np.ndarray]],
     return [(np.concatenate([positions for positions, _ in parts]),
              np.concatenate([devices for _, devices in parts]))
             for parts in merged.values()]
+
+
+def _end_tiles(exponents: np.ndarray, width: int) -> np.ndarray:
+    """(G, 2, dims): the table slot (exponent * width + index) of the first and the last tile
+    along each dim of each degrees (`exponents`, (G, dims)): those a config's first and last
+    devices hold."""
+    first = exponents * width
+    return np.stack([first, first + (1 << exponents) - 1], axis=1)
 
 
 def _narrowed(by_size: list[tuple[np.ndarray, np.ndarray]],

@@ -51,6 +51,15 @@ _MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to th
 # the kept configs reads the per-device terms the bounds built).
 _LOOSE_SHARE = 0.05  # kept configs past this share of all: seek a tighter upper bound first
 _CANDIDATES = 3  # per layer, the configs of least lower bound that bound is sought among
+# per layer, the degrees of least degree bound an upper bound is sought among first: on 64
+# devices Inception-v3's best strategy over 3 costs 21% over the optimum, over 6 2.3%, over 12
+# the optimum itself (0.43 s), and the bounds keep 80%, 41% and 30% of the configs
+_DEGREE_CANDIDATES = 12
+# The degree bounds prune first from this many devices, where their classes of configs are at
+# most this share of the pairs: on 16 devices (aligned: 0.18 of the pairs) a search with them
+# took 0.8-1.6x its time without, on 64 0.5-0.8x (M5 1.1x; one core, alternating processes)
+_DEGREE_BOUNDS_FROM_DEVICES = 32
+_DEGREE_PAIRS_SHARE = 0.125
 _BOUNDED_FROM_DEVICES = 16
 
 
@@ -405,13 +414,16 @@ class KeptCosts:
 
 def kept_costs(cost_model: CostModel,
                progress: Callable[[str], None] | None = None) -> KeptCosts:
-    """From _BOUNDED_FROM_DEVICES devices on: node vectors of the whole spaces; a lower bound
-    of t_x (`CostModel.edge_lower_bound`) on every edge; the bounds of a spanning forest, each
-    layer keeping the input edge of the largest tensor; the forest's strategy priced exactly
-    as the upper bound; then exact t_x only between the configs kept. Exact t_x of whole
-    spaces is most of a search's work on many devices, and the bounds keep 0.1-7% of the
-    configs. On fewer devices every config is kept and every pair costed exactly (`solve`
-    still bounds them before eliminating)."""
+    """From _BOUNDED_FROM_DEVICES devices on: node vectors of the whole spaces; the bounds of a
+    spanning forest (each layer keeping the input edge of the largest tensor), twice: first
+    over t_x bounded from each config and the other side's degrees
+    (`CostModel.edge_degree_bound`), then over the bound from each config's ends
+    (`CostModel.edge_lower_bound`) between the configs the first kept; each forest's strategy
+    priced exactly for the upper bound; then exact t_x only between the configs kept. Exact
+    t_x of whole spaces is most of a search's work on many devices, and the bounds keep 0.1-7%
+    of the configs; the first pruning leaves the ends bound a few percent of the pairs
+    (Inception-v3 on 64 devices: 10%, ResNet-50 1%). On fewer devices every config is kept
+    and every pair costed exactly (`solve` still bounds them before eliminating)."""
     graph = cost_model.graph
     report = progress or (lambda _message: None)
     if cost_model.devices < _BOUNDED_FROM_DEVICES:
@@ -427,22 +439,64 @@ def kept_costs(cost_model: CostModel,
         if v not in parent or (math.prod(graph.by_name[u].output_shape)
                                > math.prod(graph.by_name[parent[v]].output_shape)):
             parent[v] = u
-    # every edge's t_x bound: off the forest it still lifts both ends (Inception-v3 at 64
-    # devices: 3,725 configs kept, against 13,450 with those edges bounded by 0)
-    bounded = {(u, v): cost_model.edge_lower_bound(graph.by_name[u], graph.by_name[v])
-               for u, v in graph.edges}
-    lower, choice = forest_lower_bounds(
-        nodes, {edge: cost for edge, cost in bounded.items() if parent[edge[1]] == edge[0]},
-        {edge: cost for edge, cost in bounded.items() if parent[edge[1]] != edge[0]})
-    bounds = within(lower, choice, _priced(cost_model, nodes, choice))
+
+    def forest(nodes: dict[str, np.ndarray], bounded: dict[tuple[str, str], np.ndarray],
+               ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        # every edge's t_x bound: off the forest it still lifts both ends (Inception-v3 at 64
+        # devices: 3,725 configs kept, against 13,450 with those edges bounded by 0)
+        return forest_lower_bounds(
+            nodes, {edge: cost for edge, cost in bounded.items() if parent[edge[1]] == edge[0]},
+            {edge: cost for edge, cost in bounded.items() if parent[edge[1]] != edge[0]})
+
+    first = Bounds.everything(nodes)
+    if _degree_classes_pay(cost_model):
+        lower, choice = _degree_forest(cost_model, nodes, forest)
+        choice, upper = _best_of(cost_model, nodes,
+                                 _degree_candidates(cost_model, lower, choice))
+        first = within(lower, choice, upper)
+    space = first.kept  # the ends bound is priced between these configs only
+    if first.incumbent:
+        bounded = cost_model.edge_lower_bounds(space)
+    else:  # between all: the whole spaces' tables copy pairs by symmetry
+        bounded = {(u, v): cost_model.edge_lower_bound(graph.by_name[u], graph.by_name[v])
+                   for u, v in graph.edges}
+    lower_within, choice_within = forest({name: cost[space[name]] for name, cost in nodes.items()},
+                                         bounded)
+    choice = {name: int(space[name][index]) for name, index in choice_within.items()}
+    upper = _priced(cost_model, nodes, choice)
+    if first.upper < upper:  # the first forest's strategy is kept: it costs less
+        choice, upper = first.incumbent, first.upper
+    lower = {}
+    for name, bound in lower_within.items():  # the configs the first pruning dropped stay out
+        lower[name] = np.full(len(nodes[name]), np.inf)
+        lower[name][space[name]] = bound
+    bounds = within(lower, choice, upper)
+    if not all(np.isin(kept, space[name]).all() for name, kept in bounds.kept.items()):
+        bounds = first  # the second bounds proved nothing (an infinite step): the first stand
     if sum(len(kept) for kept in bounds.kept.values()) > _LOOSE_SHARE * sum(
             len(cost) for cost in nodes.values()):
-        bounds = _tightened(cost_model, nodes, bounded, lower, bounds)
+        bounds = _tightened(cost_model, nodes, _restricted(bounded, space, bounds.kept), lower,
+                            bounds)
     report("costing edges")
     edges = cost_model.kept_edges(bounds.kept)
     cost_model.forget_kept_tables()
     return KeptCosts(bounds=bounds, nodes=bounds.restrict(nodes, {})[0], edges=edges,
                      configs=sum(len(cost) for cost in nodes.values()))
+
+
+def _restricted(bounded: dict[tuple[str, str], np.ndarray], space: dict[str, np.ndarray],
+                kept: dict[str, np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
+    """Matrices over the configs at `space` restricted to those at `kept` (indices of the
+    whole spaces, all in `space`); equal matrices restricted alike stay one array."""
+    at = {name: np.searchsorted(space[name], indices) for name, indices in kept.items()}
+    restricted: dict[tuple[int, bytes, bytes], np.ndarray] = {}
+    edges = {}
+    for (u, v), matrix in bounded.items():
+        key = (id(matrix), at[u].tobytes(), at[v].tobytes())
+        if key not in restricted:
+            restricted[key] = matrix[np.ix_(at[u], at[v])]
+        edges[(u, v)] = restricted[key]
+    return edges
 
 
 def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
@@ -452,15 +506,16 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
 
     That strategy ignores the edges the forest dropped (a residual block's shortcut), so its
     exact price can sit well above the optimum. Candidates per layer: the strategy best for
-    the lower bounds themselves over the configs kept, the forest's, and the _CANDIDATES
-    configs of least lower bound; the best strategy over those, with exact t_x between them,
-    is a strategy, so its price bounds the optimum from above. On 256 devices (origin): the
-    upper bound 4.5% over the optimum -> 0.3% on ResNet-50, 2.5% -> 0.15% on ResNet-101, and
-    the configs kept 18.7-24.3% -> 5.9-7.9% on ResNet-50, -101 and -152. Skipped where the
-    eliminations would leave a graph only the integer program solves."""
+    the lower bounds themselves over the configs kept (`bounded`: their matrices), the
+    forest's, and the _CANDIDATES configs of least lower bound; the best strategy over those,
+    with exact t_x between them, is a strategy, so its price bounds the optimum from above. On
+    256 devices (origin): the upper bound 4.5% over the optimum -> 0.3% on ResNet-50, 2.5% ->
+    0.15% on ResNet-101, and the configs kept 18.7-24.3% -> 5.9-7.9% on ResNet-50, -101 and
+    -152. Skipped where the eliminations would leave a graph only the integer program
+    solves."""
     graph = cost_model.graph
     order = [layer.name for layer in graph.layers]
-    relaxed = _eliminate(*bounds.restrict(nodes, bounded), order, milp=False)
+    relaxed = _eliminate(bounds.restrict(nodes, {})[0], bounded, order, milp=False)
     if relaxed is None:
         return bounds
     best = bounds.original(relaxed.choice)
@@ -478,6 +533,85 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
     upper = _step(nodes, choice, {(u, v): float(cost[exact.choice[u], exact.choice[v]])
                                   for (u, v), cost in edges.items()})
     return within(lower, choice, upper) if upper < bounds.upper else bounds
+
+
+def _degree_classes_pay(cost_model: CostModel) -> bool:
+    """Whether the search prunes by the degree bounds first: from _DEGREE_BOUNDS_FROM_DEVICES
+    devices, where the pairs of classes are at most _DEGREE_PAIRS_SHARE of the pairs of
+    configs (aligned spaces place each degrees at many starts; 64 devices: 0.06; an origin
+    space has one config per degrees: 1)."""
+    if cost_model.devices < _DEGREE_BOUNDS_FROM_DEVICES:
+        return False
+    graph = cost_model.graph
+    classes = {layer.name: int(cost_model.degree_classes(layer).max()) + 1
+               for layer in graph.layers}
+    configs = {name: len(cost) for name, cost in cost_model.configs.items()}
+    return sum(classes[u] * classes[v] for u, v in graph.edges) <= _DEGREE_PAIRS_SHARE * sum(
+        configs[u] * configs[v] for u, v in graph.edges)
+
+
+def _degree_forest(cost_model: CostModel, nodes: dict[str, np.ndarray],
+                   forest: Callable[[dict[str, np.ndarray], dict[tuple[str, str], np.ndarray]],
+                                    tuple[dict[str, np.ndarray], dict[str, int]]],
+                   ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """`forest`'s lower bounds over the degree bounds, per config, and its strategy. Configs
+    of one class have equal rows and columns in every degree bound, so the forest runs over
+    the classes, each at its least node cost: a config's bound is its class's, with its own
+    node cost for the class's least (the min-marginal of the forest over the configs
+    themselves), at a sixteenth of the work on 64 devices."""
+    graph = cost_model.graph
+    classes = {layer.name: cost_model.degree_classes(layer) for layer in graph.layers}
+    least = {}
+    for name, cost in nodes.items():
+        least[name] = np.full(int(classes[name].max()) + 1, np.inf)
+        np.minimum.at(least[name], classes[name], cost)
+    lower, choice = forest(least, {(u, v): cost_model.edge_degree_bound(
+        graph.by_name[u], graph.by_name[v]) for u, v in graph.edges})
+    bounds = {name: lower[name][of] + nodes[name] - least[name][of]
+              for name, of in classes.items()}
+    # the forest's strategy: in each layer, its class's config of least node cost (the first)
+    picked = {name: int(np.flatnonzero((of == choice[name])
+                                       & (nodes[name] == least[name][choice[name]]))[0])
+              for name, of in classes.items()}
+    return bounds, picked
+
+
+def _degree_candidates(cost_model: CostModel, lower: dict[str, np.ndarray],
+                       incumbent: dict[str, int]) -> dict[str, np.ndarray]:
+    """Per layer, the configs an upper bound is sought among after the degree bounds: the
+    forest's, and the config of least lower bound of each of the _DEGREE_CANDIDATES degrees of
+    least lower bound (those bounds leave a block's place free, so equal degrees tie: the first,
+    at the lowest start, keeps the candidates of neighbouring layers on the same devices)."""
+    candidates = {}
+    for name, bound in lower.items():
+        configs = cost_model.configs[name]
+        picked, seen = [incumbent[name]], set()
+        for index in np.argsort(bound, kind="stable"):
+            degrees = configs[index].degrees
+            if degrees not in seen:
+                seen.add(degrees)
+                picked.append(int(index))
+                if len(seen) == _DEGREE_CANDIDATES:
+                    break
+        candidates[name] = np.unique(picked)
+    return candidates
+
+
+def _best_of(cost_model: CostModel, nodes: dict[str, np.ndarray],
+             candidates: dict[str, np.ndarray]) -> tuple[dict[str, int], float]:
+    """The best strategy over a few candidate configs per layer, with exact t_x between
+    them, and its step: a strategy, so an upper bound of the optimum."""
+    order = [layer.name for layer in cost_model.graph.layers]
+    edges = cost_model.kept_edges(candidates)
+    exact = _eliminate({name: nodes[name][candidates[name]] for name in nodes}, edges, order,
+                       milp=False)
+    if exact is None:  # only the integer program solves it: the first candidates, priced
+        choice = {name: int(kept[0]) for name, kept in candidates.items()}
+        return choice, _priced(cost_model, nodes, choice)
+    choice = {name: int(candidates[name][index]) for name, index in exact.choice.items()}
+    # its exact t_x are entries of the candidates' matrices (bit for bit `_priced`'s)
+    return choice, _step(nodes, choice, {(u, v): float(cost[exact.choice[u], exact.choice[v]])
+                                         for (u, v), cost in edges.items()})
 
 
 def _priced(cost_model: CostModel, nodes: dict[str, np.ndarray], choice: dict[str, int]) -> float:
