@@ -56,10 +56,11 @@ _CANDIDATES = 3  # per layer, the configs of least lower bound that bound is sou
 # the optimum itself (0.43 s), and the bounds keep 80%, 41% and 30% of the configs
 _DEGREE_CANDIDATES = 12
 # The degree bounds prune first from this many devices, where their classes of configs are at
-# most this share of the pairs: on 16 devices (aligned: 0.18 of the pairs) a search with them
-# took 0.8-1.6x its time without, on 64 0.5-0.8x (M5 1.1x; one core, alternating processes)
+# most this share of the pairs (an origin space has one config per degrees: 1): on 16 devices
+# (aligned: 0.18 of the pairs) a search with them took 0.8-1.6x its time without, on 32 0.4-0.8x
+# (the 3-d U-Net at 0.16: 1.8-2.0 -> 0.78 s), on 64 0.5-0.8x (M5 1.1x; one core, alternating)
 _DEGREE_BOUNDS_FROM_DEVICES = 32
-_DEGREE_PAIRS_SHARE = 0.125
+_DEGREE_PAIRS_SHARE = 0.25
 _BOUNDED_FROM_DEVICES = 16
 
 
