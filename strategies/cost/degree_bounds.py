@@ -80,7 +80,7 @@ def end_rows(configs: Sequence[ParallelConfig], dims: int,
         rates = rates * np.where(np.asarray(shared), behind, 1.0)
     key = np.concatenate([degree[:, None].astype(np.float64), rates.reshape(len(configs), -1)],
                          axis=1)
-    rows, first, row = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    _, first, row = np.unique(key, axis=0, return_index=True, return_inverse=True)
     return EndRows(exponents=distinct, degree=degree, row=row.reshape(-1),
                    row_degree=degree[first], row_rates=rates[first])
 
