@@ -55,6 +55,7 @@ _CANDIDATES = 3  # per layer, the configs of least lower bound that bound is sou
 # devices Inception-v3's best strategy over 3 costs 21% over the optimum, over 6 2.3%, over 12
 # the optimum itself (0.43 s), and the bounds keep 80%, 41% and 30% of the configs
 _DEGREE_CANDIDATES = 12
+_NEIGHBOUR_DEGREES = 2  # and the first this many of each neighbour's (`_degree_candidates`)
 # The degree bounds prune first from this many devices, where their classes of configs are at
 # most this share of the pairs (an origin space has one config per degrees: 1): on 16 devices
 # (aligned: 0.18 of the pairs) a search with them took 0.8-1.6x its time without, on 32 0.4-0.8x
@@ -582,11 +583,15 @@ def _degree_candidates(cost_model: CostModel, lower: dict[str, np.ndarray],
     """Per layer, the configs an upper bound is sought among after the degree bounds: the
     forest's, and the config of least lower bound of each of the _DEGREE_CANDIDATES degrees of
     least lower bound (those bounds leave a block's place free, so equal degrees tie: the first,
-    at the lowest start, keeps the candidates of neighbouring layers on the same devices)."""
-    candidates = {}
+    at the lowest start, keeps the candidates of neighbouring layers on the same devices); and
+    the degrees of each neighbour's first _NEIGHBOUR_DEGREES, where the layer has them: a
+    layer split as its neighbour moves nothing between them (the 3-d U-Net's upsampling at 64
+    devices ranks its optimum's degrees 45th alone, its neighbour 2nd)."""
+    graph = cost_model.graph
+    ranked: dict[str, list[int]] = {}
     for name, bound in lower.items():
         configs = cost_model.configs[name]
-        picked, seen = [incumbent[name]], set()
+        picked, seen = [], set()
         for index in np.argsort(bound, kind="stable"):
             degrees = configs[index].degrees
             if degrees not in seen:
@@ -594,8 +599,20 @@ def _degree_candidates(cost_model: CostModel, lower: dict[str, np.ndarray],
                 picked.append(int(index))
                 if len(seen) == _DEGREE_CANDIDATES:
                     break
-        candidates[name] = np.unique(picked)
-    return candidates
+        ranked[name] = picked
+    first_of: dict[str, dict[tuple[int, ...], int]] = {}
+    for name, configs in cost_model.configs.items():
+        first_of[name] = {}
+        for index, config in enumerate(configs):  # the lowest start of each degrees
+            first_of[name].setdefault(config.degrees, index)
+    candidates = {name: [incumbent[name], *picked] for name, picked in ranked.items()}
+    for u, v in graph.edges:
+        for layer, neighbour in ((u, v), (v, u)):
+            for index in ranked[neighbour][:_NEIGHBOUR_DEGREES]:
+                degrees = cost_model.configs[neighbour][index].degrees
+                if degrees in first_of[layer]:
+                    candidates[layer].append(first_of[layer][degrees])
+    return {name: np.unique(picked) for name, picked in candidates.items()}
 
 
 def _best_of(cost_model: CostModel, nodes: dict[str, np.ndarray],
