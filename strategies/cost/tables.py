@@ -1060,7 +1060,7 @@ class TransferTables:
                                               request.producer_configs,
                                               request.consumer_configs, request.spaces),
                               []).append(index)
-        bounds: list[np.ndarray | None] = [None] * len(requests)
+        bounds: dict[int, np.ndarray] = {}  # by request
         for members in groups.values():
             first = requests[members[0]]
             asked = {(requests[index].producer_kept.tobytes(),
@@ -1072,19 +1072,19 @@ class TransferTables:
                 whole = self.lower_bounds(first.producer, first.consumer,
                                           first.producer_configs, first.consumer_configs,
                                           first.spaces)
-                priced = {key: whole[np.ix_(r.producer_kept, r.consumer_kept)]
-                          for key, r in asked.items()}
+                of_group = {key: whole[np.ix_(r.producer_kept, r.consumer_kept)]
+                            for key, r in asked.items()}
             else:
                 forward, backward = self._bound_sides(first.producer, first.consumer,
                                                       first.producer_configs,
                                                       first.consumer_configs, first.spaces)
-                priced = {key: self._ends_of_some(forward, backward, r.producer_kept,
-                                                  r.consumer_kept)
-                          for key, r in asked.items()}
+                of_group = {key: self._ends_of_some(forward, backward, r.producer_kept,
+                                                    r.consumer_kept)
+                            for key, r in asked.items()}
             for index in members:
-                bounds[index] = priced[(requests[index].producer_kept.tobytes(),
-                                        requests[index].consumer_kept.tobytes())]
-        return [bound for bound in bounds if bound is not None]
+                bounds[index] = of_group[(requests[index].producer_kept.tobytes(),
+                                          requests[index].consumer_kept.tobytes())]
+        return [bounds[index] for index in range(len(requests))]
 
     def _bound_sides(self, producer: Layer, consumer: Layer,
                      producer_configs: Sequence[ParallelConfig],

@@ -56,23 +56,29 @@ class Bounds:
 
     def restrict(self, nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
                  ) -> tuple[dict[str, np.ndarray], dict[tuple[str, str], np.ndarray]]:
-        """The problem over the kept configs; equal arrays restricted alike stay one array,
-        so an elimination still computes repeated blocks once."""
-        restricted: dict[tuple[object, ...], np.ndarray] = {}
-
-        def restrict(array: np.ndarray, *axes: np.ndarray) -> np.ndarray:
-            key = (id(array), *(indices.tobytes() for indices in axes))
-            if key not in restricted:
-                restricted[key] = array[np.ix_(*axes)] if len(axes) == 2 else array[axes[0]]
-            return restricted[key]
-
-        return ({name: restrict(cost, self.kept[name]) for name, cost in nodes.items()},
-                {(u, v): restrict(cost, self.kept[u], self.kept[v])
-                 for (u, v), cost in edges.items()})
+        """The problem over the kept configs (`restricted`)."""
+        return restricted(nodes, edges, self.kept)
 
     def original(self, choice: dict[str, int]) -> dict[str, int]:
         """A choice over the kept configs as indices into the whole search spaces."""
         return {name: int(self.kept[name][index]) for name, index in choice.items()}
+
+
+def restricted(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
+               at: dict[str, np.ndarray],
+               ) -> tuple[dict[str, np.ndarray], dict[tuple[str, str], np.ndarray]]:
+    """Node vectors and edge matrices at the positions `at[name]` of each node; equal arrays
+    restricted alike stay one array, so an elimination still computes repeated blocks once."""
+    cache: dict[tuple[object, ...], np.ndarray] = {}
+
+    def restrict(array: np.ndarray, *axes: np.ndarray) -> np.ndarray:
+        key = (id(array), *(indices.tobytes() for indices in axes))
+        if key not in cache:
+            cache[key] = array[np.ix_(*axes)] if len(axes) == 2 else array[axes[0]]
+        return cache[key]
+
+    return ({name: restrict(cost, at[name]) for name, cost in nodes.items()},
+            {(u, v): restrict(cost, at[u], at[v]) for (u, v), cost in edges.items()})
 
 
 def total(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],

@@ -38,6 +38,7 @@ from layerwise.strategies.search.config_bounds import (
     Bounds,
     forest_bounds,
     forest_lower_bounds,
+    restricted,
     within,
 )
 
@@ -477,28 +478,13 @@ def kept_costs(cost_model: CostModel,
         bounds = first  # the second bounds proved nothing (an infinite step): the first stand
     if sum(len(kept) for kept in bounds.kept.values()) > _LOOSE_SHARE * sum(
             len(cost) for cost in nodes.values()):
-        bounds = _tightened(cost_model, nodes, _restricted(bounded, space, bounds.kept), lower,
-                            bounds)
+        at = {name: np.searchsorted(space[name], kept) for name, kept in bounds.kept.items()}
+        bounds = _tightened(cost_model, nodes, restricted({}, bounded, at)[1], lower, bounds)
     report("costing edges")
     edges = cost_model.kept_edges(bounds.kept)
     cost_model.forget_kept_tables()
     return KeptCosts(bounds=bounds, nodes=bounds.restrict(nodes, {})[0], edges=edges,
                      configs=sum(len(cost) for cost in nodes.values()))
-
-
-def _restricted(bounded: dict[tuple[str, str], np.ndarray], space: dict[str, np.ndarray],
-                kept: dict[str, np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
-    """Matrices over the configs at `space` restricted to those at `kept` (indices of the
-    whole spaces, all in `space`); equal matrices restricted alike stay one array."""
-    at = {name: np.searchsorted(space[name], indices) for name, indices in kept.items()}
-    restricted: dict[tuple[int, bytes, bytes], np.ndarray] = {}
-    edges = {}
-    for (u, v), matrix in bounded.items():
-        key = (id(matrix), at[u].tobytes(), at[v].tobytes())
-        if key not in restricted:
-            restricted[key] = matrix[np.ix_(at[u], at[v])]
-        edges[(u, v)] = restricted[key]
-    return edges
 
 
 def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
@@ -525,15 +511,7 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
     candidates = {name: np.unique(np.concatenate([
         kept[np.argsort(lower[name][kept], kind="stable")[:_CANDIDATES]],
         [incumbent[name], best[name]]])) for name, kept in bounds.kept.items()}
-    edges = cost_model.kept_edges(candidates)
-    exact = _eliminate({name: nodes[name][candidates[name]] for name in nodes}, edges, order,
-                       milp=False)
-    if exact is None:
-        return bounds
-    choice = {name: int(candidates[name][index]) for name, index in exact.choice.items()}
-    # its exact t_x are entries of the candidates' matrices (bit for bit `_priced`'s)
-    upper = _step(nodes, choice, {(u, v): float(cost[exact.choice[u], exact.choice[v]])
-                                  for (u, v), cost in edges.items()})
+    choice, upper = _best_of(cost_model, nodes, candidates)
     return within(lower, choice, upper) if upper < bounds.upper else bounds
 
 
