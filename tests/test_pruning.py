@@ -77,22 +77,27 @@ def test_the_search_over_the_kept_configs_returns_the_search_over_all(model, dev
     assert pruned.choice == everything.choice
 
 
-@pytest.mark.parametrize(("model", "devices", "image_size", "batch"),
-                         [("resnet18", 32, 32, 32), ("inception_v3", 16, 299, 32),
-                          ("m5", 64, 4000, 1)])
+@pytest.mark.parametrize(("model", "devices", "image_size", "batch", "placement", "bounds"), [
+    ("resnet18", 32, 32, 32, "aligned", ["by degrees", "by end devices"]),
+    ("resnet18", 32, 32, 32, "origin", ["by end devices"]),
+    ("inception_v3", 16, 299, 32, "aligned", ["by degrees"]),
+    ("m5", 64, 4000, 1, "aligned", ["by degrees"])])
 def test_bounds_from_cheap_transfer_bounds_find_the_strategy_of_the_search_over_all(
-        model, devices, image_size, batch):
-    """On many devices the search costs t_x exactly only between the configs that bounds from
-    each config's end devices keep, and from 32 devices on, prices those bounds only between
-    the configs that bounds from degrees alone keep: the same strategy, the same cost, bit for
-    bit (residual blocks across 8 nodes; concatenated branches; a 1-d network across 16
-    nodes, a sample per device)."""
+        model, devices, image_size, batch, placement, bounds):
+    """On many devices the search costs t_x exactly only between the configs that bounds keep:
+    bounds from degrees alone where their classes are few (aligned spaces), bounds from each
+    config's end devices between the configs those keep where pricing all their pairs exactly
+    would cost more, or between all configs (an origin space): the same strategy, the same
+    cost, bit for bit (residual blocks across 8 nodes, both ways; concatenated branches; a
+    1-d network across 16 nodes, a sample per device)."""
     graph = build_graph(model, batch=batch * devices, image_size=image_size)
     cluster = CLUSTER.model_copy(update={"nodes": devices // CLUSTER.devices_per_node})
-    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
+    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement=placement)
     assert devices >= search._BOUNDED_FROM_DEVICES
-    assert search._degree_classes_pay(cost) == (devices >= 32)
-    result = search.optimal_strategy(cost)
+    steps: list[str] = []
+    result = search.optimal_strategy(cost, progress=steps.append)
+    assert [step.removeprefix("bounding ") for step in steps
+            if step.startswith("bounding")] == bounds
     with collector_paused():
         nodes, edges = graph_costs(cost)
         everything = search._eliminate(nodes, edges, [layer.name for layer in graph.layers])

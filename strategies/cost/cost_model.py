@@ -554,6 +554,12 @@ class CostModel:
         return dict(zip(self.graph.edges, self._transfers.kept_many(self._requests(kept)),
                         strict=True))
 
+    def edge_kinds(self) -> int:
+        """How many kinds of edge the graph has: edges of one kind (equal per-dimension
+        tables and search spaces) share their per-device terms."""
+        return self._transfers.kinds(self._requests({
+            layer.name: np.arange(0) for layer in self.graph.layers}))
+
     def _requests(self, kept: Mapping[str, np.ndarray]) -> list[KeptRequest]:
         """Every edge of the graph with its whole spaces and the configs `kept` of each."""
         graph = self.graph

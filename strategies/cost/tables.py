@@ -1086,6 +1086,12 @@ class TransferTables:
                                           requests[index].consumer_kept.tobytes())]
         return [bounds[index] for index in range(len(requests))]
 
+    def kinds(self, requests: Sequence[KeptRequest]) -> int:
+        """How many kinds of edge `requests` ask for: equal kinds share one build of sides."""
+        return len({self._sides_key(request.producer, request.consumer,
+                                    request.producer_configs, request.consumer_configs,
+                                    request.spaces) for request in requests})
+
     def _bound_sides(self, producer: Layer, consumer: Layer,
                      producer_configs: Sequence[ParallelConfig],
                      consumer_configs: Sequence[ParallelConfig],
@@ -1192,15 +1198,17 @@ class TransferTables:
         return self._kept[key]
 
     def kept_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
-        """`kept` of many edges at once, in order. Edges with equal sides (a network's
-        repeated blocks: ResNet-152's 30 kinds of edge for its 259) that ask for different
-        configs get one build of the sides, over all the configs they ask for together: one
-        build instead of one per edge. Their configs overlap (a repeated block keeps much the
-        same configs), so where every pair of that union is fewer pairs than the edges ask
-        for, all are priced at once (`_pairs`, shifts copied) and each edge's entries read
-        from them; else each edge's pairs are priced from the shared sides (`_some_pairs`).
-        Either way bit for bit `kept`'s."""
+        """`kept` of many edges at once, in order. Each search space's configs asked for by
+        any edge are taken together (their union: a network's layers of one space keep much
+        the same configs), and each kind of edge (equal sides: a network's repeated blocks,
+        ResNet-152's 30 kinds for its 259 edges) gets one build of its sides over its two
+        spaces' unions: one config table per space, not one per edge or kind (a table's build
+        costs about as much for 20 configs as for 160). Where every pair of a kind's unions is
+        fewer pairs than its edges ask for, all are priced at once (`_pairs`, shifts copied)
+        and each edge's entries read from them; else each edge's pairs are priced from the
+        shared sides (`_some_pairs`). Either way bit for bit `kept`'s."""
         groups: dict[tuple[object, ...], list[tuple[bytes, bytes, KeptRequest]]] = {}
+        unions: dict[tuple[int, ...], list[np.ndarray]] = {}  # by the space's config ids
         for request in requests:
             sides_key = self._sides_key(request.producer, request.consumer,
                                         request.producer_configs, request.consumer_configs,
@@ -1208,16 +1216,23 @@ class TransferTables:
             asked = (request.producer_kept.tobytes(), request.consumer_kept.tobytes())
             if (*sides_key, *asked) not in self._kept and sides_key not in self._bounded_sides:
                 groups.setdefault(sides_key, []).append((*asked, request))
+                for configs, kept in ((request.producer_configs, request.producer_kept),
+                                      (request.consumer_configs, request.consumer_kept)):
+                    unions.setdefault(tuple(map(id, configs)), []).append(kept)
+        union_of = {space: np.unique(np.concatenate(kept)) for space, kept in unions.items()}
+        lists: dict[tuple[int, ...], list[ParallelConfig]] = {}  # one list per space: one table
         for sides_key, asking in groups.items():
-            if len({(p_asked, q_asked) for p_asked, q_asked, _ in asking}) < 2:
-                continue  # one set of configs: `kept` builds exactly those
             first = asking[0][2]
-            p_union = np.unique(np.concatenate([r.producer_kept for _, _, r in asking]))
-            q_union = np.unique(np.concatenate([r.consumer_kept for _, _, r in asking]))
-            sides = self._sides_of(first.producer, first.consumer,
-                                   [first.producer_configs[i] for i in p_union],
-                                   [first.consumer_configs[i] for i in q_union])
-            # every pair of the union where that prices fewer pairs than the edges ask for
+            spaces = [tuple(map(id, configs))
+                      for configs in (first.producer_configs, first.consumer_configs)]
+            for space, configs in zip(spaces, (first.producer_configs, first.consumer_configs),
+                                      strict=True):
+                if space not in lists:
+                    lists[space] = [configs[index] for index in union_of[space]]
+            p_union, q_union = (union_of[space] for space in spaces)
+            sides = self._sides_of(first.producer, first.consumer, *(lists[space]
+                                                                     for space in spaces))
+            # every pair of the unions where that prices fewer pairs than the edges ask for
             asked = sum(len(r.producer_kept) * len(r.consumer_kept) for _, _, r in asking)
             union = self._pairs(sides)[0] if len(p_union) * len(q_union) <= asked else None
             for p_asked, q_asked, request in asking:

@@ -57,12 +57,16 @@ _CANDIDATES = 3  # per layer, the configs of least lower bound that bound is sou
 # the optimum itself (0.43 s), and the bounds keep 80%, 41% and 30% of the configs
 _DEGREE_CANDIDATES = 12
 _NEIGHBOUR_DEGREES = 2  # and the first this many of each neighbour's (`_degree_candidates`)
-# The degree bounds prune first from this many devices, where their classes of configs are at
-# most this share of the pairs (an origin space has one config per degrees: 1): on 16 devices
-# (aligned: 0.18 of the pairs) a search with them took 0.8-1.6x its time without, on 32 0.4-0.8x
-# (the 3-d U-Net at 0.16: 1.8-2.0 -> 0.78 s), on 64 0.5-0.8x (M5 1.1x; one core, alternating)
-_DEGREE_BOUNDS_FROM_DEVICES = 32
+# The degree bounds prune first where their classes of configs are at most this share of the
+# pairs (aligned spaces: 0.18 on 16 devices, 0.06 on 64; an origin space has one config per
+# degrees: 1)
 _DEGREE_PAIRS_SHARE = 0.25
+# After them the search prices exactly the pairs of the configs they keep, with no ends bound
+# between, where that is at most this many per-device terms per kind of edge (about the cost of
+# building one kind's ends-bound terms): ResNet-50 on 64 devices 92 thousand per kind, 1.81 ->
+# 0.96 s; CosmoFlow 3-d 580 thousand, 2.10 -> 1.58 s; on 32 devices CosmoFlow 3-d 1.5 million,
+# 0.91 s with the ends bound against 1.55 without (one core)
+_EXACT_TERMS_PER_KIND = 600_000
 _BOUNDED_FROM_DEVICES = 16
 
 
@@ -418,13 +422,14 @@ class KeptCosts:
 def kept_costs(cost_model: CostModel,
                progress: Callable[[str], None] | None = None) -> KeptCosts:
     """From _BOUNDED_FROM_DEVICES devices on: node vectors of the whole spaces; the bounds of a
-    spanning forest (each layer keeping the input edge of the largest tensor), twice: first
-    over t_x bounded from each config and the other side's degrees
-    (`CostModel.edge_degree_bound`), then over the bound from each config's ends
-    (`CostModel.edge_lower_bound`) between the configs the first kept; each forest's strategy
-    priced exactly for the upper bound; then exact t_x only between the configs kept. Exact
-    t_x of whole spaces is most of a search's work on many devices, and the bounds keep 0.1-7%
-    of the configs; the first pruning leaves the ends bound a few percent of the pairs
+    spanning forest (each layer keeping the input edge of the largest tensor), up to twice:
+    first over t_x bounded from each config and the other side's degrees
+    (`CostModel.edge_degree_bound`, where its classes pay), then, unless pricing exactly the
+    pairs of the configs that kept costs less than it (`_EXACT_TERMS_PER_KIND`), over the
+    bound from each config's ends (`CostModel.edge_lower_bound`) between those configs; each
+    forest's strategy priced exactly for the upper bound; then exact t_x only between the
+    configs kept. Exact t_x of whole spaces is most of a search's work on many devices, and
+    the bounds keep 0.1-7% of the configs; the first pruning leaves a few percent of the pairs
     (Inception-v3 on 64 devices: 10%, ResNet-50 1%). On fewer devices every config is kept
     and every pair costed exactly (`solve` still bounds them before eliminating)."""
     graph = cost_model.graph
@@ -436,7 +441,6 @@ def kept_costs(cost_model: CostModel,
     cost_model.check_memory(whole_spaces=True)
     report("costing layers")
     nodes = {layer.name: cost_model.node_seconds(layer) for layer in graph.layers}
-    report("bounding")
     parent: dict[str, str] = {}
     for u, v in graph.edges:
         if v not in parent or (math.prod(graph.by_name[u].output_shape)
@@ -453,10 +457,15 @@ def kept_costs(cost_model: CostModel,
 
     first = Bounds.everything(nodes)
     if _degree_classes_pay(cost_model):
+        report("bounding by degrees")
         lower, choice = _degree_forest(cost_model, nodes, forest)
         choice, upper = _best_of(cost_model, nodes,
                                  _degree_candidates(cost_model, lower, choice))
         first = within(lower, choice, upper)
+        if _exact_terms(cost_model, first.kept) <= _EXACT_TERMS_PER_KIND * cost_model.edge_kinds():
+            report("costing edges")
+            return _priced_exactly(cost_model, nodes, first)
+    report("bounding by end devices")
     space = first.kept  # the ends bound is priced between these configs only
     if first.incumbent:
         bounded = cost_model.edge_lower_bounds(space)
@@ -481,10 +490,25 @@ def kept_costs(cost_model: CostModel,
         at = {name: np.searchsorted(space[name], kept) for name, kept in bounds.kept.items()}
         bounds = _tightened(cost_model, nodes, restricted({}, bounded, at)[1], lower, bounds)
     report("costing edges")
+    return _priced_exactly(cost_model, nodes, bounds)
+
+
+def _priced_exactly(cost_model: CostModel, nodes: dict[str, np.ndarray],
+                    bounds: Bounds) -> KeptCosts:
+    """The search's costs: exact t_x between the configs `bounds` keeps, and their nodes."""
     edges = cost_model.kept_edges(bounds.kept)
     cost_model.forget_kept_tables()
     return KeptCosts(bounds=bounds, nodes=bounds.restrict(nodes, {})[0], edges=edges,
                      configs=sum(len(cost) for cost in nodes.values()))
+
+
+def _exact_terms(cost_model: CostModel, kept: dict[str, np.ndarray]) -> int:
+    """The per-device terms exact t_x between the configs `kept` takes at most: each pair's
+    forward over its consumer's devices and its backward over its producer's."""
+    sizes = {name: np.array([cost_model.configs[name][index].size for index in at])
+             for name, at in kept.items()}
+    return sum(len(sizes[u]) * int(sizes[v].sum()) + len(sizes[v]) * int(sizes[u].sum())
+               for u, v in cost_model.graph.edges)
 
 
 def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
@@ -516,12 +540,9 @@ def _tightened(cost_model: CostModel, nodes: dict[str, np.ndarray],
 
 
 def _degree_classes_pay(cost_model: CostModel) -> bool:
-    """Whether the search prunes by the degree bounds first: from _DEGREE_BOUNDS_FROM_DEVICES
-    devices, where the pairs of classes are at most _DEGREE_PAIRS_SHARE of the pairs of
-    configs (aligned spaces place each degrees at many starts; 64 devices: 0.06; an origin
-    space has one config per degrees: 1)."""
-    if cost_model.devices < _DEGREE_BOUNDS_FROM_DEVICES:
-        return False
+    """Whether the search prunes by the degree bounds first: where the pairs of classes are at
+    most _DEGREE_PAIRS_SHARE of the pairs of configs (aligned spaces place each degrees at
+    many starts)."""
     graph = cost_model.graph
     classes = {layer.name: int(cost_model.degree_classes(layer).max()) + 1
                for layer in graph.layers}
