@@ -48,24 +48,65 @@ _CANCELLED = 1e-12
 
 
 @dataclass(frozen=True)
+class GroupedAt:
+    """Where one side's degrees read the per-dim tables, per group of two dims (`dims`): the
+    distinct pairs of table indices (`first`, `second`) and the pair of each entry (`of`,
+    shaped as the entries). Per list of configs, not per edge: every edge over that list
+    gathers through the same pairs."""
+
+    dims: tuple[tuple[int, int], ...]
+    first: tuple[np.ndarray, ...]
+    second: tuple[np.ndarray, ...]
+    of: tuple[np.ndarray, ...]
+
+
+def grouped_at(at: np.ndarray, groups: Sequence[tuple[int, int]]) -> GroupedAt:
+    """`GroupedAt` of table indices `at` (..., dims), non-negative."""
+    first, second, of = [], [], []
+    for d0, d1 in groups:
+        base = int(at[..., d1].max(initial=0)) + 1  # pairs of indices as one number, and back
+        pairs, pair_of = np.unique(at[..., d0] * base + at[..., d1], return_inverse=True)
+        first.append(pairs // base)
+        second.append(pairs % base)
+        of.append(pair_of.reshape(at.shape[:-1]))
+    return GroupedAt(dims=tuple(groups), first=tuple(first), second=tuple(second),
+                     of=tuple(of))
+
+
+@dataclass(frozen=True)
 class EndRows:
     """A list of configs as the bound reads it: each config's degrees (`degree`, an index into
     `exponents`) and its row (`row`): configs with equal degrees and equal seconds per element
     at both ends share one. Per row, its degrees (`row_degree`) and the seconds per element of
-    each link class at each end, (rows, 2, classes), before the envelope."""
+    each link class at each end, (rows, 2, classes), before the envelope. Per degrees, the
+    table slots of their end tiles (`ends`: the first and last tile along each dim, (G, 2)
+    entries) and their exponents (`degrees`, (G,) entries), grouped (`grouped_at`)."""
 
     exponents: np.ndarray  # (G, dims) log2 of each distinct degrees, the padding dim last
     degree: np.ndarray  # (C,)
     row: np.ndarray  # (C,)
     row_degree: np.ndarray  # (R,)
     row_rates: np.ndarray  # (R, 2, classes)
+    end_tiles: np.ndarray  # (G, 2, dims) the table slot of each end tile along each dim
+    ends: GroupedAt
+    degrees: GroupedAt
+
+
+def end_tiles(exponents: np.ndarray, width: int) -> np.ndarray:
+    """(G, 2, dims): the table slot (exponent * width + index) of the first and the last tile
+    along each dim of each degrees (`exponents`, (G, dims)): those a config's first and last
+    devices hold."""
+    first = exponents * width
+    return np.stack([first, first + (1 << exponents) - 1], axis=1)
 
 
 def end_rows(configs: Sequence[ParallelConfig], dims: int,
              per_element: Sequence[float], sharing: np.ndarray | None,
-             shared: Sequence[bool]) -> EndRows:
+             shared: Sequence[bool], width: int,
+             groups: Sequence[tuple[int, int]]) -> EndRows:
     """`EndRows` of `configs`; `sharing` is `ConfigTable.sharing`'s (configs, D, classes)
-    for these configs (None where no port is shared), `shared` which classes' ports are."""
+    for these configs (None where no port is shared), `shared` which classes' ports are;
+    `width` the tables' slots per exponent, `groups` their groups of two dims."""
     exponents = np.zeros((len(configs), dims), dtype=np.int64)
     ends = np.zeros((len(configs), 2), dtype=np.int64)
     for row, config in enumerate(configs):
@@ -81,28 +122,26 @@ def end_rows(configs: Sequence[ParallelConfig], dims: int,
     key = np.concatenate([degree[:, None].astype(np.float64), rates.reshape(len(configs), -1)],
                          axis=1)
     _, first, row = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    tiles = end_tiles(distinct, width)
     return EndRows(exponents=distinct, degree=degree, row=row.reshape(-1),
-                   row_degree=degree[first], row_rates=rates[first])
+                   row_degree=degree[first], row_rates=rates[first], end_tiles=tiles,
+                   ends=grouped_at(tiles, groups), degrees=grouped_at(distinct, groups))
 
 
-def grouped_products(tables: Sequence[np.ndarray], ends_at: np.ndarray, other_at: np.ndarray,
-                     groups: Sequence[tuple[int, int]]) -> np.ndarray:
-    """(G_e, 2, G_o): the product over dims of `tables[dim][ends_at[:, :, dim],
-    other_at[:, dim]]`, for each degrees of the side whose ends are read (`ends_at`: (G_e, 2,
-    dims) the table row of each end's tile) and each degrees of the other side (`other_at`:
-    (G_o, dims) its table column). Dims multiply in `groups` of two: each group's product is
-    first taken over the distinct pairs of rows and of columns (a few dozen), then gathered
-    once, a third of the gathers of one per dim."""
+def grouped_products(tables: Sequence[np.ndarray], ends: GroupedAt,
+                     other: GroupedAt) -> np.ndarray:
+    """(G_e, 2, G_o): the product over dims of `tables[dim][end tile, other exponent]`, for
+    each degrees of the side whose ends are read (`ends`: `EndRows.ends`, the table rows) and
+    each degrees of the other side (`other`: its `EndRows.degrees`, the table columns). Dims
+    multiply in groups of two: each group's product is first taken over the distinct pairs of
+    rows and of columns (a few dozen), then gathered once, a third of the gathers of one per
+    dim."""
     product = None
-    for d0, d1 in groups:
-        height, width = tables[d1].shape  # pairs of indices as one number, and back
-        rows, row_of = np.unique(ends_at[..., d0] * height + ends_at[..., d1],
-                                 return_inverse=True)
-        columns, column_of = np.unique(other_at[:, d0] * width + other_at[:, d1],
-                                       return_inverse=True)
-        small = (tables[d0][(rows // height)[:, None], (columns // width)[None, :]]
-                 * tables[d1][(rows % height)[:, None], (columns % width)[None, :]])
-        part = small[row_of.reshape(ends_at.shape[:2])[..., None], column_of.reshape(-1)]
+    for group, (d0, d1) in enumerate(ends.dims):
+        rows = (ends.first[group][:, None], ends.second[group][:, None])
+        columns = (other.first[group][None, :], other.second[group][None, :])
+        small = tables[d0][rows[0], columns[0]] * tables[d1][rows[1], columns[1]]
+        part = small[ends.of[group][..., None], other.of[group]]
         product = part if product is None else np.multiply(product, part, out=product)
     assert product is not None  # one group at least
     return product

@@ -195,6 +195,9 @@ class TierViews:
     # each state
     runs: list[tuple[tuple[np.ndarray, ...], ...]]
     run_of: list[tuple[np.ndarray, ...]]
+    # per group, along each of its two dims: the distinct fine exponents of the runs, and
+    # each run's among them (the tables' rows the runs count along)
+    fine: list[tuple[tuple[np.ndarray, np.ndarray], ...]]
 
 
 def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:
@@ -267,7 +270,7 @@ def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, device
         device = first[run] + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
         coarse[row[run], slot[run], device] = (fine - spread)[run]
         tiles[row[run], slot[run], device] = (index >> spread)[run]
-    states, runs, run_of = [], [], []
+    states, runs, run_of, fine_of = [], [], [], []
     for d0, d1 in _GROUPS:
         e0 = np.broadcast_to(exponents[:, None, None, d0], coarse.shape[:3])
         e1 = np.broadcast_to(exponents[:, None, None, d1], coarse.shape[:3])
@@ -286,7 +289,8 @@ def _tier_views(configs: Sequence[ParallelConfig], exponents: np.ndarray, device
             group_run_of.append(of)
         runs.append(tuple(group_runs))
         run_of.append(tuple(group_run_of))
-    return TierViews(state=states, runs=runs, run_of=run_of)
+        fine_of.append(tuple(np.unique(run[0], return_inverse=True) for run in group_runs))
+    return TierViews(state=states, runs=runs, run_of=run_of, fine=fine_of)
 
 
 def _by_size(configs: Sequence[ParallelConfig]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -610,10 +614,10 @@ class EdgeDims:
                     # forward: a producer unit's run against each consumer tile; a run
                     # covers the coarse tile's range, so its elements are one overlap
                     columns = q.dim_tiles[k]
-                    fine, coarse, tile, low, high = p_view.runs[group][k]
+                    _, coarse, tile, low, high = p_view.runs[group][k]
                     shared = table.pairs[coarse * width + tile][:, columns]
                     # the tiles producer runs count along, at the exponents they are of only
-                    used, level = np.unique(fine, return_inverse=True)
+                    used, level = p_view.fine[group][k]
                     touching = np.take(table.touching[used], columns, axis=2)
                     below = np.zeros((len(used), width + 1, len(columns)), dtype=np.int32)
                     np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
@@ -623,9 +627,9 @@ class EdgeDims:
                     forward.append(tuple(_spread(small, *at) for small in (shared, touched)))
                 if q_view is not None:
                     # backward: each producer tile against a consumer unit's run
-                    fine, _, _, low, high = q_view.runs[group][k]
+                    low, high = q_view.runs[group][k][3:]
                     # the consumer tiles its runs count along, at their exponents only
-                    used, level = np.unique(fine, return_inverse=True)
+                    used, level = q_view.fine[group][k]
                     overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)[:, used]
                     # a sum along a whole level is at most a row of `row_sum`
                     wide = np.int32 if int(table.row_sum.max()) < _INT32_LIMIT else np.int64
@@ -1134,17 +1138,15 @@ class TransferTables:
                        consumer_configs: Sequence[ParallelConfig]) -> np.ndarray:
         dims = self._edge_dims(producer, consumer).dims
         p_rows, q_rows = self._end_rows(producer_configs), self._end_rows(consumer_configs)
-        width = dims[0].need_len.shape[1]
         latency = [link.latency for link in self._links]
         # forward, at each consumer class's ends against each producer degrees
-        q_ends, p_ends = _end_tiles(q_rows.exponents, width), _end_tiles(p_rows.exponents, width)
         need = np.ones((len(q_rows.exponents), 2, 1), dtype=np.int64)
         for dim, table in enumerate(dims):
-            need *= table.need_len.reshape(-1)[q_ends[..., dim]][..., None]
+            need *= table.need_len.reshape(-1)[q_rows.end_tiles[..., dim]][..., None]
         largest = grouped_products([table.largest_per_consumer_tile.T for table in dims],
-                                   q_ends, p_rows.exponents, _GROUPS)
-        touching = grouped_products([table.producers_touching.T for table in dims], q_ends,
-                                    p_rows.exponents, _GROUPS)
+                                   q_rows.ends, p_rows.degrees)
+        touching = grouped_products([table.producers_touching.T for table in dims],
+                                    q_rows.ends, p_rows.degrees)
         at = q_rows.row_degree
         forward = end_seconds(q_rows.row_rates, latency, self._units,
                               np.broadcast_to(need, largest.shape)[at], largest[at],
@@ -1154,8 +1156,8 @@ class TransferTables:
             return seconds
         # backward, at each producer class's ends against each consumer degrees
         total, largest, touching = (
-            grouped_products([getattr(table, name) for table in dims], p_ends,
-                             q_rows.exponents, _GROUPS)
+            grouped_products([getattr(table, name) for table in dims], p_rows.ends,
+                             q_rows.degrees)
             for name in ("row_sum", "largest_per_producer_tile", "consumers_touching"))
         at = p_rows.row_degree
         backward = end_seconds(p_rows.row_rates, latency, self._units, total[at], largest[at],
@@ -1173,7 +1175,8 @@ class TransferTables:
             shared = [size > 1 for size in shared_by]
             self._end_row_lists[key] = (list(configs), end_rows(
                 configs, _TABLE_DIMS, [link.seconds_per_element for link in self._links],
-                _sharing(member, shared_by) if any(shared) else None, shared))
+                _sharing(member, shared_by) if any(shared) else None, shared,
+                (1 << (self._levels - 1)) + 1, _GROUPS))
         return self._end_row_lists[key][1]
 
     def kept(self, producer: Layer, consumer: Layer,
@@ -1746,14 +1749,6 @@ def _direct(groups: Sequence[tuple[np.ndarray, np.ndarray]],
     return [(np.concatenate([positions for positions, _ in parts]),
              np.concatenate([devices for _, devices in parts]))
             for parts in merged.values()]
-
-
-def _end_tiles(exponents: np.ndarray, width: int) -> np.ndarray:
-    """(G, 2, dims): the table slot (exponent * width + index) of the first and the last tile
-    along each dim of each degrees (`exponents`, (G, dims)): those a config's first and last
-    devices hold."""
-    first = exponents * width
-    return np.stack([first, first + (1 << exponents) - 1], axis=1)
 
 
 def _narrowed(by_size: list[tuple[np.ndarray, np.ndarray]],
