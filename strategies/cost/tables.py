@@ -1235,17 +1235,33 @@ class TransferTables:
             p_union, q_union = (union_of[space] for space in spaces)
             sides = self._sides_of(first.producer, first.consumer, *(lists[space]
                                                                      for space in spaces))
-            # every pair of the unions where that prices fewer pairs than the edges ask for
-            asked = sum(len(r.producer_kept) * len(r.consumer_kept) for _, _, r in asking)
-            union = self._pairs(sides)[0] if len(p_union) * len(q_union) <= asked else None
-            for p_asked, q_asked, request in asking:
+            # every pair of the unions where that prices fewer pairs than the edges ask for,
+            # else of the configs this kind's edges ask for, where that prices at most twice
+            # what they ask (one pass instead of one per edge), else each edge's own pairs
+            distinct = {(p_asked, q_asked): request for p_asked, q_asked, request in asking}
+            asked = sum(len(r.producer_kept) * len(r.consumer_kept) for r in distinct.values())
+            rows = np.unique(np.concatenate([r.producer_kept for r in distinct.values()]))
+            columns = np.unique(np.concatenate([r.consumer_kept for r in distinct.values()]))
+            if len(p_union) * len(q_union) <= asked:
+                rows, columns = p_union, q_union
+                union = self._pairs(sides)[0]
+            elif len(distinct) > 1 and len(rows) * len(columns) <= 2 * asked:
+                union = self._some_pairs(sides, np.searchsorted(p_union, rows),
+                                         np.searchsorted(q_union, columns))
+            else:
+                union = None
+            for (p_asked, q_asked), request in distinct.items():
                 key = (*sides_key, p_asked, q_asked)
                 if key in self._kept:  # another edge asked for the same configs
                     continue
-                rows = np.searchsorted(p_union, request.producer_kept)
-                columns = np.searchsorted(q_union, request.consumer_kept)
-                self._kept[key] = (self._some_pairs(sides, rows, columns) if union is None
-                                   else union[np.ix_(rows, columns)])
+                if union is None:
+                    self._kept[key] = self._some_pairs(
+                        sides, np.searchsorted(p_union, request.producer_kept),
+                        np.searchsorted(q_union, request.consumer_kept))
+                else:
+                    self._kept[key] = union[np.ix_(np.searchsorted(rows, request.producer_kept),
+                                                   np.searchsorted(columns,
+                                                                   request.consumer_kept))]
         return [self.kept(*request) for request in requests]
 
     def forget_sides(self) -> None:
