@@ -104,6 +104,7 @@ class CostModel:
         self.batch_norm_statistics = batch_norm_statistics
         self._transfers = TransferTables(cluster, devices)
         self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
+        self._space_keys: dict[str, tuple[object, ...]] = {}  # by layer name
         self._built: dict[tuple[tuple[int, ...], tuple[int, ...]], ParallelConfig] = {}
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
@@ -135,7 +136,7 @@ class CostModel:
 
     def _configs_for(self, layer: Layer) -> list[ParallelConfig]:
         """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
-        key = _space_key(layer)
+        key = self._space_of(layer)
         if key not in self._spaces:
             # as `configs_for`, built without re-validating configs legal by construction,
             # each config once for every space that holds it
@@ -146,6 +147,12 @@ class CostModel:
                 if self.placement == "aligned" or block[0] == 0
             ]
         return list(self._spaces[key])
+
+    def _space_of(self, layer: Layer) -> tuple[object, ...]:
+        """`_space_key` of a layer of the graph, once per layer (the search asks per edge)."""
+        if layer.name not in self._space_keys:
+            self._space_keys[layer.name] = _space_key(layer)
+        return self._space_keys[layer.name]
 
     def _config(self, degrees: Degrees, block: tuple[int, ...]) -> ParallelConfig:
         if (degrees, block) not in self._built:
@@ -491,7 +498,7 @@ class CostModel:
         if whole:
             return self._transfers.matrices(
                 producer, consumer, self.configs[producer.name], self.configs[consumer.name],
-                spaces=(_space_key(producer), _space_key(consumer)))
+                spaces=(self._space_of(producer), self._space_of(consumer)))
         return self._transfers.matrices(producer, consumer,
                                        producer_configs or self.configs[producer.name],
                                        consumer_configs or self.configs[consumer.name])
@@ -512,7 +519,7 @@ class CostModel:
         self.check_memory(whole_spaces=True)
         return self._transfers.lower_bounds(
             producer, consumer, self.configs[producer.name], self.configs[consumer.name],
-            spaces=(_space_key(producer), _space_key(consumer)))
+            spaces=(self._space_of(producer), self._space_of(consumer)))
 
     def edge_lower_bounds(self, kept: Mapping[str, np.ndarray],
                           ) -> dict[tuple[str, str], np.ndarray]:
@@ -531,7 +538,7 @@ class CostModel:
         self.check_memory(whole_spaces=True)
         return self._transfers.degree_bounds(
             producer, consumer, self.configs[producer.name], self.configs[consumer.name],
-            spaces=(_space_key(producer), _space_key(consumer)))
+            spaces=(self._space_of(producer), self._space_of(consumer)))
 
     def degree_classes(self, layer: Layer) -> np.ndarray:
         """The class of each config of the layer's search space for `edge_degree_bound`:
@@ -545,7 +552,7 @@ class CostModel:
         `edge_lower_bound` built (equal edges with equal kept configs computed once)."""
         return self._transfers.kept(
             producer, consumer, self.configs[producer.name], self.configs[consumer.name],
-            (_space_key(producer), _space_key(consumer)), producer_kept, consumer_kept)
+            (self._space_of(producer), self._space_of(consumer)), producer_kept, consumer_kept)
 
     def kept_edges(self, kept: Mapping[str, np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
         """`kept_edge` of every edge of the graph, with `kept[name]` the configs kept of each
@@ -565,7 +572,8 @@ class CostModel:
         graph = self.graph
         return [KeptRequest(
             graph.by_name[u], graph.by_name[v], self.configs[u], self.configs[v],
-            (_space_key(graph.by_name[u]), _space_key(graph.by_name[v])), kept[u], kept[v])
+            (self._space_of(graph.by_name[u]), self._space_of(graph.by_name[v])), kept[u],
+            kept[v])
             for u, v in graph.edges]
 
     def forget_kept_tables(self) -> None:
@@ -584,7 +592,7 @@ class CostModel:
             self._transfers.check_memory(edges)
             self._memory_checked = _DIM_TABLES
         if whole_spaces and self._memory_checked < _SEARCH_SPACES:
-            spaces = {_space_key(layer): len(self.configs[layer.name])
+            spaces = {self._space_of(layer): len(self.configs[layer.name])
                       for layer in self.graph.layers}
             pairs = sum(len(self.configs[u.name]) * len(self.configs[v.name]) for u, v in edges)
             self._transfers.check_memory(edges, list(spaces.values()), pairs)

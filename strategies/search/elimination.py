@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -587,31 +587,40 @@ def _degree_candidates(cost_model: CostModel, lower: dict[str, np.ndarray],
     layer split as its neighbour moves nothing between them (the 3-d U-Net's upsampling at 64
     devices ranks its optimum's degrees 45th alone, its neighbour 2nd)."""
     graph = cost_model.graph
-    ranked: dict[str, list[int]] = {}
+    spaces: dict[tuple[int, ...], _SpaceDegrees] = {}  # layers share search spaces
+    for configs in cost_model.configs.values():
+        if tuple(map(id, configs)) not in spaces:
+            spaces[tuple(map(id, configs))] = _SpaceDegrees(configs)
+    of_layer = {name: spaces[tuple(map(id, configs))]
+                for name, configs in cost_model.configs.items()}
+    ranked: dict[str, np.ndarray] = {}
     for name, bound in lower.items():
-        configs = cost_model.configs[name]
-        picked, seen = [], set()
-        for index in np.argsort(bound, kind="stable"):
-            degrees = configs[index].degrees
-            if degrees not in seen:
-                seen.add(degrees)
-                picked.append(int(index))
-                if len(seen) == _DEGREE_CANDIDATES:
-                    break
-        ranked[name] = picked
-    first_of: dict[str, dict[tuple[int, ...], int]] = {}
-    for name, configs in cost_model.configs.items():
-        first_of[name] = {}
-        for index, config in enumerate(configs):  # the lowest start of each degrees
-            first_of[name].setdefault(config.degrees, index)
+        order = np.argsort(bound, kind="stable")
+        _, first = np.unique(of_layer[name].degree[order], return_index=True)
+        ranked[name] = order[np.sort(first)[:_DEGREE_CANDIDATES]]
     candidates = {name: [incumbent[name], *picked] for name, picked in ranked.items()}
     for u, v in graph.edges:
         for layer, neighbour in ((u, v), (v, u)):
+            space, other = of_layer[layer], of_layer[neighbour]
             for index in ranked[neighbour][:_NEIGHBOUR_DEGREES]:
-                degrees = cost_model.configs[neighbour][index].degrees
-                if degrees in first_of[layer]:
-                    candidates[layer].append(first_of[layer][degrees])
+                degrees = other.degrees[other.degree[index]]
+                if degrees in space.lowest:
+                    candidates[layer].append(space.lowest[degrees])
     return {name: np.unique(picked) for name, picked in candidates.items()}
+
+
+class _SpaceDegrees:
+    """A search space's configs by degrees: each config's degrees as an index (`degree`) into
+    the distinct ones (`degrees`), and the first config of each degrees (`lowest`: at the
+    lowest start, as spaces list them)."""
+
+    def __init__(self, configs: Sequence[ParallelConfig]) -> None:
+        self.lowest: dict[tuple[int, ...], int] = {}
+        for index, config in enumerate(configs):
+            self.lowest.setdefault(config.degrees, index)
+        self.degrees = list(self.lowest)
+        at = {degrees: position for position, degrees in enumerate(self.degrees)}
+        self.degree = np.array([at[config.degrees] for config in configs], dtype=np.int64)
 
 
 def _best_of(cost_model: CostModel, nodes: dict[str, np.ndarray],
