@@ -56,6 +56,9 @@ _KEPT_SIDES_BYTES = 96 << 20
 # where the pairs an edge's bounds are asked for exceed this share of all its pairs, the whole
 # matrix is priced (a shift copies ~0.4 of its pairs on 64 devices) and read from
 _NARROWED_SHARE = 0.4
+# `kept_many` builds a kind of edge's sides over every config asked of a search space where
+# the configs no edge of that kind asks for, times the devices, are at most this
+_UNION_CONFIG_DEVICES = 4096
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
 _ENDS_TABLES_FROM_DEVICES = 32
 
@@ -1201,15 +1204,17 @@ class TransferTables:
         return self._kept[key]
 
     def kept_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
-        """`kept` of many edges at once, in order. Each search space's configs asked for by
-        any edge are taken together (their union: a network's layers of one space keep much
-        the same configs), and each kind of edge (equal sides: a network's repeated blocks,
-        ResNet-152's 30 kinds for its 259 edges) gets one build of its sides over its two
-        spaces' unions: one config table per space, not one per edge or kind (a table's build
-        costs about as much for 20 configs as for 160). Where every pair of a kind's unions is
-        fewer pairs than its edges ask for, all are priced at once (`_pairs`, shifts copied)
-        and each edge's entries read from them; else each edge's pairs are priced from the
-        shared sides (`_some_pairs`). Either way bit for bit `kept`'s."""
+        """`kept` of many edges at once, in order. Each kind of edge (equal sides: a network's
+        repeated blocks, ResNet-152's 30 kinds for its 259 edges) gets one build of its sides,
+        over the configs its edges ask for, or over all the configs any edge asks of that
+        search space where the extra configs cost less than building another config table
+        (_UNION_CONFIG_DEVICES: on 16 devices a table costs about as much for 20 configs as
+        for 160, and layers of one space keep much the same configs; on 256 devices a side
+        of 200 configs costs 10x one of 20). Where every pair of the configs built is fewer
+        pairs than the kind's edges ask for, all are priced at once (`_pairs`, shifts copied);
+        else, where the pairs of the configs its edges ask for are at most twice the pairs
+        they ask, those are priced in one pass; else each edge's own pairs (`_some_pairs`).
+        Each edge's entries are read from them: bit for bit `kept`'s."""
         groups: dict[tuple[object, ...], list[tuple[bytes, bytes, KeptRequest]]] = {}
         unions: dict[tuple[int, ...], list[np.ndarray]] = {}  # by the space's config ids
         for request in requests:
@@ -1223,31 +1228,28 @@ class TransferTables:
                                       (request.consumer_configs, request.consumer_kept)):
                     unions.setdefault(tuple(map(id, configs)), []).append(kept)
         union_of = {space: np.unique(np.concatenate(kept)) for space, kept in unions.items()}
-        lists: dict[tuple[int, ...], list[ParallelConfig]] = {}  # one list per space: one table
         for sides_key, asking in groups.items():
             first = asking[0][2]
-            spaces = [tuple(map(id, configs))
-                      for configs in (first.producer_configs, first.consumer_configs)]
-            for space, configs in zip(spaces, (first.producer_configs, first.consumer_configs),
-                                      strict=True):
-                if space not in lists:
-                    lists[space] = [configs[index] for index in union_of[space]]
-            p_union, q_union = (union_of[space] for space in spaces)
-            sides = self._sides_of(first.producer, first.consumer, *(lists[space]
-                                                                     for space in spaces))
-            # every pair of the unions where that prices fewer pairs than the edges ask for,
-            # else of the configs this kind's edges ask for, where that prices at most twice
-            # what they ask (one pass instead of one per edge), else each edge's own pairs
             distinct = {(p_asked, q_asked): request for p_asked, q_asked, request in asking}
             asked = sum(len(r.producer_kept) * len(r.consumer_kept) for r in distinct.values())
             rows = np.unique(np.concatenate([r.producer_kept for r in distinct.values()]))
             columns = np.unique(np.concatenate([r.consumer_kept for r in distinct.values()]))
-            if len(p_union) * len(q_union) <= asked:
-                rows, columns = p_union, q_union
+            built = []  # each side's configs the sides are built over, as space indices
+            for configs, own in ((first.producer_configs, rows),
+                                 (first.consumer_configs, columns)):
+                whole = union_of[tuple(map(id, configs))]
+                extra = (len(whole) - len(own)) * self.devices
+                built.append(whole if extra <= _UNION_CONFIG_DEVICES else own)
+            p_built, q_built = built
+            sides = self._sides_of(first.producer, first.consumer,
+                                   [first.producer_configs[index] for index in p_built],
+                                   [first.consumer_configs[index] for index in q_built])
+            if len(p_built) * len(q_built) <= asked:
+                rows, columns = p_built, q_built
                 union = self._pairs(sides)[0]
             elif len(distinct) > 1 and len(rows) * len(columns) <= 2 * asked:
-                union = self._some_pairs(sides, np.searchsorted(p_union, rows),
-                                         np.searchsorted(q_union, columns))
+                union = self._some_pairs(sides, np.searchsorted(p_built, rows),
+                                         np.searchsorted(q_built, columns))
             else:
                 union = None
             for (p_asked, q_asked), request in distinct.items():
@@ -1256,8 +1258,8 @@ class TransferTables:
                     continue
                 if union is None:
                     self._kept[key] = self._some_pairs(
-                        sides, np.searchsorted(p_union, request.producer_kept),
-                        np.searchsorted(q_union, request.consumer_kept))
+                        sides, np.searchsorted(p_built, request.producer_kept),
+                        np.searchsorted(q_built, request.consumer_kept))
                 else:
                     self._kept[key] = union[np.ix_(np.searchsorted(rows, request.producer_kept),
                                                    np.searchsorted(columns,
