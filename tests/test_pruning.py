@@ -145,15 +145,19 @@ def test_degree_bounds_bound_the_ends_bound_from_below(model, cluster_name, node
         assert (bound > 0).any(), (u, v)
 
 
-@pytest.mark.parametrize("ends_tables", [False, True])
+@pytest.mark.parametrize(("ends_tables", "space_unions"), [(False, True), (True, True),
+                                                           (True, False)])
 def test_ends_bounds_between_some_configs_are_the_whole_matrices_entries_bit_for_bit(
-        ends_tables, monkeypatch):
+        ends_tables, space_unions, monkeypatch):
     """The second pruning prices the ends bound between the configs the first kept only, each
     edge's own, from per-device terms built once per kind of edge: every entry is the whole
     bound matrix's, bit for bit, in the order asked for (whole tables, or from 32 devices
-    each pass's ends-only tables)."""
+    each pass's ends-only tables over the configs asked of each search space, or over those
+    each kind's edges ask for)."""
     if ends_tables:
         monkeypatch.setattr(tables, "_ENDS_TABLES_FROM_DEVICES", 0)
+    if not space_unions:
+        monkeypatch.setattr(tables, "_UNION_CONFIG_DEVICES", -1)
     graph = build_graph("resnet18", batch=16 * 8, image_size=32)
     cluster = load_cluster("p100x16")
     cost = CostModel(graph, cluster, 16, AnalyticCompute(cluster), placement="aligned")

@@ -1059,8 +1059,11 @@ class TransferTables:
     def lower_bounds_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
         """`lower_bounds` of many edges between the configs each asks for (`KeptRequest`: the
         positions kept of each whole space), in order, bit for bit its entries: the per-device
-        terms of the whole spaces, built once per kind of edge (equal sides) and narrowed to
-        each edge's configs, whose pairs only are priced."""
+        terms built once per kind of edge (equal sides), narrowed to each edge's configs,
+        whose pairs only are priced. Below _ENDS_TABLES_FROM_DEVICES those of the whole spaces
+        (kept for the exact pass), from there each pass's own over the configs asked
+        (`_built_over`: on 64 devices Inception-v3's first pruning keeps a third of them)."""
+        unions = _asked_unions(requests)
         groups: dict[tuple[object, ...], list[int]] = {}
         for index, request in enumerate(requests):
             groups.setdefault(self._sides_key(request.producer, request.consumer,
@@ -1081,13 +1084,28 @@ class TransferTables:
                                           first.spaces)
                 of_group = {key: whole[np.ix_(r.producer_kept, r.consumer_kept)]
                             for key, r in asked.items()}
-            else:
-                forward, backward = self._bound_sides(first.producer, first.consumer,
-                                                      first.producer_configs,
-                                                      first.consumer_configs, first.spaces)
-                of_group = {key: self._ends_of_some(forward, backward, r.producer_kept,
+            elif self.devices < _ENDS_TABLES_FROM_DEVICES:
+                sides = self._whole_sides(first.producer, first.consumer, first.producer_configs,
+                                          first.consumer_configs, first.spaces)
+                backward = sides if first.producer.kind != "input" else None
+                of_group = {key: self._ends_of_some(sides, backward, r.producer_kept,
                                                     r.consumer_kept)
                             for key, r in asked.items()}
+            else:
+                p_built = self._built_over(first.producer_configs, np.unique(np.concatenate(
+                    [r.producer_kept for r in asked.values()])), unions)
+                q_built = self._built_over(first.consumer_configs, np.unique(np.concatenate(
+                    [r.consumer_kept for r in asked.values()])), unions)
+                dims = self._edge_dims(first.producer, first.consumer)
+                configs = ([first.producer_configs[index] for index in p_built],
+                           [first.consumer_configs[index] for index in q_built])
+                backward = first.producer.kind != "input"
+                forward_sides = self._sides(dims, *configs, backward, "forward")
+                backward_sides = (self._sides(dims, *configs, backward, "backward")
+                                  if backward else None)
+                of_group = {key: self._ends_of_some(
+                    forward_sides, backward_sides, np.searchsorted(p_built, r.producer_kept),
+                    np.searchsorted(q_built, r.consumer_kept)) for key, r in asked.items()}
             for index in members:
                 bounds[index] = of_group[(requests[index].producer_kept.tobytes(),
                                           requests[index].consumer_kept.tobytes())]
@@ -1098,23 +1116,6 @@ class TransferTables:
         return len({self._sides_key(request.producer, request.consumer,
                                     request.producer_configs, request.consumer_configs,
                                     request.spaces) for request in requests})
-
-    def _bound_sides(self, producer: Layer, consumer: Layer,
-                     producer_configs: Sequence[ParallelConfig],
-                     consumer_configs: Sequence[ParallelConfig],
-                     spaces: tuple[Hashable, Hashable]) -> tuple[EdgeSides, EdgeSides | None]:
-        """The sides a bound's forward and backward passes read (None: no backward pass), of
-        two whole search spaces: from _ENDS_TABLES_FROM_DEVICES devices each pass's own,
-        below one build of both, kept for the exact pass (`kept`)."""
-        backward = producer.kind != "input"
-        if self.devices >= _ENDS_TABLES_FROM_DEVICES:
-            dims = self._edge_dims(producer, consumer)
-            return (self._sides(dims, producer_configs, consumer_configs, backward, "forward"),
-                    self._sides(dims, producer_configs, consumer_configs, backward, "backward")
-                    if backward else None)
-        sides = self._whole_sides(producer, consumer, producer_configs, consumer_configs,
-                                  spaces)
-        return sides, sides if backward else None
 
     def degree_bounds(self, producer: Layer, consumer: Layer,
                       producer_configs: Sequence[ParallelConfig],
@@ -1206,17 +1207,12 @@ class TransferTables:
     def kept_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
         """`kept` of many edges at once, in order. Each kind of edge (equal sides: a network's
         repeated blocks, ResNet-152's 30 kinds for its 259 edges) gets one build of its sides,
-        over the configs its edges ask for, or over all the configs any edge asks of that
-        search space where the extra configs cost less than building another config table
-        (_UNION_CONFIG_DEVICES: on 16 devices a table costs about as much for 20 configs as
-        for 160, and layers of one space keep much the same configs; on 256 devices a side
-        of 200 configs costs 10x one of 20). Where every pair of the configs built is fewer
+        over the configs `_built_over` picks. Where every pair of the configs built is fewer
         pairs than the kind's edges ask for, all are priced at once (`_pairs`, shifts copied);
         else, where the pairs of the configs its edges ask for are at most twice the pairs
         they ask, those are priced in one pass; else each edge's own pairs (`_some_pairs`).
         Each edge's entries are read from them: bit for bit `kept`'s."""
         groups: dict[tuple[object, ...], list[tuple[bytes, bytes, KeptRequest]]] = {}
-        unions: dict[tuple[int, ...], list[np.ndarray]] = {}  # by the space's config ids
         for request in requests:
             sides_key = self._sides_key(request.producer, request.consumer,
                                         request.producer_configs, request.consumer_configs,
@@ -1224,23 +1220,16 @@ class TransferTables:
             asked = (request.producer_kept.tobytes(), request.consumer_kept.tobytes())
             if (*sides_key, *asked) not in self._kept and sides_key not in self._bounded_sides:
                 groups.setdefault(sides_key, []).append((*asked, request))
-                for configs, kept in ((request.producer_configs, request.producer_kept),
-                                      (request.consumer_configs, request.consumer_kept)):
-                    unions.setdefault(tuple(map(id, configs)), []).append(kept)
-        union_of = {space: np.unique(np.concatenate(kept)) for space, kept in unions.items()}
+        unions = _asked_unions([request for asking in groups.values()
+                                for _, _, request in asking])
         for sides_key, asking in groups.items():
             first = asking[0][2]
             distinct = {(p_asked, q_asked): request for p_asked, q_asked, request in asking}
             asked = sum(len(r.producer_kept) * len(r.consumer_kept) for r in distinct.values())
             rows = np.unique(np.concatenate([r.producer_kept for r in distinct.values()]))
             columns = np.unique(np.concatenate([r.consumer_kept for r in distinct.values()]))
-            built = []  # each side's configs the sides are built over, as space indices
-            for configs, own in ((first.producer_configs, rows),
-                                 (first.consumer_configs, columns)):
-                whole = union_of[tuple(map(id, configs))]
-                extra = (len(whole) - len(own)) * self.devices
-                built.append(whole if extra <= _UNION_CONFIG_DEVICES else own)
-            p_built, q_built = built
+            p_built = self._built_over(first.producer_configs, rows, unions)
+            q_built = self._built_over(first.consumer_configs, columns, unions)
             sides = self._sides_of(first.producer, first.consumer,
                                    [first.producer_configs[index] for index in p_built],
                                    [first.consumer_configs[index] for index in q_built])
@@ -1265,6 +1254,18 @@ class TransferTables:
                                                    np.searchsorted(columns,
                                                                    request.consumer_kept))]
         return [self.kept(*request) for request in requests]
+
+    def _built_over(self, configs: Sequence[ParallelConfig], own: np.ndarray,
+                    unions: dict[tuple[int, ...], np.ndarray]) -> np.ndarray:
+        """The configs (indices into `configs`, a search space) a kind of edge builds a side
+        over: those its own edges ask for (`own`), or all any edge asks of that space
+        (`unions`, `_asked_unions`) where the extra configs, times the devices, are at most
+        _UNION_CONFIG_DEVICES: config tables are then shared by the kinds over that space (on
+        16 devices a table costs about as much for 20 configs as for 160, and layers of one
+        space keep much the same configs), while on 256 devices a side of 200 configs costs
+        10x one of 20."""
+        whole = unions[tuple(map(id, configs))]
+        return whole if (len(whole) - len(own)) * self.devices <= _UNION_CONFIG_DEVICES else own
 
     def forget_sides(self) -> None:
         """Drop the per-device terms kept for `kept` (the search's exact pass is done)."""
@@ -1729,6 +1730,16 @@ class TransferTables:
             self._backward(producer, consumer, _narrowed(sides.ptab.by_size, p_sorted), back)
             seconds = seconds + back
         return seconds[np.ix_(np.searchsorted(p_sorted, p_at), np.searchsorted(q_sorted, q_at))]
+
+
+def _asked_unions(requests: Sequence[KeptRequest]) -> dict[tuple[int, ...], np.ndarray]:
+    """Per search space (by its configs' ids), every config any of `requests` asks of it."""
+    asked: dict[tuple[int, ...], list[np.ndarray]] = {}
+    for request in requests:
+        for configs, kept in ((request.producer_configs, request.producer_kept),
+                              (request.consumer_configs, request.consumer_kept)):
+            asked.setdefault(tuple(map(id, configs)), []).append(kept)
+    return {space: np.unique(np.concatenate(kept)) for space, kept in asked.items()}
 
 
 @dataclass(frozen=True)
