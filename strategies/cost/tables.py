@@ -56,9 +56,12 @@ _KEPT_SIDES_BYTES = 96 << 20
 # where the pairs an edge's bounds are asked for exceed this share of all its pairs, the whole
 # matrix is priced (a shift copies ~0.4 of its pairs on 64 devices) and read from
 _NARROWED_SHARE = 0.4
-# `kept_many` builds a kind of edge's sides over every config asked of a search space where
-# the configs no edge of that kind asks for, times the devices, are at most this
+# A kind of edge's sides are built over every config asked of a search space where the configs
+# no edge of that kind asks for, times the devices, are at most the first plus the second times
+# the configs it asks for (`_built_over`; its own config table then costs about as much as
+# carrying that many more configs on 64 devices)
 _UNION_CONFIG_DEVICES = 4096
+_UNION_OWN_DEVICES = 64
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
 _ENDS_TABLES_FROM_DEVICES = 32
 
@@ -1260,12 +1263,14 @@ class TransferTables:
         """The configs (indices into `configs`, a search space) a kind of edge builds a side
         over: those its own edges ask for (`own`), or all any edge asks of that space
         (`unions`, `_asked_unions`) where the extra configs, times the devices, are at most
-        _UNION_CONFIG_DEVICES: config tables are then shared by the kinds over that space (on
-        16 devices a table costs about as much for 20 configs as for 160, and layers of one
-        space keep much the same configs), while on 256 devices a side of 200 configs costs
-        10x one of 20."""
+        _UNION_CONFIG_DEVICES + _UNION_OWN_DEVICES x its own: config tables are then shared by
+        the kinds over that space (on 16 devices a table costs about as much for 20 configs as
+        for 160, and layers of one space keep much the same configs; on 64 Inception-v3's ends
+        bound built 107 tables of its kinds' own configs), while on 256 devices a side of 200
+        configs costs 10x one of 20 (Inception-v3's exact pass 18 -> 29 s over the unions)."""
         whole = unions[tuple(map(id, configs))]
-        return whole if (len(whole) - len(own)) * self.devices <= _UNION_CONFIG_DEVICES else own
+        extra = (len(whole) - len(own)) * self.devices
+        return whole if extra <= _UNION_CONFIG_DEVICES + _UNION_OWN_DEVICES * len(own) else own
 
     def forget_sides(self) -> None:
         """Drop the per-device terms kept for `kept` (the search's exact pass is done)."""
