@@ -132,15 +132,16 @@ def grouped_products(tables: Sequence[np.ndarray], ends: GroupedAt,
                      other: GroupedAt) -> np.ndarray:
     """(G_e, 2, G_o): the product over dims of `tables[dim][end tile, other exponent]`, for
     each degrees of the side whose ends are read (`ends`: `EndRows.ends`, the table rows) and
-    each degrees of the other side (`other`: its `EndRows.degrees`, the table columns). Dims
-    multiply in groups of two: each group's product is first taken over the distinct pairs of
-    rows and of columns (a few dozen), then gathered once, a third of the gathers of one per
-    dim."""
+    each degrees of the other side (`other`: its `EndRows.degrees`, the table columns), in
+    float64 (`end_seconds` reads them so; counts of elements, exact below 2^53). Dims multiply
+    in groups of two: each group's product is first taken over the distinct pairs of rows and
+    of columns (a few dozen), then gathered once, a third of the gathers of one per dim."""
     product = None
     for group, (d0, d1) in enumerate(ends.dims):
         rows = (ends.first[group][:, None], ends.second[group][:, None])
         columns = (other.first[group][None, :], other.second[group][None, :])
-        small = tables[d0][rows[0], columns[0]] * tables[d1][rows[1], columns[1]]
+        small = (tables[d0][rows[0], columns[0]]
+                 * tables[d1][rows[1], columns[1]]).astype(np.float64)
         part = small[ends.of[group][..., None], other.of[group]]
         product = part if product is None else np.multiply(product, part, out=product)
     assert product is not None  # one group at least
@@ -157,20 +158,28 @@ def end_seconds(rates: np.ndarray, latency: Sequence[float], units: Sequence[int
     """The module's bound of one pass, the larger of the two ends', (rows, G): `rates`
     (rows, 2, classes) the seconds per element of each class at each end, `latency` per class,
     `units` the inner tiers' unit sizes (classes - 1 of them), and per row, end and degrees of
-    the other side (rows, 2, G): the elements the end receives in all (`total`), the largest
-    share one tile of the other side holds (`largest`), and the tiles touching (`touching`)."""
+    the other side (rows, 2, G), in float64: the elements the end receives in all (`total`,
+    or (rows, 2, 1) where it does not depend on the other side), the largest share one tile
+    of the other side holds (`largest`), and the tiles touching (`touching`). Each term is
+    computed into one scratch array (the arrays are large: on 64 devices a 3-d edge's are 460
+    x 2 x 460)."""
     per_element = _envelope(rates)[..., None, :]  # (rows, 2, 1, classes)
     waits = _envelope(np.asarray(latency, dtype=np.float64))
     last = len(units)
-    total = total.astype(np.float64)
-    largest = largest.astype(np.float64)
-    touching = touching.astype(np.float64)
     outermost = total * per_element[..., last] + touching * waits[last]
-    seconds = outermost - np.minimum(total, largest) * per_element[..., 0]
-    seconds -= np.minimum(1.0, touching) * waits[0]
+    scratch = np.minimum(total, largest)
+    scratch *= per_element[..., 0]
+    seconds = np.subtract(outermost, scratch, out=scratch)
+    term = np.minimum(1.0, touching)
+    term *= waits[0]
+    seconds -= term
     for k, unit in enumerate(units):
-        seconds += np.minimum(total, unit * largest) * (per_element[..., k]
-                                                        - per_element[..., k + 1])
-        seconds += np.minimum(float(unit), touching) * (waits[k] - waits[k + 1])
-    seconds -= _CANCELLED * outermost
-    return np.maximum(seconds, 0.0).max(axis=1)
+        np.multiply(unit, largest, out=term)
+        np.minimum(total, term, out=term)
+        term *= per_element[..., k] - per_element[..., k + 1]
+        seconds += term
+        np.minimum(float(unit), touching, out=term)
+        term *= waits[k] - waits[k + 1]
+        seconds += term
+    seconds -= np.multiply(_CANCELLED, outermost, out=term)
+    return np.maximum(seconds, 0.0, out=seconds).max(axis=1)

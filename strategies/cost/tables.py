@@ -1150,13 +1150,13 @@ class TransferTables:
         need = np.ones((len(q_rows.exponents), 2, 1), dtype=np.int64)
         for dim, table in enumerate(dims):
             need *= table.need_len.reshape(-1)[q_rows.end_tiles[..., dim]][..., None]
+        need = need.astype(np.float64)  # as `grouped_products` gives them
         largest = grouped_products([table.largest_per_consumer_tile.T for table in dims],
                                    q_rows.ends, p_rows.degrees)
         touching = grouped_products([table.producers_touching.T for table in dims],
                                     q_rows.ends, p_rows.degrees)
         at = q_rows.row_degree
-        forward = end_seconds(q_rows.row_rates, latency, self._units,
-                              np.broadcast_to(need, largest.shape)[at], largest[at],
+        forward = end_seconds(q_rows.row_rates, latency, self._units, need[at], largest[at],
                               touching[at])  # (consumer classes, producer degrees)
         seconds = forward.T[p_rows.row_degree]  # (producer classes, consumer classes)
         if producer.kind == "input":  # no gradient flows back into the input
