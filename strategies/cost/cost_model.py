@@ -259,12 +259,13 @@ class CostModel:
         tile (a channel's, a group's: `Layer.plane_norms`), over the devices holding one
         plane's tiles (ops.sync_instance_norm, ops.group_norm)."""
         batch = as_view(layer.output_shape)[0]
+        norms = layer.plane_norms  # computed from the layer's ops on each read
         for row, config in enumerate(configs):
             planes = config.d * config.h * config.w
             if planes == 1:
                 continue
             groups = np.array(config.devices).reshape(config.n * config.c, planes)
-            for statistics in layer.plane_norms:
+            for statistics in norms:
                 values = 2 * -(-batch // config.n) * -(-statistics // config.c)
                 slowest = self._slowest_group_link(groups, values * BYTES_PER_ELEMENT)
                 seconds[row] += 2 * slowest.allreduce_seconds(values * BYTES_PER_ELEMENT,
