@@ -349,10 +349,8 @@ class ConfigTable:
         # tile index along each dim of the tile held by each device; -1 where none: tile k
         # of a config (row-major over its degrees, `ParallelConfig.tiles`) on its k-th device
         sizes = degrees.prod(axis=1)
-        row = np.repeat(np.arange(count), sizes)
+        row, device = _config_devices(configs, sizes)
         position = np.arange(len(row)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        device = np.fromiter(itertools.chain.from_iterable(config.devices for config in configs),
-                             dtype=np.int64, count=len(row))
         member = np.zeros((count, devices), dtype=bool)
         member[row, device] = True
         after = np.cumprod(degrees[:, ::-1], axis=1)[:, ::-1] // degrees  # tiles per index
@@ -406,6 +404,16 @@ class ConfigTable:
             for unit in units)
         self.sharing = (None if all(size == 1 for size in shared_by)
                         else _sharing(member, shared_by))
+
+
+def _config_devices(configs: Sequence[ParallelConfig],
+                    sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each config's devices in order as (config row, device) arrays; `sizes` holds each
+    config's number of devices."""
+    row = np.repeat(np.arange(len(configs)), sizes)
+    device = np.fromiter(itertools.chain.from_iterable(config.devices for config in configs),
+                         dtype=np.int64, count=len(row))
+    return row, device
 
 
 def _sharing(member: np.ndarray, shared_by: Sequence[int]) -> np.ndarray:
@@ -1095,10 +1103,7 @@ class TransferTables:
                                                     r.consumer_kept)
                             for key, r in asked.items()}
             else:
-                p_built = self._built_over(first.producer_configs, np.unique(np.concatenate(
-                    [r.producer_kept for r in asked.values()])), unions)
-                q_built = self._built_over(first.consumer_configs, np.unique(np.concatenate(
-                    [r.consumer_kept for r in asked.values()])), unions)
+                _, _, p_built, q_built = self._kind_configs(list(asked.values()), unions)
                 dims = self._edge_dims(first.producer, first.consumer)
                 configs = ([first.producer_configs[index] for index in p_built],
                            [first.consumer_configs[index] for index in q_built])
@@ -1176,8 +1181,7 @@ class TransferTables:
         key = tuple(map(id, configs))
         if key not in self._end_row_lists:
             member = np.zeros((len(configs), self.devices), dtype=bool)
-            for row, config in enumerate(configs):
-                member[row, list(config.devices)] = True
+            member[_config_devices(configs, np.array([config.size for config in configs]))] = True
             shared_by = [link.shared_by for link in self._links]
             shared = [size > 1 for size in shared_by]
             self._end_row_lists[key] = (list(configs), end_rows(
@@ -1229,10 +1233,7 @@ class TransferTables:
             first = asking[0][2]
             distinct = {(p_asked, q_asked): request for p_asked, q_asked, request in asking}
             asked = sum(len(r.producer_kept) * len(r.consumer_kept) for r in distinct.values())
-            rows = np.unique(np.concatenate([r.producer_kept for r in distinct.values()]))
-            columns = np.unique(np.concatenate([r.consumer_kept for r in distinct.values()]))
-            p_built = self._built_over(first.producer_configs, rows, unions)
-            q_built = self._built_over(first.consumer_configs, columns, unions)
+            rows, columns, p_built, q_built = self._kind_configs(list(distinct.values()), unions)
             sides = self._sides_of(first.producer, first.consumer,
                                    [first.producer_configs[index] for index in p_built],
                                    [first.consumer_configs[index] for index in q_built])
@@ -1257,6 +1258,18 @@ class TransferTables:
                                                    np.searchsorted(columns,
                                                                    request.consumer_kept))]
         return [self.kept(*request) for request in requests]
+
+    def _kind_configs(self, requests: Sequence[KeptRequest],
+                      unions: dict[tuple[int, ...], np.ndarray],
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Of one kind of edge's `requests`: every config they ask of the producer's and of
+        the consumer's search space, and the configs of each its sides are built over
+        (`_built_over`), as sorted indices into those spaces."""
+        first = requests[0]
+        rows = np.unique(np.concatenate([request.producer_kept for request in requests]))
+        columns = np.unique(np.concatenate([request.consumer_kept for request in requests]))
+        return (rows, columns, self._built_over(first.producer_configs, rows, unions),
+                self._built_over(first.consumer_configs, columns, unions))
 
     def _built_over(self, configs: Sequence[ParallelConfig], own: np.ndarray,
                     unions: dict[tuple[int, ...], np.ndarray]) -> np.ndarray:
