@@ -247,9 +247,10 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
     """The search's exact t_x between the kept configs reads the per-device terms its bounds
     built (or, past their memory budget or where the bounds read ends-only tables, builds the
     kept configs' own, one build shared by the edges of repeated blocks when every edge is
-    asked for at once); every entry is the whole matrix's, bit for bit, in the order the
-    configs are asked for: on the edge from the input (no backward), residual and strided
-    edges, across nodes whose ports are shared."""
+    asked for at once, and read from an earlier pass's matrices where the configs asked are
+    within theirs); every entry is the whole matrix's, bit for bit, in the order the configs
+    are asked for: on the edge from the input (no backward), residual and strided edges,
+    across nodes whose ports are shared."""
     if terms == "over budget":
         monkeypatch.setattr(tables, "_KEPT_SIDES_BYTES", 0)
     elif terms == "ends tables":
@@ -282,6 +283,14 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
     for kept in asked:
         for (u, v), matrix in cost.kept_edges(kept).items():
             assert matrix.tobytes() == wholes[u, v][np.ix_(kept[u], kept[v])].tobytes(), (u, v)
+    # configs within ones already priced (the exact pass after the upper bound's candidates)
+    # are read from those matrices: the same entries, no term priced again
+    priced = cost.terms_priced
+    within = {name: np.sort(random.choice(kept, 3, replace=False))
+              for name, kept in asked[-1].items()}
+    for (u, v), matrix in cost.kept_edges(within).items():
+        assert matrix.tobytes() == wholes[u, v][np.ix_(within[u], within[v])].tobytes(), (u, v)
+    assert cost.terms_priced == priced
 
 
 def test_a_strategy_best_for_the_bounds_tightens_them_on_residual_networks(monkeypatch):

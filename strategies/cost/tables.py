@@ -1027,6 +1027,10 @@ class TransferTables:
         # whole search spaces' sides, kept from their bounds to their kept pairs (`kept`)
         self._bounded_sides: dict[tuple[object, ...], EdgeSides] = {}
         self._kept: dict[tuple[object, ...], np.ndarray] = {}
+        # per kind of edge, each matrix `kept_many` priced and the sorted configs of its rows
+        # and columns: later requests within them are read from it
+        self._priced_within: dict[tuple[object, ...],
+                                  list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self._kept_bytes = 0  # of `_bounded_sides`
         # per-device terms of config pairs computed so far (a pair's forward over its
         # consumer's devices, its backward over its producer's; a bound's over their end
@@ -1209,6 +1213,8 @@ class TransferTables:
                 self._kept[key] = self._pairs(self._sides_of(
                     producer, consumer, [producer_configs[i] for i in producer_kept],
                     [consumer_configs[i] for i in consumer_kept]))[0]
+            self._priced_within.setdefault(sides_key, []).append(
+                (producer_kept, consumer_kept, self._kept[key]))
         return self._kept[key]
 
     def kept_many(self, requests: Sequence[KeptRequest]) -> list[np.ndarray]:
@@ -1225,7 +1231,12 @@ class TransferTables:
                                         request.producer_configs, request.consumer_configs,
                                         request.spaces)
             asked = (request.producer_kept.tobytes(), request.consumer_kept.tobytes())
-            if (*sides_key, *asked) not in self._kept and sides_key not in self._bounded_sides:
+            if (*sides_key, *asked) in self._kept:
+                continue
+            held = self._held_within(sides_key, request.producer_kept, request.consumer_kept)
+            if held is not None:
+                self._kept[(*sides_key, *asked)] = held
+            elif sides_key not in self._bounded_sides:  # else `kept` reads the bound's sides
                 groups.setdefault(sides_key, []).append((*asked, request))
         unions = _asked_unions([request for asking in groups.values()
                                 for _, _, request in asking])
@@ -1245,6 +1256,8 @@ class TransferTables:
                                          np.searchsorted(q_built, columns))
             else:
                 union = None
+            if union is not None:
+                self._priced_within.setdefault(sides_key, []).append((rows, columns, union))
             for (p_asked, q_asked), request in distinct.items():
                 key = (*sides_key, p_asked, q_asked)
                 if key in self._kept:  # another edge asked for the same configs
@@ -1253,11 +1266,29 @@ class TransferTables:
                     self._kept[key] = self._some_pairs(
                         sides, np.searchsorted(p_built, request.producer_kept),
                         np.searchsorted(q_built, request.consumer_kept))
+                    self._priced_within.setdefault(sides_key, []).append(
+                        (request.producer_kept, request.consumer_kept, self._kept[key]))
                 else:
                     self._kept[key] = union[np.ix_(np.searchsorted(rows, request.producer_kept),
                                                    np.searchsorted(columns,
                                                                    request.consumer_kept))]
         return [self.kept(*request) for request in requests]
+
+    def _held_within(self, sides_key: tuple[object, ...], producer_kept: np.ndarray,
+                     consumer_kept: np.ndarray) -> np.ndarray | None:
+        """t_x between `producer_kept` and `consumer_kept` read from a matrix `kept_many`
+        priced for the same kind of edge over configs that hold them both (the search's exact
+        pass mostly keeps configs among the upper bound's candidates: ResNet-50 on 16 devices
+        85 of its 89 edges), or None where none does."""
+        for rows, columns, matrix in self._priced_within.get(sides_key, ()):
+            at_rows = np.searchsorted(rows, producer_kept)
+            at_columns = np.searchsorted(columns, consumer_kept)
+            if (np.all(at_rows < len(rows)) and np.all(at_columns < len(columns))
+                    and np.array_equal(rows[np.minimum(at_rows, len(rows) - 1)], producer_kept)
+                    and np.array_equal(columns[np.minimum(at_columns, len(columns) - 1)],
+                                       consumer_kept)):
+                return matrix[np.ix_(at_rows, at_columns)]
+        return None
 
     def _kind_configs(self, requests: Sequence[KeptRequest],
                       unions: dict[tuple[int, ...], np.ndarray],
@@ -1289,6 +1320,7 @@ class TransferTables:
         """Drop the per-device terms kept for `kept` (the search's exact pass is done)."""
         self._bounded_sides.clear()
         self._kept.clear()
+        self._priced_within.clear()
         self._kept_bytes = 0
 
     def _sides_key(self, producer: Layer, consumer: Layer,
