@@ -1476,9 +1476,12 @@ class TransferTables:
                 geometry, len(self._geometries))
         key = (self._geometry_ids[consumer.name], input_index, dim)
         if key not in self._needed:
-            ranges = [needed_range(consumer, input_index, dim, out)
-                      for level in range(self._levels)
-                      for out in output_ranges(consumer, dim, 1 << level)]
+            outs = [out for level in range(self._levels)
+                    for out in output_ranges(consumer, dim, 1 << level)]
+            # each distinct range once: on many devices most tiles of a short dim are empty
+            needed = {out: needed_range(consumer, input_index, dim, out)
+                      for out in dict.fromkeys(outs)}
+            ranges = [needed[out] for out in outs]
             starts, stops = np.array(ranges, dtype=np.int64).reshape(-1, 2).T
             empty = stops <= starts  # needs nothing (concat): one form, so tables are shared
             self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
