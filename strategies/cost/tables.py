@@ -1027,8 +1027,8 @@ class TransferTables:
         # whole search spaces' sides, kept from their bounds to their kept pairs (`kept`)
         self._bounded_sides: dict[tuple[object, ...], EdgeSides] = {}
         self._kept: dict[tuple[object, ...], np.ndarray] = {}
-        # per kind of edge, each matrix `kept_many` priced and the sorted configs of its rows
-        # and columns: later requests within them are read from it
+        # per kind of edge, each matrix `kept` and `kept_many` priced and the configs of its
+        # rows and columns, until `forget_sides`: later requests within them read from it
         self._priced_within: dict[tuple[object, ...],
                                   list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self._kept_bytes = 0  # of `_bounded_sides`
@@ -1279,7 +1279,8 @@ class TransferTables:
         """t_x between `producer_kept` and `consumer_kept` read from a matrix `kept_many`
         priced for the same kind of edge over configs that hold them both (the search's exact
         pass mostly keeps configs among the upper bound's candidates: ResNet-50 on 16 devices
-        85 of its 89 edges), or None where none does."""
+        85 of its 89 edges), or None where none does. Each match is checked config by config
+        (a matrix's configs are sorted where a union was priced; an edge's own, as asked)."""
         for rows, columns, matrix in self._priced_within.get(sides_key, ()):
             at_rows = np.searchsorted(rows, producer_kept)
             at_columns = np.searchsorted(columns, consumer_kept)
