@@ -121,6 +121,8 @@ class CostModel:
         self._link_groups: list[GroupLinks] = []  # by id
         self._group_seconds: dict[tuple[int, ...], float] = {}
         self._memory_checked = _UNCHECKED
+        self._degree_lists: dict[tuple[int, ...], tuple[
+            list[ParallelConfig], Sequence[ParallelConfig], np.ndarray]] = {}
 
     # ---- the search space --------------------------------------------------------------
 
@@ -176,24 +178,55 @@ class CostModel:
         return self._nodes[key]
 
     def compute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
-        """t_c of each config: the tile's forward + backward and its weight update."""
-        return self.pass_seconds(layer, configs) + self.update_seconds(layer, configs)
+        """t_c of each config: the tile's forward + backward and its weight update. Each
+        depends on a config's degrees alone (its largest tile), so each is computed once per
+        distinct degrees (`_distinct_degrees`)."""
+        distinct, of = self._distinct_degrees(configs)
+        seconds = self.compute.configs_seconds(layer, self.tiles(layer), distinct)
+        if layer.param_count:
+            seconds = seconds + self.compute.configs_update_seconds(layer, self.tiles(layer),
+                                                                    distinct)
+        return seconds[of]
 
     def pass_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """Forward + backward of each config's largest tile."""
-        return self.compute.configs_seconds(layer, self.tiles(layer), configs)
+        distinct, of = self._distinct_degrees(configs)
+        return self.compute.configs_seconds(layer, self.tiles(layer), distinct)[of]
 
     def recompute_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """What recomputing each config's tile forward in the backward adds to t_c: the
         tile's forward, measured by the profile (the device model's or roofline's share of
         the pass without one)."""
-        return self.compute.configs_forward_seconds(layer, self.tiles(layer), configs)
+        distinct, of = self._distinct_degrees(configs)
+        return self.compute.configs_forward_seconds(layer, self.tiles(layer), distinct)[of]
 
     def update_seconds(self, layer: Layer, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """The SGD update of each config's largest weight shard (once per step)."""
         if not layer.param_count:
             return np.zeros(len(configs))
-        return self.compute.configs_update_seconds(layer, self.tiles(layer), configs)
+        distinct, of = self._distinct_degrees(configs)
+        return self.compute.configs_update_seconds(layer, self.tiles(layer), distinct)[of]
+
+    def _distinct_degrees(self, configs: Sequence[ParallelConfig],
+                          ) -> tuple[Sequence[ParallelConfig], np.ndarray]:
+        """The first config of each distinct degrees in `configs` (`configs` itself where all
+        differ, so that a list's per-list caches still hit) and each config's index among
+        those: t_c depends on a config's degrees alone, and aligned spaces place each degrees
+        at many blocks (on 64 devices 848 configs, 99 degrees). Cached by the configs'
+        identities (a search space's are built once), each entry holding its configs so that
+        no id it is keyed by is reused while it lives; a list of one config (a strategy's
+        layer priced alone) as it is."""
+        if len(configs) <= 1:
+            return configs, np.zeros(len(configs), dtype=np.int64)
+        key = tuple(map(id, configs))
+        if key not in self._degree_lists:
+            at: dict[tuple[int, ...], int] = {}
+            of = np.fromiter((at.setdefault(config.degrees, len(at)) for config in configs),
+                             dtype=np.int64, count=len(configs))
+            distinct = (configs if len(at) == len(configs) else
+                        [configs[index] for index in np.unique(of, return_index=True)[1]])
+            self._degree_lists[key] = (list(configs), distinct, of)
+        return self._degree_lists[key][1:]
 
     def tiles(self, layer: Layer) -> LayerTiles:
         """The layer's largest tile under any config (what t_c times), built once per layer."""
