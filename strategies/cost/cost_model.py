@@ -207,6 +207,11 @@ class CostModel:
         distinct, of = self._distinct_degrees(configs)
         return self.compute.configs_update_seconds(layer, self.tiles(layer), distinct)[of]
 
+    def distinct_degrees(self, layer: Layer) -> tuple[Sequence[ParallelConfig], np.ndarray]:
+        """The layer's search space by degrees: the first config of each distinct degrees,
+        and each config's index among those (one array per search space)."""
+        return self._distinct_degrees(self.configs[layer.name])
+
     def _distinct_degrees(self, configs: Sequence[ParallelConfig],
                           ) -> tuple[Sequence[ParallelConfig], np.ndarray]:
         """The first config of each distinct degrees in `configs` (`configs` itself where all
@@ -223,6 +228,7 @@ class CostModel:
             at: dict[tuple[int, ...], int] = {}
             of = np.fromiter((at.setdefault(config.degrees, len(at)) for config in configs),
                              dtype=np.int64, count=len(configs))
+            of.flags.writeable = False  # shared by every layer of the space
             distinct = (configs if len(at) == len(configs) else
                         [configs[index] for index in np.unique(of, return_index=True)[1]])
             self._degree_lists[key] = (list(configs), distinct, of)

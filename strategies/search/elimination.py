@@ -588,11 +588,12 @@ def _degree_candidates(cost_model: CostModel, lower: dict[str, np.ndarray],
     devices ranks its optimum's degrees 45th alone, its neighbour 2nd)."""
     graph = cost_model.graph
     spaces: dict[tuple[int, ...], _SpaceDegrees] = {}  # layers share search spaces
-    for configs in cost_model.configs.values():
-        if tuple(map(id, configs)) not in spaces:
-            spaces[tuple(map(id, configs))] = _SpaceDegrees(configs)
-    of_layer = {name: spaces[tuple(map(id, configs))]
-                for name, configs in cost_model.configs.items()}
+    for layer in graph.layers:
+        distinct, degree = cost_model.distinct_degrees(layer)
+        if id(degree) not in spaces:
+            spaces[id(degree)] = _SpaceDegrees(distinct, degree)
+    of_layer = {layer.name: spaces[id(cost_model.distinct_degrees(layer)[1])]
+                for layer in graph.layers}
     ranked: dict[str, np.ndarray] = {}
     for name, bound in lower.items():
         order = np.argsort(bound, kind="stable")
@@ -610,17 +611,16 @@ def _degree_candidates(cost_model: CostModel, lower: dict[str, np.ndarray],
 
 
 class _SpaceDegrees:
-    """A search space's configs by degrees: each config's degrees as an index (`degree`) into
-    the distinct ones (`degrees`), and the first config of each degrees (`lowest`: at the
-    lowest start, as spaces list them)."""
+    """A search space's configs by degrees (`CostModel.distinct_degrees`): each config's
+    degrees as an index (`degree`) into the distinct ones (`degrees`), and the first config of
+    each degrees (`lowest`: at the lowest start, as spaces list them)."""
 
-    def __init__(self, configs: Sequence[ParallelConfig]) -> None:
-        self.lowest: dict[tuple[int, ...], int] = {}
-        for index, config in enumerate(configs):
-            self.lowest.setdefault(config.degrees, index)
-        self.degrees = list(self.lowest)
-        at = {degrees: position for position, degrees in enumerate(self.degrees)}
-        self.degree = np.array([at[config.degrees] for config in configs], dtype=np.int64)
+    def __init__(self, distinct: Sequence[ParallelConfig], degree: np.ndarray) -> None:
+        self.degree = degree
+        self.degrees = [config.degrees for config in distinct]
+        first = np.unique(degree, return_index=True)[1]
+        self.lowest = {degrees: int(index)
+                       for degrees, index in zip(self.degrees, first, strict=True)}
 
 
 def _best_of(cost_model: CostModel, nodes: dict[str, np.ndarray],
