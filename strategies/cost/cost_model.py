@@ -217,7 +217,7 @@ class CostModel:
         """The first config of each distinct degrees in `configs` (`configs` itself where all
         differ, so that a list's per-list caches still hit) and each config's index among
         those: t_c depends on a config's degrees alone, and aligned spaces place each degrees
-        at many blocks (on 64 devices 848 configs, 99 degrees). Cached by the configs'
+        at many blocks (on 64 devices 848 configs, 210 degrees). Cached by the configs'
         identities (a search space's are built once), each entry holding its configs so that
         no id it is keyed by is reused while it lives; a list of one config (a strategy's
         layer priced alone) as it is."""
