@@ -589,11 +589,11 @@ def _degree_candidates(cost_model: CostModel, lower: dict[str, np.ndarray],
     graph = cost_model.graph
     spaces: dict[tuple[int, ...], _SpaceDegrees] = {}  # layers share search spaces
     for layer in graph.layers:
-        distinct, degree = cost_model.distinct_degrees(layer)
-        if id(degree) not in spaces:
-            spaces[id(degree)] = _SpaceDegrees(distinct, degree)
-    of_layer = {layer.name: spaces[id(cost_model.distinct_degrees(layer)[1])]
-                for layer in graph.layers}
+        if tuple(map(id, cost_model.configs[layer.name])) not in spaces:
+            spaces[tuple(map(id, cost_model.configs[layer.name]))] = _SpaceDegrees(
+                *cost_model.distinct_degrees(layer))
+    of_layer = {name: spaces[tuple(map(id, configs))]
+                for name, configs in cost_model.configs.items()}
     ranked: dict[str, np.ndarray] = {}
     for name, bound in lower.items():
         order = np.argsort(bound, kind="stable")
