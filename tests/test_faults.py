@@ -284,6 +284,45 @@ def test_ctrl_c_on_the_benchmark_flow_stops_its_workers_and_marks_the_run_killed
     assert parent.info.status == "KILLED"
 
 
+# A process that starts one command inside `guarding_what_starts` and one after, says their
+# pids, and is killed (SIGKILL: no handler runs) the moment the first has started
+KILLED_RIGHT_AFTER_A_START = """
+import os, signal, subprocess
+from layerwise.strategies.jobs.tether import guarding_what_starts
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+with guarding_what_starts():
+    inside = subprocess.Popen(["sleep", "600"], **quiet)
+after = subprocess.Popen(["sleep", "600"], **quiet)
+print(inside.pid, after.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="guards by /proc")
+def test_a_process_started_under_a_guard_stops_even_when_its_starter_dies_at_once():
+    """The guard starts before what it guards: a starter killed the moment its command has
+    started leaves nothing running that it started inside the block, and stops nothing it
+    started outside it."""
+    starter = subprocess.run([sys.executable, "-c", KILLED_RIGHT_AFTER_A_START],
+                             capture_output=True, text=True, timeout=WAIT_SECONDS)
+    assert starter.returncode == -signal.SIGKILL, starter.stderr
+    inside, after = map(int, starter.stdout.split())
+    try:
+        _wait_for(lambda: not _running(inside), "the guarded process to stop", STOP_SECONDS)
+        assert _running(after)
+    finally:
+        for pid in (inside, after):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the processes in /proc")
 def test_a_killed_benchmark_flow_leaves_no_process_and_the_next_marks_its_run_killed(
         flow_project, tmp_path):
@@ -396,7 +435,7 @@ def _multiprocessing_children(process: psutil.Process) -> list[psutil.Process]:
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_a_run_stopped_while_its_prefect_server_starts_leaves_no_listener(flow_project, stop):
     """`timeout` sends SIGTERM, often in the seconds Prefect's server takes to start: the guard
-    is armed when the server's process exists, not when it first answers."""
+    is armed before the server's process exists, not when it first answers."""
     server = "prefect.server.api.server:create_app"
     launcher = subprocess.Popen(
         [str(LAYERWISE), *FLOW_RUN, "--set", "name=stopped-at-start"], cwd=flow_project,

@@ -99,7 +99,7 @@ def start_local_api() -> None:
     at exit, which a SIGKILL or a SIGTERM (`timeout`) skips: the server would go on listening
     on 127.0.0.1. Started here, it is the one the flow's client uses (Prefect keeps one per
     process), and a guard (strategies/jobs/tether.py) that stops it when this process dies is
-    armed the moment its process exists, not after its seconds of start-up. A project's first
+    armed before its process exists, not after its seconds of start-up. A project's first
     start copies a migrated database in (prefect_database.py) instead of migrating its own.
     """
     from prefect.settings import PREFECT_API_URL
@@ -117,15 +117,16 @@ def _start_guarded_server() -> None:
     from the moment it exists; returns when the server answers."""
     from prefect.server.api.server import SubprocessASGIServer
 
-    from layerwise.strategies.jobs.tether import guard
+    from layerwise.strategies.jobs.tether import guard, guarding_what_starts
 
     class GuardedServer(SubprocessASGIServer):
-        """Prefect's temporary server, each process it starts guarded at once."""
+        """Prefect's temporary server, each process it starts guarded from its first
+        instruction (the guard starts first: a SIGTERM or SIGKILL between the server's start
+        and a guard's would leave it listening)."""
 
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-            process = super()._run_uvicorn_command()
-            guard(process.pid)
-            return process
+            with guarding_what_starts():
+                return super()._run_uvicorn_command()
 
     server = GuardedServer()  # Prefect's one server of this process, if one was made before
     server.start()

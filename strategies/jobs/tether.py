@@ -10,7 +10,12 @@ listening on 127.0.0.1 with nobody to stop it. Linux can signal a child when its
   answers SIGTERM by stopping its workers;
 - a process someone else starts (Prefect starts its server) gets a guard (`guard`): a child
   of ours that waits for our death and then stops that process (SIGTERM, SIGKILL after a
-  grace). It holds the process by a pidfd, so a reused pid is never signalled.
+  grace). It holds the process by a pidfd, so a reused pid is never signalled. A guard given
+  a pid is armed only once that process exists, so a death between the two leaves it running;
+  where that matters (`timeout` often stops a run in the seconds Prefect's server takes to
+  start) the guard starts first (`guarding_what_starts`): the processes started inside the
+  block carry a mark in their environment from their first instruction, and at our death the
+  guard stops every process that carries it.
 
 The signal comes when the *thread* that started the child ends: launch.run_torchrun waits for
 its child in that thread, and the CLI starts its guard from the main thread. Elsewhere than on
@@ -18,21 +23,30 @@ Linux neither exists: commands run as given and no guard starts.
 
     python -m layerwise.strategies.jobs.tether PARENT -- COMMAND...   # COMMAND, ended with PARENT
     python -m layerwise.strategies.jobs.tether PARENT --stop PID       # stops PID when PARENT ends
+    python -m layerwise.strategies.jobs.tether PARENT --stop-marked MARK  # and those marked MARK
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import select
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 from layerwise.strategies.processes.parent_death import LAUNCHER_PID_VARIABLE, parent_death_signal
 
 STOP_GRACE_SECONDS = 5.0
 SUPPORTED = sys.platform.startswith("linux")
+# the environment variable `guarding_what_starts` marks processes with
+MARK_VARIABLE = "LAYERWISE_GUARD_MARK"
+# a marked guard looks for marked processes twice this far apart: a process forked before our
+# death but not yet running its command carries no mark at the first look
+MARKED_LOOKS_APART_SECONDS = 0.5
 
 
 def tethered(command: Sequence[str]) -> list[str]:
@@ -48,6 +62,25 @@ def guard(pid: int) -> subprocess.Popen[bytes] | None:
         return None
     return subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), "--stop",
                              str(pid)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def guarding_what_starts() -> Iterator[None]:
+    """Every process started inside the block with this process's environment (`os.environ`,
+    which the block marks: MARK_VARIABLE) is stopped when this process dies, however soon after
+    its start: the guard is started before the block runs. The mark leaves `os.environ` when
+    the block ends; off Linux the block runs as it is."""
+    if not SUPPORTED:
+        yield
+        return
+    mark = f"{os.getpid()}-{secrets.token_hex(8)}"
+    subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), "--stop-marked", mark],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    os.environ[MARK_VARIABLE] = mark
+    try:
+        yield
+    finally:
+        os.environ.pop(MARK_VARIABLE, None)
 
 
 def _exec_tethered(parent: int, command: list[str]) -> None:
@@ -81,6 +114,43 @@ def _stop_when_gone(parent: int, target: int) -> None:
         _stop(guarded)
 
 
+def _stop_marked_when_gone(parent: int, mark: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent to handle
+    try:
+        watched = os.pidfd_open(parent)
+    except ProcessLookupError:
+        watched = None
+    if watched is not None and os.getppid() == parent:  # else it is gone already
+        select.select([watched], [], [])  # readable when the parent ends
+    for look in range(2):
+        if look:
+            time.sleep(MARKED_LOOKS_APART_SECONDS)
+        for pidfd in _marked(mark):
+            _stop(pidfd)
+
+
+def _marked(mark: str) -> Iterator[int]:
+    """A pidfd of each live process (not this one) whose environment holds `mark`, opened
+    before its environment is read: a pid reused in between is read as the new process's."""
+    entry = f"{MARK_VARIABLE}={mark}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            pidfd = os.pidfd_open(int(name))
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as environ:
+                marked = entry in environ.read().split(b"\0")
+        except OSError:
+            marked = False
+        if marked:
+            yield pidfd
+        else:
+            os.close(pidfd)
+
+
 def _stop(pidfd: int) -> None:
     """SIGTERM, then SIGKILL if the process is still there after the grace time."""
     try:
@@ -95,6 +165,8 @@ def main(argv: list[str]) -> None:
     parent, mode, *rest = argv
     if mode == "--stop":
         _stop_when_gone(int(parent), int(rest[0]))
+    elif mode == "--stop-marked":
+        _stop_marked_when_gone(int(parent), rest[0])
     else:
         _exec_tethered(int(parent), rest)
 
