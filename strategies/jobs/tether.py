@@ -122,6 +122,10 @@ def _stop_marked_when_gone(parent: int, mark: str) -> None:
         watched = None
     if watched is not None and os.getppid() == parent:  # else it is gone already
         select.select([watched], [], [])  # readable when the parent ends
+    # let go of the output the parent shared: whoever reads its pipe is not kept waiting for
+    # the second look
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, sys.stderr.fileno())
     for look in range(2):
         if look:
             time.sleep(MARKED_LOOKS_APART_SECONDS)
