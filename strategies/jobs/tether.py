@@ -131,6 +131,7 @@ def _stop_marked_when_gone(parent: int, mark: str) -> None:
             time.sleep(MARKED_LOOKS_APART_SECONDS)
         for pidfd in _marked(mark):
             _stop(pidfd)
+            os.close(pidfd)
 
 
 def _marked(mark: str) -> Iterator[int]:
