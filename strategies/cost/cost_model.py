@@ -111,9 +111,8 @@ class CostModel:
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
         self._whole_links: dict[tuple[int, ...], GroupLinks] = {}
         self._group_slowest: dict[tuple[object, ...], list[Link]] = {}
-        self._kinds: dict[tuple[object, ...], tuple[
-            list[ParallelConfig], list[tuple[int, int, tuple[int, ...]]], np.ndarray,
-            np.ndarray]] = {}
+        self._kinds: dict[tuple[object, ...], tuple[list[tuple[int, int, tuple[int, ...]]],
+                                                     np.ndarray, np.ndarray]] = {}
         self._shared_ports = shares_ports(cluster, devices)
         self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
         self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -359,9 +358,7 @@ class CostModel:
         """What a layer's gradient sync depends on besides the layer, once per search space:
         the distinct (c, replicas, each replica group's link id) of the configs with replicas,
         each config's index among them (-1: no replicas), and each config's replicas."""
-        # by identity (a search space's configs are built once), each entry holding its
-        # configs so that no id it is keyed by is reused while it lives
-        key = tuple(map(id, configs))
+        key = tuple((config.degrees, config.devices) for config in configs)
         if key not in self._kinds:
             kinds: dict[tuple[int, int, tuple[int, ...]], int] = {}
             kind_of = np.full(len(configs), -1)
@@ -370,8 +367,8 @@ class CostModel:
                 if replicas[row] > 1:
                     kind = (config.c, int(replicas[row]), self._group_link_ids(config))
                     kind_of[row] = kinds.setdefault(kind, len(kinds))
-            self._kinds[key] = (list(configs), list(kinds), kind_of, replicas)
-        return self._kinds[key][1:]
+            self._kinds[key] = (list(kinds), kind_of, replicas)
+        return self._kinds[key]
 
     def _kind_sync_seconds(self, layer: Layer, kind: tuple[int, int, tuple[int, ...]],
                            param_count: int, out_channels: int, norms: int) -> float:
