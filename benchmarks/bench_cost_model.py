@@ -27,7 +27,9 @@ under different names, a baseline the search or a draw also found: no model can 
 that), and the plans it misprices most with their predicted terms (compute, transfer, sync).
 With --remeasure, a second set of processes measures the same plans again, just after the first:
 the mean |second / first - 1| and Kendall's tau between the two are what this machine repeats
-itself to: the floor under any model's error here, and the ceiling over its tau. With
+itself to: the floor under any model's error here, and the ceiling over its tau; and the model's
+tau again over the pairs of plans both measurements order alike (the pairs this machine can
+rank), which tells a misordering the machine also makes from one it does not. With
 --mlflow, one MLflow run per sweep (the tracking URI from MLFLOW_TRACKING_URI, else ./mlflow.db):
 per plan the predicted and measured step as a table artifact, the scatter as a figure, the
 summary numbers as metrics.
@@ -89,21 +91,37 @@ Assignment = dict[str, ParallelConfig]
 @dataclass(frozen=True)
 class Repeatability:
     """The same plans measured by two sets of processes, one just after the other: the mean
-    |second / first - 1| of their median steps and Kendall's tau between the two orders."""
+    |second / first - 1| of their median steps and Kendall's tau between the two orders; the
+    pairs of plans both order alike (`repeated_pairs` of `pairs`: the pairs this machine can
+    rank at all) and the model's Kendall tau over those pairs alone (`model_tau_repeated`:
+    concordant less discordant over them), which says whether its misorderings are ones the
+    machine itself makes."""
 
     mean_error: float
     kendall_tau: float
+    repeated_pairs: int
+    pairs: int
+    model_tau_repeated: float
 
 
-def repeatability(first: Mapping[str, Sequence[float]],
+def repeatability(predicted: Mapping[str, float], first: Mapping[str, Sequence[float]],
                   second: Mapping[str, Sequence[float]]) -> Repeatability:
-    """`Repeatability` of two measurements of the same plans (plan -> step seconds)."""
+    """`Repeatability` of two measurements of the same plans (plan -> step seconds), with the
+    model's tau over the pairs both measurements order alike (`predicted`: plan -> step)."""
     names = sorted(first)
     once = [statistics.median(first[name]) for name in names]
     again = [statistics.median(second[name]) for name in names]
+    model = [predicted[name] for name in names]
+    pairs = [(i, j) for i in range(len(names)) for j in range(i + 1, len(names))]
+    agreed = [(i, j) for i, j in pairs
+              if once[i] != once[j] and (once[i] < once[j]) == (again[i] < again[j])
+              and again[i] != again[j]]
+    score = sum(0 if model[i] == model[j] else 1 if (model[i] < model[j]) == (once[i] < once[j])
+                else -1 for i, j in agreed)
     return Repeatability(
         mean_error=statistics.fmean(abs(b / a - 1) for a, b in zip(once, again, strict=True)),
-        kendall_tau=float(kendalltau(once, again).statistic))
+        kendall_tau=float(kendalltau(once, again).statistic), repeated_pairs=len(agreed),
+        pairs=len(pairs), model_tau_repeated=score / len(agreed) if agreed else float("nan"))
 
 
 @dataclass(frozen=True)
@@ -209,7 +227,8 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     repeated = None
     if args.remeasure:
         console.print(f"{model}: the same plans again, in a second set of processes ...")
-        repeated = repeatability(measured["seconds"], run(job, world)["seconds"])
+        repeated = repeatability({name: step.step_seconds for name, step in predicted.items()},
+                                 measured["seconds"], run(job, world)["seconds"])
     results = [PlanResult(name, predicted[name],
                           *measured_terms(measured["seconds"][name], measured["waits"][name]),
                           spatial=any(config.d * config.h * config.w > 1
@@ -344,6 +363,9 @@ def main() -> None:
         if repeated is not None:
             summaries[model]["remeasured_mean_error"] = repeated.mean_error
             summaries[model]["remeasured_kendall_tau"] = repeated.kendall_tau
+            summaries[model]["repeated_pairs"] = repeated.repeated_pairs
+            summaries[model]["pairs"] = repeated.pairs
+            summaries[model]["kendall_tau_repeated_pairs"] = repeated.model_tau_repeated
         spatial = [row for row in results[model] if row.spatial]
         if len(spatial) > 1:  # the plans that split d, h or w somewhere, stated apart
             numbers = summary(spatial)
@@ -352,15 +374,16 @@ def main() -> None:
                                  "spatial_kendall_tau": numbers["kendall_tau"]}
     table = Table(title=f"Eq. 1 against measured steps, {args.nproc} CPU processes, "
                         f"{args.plans} plans per model")
-    mispriced = ("most mispriced (m/p: compute, transfer, sync ms, predicted -> measured; "
-                 "compute measured as the rest)")
     for column in ("model", "plans", "mean |m/p - 1|", "worst", "median m/p", "Kendall tau",
                    "identical plans' spread", "remeasured mean / tau",
-                   "d/h/w plans: count, mean / tau", mispriced):
-        table.add_column(column, justify="left" if column in ("model", mispriced) else "right")
+                   "tau on repeated pairs (n of N)", "d/h/w plans: count, mean / tau"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    mispriced = Table(title="the plans it misprices most (m/p: compute, transfer, sync ms, "
+                            "predicted -> measured; compute measured as the rest)")
+    mispriced.add_column("model")
+    mispriced.add_column("plan")
     for model, rows in results.items():
         numbers = summaries[model]
-        worst = sorted(rows, key=lambda row: -abs(row.ratio - 1))[:3]
         table.add_row(model, f"{int(numbers['plans'])}", f"{numbers['mean_error']:.2f}",
                       f"{numbers['worst_error']:.2f}", f"{numbers['median_ratio']:.2f}",
                       f"{numbers['kendall_tau']:.2f}",
@@ -369,11 +392,16 @@ def main() -> None:
                       f"{numbers['remeasured_mean_error']:.2f} / "
                       f"{numbers['remeasured_kendall_tau']:.2f}"
                       if "remeasured_mean_error" in numbers else "-",
+                      f"{numbers['kendall_tau_repeated_pairs']:.2f} "
+                      f"({int(numbers['repeated_pairs'])} of {int(numbers['pairs'])})"
+                      if "repeated_pairs" in numbers else "-",
                       f"{int(numbers['spatial_plans'])}, {numbers['spatial_mean_error']:.2f} / "
                       f"{numbers['spatial_kendall_tau']:.2f}" if "spatial_plans" in numbers
-                      else "-",
-                      "; ".join(_terms_text(row) for row in worst))
+                      else "-")
+        for row in sorted(rows, key=lambda row: -abs(row.ratio - 1))[:3]:
+            mispriced.add_row(model, _terms_text(row))
     console.print(table)
+    console.print(mispriced)
     terms = Table(title="each term measured / predicted, median over the plans that predict "
                         "some of it (rest: the step less the measured waits, against t_c)")
     for column in ("model", "transfer", "sync", "rest / compute", "ms per exchange",
