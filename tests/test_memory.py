@@ -1,7 +1,13 @@
 """The memory model's terms on plans whose holdings can be counted by hand (no launch; the
-runs that check it against the measured peak are in test_train.py and bench_memory.py)."""
+runs that check it against the measured peak are in test_train.py and bench_memory.py), and the
+measured peak on a step whose tensors are counted by hand."""
 
 from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed  # noqa: F401  (its deprecated `reduce_op` lives among gc's objects)
 
 from layerwise.strategies.cost.memory import predicted_memory
 from layerwise.strategies.jobs.named_strategies import strategy_by_name
@@ -9,6 +15,7 @@ from layerwise.strategies.jobs.pricing import cost_model
 from layerwise.strategies.model.graph import LayerGraph, build_graph
 from layerwise.strategies.model.space import ParallelConfig
 from layerwise.strategies.model.zoo import build_model
+from layerwise.strategies.runtime.memory_peak import measured_peak
 
 WEIGHTS = sum(p.numel() for p in build_model("wide_fc", num_classes=10, image_size=8).parameters())
 
@@ -48,3 +55,18 @@ def test_float64_doubles_every_tensor_term():
     for term in ("weights", "gradients", "momentum", "buckets", "kept", "workspace"):
         assert getattr(double, term) == 2 * getattr(single, term), term
     assert double.kept > 0 and double.workspace > 0  # halos: copies and their gradients
+
+
+def test_a_measured_peak_counts_what_the_step_freed_and_warns_nothing():
+    """A CPU step that keeps 4 MiB and frees 8 MiB it made after them peaks at least 12 MiB
+    above what was alive before; reading the live tensors warns of nothing deprecated (every
+    rank of a run measures its peak so)."""
+    mebibyte = 1 << 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        with measured_peak(torch.device("cpu")) as peak:
+            kept = torch.ones(mebibyte)  # float32: 4 MiB, alive at the end
+            scratch = torch.ones(2 * mebibyte)  # 8 MiB, freed before the end
+            del scratch
+    assert peak.bytes is not None and peak.bytes >= 12 * mebibyte
+    assert kept.sum() == mebibyte

@@ -81,7 +81,9 @@ def live_tensor_bytes(device: torch.device) -> int:
     each leaf's gradient included."""
     storages: dict[int, int] = {}
     for thing in gc.get_objects():
-        if not isinstance(thing, torch.Tensor):
+        # by its type: `isinstance` also reads `__class__`, which some objects torch keeps
+        # answer with a deprecation warning (torch.distributed.reduce_op)
+        if not issubclass(type(thing), torch.Tensor):
             continue
         for tensor in (thing, thing.grad if thing.is_leaf else None):
             if tensor is None or tensor.device != device or tensor.is_meta:
