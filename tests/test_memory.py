@@ -57,10 +57,10 @@ def test_float64_doubles_every_tensor_term():
     assert double.kept > 0 and double.workspace > 0  # halos: copies and their gradients
 
 
-def test_a_measured_peak_counts_what_the_step_freed_and_warns_nothing():
+def test_a_measured_peak_counts_what_the_step_freed_and_prints_nothing(capfd):
     """A CPU step that keeps 4 MiB and frees 8 MiB it made after them peaks at least 12 MiB
-    above what was alive before; reading the live tensors warns of nothing deprecated (every
-    rank of a run measures its peak so)."""
+    above what was alive before; measuring it warns of nothing deprecated and prints nothing
+    (every rank of a run measures its peak so, into the user's terminal)."""
     mebibyte = 1 << 20
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
@@ -70,3 +70,4 @@ def test_a_measured_peak_counts_what_the_step_freed_and_warns_nothing():
             del scratch
     assert peak.bytes is not None and peak.bytes >= 12 * mebibyte
     assert kept.sum() == mebibyte
+    assert capfd.readouterr() == ("", "")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -47,6 +48,9 @@ def measured_peak(device: torch.device) -> Iterator[PeakMemory]:
         torch.cuda.synchronize(device)
         peak.bytes = int(torch.cuda.max_memory_allocated(device))
         return
+    # kineto prints each profiler start and stop at its level 5 (two lines per rank per run
+    # in the user's terminal); a level above its highest keeps it quiet unless asked
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(use_cpu=True, profile_memory=True, use_kineto=True) as profiler:
         yield peak
     changes = _allocation_changes(profiler)
