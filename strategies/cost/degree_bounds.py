@@ -91,6 +91,13 @@ class EndRows:
     ends: GroupedAt
     degrees: GroupedAt
 
+    def rows_of_degrees(self, per_degrees: np.ndarray) -> np.ndarray:
+        """`per_degrees` (degrees first) as rows: each row its degrees'; the array itself where
+        every degrees is one row, in order (no class splits one: a copy saved per term)."""
+        if len(self.row_degree) == len(self.exponents):  # rows sort by degrees first
+            return per_degrees
+        return per_degrees[self.row_degree]
+
 
 def end_tiles(exponents: np.ndarray, width: int) -> np.ndarray:
     """(G, 2, dims): the table slot (exponent * width + index) of the first and the last tile

@@ -1164,21 +1164,21 @@ class TransferTables:
                                    q_rows.ends, p_rows.degrees)
         touching = grouped_products([table.producers_touching.T for table in dims],
                                     q_rows.ends, p_rows.degrees)
-        at = q_rows.row_degree
-        forward = end_seconds(q_rows.row_rates, latency, self._units, need[at], largest[at],
-                              touching[at])  # (consumer classes, producer degrees)
-        seconds = forward.T[p_rows.row_degree]  # (producer classes, consumer classes)
+        at = q_rows.rows_of_degrees
+        forward = end_seconds(q_rows.row_rates, latency, self._units, at(need), at(largest),
+                              at(touching))  # (consumer classes, producer degrees)
+        seconds = p_rows.rows_of_degrees(forward.T)  # (producer classes, consumer classes)
         if producer.kind == "input":  # no gradient flows back into the input
-            return seconds
+            return np.ascontiguousarray(seconds)
         # backward, at each producer class's ends against each consumer degrees
         total, largest, touching = (
             grouped_products([getattr(table, name) for table in dims], p_rows.ends,
                              q_rows.degrees)
             for name in ("row_sum", "largest_per_producer_tile", "consumers_touching"))
-        at = p_rows.row_degree
-        backward = end_seconds(p_rows.row_rates, latency, self._units, total[at], largest[at],
-                               touching[at])  # (producer classes, consumer degrees)
-        return seconds + backward[:, q_rows.row_degree]
+        at = p_rows.rows_of_degrees
+        backward = end_seconds(p_rows.row_rates, latency, self._units, at(total), at(largest),
+                               at(touching))  # (producer classes, consumer degrees)
+        return np.ascontiguousarray(seconds + q_rows.rows_of_degrees(backward.T).T)
 
     def _end_rows(self, configs: Sequence[ParallelConfig]) -> EndRows:
         """`end_rows` of a list of configs, cached as `_config_table` is."""
