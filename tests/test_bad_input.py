@@ -356,7 +356,10 @@ CASES: list[tuple[tuple[str, ...], str]] = [
     ((*SEARCH, "--cluster", "local", "--batch", "4", "--batch-per-device", "2"),
      "give --batch (global) or --batch-per-device, not both"),
     ((*SEARCH, "--cluster", "local", "--batch", "0"), "--batch must be at least 1 (got 0)"),
-    ((*SEARCH, "--cluster", "local", "--batch-per-device", "0"), "batch must be >= 1 (got 0)"),
+    ((*SEARCH, "--cluster", "local", "--batch-per-device", "0"),
+     "--batch-per-device must be at least 1 (got 0)"),
+    (("search", "tiny_cnn", "--devices", "0", "--cluster", "local", "--analytic"),
+     "--devices must be at least 1 (got 0)"),
     (("profile", "tiny_cnn", "--devices", "2", "--batch", "2", "--batch-per-device", "1"),
      "give --batch (global) or --batch-per-device, not both"),
     # no plan can fit: the least any plan needs, and the layer that needs it

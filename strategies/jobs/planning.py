@@ -130,8 +130,12 @@ def plan(model: str, devices: int, cluster_name: str, *, batch_per_device: int,
         raise LayerwiseError(
             f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINE_CHOICES)}"
         )
+    if devices < 1:
+        raise LayerwiseError(f"--devices must be at least 1 (got {devices})")
     if batch is not None and batch < 1:
         raise LayerwiseError(f"--batch must be at least 1 (got {batch})")
+    if batch is None and batch_per_device < 1:
+        raise LayerwiseError(f"--batch-per-device must be at least 1 (got {batch_per_device})")
     graph = build_graph(model, batch=batch if batch is not None else batch_per_device * devices,
                         image_size=image_size, num_classes=classes, in_channels=in_channels)
     cost = cost_model(graph, cluster_name, devices, profile, analytic, placement)
