@@ -40,7 +40,13 @@ from layerwise.strategies.hardware.cluster import Cluster
 from layerwise.strategies.hardware.host_memory import check_memory, human_bytes
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer
 from layerwise.strategies.model.space import DIMS, ParallelConfig, tile_range, view_dims
-from layerwise.strategies.model.tiles import TileWork, as_view, needed_range, output_ranges
+from layerwise.strategies.model.tiles import (
+    TileWork,
+    as_view,
+    needed_range,
+    output_ranges,
+    passes_through,
+)
 
 # Cap on elements of one (producer configs x devices x consumer configs) work array; small
 # enough that the passes over it stay in cache.
@@ -204,6 +210,14 @@ class TierViews:
     # per group, along each of its two dims: the distinct fine exponents of the runs, and
     # each run's among them (the tables' rows the runs count along)
     fine: list[tuple[tuple[np.ndarray, np.ndarray], ...]]
+
+
+@cache  # many layers share a size along a dim
+def _level_ranges(size: int, levels: int) -> tuple[tuple[int, int], ...]:
+    """The range of every tile of every power-of-two degree 2^0 .. 2^(levels-1) of a dim of
+    `size`, degree after degree (the order of `DimTable`)."""
+    return tuple(tile_range(size, 1 << level, index)
+                 for level in range(levels) for index in range(1 << level))
 
 
 def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:
@@ -1477,12 +1491,13 @@ class TransferTables:
                 geometry, len(self._geometries))
         key = (self._geometry_ids[consumer.name], input_index, dim)
         if key not in self._needed:
-            outs = [out for level in range(self._levels)
-                    for out in output_ranges(consumer, dim, 1 << level)]
-            # each distinct range once: on many devices most tiles of a short dim are empty
-            needed = {out: needed_range(consumer, input_index, dim, out)
-                      for out in dict.fromkeys(outs)}
-            ranges = [needed[out] for out in outs]
+            outs = _level_ranges(as_view(consumer.output_shape)[dim], self._levels)
+            if passes_through(consumer, input_index, dim):  # 2 of a 2-d layer's 5 dims
+                ranges = outs
+            else:  # each distinct range once: on many devices most tiles of a short dim are empty
+                needed = {out: needed_range(consumer, input_index, dim, out)
+                          for out in dict.fromkeys(outs)}
+                ranges = tuple(needed[out] for out in outs)
             starts, stops = np.array(ranges, dtype=np.int64).reshape(-1, 2).T
             empty = stops <= starts  # needs nothing (concat): one form, so tables are shared
             self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))

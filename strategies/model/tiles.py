@@ -88,15 +88,22 @@ def resize_reach(layer: Layer, dim: int) -> tuple[tuple[int, ...], tuple[int, ..
                        resize.mode, resize.align_corners, resize.scales[axis]).reach
 
 
+def passes_through(layer: Layer, input_index: int, dim: int) -> bool:
+    """Whether every output range along `dim` needs that same range of input `input_index`:
+    the batch, or a spatial dim neither tensor has."""
+    return dim == 0 or (dim >= 2 and as_view(layer.input_shapes[input_index])[dim] == 1
+                        and as_view(layer.output_shape)[dim] == 1)
+
+
 def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
     """The range along `dim` of input `input_index` that output range `out` needs.
 
     An empty range (start >= stop) means the tile needs nothing of that input (concat).
     """
+    if passes_through(layer, input_index, dim):
+        return out
     in_size = as_view(layer.input_shapes[input_index])[dim]
     start, stop = out
-    if dim == 0 or (dim >= 2 and in_size == 1 and as_view(layer.output_shape)[dim] == 1):
-        return out  # the batch, or a spatial dim neither tensor has
     kind = layer.kind
     if kind in ("linear", "flatten"):
         return (0, in_size)
