@@ -93,6 +93,10 @@ def live_tensor_bytes(device: torch.device) -> int:
             if tensor is None or tensor.device != device or tensor.is_meta:
                 continue
             storage = tensor.untyped_storage()
-            if storage.data_ptr():
-                storages[storage.data_ptr()] = storage.nbytes()
+            try:
+                pointer = storage.data_ptr()
+            except RuntimeError:  # a fake tensor a trace keeps (make_fx's values): no memory
+                continue
+            if pointer:
+                storages[pointer] = storage.nbytes()
     return sum(storages.values())
