@@ -64,6 +64,7 @@ def test_a_measured_peak_counts_what_the_step_freed_and_prints_nothing(capfd):
     no data pointer to read); measuring it warns of nothing deprecated and prints nothing
     (every rank of a run measures its peak so, into the user's terminal)."""
     mebibyte = 1 << 20
+    # alive through the step: its nodes keep their values as fake tensors
     traced = make_fx(lambda x: x * 2, tracing_mode="fake")(torch.ones(mebibyte))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
@@ -71,6 +72,6 @@ def test_a_measured_peak_counts_what_the_step_freed_and_prints_nothing(capfd):
             kept = torch.ones(mebibyte)  # float32: 4 MiB, alive at the end
             scratch = torch.ones(2 * mebibyte)  # 8 MiB, freed before the end
             del scratch
+    del kept, traced
     assert peak.bytes is not None and peak.bytes >= 12 * mebibyte
-    assert kept.sum() == mebibyte and traced.graph is not None
     assert capfd.readouterr() == ("", "")
