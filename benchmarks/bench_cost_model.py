@@ -17,7 +17,11 @@ build every plan and give each a step on every batch in turn, in a new order per
 
 Every process runs as layerwise's own do, with huge pages for large CPU tensors
 (strategies/processes/huge_pages.py; `THP_MEM_ALLOC_ENABLE=0` turns them off), the profile's
-included.
+included. Where the machine has at least --nproc GPUs, the ranks run one per GPU over NCCL, as
+bench_runtime.py's do: the links are calibrated with NCCL, t_c is profiled on one GPU with CUDA
+events (each rank has a device of its own), and the steps are timed after a device synchronise;
+the waits the runtime's clock reads there are the host's (a GPU's collective returns before it
+ends), so the transfer and sync columns say less than on CPUs.
 
 Printed per model: mean and worst |measured / predicted - 1|, the median ratio, Kendall's tau
 between the measured and predicted orders (1: the model ranks every pair of plans as measured),
@@ -65,6 +69,7 @@ from layerwise.strategies.processes.huge_pages import huge_pages_in_use, use_hug
 use_huge_pages()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
 from bench_runtime import Job, Run, run  # noqa: E402  (the interleaved runs, shared)
 
 from layerwise.strategies.breakdown import Breakdown  # noqa: E402
@@ -72,6 +77,7 @@ from layerwise.strategies.cost.compute_time import ProfiledCompute  # noqa: E402
 from layerwise.strategies.cost.cost_model import CostModel  # noqa: E402
 from layerwise.strategies.cost.profile import (  # noqa: E402
     concurrent_threads,
+    profile_graph,
     profile_graph_concurrently,
 )
 from layerwise.strategies.hardware.calibrate import calibrate, calibrated_cluster  # noqa: E402
@@ -208,9 +214,15 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     batch = args.batch_per_device * world
     graph = build_graph(model, batch, IMAGE_SIZE[model], 10)
     threads = concurrent_threads(world)
-    console.print(f"{model}: calibrating {world} gloo processes and profiling every config ...")
-    cluster = calibrated_cluster(calibrate(world, "gloo"))
-    profile = profile_graph_concurrently(graph, world, world, device="cpu", threads=threads)
+    cuda = on_gpus(world)
+    backend = "nccl" if cuda else "gloo"
+    console.print(f"{model}: calibrating {world} {backend} processes and profiling every "
+                  "config ...")
+    cluster = calibrated_cluster(calibrate(world, backend))
+    # CPU ranks share one machine's cores, so their tiles are profiled side by side; each GPU
+    # rank has a device of its own, profiled alone with CUDA events
+    profile = (profile_graph(graph, world, device="cuda", threads=threads) if cuda else
+               profile_graph_concurrently(graph, world, world, device="cpu", threads=threads))
     cost = CostModel(graph, cluster, world, ProfiledCompute(profile))
     plans: dict[str, Assignment] = {name: dict(baseline(name, graph, world))
                                     for name in BASELINES}
@@ -222,7 +234,7 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     console.print(f"{model}: {len(runs)} plans side by side, {args.warmup} + {args.steps} "
                   "steps each, interleaved ...")
     job = Job(model=model, image_size=IMAGE_SIZE[model], batch=batch, steps=args.steps,
-              warmup=args.warmup, runs=runs, threads=threads, cuda=False)
+              warmup=args.warmup, runs=runs, threads=threads, cuda=cuda)
     measured = run(job, world)
     repeated = None
     if args.remeasure:
@@ -241,6 +253,16 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     spreads = [max(steps) / min(steps) for steps in same.values() if len(steps) > 1]
     return (results, max(spreads) if spreads else None, cluster.links.intra_node.latency,
             repeated)
+
+
+def on_gpus(world: int) -> bool:
+    """Whether the ranks run on GPUs (NCCL, one GPU each), as bench_runtime.py chooses: when
+    there are at least as many as ranks; else CPU processes (gloo)."""
+    return torch.cuda.is_available() and torch.cuda.device_count() >= world
+
+
+def ranks_text(world: int) -> str:
+    return f"{world} GPUs (nccl)" if on_gpus(world) else f"{world} CPU processes (gloo)"
 
 
 def summary(rows: list[PlanResult]) -> dict[str, float]:
@@ -280,7 +302,8 @@ def log_to_mlflow(results: dict[str, list[PlanResult]],
     with mlflow.start_run(run_name=f"cost model over {args.plans} plans x "
                                    f"{len(results)} models") as active:
         mlflow.log_params({"nproc": args.nproc, "plans": args.plans, "steps": args.steps,
-                           "models": ",".join(results), "huge_pages": huge_pages_in_use()})
+                           "models": ",".join(results), "huge_pages": huge_pages_in_use(),
+                           "ranks": ranks_text(args.nproc)})
         for model, numbers in summaries.items():
             mlflow.log_metrics({f"{model}.{key}": value for key, value in numbers.items()})
         table: dict[str, list[object]] = {key: [] for key in (
@@ -295,7 +318,7 @@ def log_to_mlflow(results: dict[str, list[PlanResult]],
                         prediction.sync_seconds, row.transfer, row.sync, row.rest),
                         strict=True):
                     table[key].append(value)
-        figure = scatter_figure(table, f"Eq. 1 against {args.nproc} CPU processes")
+        figure = scatter_figure(table, f"Eq. 1 against {ranks_text(args.nproc)}")
         mlflow.log_table(table, "cost_model_plans.json")
         mlflow.log_figure(figure, "cost_model_scatter.png")
         plt.close(figure)
@@ -375,7 +398,7 @@ def main() -> None:
             summaries[model] |= {"spatial_plans": numbers["plans"],
                                  "spatial_mean_error": numbers["mean_error"],
                                  "spatial_kendall_tau": numbers["kendall_tau"]}
-    table = Table(title=f"Eq. 1 against measured steps, {args.nproc} CPU processes, "
+    table = Table(title=f"Eq. 1 against measured steps, {ranks_text(args.nproc)}, "
                         f"{args.plans} plans per model")
     for column in ("model", "plans", "mean |m/p - 1|", "worst", "median m/p", "Kendall tau",
                    "identical plans' spread", "remeasured mean / tau",
