@@ -15,10 +15,10 @@ run: $(STAMP)
 	$(BIN)/layerwise search vgg16 --devices 4 --cluster h200x16 --analytic
 	$(BIN)/layerwise run
 
-# One xdist worker more than the cores: the suite's tests wait on the processes they start
-# (servers, launchers, CLIs) part of the time, which a third worker fills on 2 cores (9:28 with
-# 2 workers, 8:14 with 3, the cores then 0.5% idle; docs/performance.md, the test suite).
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# Three xdist workers: the suite's tests wait on the processes they start (servers, launchers,
+# CLIs) part of the time, which a third worker fills on 2 cores (9:28 with 2 workers, 8:14 with
+# 3, the cores then 0.5% idle; docs/performance.md, the test suite). More cores: TEST_WORKERS=N.
+TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -p no:cacheprovider

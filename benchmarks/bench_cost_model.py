@@ -69,8 +69,7 @@ from layerwise.strategies.processes.huge_pages import huge_pages_in_use, use_hug
 use_huge_pages()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import torch  # noqa: E402
-from bench_runtime import Job, Run, run  # noqa: E402  (the interleaved runs, shared)
+from bench_runtime import Job, Run, on_gpus, run  # noqa: E402  (the interleaved runs, shared)
 
 from layerwise.strategies.breakdown import Breakdown  # noqa: E402
 from layerwise.strategies.cost.compute_time import ProfiledCompute  # noqa: E402
@@ -255,12 +254,6 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
             repeated)
 
 
-def on_gpus(world: int) -> bool:
-    """Whether the ranks run on GPUs (NCCL, one GPU each), as bench_runtime.py chooses: when
-    there are at least as many as ranks; else CPU processes (gloo)."""
-    return torch.cuda.is_available() and torch.cuda.device_count() >= world
-
-
 def ranks_text(world: int) -> str:
     return f"{world} GPUs (nccl)" if on_gpus(world) else f"{world} CPU processes (gloo)"
 
@@ -366,7 +359,7 @@ def main() -> None:
                         "the searched one among them")
     # 24: gloo's collectives here stall a scheduler tick now and then, so a step varies by up to
     # 2x; over 6 steps the same plans measured twice ordered alike 0.59-0.78 (Kendall's tau),
-    # over 24 0.78-0.89 (docs/performance.md)
+    # over 24 0.78-0.93 (docs/performance.md)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

@@ -253,6 +253,12 @@ def _worker(rank: int, world: int, rendezvous: str, job: Job, out: str) -> None:
         dist.destroy_process_group()
 
 
+def on_gpus(world: int) -> bool:
+    """Whether `world` ranks run one per GPU over NCCL: where there are at least as many GPUs
+    as ranks; else they are CPU processes over gloo."""
+    return torch.cuda.is_available() and torch.cuda.device_count() >= world
+
+
 def run(job: Job, world: int) -> dict[str, Any]:
     """The job on `world` fresh processes: {"memory": peak bytes per rank, "seconds": each
     timed step's seconds per run with timed steps, in batch order, "waits": per run of this
@@ -291,7 +297,7 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
     console = Console(width=150)
     world = args.nproc
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    cuda = on_gpus(world)
     threads = concurrent_threads(world)
     batch = args.batch_per_device * world
     graph = build_graph(args.model, batch, args.image_size, 10)
