@@ -16,8 +16,8 @@ run: $(STAMP)
 	$(BIN)/layerwise run
 
 # Three xdist workers: the suite's tests wait on the processes they start (servers, launchers,
-# CLIs) part of the time, which a third worker fills on 2 cores (9:28 with 2 workers, 8:14 with
-# 3, the cores then 0.5% idle; docs/performance.md, the test suite). More cores: TEST_WORKERS=N.
+# CLIs) part of the time, which a third worker fills on 2 cores (9:28 -> 8:14 and 10:23 -> 9:36,
+# the cores then 0.5% idle; docs/performance.md, the test suite). More cores: TEST_WORKERS=N.
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
