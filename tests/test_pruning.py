@@ -83,13 +83,16 @@ def test_the_search_over_the_kept_configs_returns_the_search_over_all(model, dev
     ("inception_v3", 16, 299, 32, "aligned", ["by degrees"]),
     ("m5", 64, 4000, 1, "aligned", ["by degrees"])])
 def test_bounds_from_cheap_transfer_bounds_find_the_strategy_of_the_search_over_all(
-        model, devices, image_size, batch, placement, bounds):
+        model, devices, image_size, batch, placement, bounds, monkeypatch):
     """On many devices the search costs t_x exactly only between the configs that bounds keep:
     bounds from degrees alone where their classes are few (aligned spaces), bounds from each
     config's end devices between the configs those keep where pricing all their pairs exactly
-    would cost more, or between all configs (an origin space): the same strategy, the same
-    cost, bit for bit (residual blocks across 8 nodes, both ways; concatenated branches; a
-    1-d network across 16 nodes, a sample per device)."""
+    would cost more (made so here for the residual blocks, which the degree bounds alone
+    prune to a few hundred configs), or between all configs (an origin space): the same
+    strategy, the same cost, bit for bit (residual blocks across 8 nodes, both ways;
+    concatenated branches; a 1-d network across 16 nodes, a sample per device)."""
+    if bounds == ["by degrees", "by end devices"]:
+        monkeypatch.setattr(search, "_EXACT_TERMS_PER_KIND", 0)
     graph = build_graph(model, batch=batch * devices, image_size=image_size)
     cluster = CLUSTER.model_copy(update={"nodes": devices // CLUSTER.devices_per_node})
     cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement=placement)
@@ -141,6 +144,45 @@ def test_degree_bounds_bound_the_ends_bound_from_below(model, cluster_name, node
         bound = cost.edge_degree_bound(producer, consumer)[
             np.ix_(cost.degree_classes(producer), cost.degree_classes(consumer))]
         ends = cost.edge_lower_bound(producer, consumer)
+        assert (bound <= ends).all(), (u, v)
+        assert (bound > 0).any(), (u, v)
+
+
+@pytest.mark.parametrize(("cluster_name", "nodes"), [("p100x16", 4), ("k20x8", 2)])
+def test_degree_bounds_hold_for_configs_off_the_aligned_runs(cluster_name, nodes):
+    """Where a config's block starts off a multiple of its size, or its devices are no run,
+    the bound reads no window of a unit and ties no ends through it, and still bounds the
+    ends bound from below: every pair of a mix of aligned runs, runs off alignment, blocks
+    out of order and scattered devices, on both sides of a residual, a strided and a 1x1
+    edge, across shared ports and PCIe groups."""
+    cluster = load_cluster(cluster_name).model_copy(update={"nodes": nodes})
+    devices = cluster.num_devices
+    graph = build_graph("resnet18", batch=2 * devices, image_size=32)
+    cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
+    random = np.random.default_rng(7)
+    transfers = cost._transfers
+    for u, v in graph.edges[1:7]:
+        producer, consumer = graph.by_name[u], graph.by_name[v]
+        mixed = []
+        for name in (u, v):
+            aligned = cost.configs[name]
+            large = [config for config in aligned if config.size > 4]  # beyond a unit
+            picked = ([large[i] for i in random.choice(len(large), 8, replace=False)]
+                      + [aligned[i] for i in random.choice(len(aligned), 4, replace=False)])
+            for config in picked[:8]:  # the same degrees off their aligned places
+                size = config.size
+                start = int(random.integers(0, devices - size + 1))
+                scattered = tuple(sorted(random.choice(devices, size, replace=False)))
+                for block in (tuple(range(start, start + size)), scattered,
+                              tuple(reversed(range(start, start + size)))):
+                    mixed.append(config.model_copy(update={"devices": block}))
+            mixed.extend(picked)
+        producer_configs, consumer_configs = mixed[:len(mixed) // 2], mixed[len(mixed) // 2:]
+        spaces = (("mixed", u), ("mixed", v))
+        bound = transfers.degree_bounds(producer, consumer, producer_configs, consumer_configs,
+                                        spaces)[np.ix_(transfers.degree_classes(producer_configs),
+                                                       transfers.degree_classes(consumer_configs))]
+        ends = transfers.lower_bounds(producer, consumer, producer_configs, consumer_configs)
         assert (bound <= ends).all(), (u, v)
         assert (bound > 0).any(), (u, v)
 

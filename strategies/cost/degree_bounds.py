@@ -3,13 +3,14 @@ alone: where the other config's tiles sit is left free, so one value per config 
 of the other side stands for all of that side's placements, and configs of equal degrees
 whose ends see equal links share one row (a class: on 64 devices 848 configs make about 210).
 
-The search's bounds (search/elimination.py) first prune with this bound, then price the
-bound that reads each config's ends (tables.py, `TransferTables.lower_bounds`) between the
-configs it keeps only. Where a block sits matters far less for pruning than how it is split:
-on 64 devices the least ends bound over each pair of degrees keeps as many configs as the
-ends bound itself (Inception-v3: 1,891 against 1,876); this bound, which also lets each end
-have its own best placement, keeps 30% of Inception-v3's configs and 11% of ResNet-50's, 9%
-and 1% of their pairs, and the ends bound between those does the rest.
+The search's bounds (search/elimination.py) first prune with this bound, then, where the
+pairs left are still many, price the bound that reads each config's ends (tables.py,
+`TransferTables.lower_bounds`) between the configs it keeps only. Where a block sits matters
+far less for pruning than how it is split: on 64 devices the least ends bound over each pair
+of degrees keeps as many configs as the ends bound itself (Inception-v3: 1,891 against
+1,876). This bound keeps 3.2% of Inception-v3's configs on 64 devices of p100x16 and 1.1%
+of ResNet-50's (0.20% and 0.02% of their pairs); without the windows and the bare ends below
+it kept 30% and 2.9%.
 
 The bound. A device at one end of a config (its first or last) receives, per Eq. 1's t_x as
 tables.py prices it, the elements its tile needs in link classes from the innermost outwards:
@@ -21,16 +22,30 @@ receivers behind it),
             = -I_own c'_0 + sum_(k < K) I_k (c'_k - c'_(k+1)) + I_K c'_K,
 
 with c'_k = min over j >= k of c_j (non-decreasing), so every coefficient but the last is at
-most 0 and any upper bound of I_own and the I_k gives a lower bound. The other side's tiles
-sit one per device, so a unit of u devices holds at most u of them: I_k <= min(I_K, u_k T),
-with T the largest share of any one of its tiles (the product over dims of the largest 1-d
-overlap: boxes overlap dim by dim) and I_own <= T. Messages likewise, with at most one per
-device and the count of tiles touching (exact: it depends on the degrees alone) last. The
-pass's bound is the larger of the two ends, as the ends bound's is; forward at the consumer's
-ends (I_K: the elements its tile needs), backward at the producer's (I_K: its tile's elements
-the consumer tiles need, counted per consumer tile). Valid for any placement of the other
-side, so for each of its configs; equal to the ends bound where a whole pair sits in one
-device. Our own code: no library bounds these tables.
+most 0 and any upper bound of I_own and the I_k gives a lower bound. I_own <= T, the largest
+share of any one tile of the other side (the product over dims of the largest 1-d overlap:
+boxes overlap dim by dim). A unit of u devices holds at most u of its tiles, I_k <= u_k T;
+where every config of the other side's degrees is an aligned run (its first device a
+multiple of its size, tile k on its k-th device, k row-major over n, c, d, h, w), the unit
+holds one aligned window of u_k consecutive tiles: the trailing dims whole, an aligned run
+of one dim, one tile of each leading dim, and I_k is at most the most any such window holds
+(forward, the window is one tile of coarser degrees: power-of-two tiles nest). Messages
+likewise, with at most one per device and the count of tiles touching (exact: it depends on
+the degrees alone) last. The pass's bound is the larger of the two ends, as the ends bound's
+is; forward at the consumer's ends (I_K: the elements its tile needs), backward at the
+producer's (I_K: its tile's elements the consumer tiles need, counted per consumer tile).
+
+Bare ends. The two ends share one placement of the other side: where its run of devices is
+too short to reach into the units of both (of the device itself, or of a tier), one end's
+unit holds none of its tiles, whichever end, so that end's I of that unit and every inner
+one are 0; the bound is then the lesser of the two ways. On 64 devices of p100x16, samples
+split over 32 devices feeding samples and channels split over 64 (Inception-v3's last
+block): one end of the consumer needs what a producer in another node holds, and the bound
+rises from 1.7 ms to 12.4 ms (t_x 32.2 ms; the backward pass, at the producer's ends, keeps
+its old bound).
+
+Valid for any placement of the other side, so for each of its configs; equal to the ends
+bound where a whole pair sits in one device. Our own code: no library bounds these tables.
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layerwise.strategies.model.space import ParallelConfig
+from layerwise.strategies.model.space import DIMS, ParallelConfig
 
 # The bound's own rounding where every term cancels (a pair on one device): below this share
 # of its largest term a bound is not a transfer
@@ -76,20 +91,33 @@ def grouped_at(at: np.ndarray, groups: Sequence[tuple[int, int]]) -> GroupedAt:
 @dataclass(frozen=True)
 class EndRows:
     """A list of configs as the bound reads it: each config's degrees (`degree`, an index into
-    `exponents`) and its row (`row`): configs with equal degrees and equal seconds per element
-    at both ends share one. Per row, its degrees (`row_degree`) and the seconds per element of
-    each link class at each end, (rows, 2, classes), before the envelope. Per degrees, the
-    table slots of their end tiles (`ends`: the first and last tile along each dim, (G, 2)
-    entries) and their exponents (`degrees`, (G,) entries), grouped (`grouped_at`)."""
+    `exponents`) and its row (`row`): configs with equal degrees, equal seconds per element
+    at both ends, equal gaps between their ends' units and alike aligned or not share one. An
+    aligned run is a run of consecutive devices whose first is a multiple of their number.
+    Per row, its degrees (`row_degree`), the seconds per element of each link class at each
+    end, (rows, 2, classes), before the envelope, those gaps, and its devices where its
+    configs are aligned runs. Per degrees, how many devices each config of them spans where
+    all are runs (`run_sizes`), or aligned runs (`aligned_sizes`), the table slots of
+    their end tiles (`ends`: the first and last tile along each dim, (G, 2) entries), their
+    exponents (`degrees`, (G,) entries) and per inner tier the codes of their windows
+    (`windows`), grouped (`grouped_at`); a unit of that tier holds one window of the tiles of
+    a config of those degrees where all of them sit at a start that is a multiple of their
+    size (else `window_scale` is the unit: a unit holds at most that many of its tiles)."""
 
     exponents: np.ndarray  # (G, dims) log2 of each distinct degrees, the padding dim last
     degree: np.ndarray  # (C,)
     row: np.ndarray  # (C,)
     row_degree: np.ndarray  # (R,)
     row_rates: np.ndarray  # (R, 2, classes)
+    row_gaps: np.ndarray  # (R, levels) `end_gaps` of each row's ends
+    row_aligned: np.ndarray  # (R,) its devices where its configs are aligned runs, else 0
+    run_sizes: np.ndarray  # (G,) each degrees' devices; 0 where a config of them is no run
+    aligned_sizes: np.ndarray  # (G,) the same where all are aligned runs, else 0
     end_tiles: np.ndarray  # (G, 2, dims) the table slot of each end tile along each dim
     ends: GroupedAt
     degrees: GroupedAt
+    windows: tuple[GroupedAt, ...]  # per inner tier: `window_codes` of each degrees
+    window_scale: np.ndarray  # (tiers, G): 1, or the unit where its windows do not hold
 
     def rows_of_degrees(self, per_degrees: np.ndarray) -> np.ndarray:
         """`per_degrees` (degrees first) as rows: each row its degrees'; the array itself where
@@ -107,32 +135,100 @@ def end_tiles(exponents: np.ndarray, width: int) -> np.ndarray:
     return np.stack([first, first + (1 << exponents) - 1], axis=1)
 
 
+def end_gaps(first: np.ndarray, last: np.ndarray, units: Sequence[int]) -> np.ndarray:
+    """(C, levels): for the first and last device of each config, per level (the device
+    itself, then each inner tier's unit of `units` devices, aligned), the fewest devices a
+    run of consecutive devices needs to reach into both ends' units; 0 where both ends share
+    one (any run that reaches one reaches both, or neither)."""
+    gaps = np.zeros((len(first), 1 + len(units)), dtype=np.int64)
+    for level, unit in enumerate([1, *units]):
+        apart = last // unit - first // unit
+        gaps[:, level] = np.where(apart > 0, (apart - 1) * unit + 2, 0)
+    return gaps
+
+
+def window_codes(exponents: np.ndarray, unit: int, levels: int) -> np.ndarray:
+    """(G, dims): how each dim of each degrees (`exponents`, the padding dim last) enters the
+    tiles of one aligned unit of `unit` devices, as a column of `window_table`'s tables.
+
+    A config's tile k sits on its k-th device, k row-major over n, c, d, h, w; where its
+    start is a multiple of its size, a unit of 2^m devices (aligned) holds the tiles of
+    2^m consecutive k at a multiple of 2^m, or all of them if fewer: the trailing dims
+    whole, one dim in an aligned run of 2^t of its tiles, and one tile of each leading dim.
+    Codes: leading at exponent e: e; whole: levels + e; a run of 2^t (0 < t < e):
+    2 * levels + e * levels + t."""
+    codes = exponents.copy()  # leading, until the unit's tiles are spent
+    spare = np.full(len(exponents), unit.bit_length() - 1, dtype=np.int64)
+    for dim in reversed(range(len(DIMS))):
+        exponent = exponents[:, dim]
+        taken = np.minimum(exponent, spare)
+        codes[:, dim] = np.where(taken == exponent, levels + exponent,
+                                 np.where(taken == 0, exponent,
+                                          2 * levels + exponent * levels + taken))
+        spare -= taken
+    return codes
+
+
+def window_table(single: np.ndarray, whole: np.ndarray, runs: np.ndarray) -> np.ndarray:
+    """(slots, 2 * levels + levels^2): per end tile (a row), each `window_codes` column:
+    leading at exponent e, `single[:, e]` (the most one tile of 2^e holds); whole,
+    `whole[:, e]` (all tiles of 2^e together); an aligned run of 2^t of them, `runs[:, e, t]`
+    (the most any such run holds); int64."""
+    slots, levels = single.shape
+    table = np.zeros((slots, levels * (2 + levels)), dtype=np.int64)
+    table[:, :levels] = single
+    table[:, levels:2 * levels] = whole
+    table[:, 2 * levels:] = runs.reshape(slots, levels * levels)
+    return table
+
+
 def end_rows(configs: Sequence[ParallelConfig], dims: int,
              per_element: Sequence[float], sharing: np.ndarray | None,
              shared: Sequence[bool], width: int,
-             groups: Sequence[tuple[int, int]]) -> EndRows:
+             groups: Sequence[tuple[int, int]], units: Sequence[int]) -> EndRows:
     """`EndRows` of `configs`; `sharing` is `ConfigTable.sharing`'s (configs, D, classes)
     for these configs (None where no port is shared), `shared` which classes' ports are;
-    `width` the tables' slots per exponent, `groups` their groups of two dims."""
+    `width` the tables' slots per exponent, `groups` their groups of two dims; `units` the
+    inner tiers' unit sizes."""
     exponents = np.zeros((len(configs), dims), dtype=np.int64)
     ends = np.zeros((len(configs), 2), dtype=np.int64)
+    runs = np.zeros(len(configs), dtype=bool)
     for row, config in enumerate(configs):
         exponents[row, :len(config.degrees)] = [d.bit_length() - 1 for d in config.degrees]
         ends[row] = (config.devices[0], config.devices[-1])
+        runs[row] = config.devices[-1] - config.devices[0] == config.size - 1
+    aligned = runs & (ends[:, 0] % np.array([config.size for config in configs],
+                                            dtype=np.int64).reshape(-1) == 0)
     distinct, degree = np.unique(exponents, axis=0, return_inverse=True)
     degree = degree.reshape(-1)
+    all_runs = np.ones(len(distinct), dtype=bool)
+    np.logical_and.at(all_runs, degree, runs)
+    all_aligned = np.ones(len(distinct), dtype=bool)
+    np.logical_and.at(all_aligned, degree, aligned)
+    levels = (width - 1).bit_length()  # exponents 0 .. levels - 1
     rates = np.broadcast_to(np.asarray(per_element, dtype=np.float64),
                             (len(configs), 2, len(per_element)))
     if sharing is not None:
         behind = sharing[np.arange(len(configs))[:, None], ends]  # (C, 2, classes)
         rates = rates * np.where(np.asarray(shared), behind, 1.0)
-    key = np.concatenate([degree[:, None].astype(np.float64), rates.reshape(len(configs), -1)],
+    gaps = end_gaps(ends[:, 0], ends[:, 1], units)
+    key = np.concatenate([degree[:, None].astype(np.float64), rates.reshape(len(configs), -1),
+                          gaps.astype(np.float64), aligned[:, None].astype(np.float64)],
                          axis=1)
+    sizes = 1 << distinct.sum(axis=1)
     _, first, row = np.unique(key, axis=0, return_index=True, return_inverse=True)
     tiles = end_tiles(distinct, width)
     return EndRows(exponents=distinct, degree=degree, row=row.reshape(-1),
-                   row_degree=degree[first], row_rates=rates[first], end_tiles=tiles,
-                   ends=grouped_at(tiles, groups), degrees=grouped_at(distinct, groups))
+                   row_degree=degree[first], row_rates=rates[first], row_gaps=gaps[first],
+                   row_aligned=np.where(aligned[first], sizes[degree[first]], 0),
+                   run_sizes=np.where(all_runs, sizes, 0),
+                   aligned_sizes=np.where(all_aligned, sizes, 0),
+                   end_tiles=tiles, ends=grouped_at(tiles, groups),
+                   degrees=grouped_at(distinct, groups),
+                   windows=tuple(grouped_at(np.where(all_aligned[:, None], window_codes(
+                       distinct, unit, levels), distinct), groups) for unit in units),
+                   window_scale=np.array([np.where(all_aligned, 1.0, float(unit))
+                                          for unit in units]).reshape(len(units), -1))
 
 
 def grouped_products(tables: Sequence[np.ndarray], ends: GroupedAt,
@@ -160,33 +256,73 @@ def _envelope(values: np.ndarray) -> np.ndarray:
     return np.minimum.accumulate(values[..., ::-1], axis=-1)[..., ::-1]
 
 
+def bare_levels(rows: EndRows, other: EndRows, units: Sequence[int]) -> np.ndarray:
+    """(rows, G of `other`): the outermost level (0: the device itself, then each inner tier
+    of `units`) at which, wherever the other side's config of those degrees sits, one of the
+    row's two ends has none of its tiles within its unit (and so within every inner one);
+    -1 where both may. A run of s devices reaches into the units of both ends only if s is
+    at least `end_gaps`; an aligned run of s into both ends of an aligned run of r only if
+    both lie in one aligned block of max(unit, s) devices: r <= max(unit, s)."""
+    bare = np.full((len(rows.row_gaps), len(other.run_sizes)), -1, dtype=np.int64)
+    runs, aligned = other.run_sizes[None, :], other.aligned_sizes[None, :]
+    for level, unit in enumerate([1, *units]):
+        short = (runs > 0) & (runs < rows.row_gaps[:, level, None])
+        short |= (aligned > 0) & (rows.row_aligned[:, None] > np.maximum(unit, aligned))
+        bare[short] = level  # a level short is short at every inner one: the outermost wins
+    return bare
+
+
 def end_seconds(rates: np.ndarray, latency: Sequence[float], units: Sequence[int],
-                total: np.ndarray, largest: np.ndarray, touching: np.ndarray) -> np.ndarray:
-    """The module's bound of one pass, the larger of the two ends', (rows, G): `rates`
-    (rows, 2, classes) the seconds per element of each class at each end, `latency` per class,
-    `units` the inner tiers' unit sizes (classes - 1 of them), and per row, end and degrees of
-    the other side (rows, 2, G), in float64: the elements the end receives in all (`total`,
-    or (rows, 2, 1) where it does not depend on the other side), the largest share one tile
-    of the other side holds (`largest`), and the tiles touching (`touching`). Each term is
-    computed into one scratch array (the arrays are large: on 64 devices a 3-d edge's are 460
-    x 2 x 460)."""
+                 total: np.ndarray, largest: np.ndarray, touching: np.ndarray,
+                 windows: Sequence[np.ndarray], bare: np.ndarray) -> np.ndarray:
+    """The module's bound of one pass, (rows, G): `rates` (rows, 2, classes) the seconds per
+    element of each class at each end, `latency` per class, `units` the inner tiers' unit
+    sizes (classes - 1 of them), and per row, end and degrees of the other side (rows, 2, G),
+    in float64: the elements the end receives in all (`total`, or (rows, 2, 1) where it does
+    not depend on the other side), the largest share one tile of the other side holds
+    (`largest`), the most the other side's tiles in the end's unit of each inner tier can
+    hold (`windows`), and the tiles touching (`touching`). Each term is computed into one
+    scratch array (the arrays are large: on 64 devices a 3-d edge's are 460 x 2 x 460).
+
+    The larger of the two ends', except where one end's units up to some level hold none of
+    the other side's tiles, whichever end it is (`bare`: `bare_levels`, per row and degrees
+    of the other side): then that end's terms of those levels vanish (each is <= 0), and the
+    bound is the lesser of the two ways: one end so, the other as it is."""
     per_element = _envelope(rates)[..., None, :]  # (rows, 2, 1, classes)
     waits = _envelope(np.asarray(latency, dtype=np.float64))
     last = len(units)
+    beyond = bare[:, None, :]  # (rows, 1, G)
+    levels = int(beyond.max(initial=-1)) + 1  # of which some end drops its terms
+    # the terms of the levels an end may drop, summed innermost first: the end's bound
+    # without them is its bound less those sums (each <= 0)
+    through: list[np.ndarray] = []
     outermost = total * per_element[..., last] + touching * waits[last]
     scratch = np.minimum(total, largest)
     scratch *= per_element[..., 0]
-    seconds = np.subtract(outermost, scratch, out=scratch)
+    inner = np.negative(scratch, out=scratch)
     term = np.minimum(1.0, touching)
     term *= waits[0]
-    seconds -= term
+    inner -= term
     for k, unit in enumerate(units):
-        np.multiply(unit, largest, out=term)
-        np.minimum(total, term, out=term)
+        if len(through) < levels:
+            through.append(inner.copy())
+        np.minimum(total, windows[k], out=term)
         term *= per_element[..., k] - per_element[..., k + 1]
-        seconds += term
+        inner += term
         np.minimum(float(unit), touching, out=term)
         term *= waits[k] - waits[k + 1]
-        seconds += term
+        inner += term
+    if len(through) < levels:
+        through.append(inner.copy())
+    seconds = np.add(outermost, inner, out=inner)
     seconds -= np.multiply(_CANCELLED, outermost, out=term)
-    return np.maximum(seconds, 0.0, out=seconds).max(axis=1)
+    both = np.maximum(seconds, 0.0).max(axis=1)
+    if not levels:
+        return both
+    dropped = through[0]
+    for level in range(1, levels):  # the sum through each entry's own level
+        np.copyto(dropped, through[level], where=beyond >= level)
+    alone = np.subtract(seconds, dropped, out=dropped)  # each end without the other's tiles
+    one_way = np.minimum(np.maximum(alone[:, 0], seconds[:, 1]),
+                         np.maximum(seconds[:, 0], alone[:, 1]))
+    return np.where(beyond[:, 0] >= 0, np.maximum(one_way, 0.0), both)

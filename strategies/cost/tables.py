@@ -32,9 +32,11 @@ import numpy as np
 
 from layerwise.strategies.cost.degree_bounds import (
     EndRows,
+    bare_levels,
     end_rows,
     end_seconds,
     grouped_products,
+    window_table,
 )
 from layerwise.strategies.hardware.cluster import Cluster
 from layerwise.strategies.hardware.host_memory import check_memory, human_bytes
@@ -506,6 +508,30 @@ class DimTable:
         """(levels * width, levels): of the consumer tiles of 2^b, the most elements of
         producer tile (a, i) any one needs."""
         return self.pairs.reshape(-1, self._levels, self._width).max(axis=2)
+
+    @cached_property
+    def forward_windows(self) -> np.ndarray:
+        """`window_table` of the most elements of the range consumer tile (b, j) needs that
+        producer tiles of 2^a hold: one, all, or an aligned run of 2^t of them (a run is one
+        tile of 2^(a-t): tiles of power-of-two degrees nest)."""
+        single = self.largest_per_consumer_tile.T
+        levels = self._levels
+        runs = np.zeros((len(single), levels, levels), dtype=np.int64)
+        for exponent in range(levels):
+            for taken in range(1, exponent):
+                runs[:, exponent, taken] = single[:, exponent - taken]
+        return window_table(single, np.repeat(single[:, :1], levels, axis=1), runs)
+
+    @cached_property
+    def backward_windows(self) -> np.ndarray:
+        """`window_table` of the most elements of producer tile (a, i) consumer tiles of 2^b
+        need, counted per consumer tile: one, all, or an aligned run of 2^t of them (at most
+        2^t times one, and all)."""
+        single, whole = self.largest_per_producer_tile, self.row_sum
+        runs = np.zeros((len(single), self._levels, self._levels), dtype=np.int64)
+        for taken in range(1, self._levels):
+            runs[:, :, taken] = np.minimum(whole, single.astype(np.int64) << taken)
+        return window_table(single, whole, runs)
 
 
 def dim_table_bytes(levels: int) -> int:
@@ -1091,7 +1117,7 @@ class TransferTables:
         terms built once per kind of edge (equal sides), narrowed to each edge's configs,
         whose pairs only are priced. Below _ENDS_TABLES_FROM_DEVICES those of the whole spaces
         (kept for the exact pass), from there each pass's own over the configs asked
-        (`_built_over`: on 64 devices Inception-v3's first pruning keeps a third of them)."""
+        (`_built_over`)."""
         unions = _asked_unions(requests)
         groups: dict[tuple[object, ...], list[int]] = {}
         for index, request in enumerate(requests):
@@ -1178,9 +1204,14 @@ class TransferTables:
                                    q_rows.ends, p_rows.degrees)
         touching = grouped_products([table.producers_touching.T for table in dims],
                                     q_rows.ends, p_rows.degrees)
+        windows = [grouped_products([table.forward_windows for table in dims], q_rows.ends,
+                                    codes) * scale for codes, scale in zip(
+                                        p_rows.windows, p_rows.window_scale, strict=True)]
         at = q_rows.rows_of_degrees
         forward = end_seconds(q_rows.row_rates, latency, self._units, at(need), at(largest),
-                              at(touching))  # (consumer classes, producer degrees)
+                              at(touching), [at(window) for window in windows],
+                              bare_levels(q_rows, p_rows, self._units),
+                              )  # (consumer classes, producer degrees)
         seconds = p_rows.rows_of_degrees(forward.T)  # (producer classes, consumer classes)
         if producer.kind == "input":  # no gradient flows back into the input
             return np.ascontiguousarray(seconds)
@@ -1189,9 +1220,14 @@ class TransferTables:
             grouped_products([getattr(table, name) for table in dims], p_rows.ends,
                              q_rows.degrees)
             for name in ("row_sum", "largest_per_producer_tile", "consumers_touching"))
+        windows = [grouped_products([table.backward_windows for table in dims], p_rows.ends,
+                                    codes) * scale for codes, scale in zip(
+                                        q_rows.windows, q_rows.window_scale, strict=True)]
         at = p_rows.rows_of_degrees
         backward = end_seconds(p_rows.row_rates, latency, self._units, at(total), at(largest),
-                               at(touching))  # (producer classes, consumer degrees)
+                               at(touching), [at(window) for window in windows],
+                               bare_levels(p_rows, q_rows, self._units),
+                               )  # (producer classes, consumer degrees)
         return np.ascontiguousarray(seconds + q_rows.rows_of_degrees(backward.T).T)
 
     def _end_rows(self, configs: Sequence[ParallelConfig]) -> EndRows:
@@ -1205,7 +1241,7 @@ class TransferTables:
             self._end_row_lists[key] = (list(configs), end_rows(
                 configs, _TABLE_DIMS, [link.seconds_per_element for link in self._links],
                 _sharing(member, shared_by) if any(shared) else None, shared,
-                (1 << (self._levels - 1)) + 1, _GROUPS))
+                (1 << (self._levels - 1)) + 1, _GROUPS, self._units))
         return self._end_row_lists[key][1]
 
     def kept(self, producer: Layer, consumer: Layer,
