@@ -231,21 +231,30 @@ def end_rows(configs: Sequence[ParallelConfig], dims: int,
                                           for unit in units]).reshape(len(units), -1))
 
 
-def grouped_products(tables: Sequence[np.ndarray], ends: GroupedAt,
-                     other: GroupedAt) -> np.ndarray:
+def grouped_index(ends: GroupedAt, other: GroupedAt) -> tuple[np.ndarray, ...]:
+    """Per group of two dims, where each (end degrees, end, other degrees) entry reads the
+    flat table of products over the distinct pairs of rows and of columns
+    (`grouped_products`), (G_e, 2, G_o): the same for every edge between two lists."""
+    return tuple(of[..., None] * len(columns) + other_of for of, columns, other_of in zip(
+        ends.of, other.first, other.of, strict=True))
+
+
+def grouped_products(tables: Sequence[np.ndarray], ends: GroupedAt, other: GroupedAt,
+                     index: tuple[np.ndarray, ...]) -> np.ndarray:
     """(G_e, 2, G_o): the product over dims of `tables[dim][end tile, other exponent]`, for
     each degrees of the side whose ends are read (`ends`: `EndRows.ends`, the table rows) and
     each degrees of the other side (`other`: its `EndRows.degrees`, the table columns), in
     float64 (`end_seconds` reads them so; counts of elements, exact below 2^53). Dims multiply
     in groups of two: each group's product is first taken over the distinct pairs of rows and
-    of columns (a few dozen), then gathered once, a third of the gathers of one per dim."""
+    of columns (a few dozen), then gathered once through `index` (`grouped_index`), a third
+    of the gathers of one per dim."""
     product = None
     for group, (d0, d1) in enumerate(ends.dims):
         rows = (ends.first[group][:, None], ends.second[group][:, None])
         columns = (other.first[group][None, :], other.second[group][None, :])
         small = (tables[d0][rows[0], columns[0]]
                  * tables[d1][rows[1], columns[1]]).astype(np.float64)
-        part = small[ends.of[group][..., None], other.of[group]]
+        part = small.ravel().take(index[group])
         product = part if product is None else np.multiply(product, part, out=product)
     assert product is not None  # one group at least
     return product
