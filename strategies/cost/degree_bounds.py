@@ -305,7 +305,10 @@ def end_seconds(rates: np.ndarray, latency: Sequence[float], units: Sequence[int
     # the terms of the levels an end may drop, summed innermost first: the end's bound
     # without them is its bound less those sums (each <= 0)
     through: list[np.ndarray] = []
-    outermost = total * per_element[..., last] + touching * waits[last]
+    # every element over the outermost link, less the bound's own rounding where all cancels
+    outermost = np.multiply(touching, waits[last])
+    outermost += total * per_element[..., last]
+    outermost *= 1.0 - _CANCELLED
     scratch = np.minimum(total, largest)
     scratch *= per_element[..., 0]
     inner = np.negative(scratch, out=scratch)
@@ -324,8 +327,8 @@ def end_seconds(rates: np.ndarray, latency: Sequence[float], units: Sequence[int
     if len(through) < levels:
         through.append(inner.copy())
     seconds = np.add(outermost, inner, out=inner)
-    seconds -= np.multiply(_CANCELLED, outermost, out=term)
-    both = np.maximum(seconds, 0.0).max(axis=1)
+    both = np.maximum(seconds[:, 0], seconds[:, 1])  # the larger end (a reduction over
+    both = np.maximum(both, 0.0, out=both)  # the middle axis of two is slower)
     if not levels:
         return both
     dropped = through[0]

@@ -32,7 +32,6 @@ import numpy as np
 
 from layerwise.strategies.cost.degree_bounds import (
     EndRows,
-    GroupedAt,
     bare_levels,
     end_rows,
     end_seconds,
@@ -1054,7 +1053,6 @@ class TransferTables:
                                                             np.ndarray, ConfigTable]] = {}
         self._end_row_lists: dict[tuple[int, ...], tuple[Sequence[ParallelConfig],
                                                          EndRows]] = {}
-        self._grouped_indices: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         # `_shifted` per pair of those tables (kept alive there) and group of configs
         self._shift_plans: dict[tuple[int, int, int, int], Shifted | None] = {}
         self._classes: dict[tuple[int, ...], np.ndarray] = {}
@@ -1203,13 +1201,13 @@ class TransferTables:
         for dim, table in enumerate(dims):
             need *= table.need_len.reshape(-1)[q_rows.end_tiles[..., dim]][..., None]
         need = need.astype(np.float64)  # as `grouped_products` gives them
-        index = self._grouped_index(q_rows.ends, p_rows.degrees)
+        index = grouped_index(q_rows.ends, p_rows.degrees)
         largest = grouped_products([table.largest_per_consumer_tile.T for table in dims],
                                    q_rows.ends, p_rows.degrees, index)
         touching = grouped_products([table.producers_touching.T for table in dims],
                                     q_rows.ends, p_rows.degrees, index)
         windows = [grouped_products([table.forward_windows for table in dims], q_rows.ends,
-                                    codes, self._grouped_index(q_rows.ends, codes)) * scale
+                                    codes, grouped_index(q_rows.ends, codes)) * scale
                    for codes, scale in zip(p_rows.windows, p_rows.window_scale, strict=True)]
         at = q_rows.rows_of_degrees
         forward = end_seconds(q_rows.row_rates, latency, self._units, at(need), at(largest),
@@ -1220,13 +1218,13 @@ class TransferTables:
         if producer.kind == "input":  # no gradient flows back into the input
             return np.ascontiguousarray(seconds)
         # backward, at each producer class's ends against each consumer degrees
-        index = self._grouped_index(p_rows.ends, q_rows.degrees)
+        index = grouped_index(p_rows.ends, q_rows.degrees)
         total, largest, touching = (
             grouped_products([getattr(table, name) for table in dims], p_rows.ends,
                              q_rows.degrees, index)
             for name in ("row_sum", "largest_per_producer_tile", "consumers_touching"))
         windows = [grouped_products([table.backward_windows for table in dims], p_rows.ends,
-                                    codes, self._grouped_index(p_rows.ends, codes)) * scale
+                                    codes, grouped_index(p_rows.ends, codes)) * scale
                    for codes, scale in zip(q_rows.windows, q_rows.window_scale, strict=True)]
         at = p_rows.rows_of_degrees
         backward = end_seconds(p_rows.row_rates, latency, self._units, at(total), at(largest),
@@ -1234,14 +1232,6 @@ class TransferTables:
                                bare_levels(p_rows, q_rows, self._units),
                                )  # (producer classes, consumer degrees)
         return np.ascontiguousarray(seconds + q_rows.rows_of_degrees(backward.T).T)
-
-    def _grouped_index(self, ends: GroupedAt, other: GroupedAt) -> tuple[np.ndarray, ...]:
-        """`grouped_index` of two lists' `EndRows` parts, cached (every edge between two
-        search spaces reads the same; the parts live as long as their `_end_rows` entries)."""
-        key = (id(ends), id(other))
-        if key not in self._grouped_indices:
-            self._grouped_indices[key] = grouped_index(ends, other)
-        return self._grouped_indices[key]
 
     def _end_rows(self, configs: Sequence[ParallelConfig]) -> EndRows:
         """`end_rows` of a list of configs, cached as `_config_table` is."""
