@@ -53,8 +53,9 @@ _MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to th
 _LOOSE_SHARE = 0.05  # kept configs past this share of all: seek a tighter upper bound first
 _CANDIDATES = 3  # per layer, the configs of least lower bound that bound is sought among
 # per layer, the degrees of least degree bound an upper bound is sought among first: on 64
-# devices Inception-v3's best strategy over 3 costs 21% over the optimum, over 6 2.3%, over 12
-# the optimum itself (0.43 s), and the bounds keep 80%, 41% and 30% of the configs
+# devices Inception-v3's best strategy over 3 cost 21% over the optimum, over 6 2.3%, over 12
+# the optimum itself (before the bounds read windows and shared placements); since, 6 or 8
+# price 2-3x fewer terms on 16 devices in the same time, and M5 on 64 devices of h200x8 5.6x more
 _DEGREE_CANDIDATES = 12
 _NEIGHBOUR_DEGREES = 2  # and the first this many of each neighbour's (`_degree_candidates`)
 # The degree bounds prune first where their classes of configs are at most this share of the
