@@ -18,6 +18,7 @@ from layerwise.strategies.model.graph import build_graph
 from layerwise.strategies.search import elimination as search
 from layerwise.strategies.search.config_bounds import forest_bounds, share_bounds, total
 from layerwise.strategies.search.elimination import collector_paused, graph_costs
+from layerwise.strategies.search.min_marginals import min_marginals
 
 CLUSTER = load_cluster("p100x16-2018")
 
@@ -357,3 +358,22 @@ def test_a_strategy_best_for_the_bounds_tightens_them_on_residual_networks(monke
     assert tightened.configs_kept < forest_only.configs_kept / 2
     assert tightened.assignment == forest_only.assignment
     assert tightened.predicted == forest_only.predicted
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_min_marginals_through_the_eliminations_are_those_of_every_strategy(data):
+    """Each config's least strategy cost, from the eliminations and the pass back through
+    them, equals the least over every strategy that uses it (random DAGs, ties, negative edge
+    costs, several parts), to rounding."""
+    nodes, edges = random_problem(data)
+    names = list(nodes)
+    found = min_marginals(nodes, edges, names)
+    assert found is not None
+    best = {name: np.full(len(cost), np.inf) for name, cost in nodes.items()}
+    for choice in itertools.product(*(range(len(nodes[name])) for name in names)):
+        cost = total(nodes, edges, dict(zip(names, choice, strict=True)))
+        for name, index in zip(names, choice, strict=True):
+            best[name][index] = min(best[name][index], cost)
+    for name in names:
+        np.testing.assert_allclose(found[name], best[name], rtol=0, atol=1e-9)
