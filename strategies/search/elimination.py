@@ -494,6 +494,10 @@ def kept_costs(cost_model: CostModel,
             len(cost) for cost in nodes.values()):
         at = {name: np.searchsorted(space[name], kept) for name, kept in bounds.kept.items()}
         bounds = _tightened(cost_model, nodes, restricted({}, bounded, at)[1], lower, bounds)
+    if bounds.incumbent:  # the ends bound's exact min-marginals over what its forest kept
+        at = {name: np.searchsorted(space[name], kept) for name, kept in bounds.kept.items()}
+        bounds = _narrowed(bounds, nodes, restricted({}, bounded, at)[1],
+                           [layer.name for layer in graph.layers])
     report("costing edges")
     return _priced_exactly(cost_model, nodes, bounds)
 
@@ -614,6 +618,22 @@ def _marginal_bounds(cost_model: CostModel, nodes: dict[str, np.ndarray],
         lower[name] = np.full(len(cost), np.inf)
         lower[name][kept[name]] = (marginal[name][of[name]] + cost[kept[name]]
                                    - least[name][of[name]])
+    return within(lower, bounds.incumbent, bounds.upper)
+
+
+def _narrowed(bounds: Bounds, nodes: dict[str, np.ndarray],
+              edges: dict[tuple[str, str], np.ndarray], order: list[str]) -> Bounds:
+    """`bounds` narrowed by the exact min-marginals of the problem with `edges` (lower bounds
+    of t_x between the configs `bounds` keeps) in place of t_x; as it is where the
+    eliminations leave too much to try."""
+    marginal = min_marginals({name: cost[bounds.kept[name]] for name, cost in nodes.items()},
+                             edges, order)
+    if marginal is None:
+        return bounds
+    lower = {}
+    for name, cost in nodes.items():
+        lower[name] = np.full(len(cost), np.inf)
+        lower[name][bounds.kept[name]] = marginal[name]
     return within(lower, bounds.incumbent, bounds.upper)
 
 
