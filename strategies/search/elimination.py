@@ -426,17 +426,16 @@ def kept_costs(cost_model: CostModel,
     """From _BOUNDED_FROM_DEVICES devices on: node vectors of the whole spaces; the bounds of a
     spanning forest (each layer keeping the input edge of the largest tensor), up to twice:
     first over t_x bounded from each config and the other side's degrees
-    (`CostModel.edge_degree_bound`, where its classes pay), narrowed by that bound's exact
-    min-marginals over the configs the forest keeps (`_marginal_bounds`), then, unless
-    pricing exactly the
+    (`CostModel.edge_degree_bound`, where its classes pay), then, unless pricing exactly the
     pairs of the configs that kept costs less than it (`_EXACT_TERMS_PER_KIND`), over the
     bound from each config's ends (`CostModel.edge_lower_bound`) between those configs; each
-    forest's strategy priced exactly for the upper bound; then exact t_x only between the
-    configs kept. Exact t_x of whole spaces is most of a search's work on many devices, and
-    the bounds keep 0.1-7% of the configs; the first pruning leaves a small share of the
-    pairs (on 64 devices of p100x16 Inception-v3 126 configs of 102,704), where pricing
-    them exactly beats the ends bound. On fewer devices every config is kept
-    and every pair costed exactly (`solve` still bounds them before eliminating)."""
+    forest's strategy priced exactly for the upper bound, and what each forest keeps narrowed
+    by the exact min-marginals of its bound (`_marginal_bounds`, `_narrowed`); then exact t_x
+    only between the configs kept. Exact t_x of whole spaces is most of a search's work on
+    many devices, and the bounds keep 0.1-7% of the configs; the first pruning leaves a small
+    share of the pairs (on 64 devices of p100x16 Inception-v3 126 configs of 102,704), where
+    pricing them exactly beats the ends bound. On fewer devices every config is kept and
+    every pair costed exactly (`solve` still bounds them before eliminating)."""
     graph = cost_model.graph
     report = progress or (lambda _message: None)
     if cost_model.devices < _BOUNDED_FROM_DEVICES:
@@ -613,12 +612,9 @@ def _marginal_bounds(cost_model: CostModel, nodes: dict[str, np.ndarray],
         [layer.name for layer in graph.layers])
     if marginal is None:
         return bounds
-    lower = {}
-    for name, cost in nodes.items():
-        lower[name] = np.full(len(cost), np.inf)
-        lower[name][kept[name]] = (marginal[name][of[name]] + cost[kept[name]]
-                                   - least[name][of[name]])
-    return within(lower, bounds.incumbent, bounds.upper)
+    return _within_kept(bounds, nodes, {
+        name: marginal[name][of[name]] + cost[kept[name]] - least[name][of[name]]
+        for name, cost in nodes.items()})
 
 
 def _narrowed(bounds: Bounds, nodes: dict[str, np.ndarray],
@@ -628,12 +624,17 @@ def _narrowed(bounds: Bounds, nodes: dict[str, np.ndarray],
     eliminations leave too much to try."""
     marginal = min_marginals({name: cost[bounds.kept[name]] for name, cost in nodes.items()},
                              edges, order)
-    if marginal is None:
-        return bounds
+    return bounds if marginal is None else _within_kept(bounds, nodes, marginal)
+
+
+def _within_kept(bounds: Bounds, nodes: dict[str, np.ndarray],
+                 kept_lower: dict[str, np.ndarray]) -> Bounds:
+    """`within` over the configs `bounds` keeps, `kept_lower[name]` their lower bounds in its
+    order; the configs it dropped stay out, its strategy and upper bound stand."""
     lower = {}
     for name, cost in nodes.items():
         lower[name] = np.full(len(cost), np.inf)
-        lower[name][bounds.kept[name]] = marginal[name]
+        lower[name][bounds.kept[name]] = kept_lower[name]
     return within(lower, bounds.incumbent, bounds.upper)
 
 
