@@ -154,14 +154,14 @@ def test_degree_bounds_hold_for_configs_off_the_aligned_runs(cluster_name, nodes
     """Where a config's block starts off a multiple of its size, or its devices are no run,
     the bound reads no window of a unit and ties no ends through it, and still bounds the
     ends bound from below: every pair of a mix of aligned runs, runs off alignment, blocks
-    out of order and scattered devices, on both sides of a residual, a strided and a 1x1
-    edge, across shared ports and PCIe groups."""
+    out of order and scattered devices, into and out of a strided pooling, between 3x3
+    convolutions and on both inputs of a residual sum, across shared ports and PCIe groups."""
     cluster = load_cluster(cluster_name).model_copy(update={"nodes": nodes})
     devices = cluster.num_devices
     graph = build_graph("resnet18", batch=2 * devices, image_size=32)
     cost = CostModel(graph, cluster, devices, AnalyticCompute(cluster), placement="aligned")
     random = np.random.default_rng(7)
-    transfers = cost._transfers
+    transfers = tables.TransferTables(cluster, devices)
     for u, v in graph.edges[1:7]:
         producer, consumer = graph.by_name[u], graph.by_name[v]
         mixed = []
