@@ -41,9 +41,8 @@ from layerwise.strategies.search.config_bounds import (
     restricted,
     within,
 )
-from layerwise.strategies.search.min_marginals import min_marginals
+from layerwise.strategies.search.min_marginals import min_marginals, min_plus
 
-_CHUNK_ELEMENTS = 1 << 18  # cap on one (C_i x C_j x C_k) min-plus block, sized for cache
 _T = TypeVar("_T")
 _MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to the integer program
 # From this many devices the search bounds with cheap t_x lower bounds before costing pairs
@@ -181,29 +180,6 @@ class _Keys:
         return self._values[key]  # type: ignore[return-value]
 
 
-def _min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """out[i, k] = min_j left[i, j] + right[j, k], with the argmin j, in bounded memory.
-
-    Blocks are laid out (i, k, j) so that the reductions run over contiguous memory.
-    """
-    left = np.ascontiguousarray(left)
-    right_t = np.ascontiguousarray(right.T)
-    rows = max(1, _CHUNK_ELEMENTS // max(1, left.shape[1] * right.shape[1]))
-    best = np.empty((left.shape[0], right.shape[1]))
-    # argmins kept until the search ends: the narrowest type that holds a config index
-    arg = np.empty((left.shape[0], right.shape[1]),
-                   dtype=np.int16 if left.shape[1] <= np.iinfo(np.int16).max else np.int64)
-    # one buffer for every block: allocating each anew costs a quarter of the time
-    buffer = np.empty((min(rows, left.shape[0]), right.shape[1], left.shape[1]))
-    for start in range(0, left.shape[0], rows):
-        block = buffer[:min(rows, left.shape[0] - start)]
-        np.add(left[start:start + rows, None, :], right_t[None, :, :], out=block)
-        found = block.argmin(axis=2)
-        arg[start:start + rows] = found
-        best[start:start + rows] = np.take_along_axis(block, found[..., None], axis=2)[..., 0]
-    return best, arg
-
-
 def solve(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.ndarray],
           order: list[str] | None = None) -> Solution:
     """Minimise sum(node[v][c_v]) + sum(edge[u, v][c_u, c_v]) exactly.
@@ -245,7 +221,7 @@ def _eliminate(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.nda
                 key = keys.derived("pair", graph.edge_keys[(i, j)], graph.node_keys[j],
                                    graph.edge_keys[(j, k)])
                 merged_cost, arg = keys.memo(
-                    key, lambda first=first, cost_j=cost_j, second=second: _min_plus(
+                    key, lambda first=first, cost_j=cost_j, second=second: min_plus(
                         first + cost_j[None, :], second))
                 graph.remove(j)
                 edges_eliminated += graph.add_edge(i, k, merged_cost, key)

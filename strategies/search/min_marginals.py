@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Pairs and triples of configs priced in one block of the backward pass, sized for cache
+# Triples of configs (C_i x C_j x C_k) in one min-plus block, either pass, sized for cache
 _CHUNK_ELEMENTS = 1 << 18
 # What is left after the eliminations is solved exhaustively up to this many joint configs
 _FINAL_ELEMENTS = 1 << 22
@@ -85,7 +85,7 @@ def min_marginals(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.
             if len(preds) == 1 and len(succs) == 1 and len(around) == 2:
                 (i,), (k,) = preds, succs
                 first, cost, second = matrices.pop((i, j)), vectors.pop(j), matrices.pop((j, k))
-                merged = _min_plus(first + cost[None, :], second)
+                merged = min_plus(first + cost[None, :], second)[0]
                 steps.append(_Pair(j, i, k, first, cost, second, merged))
                 neighbours[i].discard(j)
                 neighbours[k].discard(j)
@@ -168,15 +168,28 @@ def _less(total: np.ndarray, part: np.ndarray) -> np.ndarray:
         return np.where(np.isinf(part), np.inf, total - part)
 
 
-def _min_plus(left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """out[a, b] = min_c left[a, c] + right[c, b], in blocks of bounded memory."""
+def min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """out[i, k] = min_j left[i, j] + right[j, k], with the argmin j, in bounded memory (Eq. 2's
+    node elimination, for `elimination.solve` and the pass forward here).
+
+    Blocks are laid out (i, k, j) so that the reductions run over contiguous memory.
+    """
+    left = np.ascontiguousarray(left)
     right_t = np.ascontiguousarray(right.T)
     rows = max(1, _CHUNK_ELEMENTS // max(1, left.shape[1] * right.shape[1]))
-    out = np.empty((left.shape[0], right.shape[1]))
+    best = np.empty((left.shape[0], right.shape[1]))
+    # argmins kept until the search ends: the narrowest type that holds a config index
+    arg = np.empty((left.shape[0], right.shape[1]),
+                   dtype=np.int16 if left.shape[1] <= np.iinfo(np.int16).max else np.int64)
+    # one buffer for every block: allocating each anew costs a quarter of the time
+    buffer = np.empty((min(rows, left.shape[0]), right.shape[1], left.shape[1]))
     for start in range(0, left.shape[0], rows):
-        out[start:start + rows] = (left[start:start + rows, None, :]
-                                   + right_t[None, :, :]).min(axis=2)
-    return out
+        block = buffer[:min(rows, left.shape[0] - start)]
+        np.add(left[start:start + rows, None, :], right_t[None, :, :], out=block)
+        found = block.argmin(axis=2)
+        arg[start:start + rows] = found
+        best[start:start + rows] = np.take_along_axis(block, found[..., None], axis=2)[..., 0]
+    return best, arg
 
 
 def _through(outside: np.ndarray, first: np.ndarray, cost: np.ndarray,
