@@ -32,9 +32,11 @@ import numpy as np
 
 from layerwise.strategies.cost.degree_bounds import (
     EndRows,
+    GroupedAt,
     bare_levels,
     end_rows,
     end_seconds,
+    group_product,
     grouped_index,
     grouped_products,
     window_table,
@@ -73,6 +75,9 @@ _UNION_CONFIG_DEVICES = 4096
 _UNION_OWN_DEVICES = 64
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
 _ENDS_TABLES_FROM_DEVICES = 32
+# Bytes of the degree bounds' factors kept for the edges that share them (`_products`: on 16
+# devices ~80 KB each, on 64 up to ~3.4 MB)
+_GROUP_PARTS_BYTES = 32 << 20
 
 # Dimensions whose per-dim tables are multiplied into one table: (n, c), (h, w) and (d, pad).
 # Every group is two dims, so depth is paired with a padding dim of size 1 that no config
@@ -80,6 +85,7 @@ _ENDS_TABLES_FROM_DEVICES = 32
 # every term of it is 1 on a device holding a tile, and the other groups already give 0 on
 # one that holds none.
 _PAD = len(DIMS)
+_CHANNEL = DIMS.index("c")
 _TABLE_DIMS = _PAD + 1
 _GROUPS = ((0, 1), (3, 4), (2, _PAD))
 _DEPTH_GROUP = 2
@@ -1009,6 +1015,18 @@ class EdgeSides:
         return np.argsort(self.qorder)
 
 
+@dataclass(frozen=True)
+class EndsBetween:
+    """What the degree bounds read of one list of configs' ends (`EndRows`) against another
+    list's degrees, the same for every edge between them: the gathers through the degrees
+    and through each inner tier's windows (`grouped_index`), and the bare levels
+    (`bare_levels`)."""
+
+    index: tuple[np.ndarray, ...]
+    window_index: tuple[tuple[np.ndarray, ...], ...]
+    bare: np.ndarray
+
+
 class KeptRequest(NamedTuple):
     """The arguments of one `TransferTables.kept`, in its order: an edge, its two whole search
     spaces and their names, and the positions of the configs kept of each."""
@@ -1051,6 +1069,10 @@ class TransferTables:
         # no id it is keyed by can be reused while it lives
         self._config_tables: dict[tuple[object, ...], tuple[Sequence[ParallelConfig],
                                                             np.ndarray, ConfigTable]] = {}
+        self._between: dict[tuple[int, int], EndsBetween] = {}
+        # `_products`' factors of groups without the channel dim, and their bytes
+        self._group_parts: dict[tuple[object, ...], np.ndarray] = {}
+        self._group_part_bytes = 0
         self._end_row_lists: dict[tuple[int, ...], tuple[Sequence[ParallelConfig],
                                                          EndRows]] = {}
         # `_shifted` per pair of those tables (kept alive there) and group of configs
@@ -1193,7 +1215,8 @@ class TransferTables:
     def _degree_bounds(self, producer: Layer, consumer: Layer,
                        producer_configs: Sequence[ParallelConfig],
                        consumer_configs: Sequence[ParallelConfig]) -> np.ndarray:
-        dims = self._edge_dims(producer, consumer).dims
+        edge = self._edge_dims(producer, consumer)
+        dims = edge.dims
         p_rows, q_rows = self._end_rows(producer_configs), self._end_rows(consumer_configs)
         latency = [link.latency for link in self._links]
         # forward, at each consumer class's ends against each producer degrees
@@ -1201,37 +1224,75 @@ class TransferTables:
         for dim, table in enumerate(dims):
             need *= table.need_len.reshape(-1)[q_rows.end_tiles[..., dim]][..., None]
         need = need.astype(np.float64)  # as `grouped_products` gives them
-        index = grouped_index(q_rows.ends, p_rows.degrees)
-        largest = grouped_products([table.largest_per_consumer_tile.T for table in dims],
-                                   q_rows.ends, p_rows.degrees, index)
-        touching = grouped_products([table.producers_touching.T for table in dims],
-                                    q_rows.ends, p_rows.degrees, index)
-        windows = [grouped_products([table.forward_windows for table in dims], q_rows.ends,
-                                    codes, grouped_index(q_rows.ends, codes)) * scale
-                   for codes, scale in zip(p_rows.windows, p_rows.window_scale, strict=True)]
+        between = self._ends_between(q_rows, p_rows)
+        largest = self._products(edge, "largest_per_consumer_tile", True, q_rows.ends,
+                                 p_rows.degrees, between.index)
+        touching = self._products(edge, "producers_touching", True, q_rows.ends,
+                                  p_rows.degrees, between.index)
+        windows = [self._products(edge, "forward_windows", False, q_rows.ends, codes,
+                                  index) * scale
+                   for codes, index, scale in zip(p_rows.windows, between.window_index,
+                                                  p_rows.window_scale, strict=True)]
         at = q_rows.rows_of_degrees
         forward = end_seconds(q_rows.row_rates, latency, self._units, at(need), at(largest),
-                              at(touching), [at(window) for window in windows],
-                              bare_levels(q_rows, p_rows, self._units),
+                              at(touching), [at(window) for window in windows], between.bare,
                               )  # (consumer classes, producer degrees)
         seconds = p_rows.rows_of_degrees(forward.T)  # (producer classes, consumer classes)
         if producer.kind == "input":  # no gradient flows back into the input
             return np.ascontiguousarray(seconds)
         # backward, at each producer class's ends against each consumer degrees
-        index = grouped_index(p_rows.ends, q_rows.degrees)
+        between = self._ends_between(p_rows, q_rows)
         total, largest, touching = (
-            grouped_products([getattr(table, name) for table in dims], p_rows.ends,
-                             q_rows.degrees, index)
+            self._products(edge, name, False, p_rows.ends, q_rows.degrees, between.index)
             for name in ("row_sum", "largest_per_producer_tile", "consumers_touching"))
-        windows = [grouped_products([table.backward_windows for table in dims], p_rows.ends,
-                                    codes, grouped_index(p_rows.ends, codes)) * scale
-                   for codes, scale in zip(q_rows.windows, q_rows.window_scale, strict=True)]
+        windows = [self._products(edge, "backward_windows", False, p_rows.ends, codes,
+                                  index) * scale
+                   for codes, index, scale in zip(q_rows.windows, between.window_index,
+                                                  q_rows.window_scale, strict=True)]
         at = p_rows.rows_of_degrees
         backward = end_seconds(p_rows.row_rates, latency, self._units, at(total), at(largest),
-                               at(touching), [at(window) for window in windows],
-                               bare_levels(p_rows, q_rows, self._units),
+                               at(touching), [at(window) for window in windows], between.bare,
                                )  # (producer classes, consumer degrees)
         return np.ascontiguousarray(seconds + q_rows.rows_of_degrees(backward.T).T)
+
+    def _products(self, edge: EdgeDims, name: str, transposed: bool, ends: GroupedAt,
+                  other: GroupedAt, index: tuple[np.ndarray, ...]) -> np.ndarray:
+        """`grouped_products` of the edge's per-dim tables `name` (each `transposed` or not),
+        the factor of each group without the channel dim kept per pair of its tables while
+        they fit in _GROUP_PARTS_BYTES: the edges between two search spaces differ mostly in
+        their channel tables (a concatenation's inputs, each block's widths) while the
+        spatial ones recur (Inception-v3's 63 kinds on 16 devices: 22 pairs of height and
+        width tables)."""
+        tables = [getattr(table, name).T if transposed else getattr(table, name)
+                  for table in edge.dims]
+        known: list[np.ndarray | None] = []
+        for group, (d0, d1) in enumerate(ends.dims):
+            if _CHANNEL in (d0, d1):
+                known.append(None)
+                continue
+            key = (name, transposed, edge.ids[d0], edge.ids[d1], id(ends), id(other))
+            if key not in self._group_parts:
+                part = group_product(tables[d0], tables[d1], ends, other, index, group)
+                if self._group_part_bytes + part.nbytes > _GROUP_PARTS_BYTES:
+                    known.append(part)
+                    continue
+                self._group_parts[key] = part
+                self._group_part_bytes += part.nbytes
+            known.append(self._group_parts[key])
+        return grouped_products(tables, ends, other, index, known)
+
+    def _ends_between(self, rows: EndRows, other: EndRows) -> EndsBetween:
+        """What the degree bounds read at the ends of `rows` against the degrees of `other`,
+        once per pair of lists (the edges between two search spaces share it: Inception-v3's
+        63 kinds on 16 devices span 4 pairs). Both live as long as the tables (`_end_rows`),
+        so their ids name them."""
+        key = (id(rows), id(other))
+        if key not in self._between:
+            self._between[key] = EndsBetween(
+                index=grouped_index(rows.ends, other.degrees),
+                window_index=tuple(grouped_index(rows.ends, codes) for codes in other.windows),
+                bare=bare_levels(rows, other, self._units))
+        return self._between[key]
 
     def _end_rows(self, configs: Sequence[ParallelConfig]) -> EndRows:
         """`end_rows` of a list of configs, cached as `_config_table` is."""
