@@ -75,9 +75,9 @@ _UNION_CONFIG_DEVICES = 4096
 _UNION_OWN_DEVICES = 64
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
 _ENDS_TABLES_FROM_DEVICES = 32
-# Bytes of the degree bounds' factors kept for the edges that share them (`_products`: on 16
-# devices ~80 KB each, on 64 up to ~3.4 MB)
-_GROUP_PARTS_BYTES = 32 << 20
+# Bytes of the parts of groups without the channel dim kept for the edges that share them
+# (`SharedParts`: a degree bound's factor on 16 devices ~80 KB, on 64 up to ~3.4 MB)
+_SHARED_PARTS_BYTES = 32 << 20
 
 # Dimensions whose per-dim tables are multiplied into one table: (n, c), (h, w) and (d, pad).
 # Every group is two dims, so depth is paired with a padding dim of size 1 that no config
@@ -611,12 +611,20 @@ class EdgeDims:
         product[rows, devices] = held
         return product
 
-    def terms(self, ptab: ConfigTable, qtab: ConfigTable) -> tuple[GroupTerms, ...]:
-        """The per-dim tables of each group of two dims multiplied into one table."""
+    def terms(self, ptab: ConfigTable, qtab: ConfigTable,
+              shared: SharedParts | None = None) -> tuple[GroupTerms, ...]:
+        """The per-dim tables of each group of two dims multiplied into one table; those of
+        the groups without the channel dim read from and kept in `shared` where given (the
+        edges between two lists of configs differ mostly in their channel tables)."""
         width = self.dims[0].need_len.shape[1]
         groups = []
         for group in self.active:
             dims = _GROUPS[group]
+            key = ("terms", self.ids[dims[0]], self.ids[dims[1]], group, id(ptab), id(qtab))
+            known = shared.get(key) if shared is not None and _CHANNEL not in dims else None
+            if known is not None:
+                groups.append(known)
+                continue
             p, q = ptab.groups[group], qtab.groups[group]
             parts = []
             for k, dim in enumerate(dims):
@@ -639,80 +647,105 @@ class EdgeDims:
                 same=_product(same, same_1),
                 recv=recv * recv_1,  # at most the number of devices squared
                 row=row * row_1, sent=sent * sent_1))
+            if shared is not None and _CHANNEL not in dims:
+                last = groups[-1]
+                shared.put(key, last, (last.same, last.recv, last.row, last.sent), (ptab, qtab))
         return tuple(groups)
 
-    def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable,
-                   passes: str = "both") -> tuple[TierTerms, ...]:
+    def tier_terms(self, ptab: ConfigTable, qtab: ConfigTable, passes: str = "both",
+                   shared: SharedParts | None = None) -> tuple[TierTerms, ...]:
         """Per tier of the cluster, the per-dim tables over the runs of tiles its units hold
         (`TierViews`), multiplied into one table per group of two dims. Along one dim a run
         is tiles [low, high) of 2^fine, the range of tile `tile` of 2^coarse; each table is
         computed over the distinct runs and tiles of the dim, then spread over the states.
         `passes`: "forward" builds the forward tables only (over the producer's runs: `ptab`
         needs tier views, `qtab` none), "backward" the backward ones only (the other way),
-        "both" all."""
+        "both" all. The groups without the channel dim read from and kept in `shared` where
+        given, as `terms`' are."""
         if passes == "both":
             views = list(zip(ptab.tiers, qtab.tiers, strict=True))
         else:
             views = [(view, None) if passes == "forward" else (None, view)
                      for view in (ptab.tiers if passes == "forward" else qtab.tiers)]
-        return tuple(self._tier_terms(ptab, qtab, p_view, q_view) for p_view, q_view in views)
+        return tuple(self._tier_terms(ptab, qtab, p_view, q_view, shared)
+                     for p_view, q_view in views)
 
     def _tier_terms(self, ptab: ConfigTable, qtab: ConfigTable, p_view: TierViews | None,
-                    q_view: TierViews | None) -> TierTerms:
+                    q_view: TierViews | None, shared: SharedParts | None) -> TierTerms:
         """One tier's tables: the forward ones where `p_view` is given, the backward ones
         where `q_view` is."""
-        levels, width = self.dims[0].need_len.shape
-        same: list[np.ndarray] = []
-        touch: list[np.ndarray] = []
-        row: list[np.ndarray] = []
-        sent: list[np.ndarray] = []
+        terms = TierTerms(same=[], touch=[], row=[], sent=[])
         for group in self.active:
-            p, q = ptab.groups[group], qtab.groups[group]
-            forward, backward = [], []
-            for k, dim in enumerate(_GROUPS[group]):
-                table = self.dims[dim]
-                if p_view is not None:
-                    # forward: a producer unit's run against each consumer tile; a run
-                    # covers the coarse tile's range, so its elements are one overlap
-                    columns = q.dim_tiles[k]
-                    _, coarse, tile, low, high = p_view.runs[group][k]
-                    shared = table.pairs[coarse * width + tile][:, columns]
-                    # the tiles producer runs count along, at the exponents they are of only
-                    used, level = p_view.fine[group][k]
-                    touching = np.take(table.touching[used], columns, axis=2)
-                    below = np.zeros((len(used), width + 1, len(columns)), dtype=np.int32)
-                    np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
-                    touched = below[level, high] - below[level, low]
-                    # spread over the states: rows first (few columns), then columns
-                    at = (p_view.run_of[group][k], q.dim_tile_of[k])
-                    forward.append(tuple(_spread(small, *at) for small in (shared, touched)))
-                if q_view is not None:
-                    # backward: each producer tile against a consumer unit's run
-                    low, high = q_view.runs[group][k][3:]
-                    # the consumer tiles its runs count along, at their exponents only
-                    used, level = q_view.fine[group][k]
-                    overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)[:, used]
-                    # a sum along a whole level is at most a row of `row_sum`
-                    wide = np.int32 if int(table.row_sum.max()) < _INT32_LIMIT else np.int64
-                    below = np.zeros((len(overlap), len(used), width + 1), dtype=wide)
-                    np.cumsum(overlap, axis=2, dtype=wide, out=below[..., 1:])
-                    # int32: at most a run of tiles times the dimension
-                    rows = (below[:, level, high] - below[:, level, low]).astype(np.int32,
-                                                                                  copy=False)
-                    below = np.zeros((len(overlap), len(used), width + 1), dtype=np.int32)
-                    np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
-                    feeds = below[:, level, high] - below[:, level, low]
-                    at = (p.dim_tile_of[k], q_view.run_of[group][k])
-                    backward.append(tuple(_spread(small, *at) for small in (rows, feeds)))
+            dims = _GROUPS[group]
+            key = ("tiers", self.ids[dims[0]], self.ids[dims[1]], group, id(ptab), id(qtab),
+                   id(p_view), id(q_view))
+            known = shared.get(key) if shared is not None and _CHANNEL not in dims else None
+            if known is None:
+                known = self._tier_group(ptab, qtab, p_view, q_view, group)
+                if shared is not None and _CHANNEL not in dims:
+                    shared.put(key, known, [array for pair in known if pair for array in pair],
+                               (ptab, qtab, p_view, q_view))
+            forward, backward = known
             if forward:
-                (shared, touched), (shared_1, touched_1) = forward
-                same.append(_product(shared, shared_1))
-                touch.append(touched * touched_1)
+                terms.same.append(forward[0])
+                terms.touch.append(forward[1])
             if backward:
-                (rows, feeds), (rows_1, feeds_1) = backward
-                row.append(_product(rows, rows_1))
-                sent.append(feeds * feeds_1)
-        return TierTerms(same=same, touch=touch, row=row, sent=sent)
+                terms.row.append(backward[0])
+                terms.sent.append(backward[1])
+        return terms
+
+    def _tier_group(self, ptab: ConfigTable, qtab: ConfigTable, p_view: TierViews | None,
+                    q_view: TierViews | None, group: int,
+                    ) -> tuple[tuple[np.ndarray, np.ndarray] | None,
+                               tuple[np.ndarray, np.ndarray] | None]:
+        """One group's tables of one tier (`_tier_terms`): forward (elements, messages) where
+        `p_view` is given, backward (elements, messages) where `q_view` is."""
+        levels, width = self.dims[0].need_len.shape
+        p, q = ptab.groups[group], qtab.groups[group]
+        forward, backward = [], []
+        for k, dim in enumerate(_GROUPS[group]):
+            table = self.dims[dim]
+            if p_view is not None:
+                # forward: a producer unit's run against each consumer tile; a run
+                # covers the coarse tile's range, so its elements are one overlap
+                columns = q.dim_tiles[k]
+                _, coarse, tile, low, high = p_view.runs[group][k]
+                shared = table.pairs[coarse * width + tile][:, columns]
+                # the tiles producer runs count along, at the exponents they are of only
+                used, level = p_view.fine[group][k]
+                touching = np.take(table.touching[used], columns, axis=2)
+                below = np.zeros((len(used), width + 1, len(columns)), dtype=np.int32)
+                np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
+                touched = below[level, high] - below[level, low]
+                # spread over the states: rows first (few columns), then columns
+                at = (p_view.run_of[group][k], q.dim_tile_of[k])
+                forward.append(tuple(_spread(small, *at) for small in (shared, touched)))
+            if q_view is not None:
+                # backward: each producer tile against a consumer unit's run
+                low, high = q_view.runs[group][k][3:]
+                # the consumer tiles its runs count along, at their exponents only
+                used, level = q_view.fine[group][k]
+                overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)[:, used]
+                # a sum along a whole level is at most a row of `row_sum`
+                wide = np.int32 if int(table.row_sum.max()) < _INT32_LIMIT else np.int64
+                below = np.zeros((len(overlap), len(used), width + 1), dtype=wide)
+                np.cumsum(overlap, axis=2, dtype=wide, out=below[..., 1:])
+                # int32: at most a run of tiles times the dimension
+                rows = (below[:, level, high] - below[:, level, low]).astype(np.int32,
+                                                                              copy=False)
+                below = np.zeros((len(overlap), len(used), width + 1), dtype=np.int32)
+                np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
+                feeds = below[:, level, high] - below[:, level, low]
+                at = (p.dim_tile_of[k], q_view.run_of[group][k])
+                backward.append(tuple(_spread(small, *at) for small in (rows, feeds)))
+        forward_terms = backward_terms = None
+        if forward:
+            (shared, touched), (shared_1, touched_1) = forward
+            forward_terms = (_product(shared, shared_1), touched * touched_1)
+        if backward:
+            (rows, feeds), (rows_1, feeds_1) = backward
+            backward_terms = (_product(rows, rows_1), feeds * feeds_1)
+        return forward_terms, backward_terms
 
 
 @dataclass(frozen=True)
@@ -1015,6 +1048,33 @@ class EdgeSides:
         return np.argsort(self.qorder)
 
 
+class SharedParts:
+    """Parts of an edge's tables kept for the other edges that share them, keyed by what
+    they are computed from, while their bytes fit in `budget` (each value holds the objects
+    its key names by id, so that no such id is reused while it lives)."""
+
+    def __init__(self, budget: int) -> None:
+        self._values: dict[tuple[object, ...], tuple[object, ...]] = {}
+        self._bytes = 0
+        self._budget = budget
+
+    def get(self, key: tuple[object, ...]) -> object | None:
+        value = self._values.get(key)
+        return None if value is None else value[0]
+
+    def put(self, key: tuple[object, ...], value: object, arrays: Sequence[np.ndarray],
+              holds: Sequence[object] = ()) -> None:
+        """Keep `value` (whose bytes are `arrays`') where it fits."""
+        size = sum(array.nbytes for array in arrays)
+        if self._bytes + size <= self._budget:
+            self._values[key] = (value, *holds)
+            self._bytes += size
+
+    def clear(self) -> None:
+        self._values.clear()
+        self._bytes = 0
+
+
 @dataclass(frozen=True)
 class EndsBetween:
     """What the degree bounds read of one list of configs' ends (`EndRows`) against another
@@ -1070,9 +1130,8 @@ class TransferTables:
         self._config_tables: dict[tuple[object, ...], tuple[Sequence[ParallelConfig],
                                                             np.ndarray, ConfigTable]] = {}
         self._between: dict[tuple[int, int], EndsBetween] = {}
-        # `_products`' factors of groups without the channel dim, and their bytes
-        self._group_parts: dict[tuple[object, ...], np.ndarray] = {}
-        self._group_part_bytes = 0
+        # the parts of groups without the channel dim that edges share (`_products`, `_sides`)
+        self._shared = SharedParts(_SHARED_PARTS_BYTES)
         self._end_row_lists: dict[tuple[int, ...], tuple[Sequence[ParallelConfig],
                                                          EndRows]] = {}
         # `_shifted` per pair of those tables (kept alive there) and group of configs
@@ -1259,7 +1318,7 @@ class TransferTables:
                   other: GroupedAt, index: tuple[np.ndarray, ...]) -> np.ndarray:
         """`grouped_products` of the edge's per-dim tables `name` (each `transposed` or not),
         the factor of each group without the channel dim kept per pair of its tables while
-        they fit in _GROUP_PARTS_BYTES: the edges between two search spaces differ mostly in
+        they fit in _SHARED_PARTS_BYTES: the edges between two search spaces differ mostly in
         their channel tables (a concatenation's inputs, each block's widths) while the
         spatial ones recur (Inception-v3's 63 kinds on 16 devices: 22 pairs of height and
         width tables)."""
@@ -1271,14 +1330,11 @@ class TransferTables:
                 known.append(None)
                 continue
             key = (name, transposed, edge.ids[d0], edge.ids[d1], id(ends), id(other))
-            if key not in self._group_parts:
+            part = self._shared.get(key)
+            if part is None:
                 part = group_product(tables[d0], tables[d1], ends, other, index, group)
-                if self._group_part_bytes + part.nbytes > _GROUP_PARTS_BYTES:
-                    known.append(part)
-                    continue
-                self._group_parts[key] = part
-                self._group_part_bytes += part.nbytes
-            known.append(self._group_parts[key])
+                self._shared.put(key, part, [part], (ends, other))
+            known.append(part)
         return grouped_products(tables, ends, other, index, known)
 
     def _ends_between(self, rows: EndRows, other: EndRows) -> EndsBetween:
@@ -1434,6 +1490,7 @@ class TransferTables:
     def forget_sides(self) -> None:
         """Drop the per-device terms kept for `kept` (the search's exact pass is done)."""
         self._bounded_sides.clear()
+        self._shared.clear()
         self._kept.clear()
         self._priced_within.clear()
         self._kept_bytes = 0
@@ -1649,8 +1706,8 @@ class TransferTables:
         reads is then left out (empty lists, zero needs)."""
         (porder, ptab) = self._config_table(pconfs, ends_only=passes == "backward")
         (qorder, qtab) = self._config_table(qconfs, ends_only=passes == "forward")
-        groups = dims.terms(ptab, qtab)
-        tiers = dims.tier_terms(ptab, qtab, passes)
+        groups = dims.terms(ptab, qtab, self._shared)
+        tiers = dims.tier_terms(ptab, qtab, passes, self._shared)
         forward, backward_pass = passes != "backward", passes != "forward"
         # (Q, D) needed elements of each consumer tile (the forward pass's)
         need = dims.need(qtab) if forward else np.zeros((len(qconfs), self.devices), np.int64)
