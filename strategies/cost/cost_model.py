@@ -105,14 +105,16 @@ class CostModel:
         self._transfers = TransferTables(cluster, devices)
         self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
         self._space_keys: dict[str, tuple[object, ...]] = {}  # by layer name
+        self._degree_classes: dict[tuple[object, ...], np.ndarray] = {}  # by space
         self._built: dict[tuple[tuple[int, ...], tuple[int, ...]], ParallelConfig] = {}
         self._tiles: dict[str, LayerTiles] = {}
         self._nodes: dict[tuple[object, ...], np.ndarray] = {}
         self._replica_links: dict[tuple[object, ...], list[GroupLinks]] = {}
         self._whole_links: dict[tuple[int, ...], GroupLinks] = {}
         self._group_slowest: dict[tuple[object, ...], list[Link]] = {}
-        self._kinds: dict[tuple[object, ...], tuple[list[tuple[int, int, tuple[int, ...]]],
-                                                     np.ndarray, np.ndarray]] = {}
+        self._kinds: dict[tuple[int, ...], tuple[
+            list[ParallelConfig], list[tuple[int, int, tuple[int, ...]]], np.ndarray,
+            np.ndarray]] = {}
         self._shared_ports = shares_ports(cluster, devices)
         self._server_ports: dict[tuple[object, ...], ServerPorts] = {}
         self._replica_link_ids: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -357,8 +359,9 @@ class CostModel:
                     ) -> tuple[list[tuple[int, int, tuple[int, ...]]], np.ndarray, np.ndarray]:
         """What a layer's gradient sync depends on besides the layer, once per search space:
         the distinct (c, replicas, each replica group's link id) of the configs with replicas,
-        each config's index among them (-1: no replicas), and each config's replicas."""
-        key = tuple((config.degrees, config.devices) for config in configs)
+        each config's index among them (-1: no replicas), and each config's replicas. Cached
+        by the configs' identities, each entry holding its configs (as `_distinct_degrees`)."""
+        key = tuple(map(id, configs))
         if key not in self._kinds:
             kinds: dict[tuple[int, int, tuple[int, ...]], int] = {}
             kind_of = np.full(len(configs), -1)
@@ -367,8 +370,9 @@ class CostModel:
                 if replicas[row] > 1:
                     kind = (config.c, int(replicas[row]), self._group_link_ids(config))
                     kind_of[row] = kinds.setdefault(kind, len(kinds))
-            self._kinds[key] = (list(kinds), kind_of, replicas)
-        return self._kinds[key]
+            self._kinds[key] = (list(configs), list(kinds), kind_of, replicas)
+        _, kinds_of_space, kind_of_config, replicas_of_config = self._kinds[key]
+        return kinds_of_space, kind_of_config, replicas_of_config
 
     def _kind_sync_seconds(self, layer: Layer, kind: tuple[int, int, tuple[int, ...]],
                            param_count: int, out_channels: int, norms: int) -> float:
@@ -587,7 +591,10 @@ class CostModel:
     def degree_classes(self, layer: Layer) -> np.ndarray:
         """The class of each config of the layer's search space for `edge_degree_bound`:
         configs of equal degrees whose ends see the same seconds per element."""
-        return self._transfers.degree_classes(self.configs[layer.name])
+        key = self._space_of(layer)
+        if key not in self._degree_classes:  # the search asks per layer, several times
+            self._degree_classes[key] = self._transfers.degree_classes(self.configs[layer.name])
+        return self._degree_classes[key]
 
     def kept_edge(self, producer: Layer, consumer: Layer, producer_kept: np.ndarray,
                   consumer_kept: np.ndarray) -> np.ndarray:

@@ -49,6 +49,7 @@ from layerwise.strategies.model.tiles import (
     TileWork,
     as_view,
     needed_range,
+    needed_ranges,
     output_ranges,
     passes_through,
 )
@@ -1650,12 +1651,9 @@ class TransferTables:
         if key not in self._needed:
             outs = _level_ranges(as_view(consumer.output_shape)[dim], self._levels)
             if passes_through(consumer, input_index, dim):  # 2 of a 2-d layer's 5 dims
-                ranges = outs
-            else:  # each distinct range once: on many devices most tiles of a short dim are empty
-                needed = {out: needed_range(consumer, input_index, dim, out)
-                          for out in dict.fromkeys(outs)}
-                ranges = tuple(needed[out] for out in outs)
-            starts, stops = np.array(ranges, dtype=np.int64).reshape(-1, 2).T
+                starts, stops = np.array(outs, dtype=np.int64).reshape(-1, 2).T
+            else:
+                starts, stops = needed_ranges(consumer, input_index, dim, outs)
             empty = stops <= starts  # needs nothing (concat): one form, so tables are shared
             self._needed[key] = (np.where(empty, 0, starts), np.where(empty, 0, stops))
         return self._needed[key]

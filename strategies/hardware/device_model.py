@@ -229,6 +229,12 @@ class DeviceModel:
         self.tile_shapes = tile_shapes
         self.split_factors = split_factors
         self.output_split_factors = split_factors if split_k else (1,)
+        # per candidate tile shape (a column): its rows, columns and the blocks all SMs hold
+        self._tile_rows = np.array([tile[0] for tile in tile_shapes], dtype=np.float64)[:, None]
+        self._tile_columns = np.array([tile[1] for tile in tile_shapes],
+                                      dtype=np.float64)[:, None]
+        self._slots = np.array([multiprocessors * blocks_per_multiprocessor(tile)
+                                for tile in tile_shapes], dtype=np.float64)[:, None]
 
     def gemm_kernel_seconds(self, flops: np.ndarray, gemm: Gemm, share: float,
                             split_factors: tuple[int, ...] | None = None) -> np.ndarray:
@@ -247,10 +253,7 @@ class DeviceModel:
         rows, columns, depth = (np.maximum(np.asarray(size, dtype=np.float64), 1)[..., None, None]
                                 for size in gemm)
         flops = np.asarray(flops, dtype=np.float64)[..., None, None]
-        tile_rows = np.array([tile[0] for tile in self.tile_shapes], dtype=np.float64)[:, None]
-        tile_columns = np.array([tile[1] for tile in self.tile_shapes], dtype=np.float64)[:, None]
-        slots = np.array([self.multiprocessors * blocks_per_multiprocessor(tile)
-                          for tile in self.tile_shapes], dtype=np.float64)[:, None]
+        tile_rows, tile_columns, slots = self._tile_rows, self._tile_columns, self._slots
         splits = np.array(split_factors or self.split_factors, dtype=np.float64)[None, :]
         # flops per multiply-add: 2 for a direct GEMM, fewer where Winograd filters the input
         per_multiply_add = flops / (rows * columns * depth)

@@ -19,8 +19,9 @@ so box volumes and overlaps factor into per-dimension terms; cost/cost_model.py 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from layerwise.strategies.errors import ConfigError
@@ -37,6 +38,7 @@ from layerwise.strategies.model.space import (
 )
 
 Range = tuple[int, int]
+Rows = int | np.ndarray  # one row index, or one per range
 Box = tuple[Range, ...]  # one range per dimension of the 5-d view (n, c, d, h, w)
 VIEW = len(DIMS)
 
@@ -60,22 +62,35 @@ def output_ranges(layer: Layer, dim: int, degree: int) -> list[Range]:
     return [tile_range(size, degree, index) for index in range(degree)]
 
 
+def _window_reach(start: Rows, stop: Rows, kernel: int, stride: int, padding: int,
+                  dilation: int) -> tuple[Rows, Rows]:
+    """The first and one past the last input row output rows [start, stop) of a sliding
+    window read, unclipped (ints, or arrays of many ranges)."""
+    return (start * stride - padding,
+            (stop - 1) * stride - padding + dilation * (kernel - 1) + 1)
+
+
+def _transposed_reach(start: Rows, stop: Rows, kernel: int, stride: int, padding: int,
+                      dilation: int) -> tuple[Rows, Rows]:
+    """The first and one past the last input row whose windows reach output rows [start,
+    stop) of a transposed convolution (input row i adds into output rows
+    i * stride - padding + j * dilation, j < kernel), unclipped."""
+    return (-(-(start + padding - dilation * (kernel - 1)) // stride),
+            (stop - 1 + padding) // stride + 1)
+
+
 def _window(start: int, stop: int, kernel: int, stride: int, padding: int, dilation: int,
             size: int) -> Range:
     """Input rows read by output rows [start, stop) of a sliding window, clipped to [0, size)."""
-    first = start * stride - padding
-    last = (stop - 1) * stride - padding + dilation * (kernel - 1)
-    return (max(first, 0), min(last + 1, size))
+    first, end = _window_reach(start, stop, kernel, stride, padding, dilation)
+    return (max(first, 0), min(end, size))
 
 
 def _transposed_window(start: int, stop: int, kernel: int, stride: int, padding: int,
                        dilation: int, size: int) -> Range:
-    """Input rows whose windows reach output rows [start, stop) of a transposed convolution
-    (input row i adds into output rows i * stride - padding + j * dilation, j < kernel),
-    clipped to [0, size)."""
-    first = -(-(start + padding - dilation * (kernel - 1)) // stride)
-    last = (stop - 1 + padding) // stride
-    return (max(first, 0), min(last + 1, size))
+    """`_transposed_reach` clipped to [0, size)."""
+    first, end = _transposed_reach(start, stop, kernel, stride, padding, dilation)
+    return (max(first, 0), min(end, size))
 
 
 def resize_reach(layer: Layer, dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -145,6 +160,25 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
         out_size = as_view(layer.output_shape)[dim]
         return (start * in_size // out_size, -(-stop * in_size // out_size))
     return out
+
+
+def needed_ranges(layer: Layer, input_index: int, dim: int,
+                  outs: Sequence[Range]) -> tuple[np.ndarray, np.ndarray]:
+    """`needed_range` of each output range of `outs`, as (starts, stops) arrays: a
+    convolution's or pooling's windows along a spatial dim all at once (the cost tables ask
+    for every tile of every power-of-two degree: 511 ranges per dim on 256 devices), each
+    distinct range of any other in turn."""
+    geometry = layer.geometry
+    if (layer.kind in ("conv", "pool") and geometry is not None and dim >= 2
+            and not passes_through(layer, input_index, dim)):
+        starts, stops = np.array(outs, dtype=np.int64).reshape(-1, 2).T
+        reach = _transposed_reach if geometry.transposed else _window_reach
+        first, end = reach(starts, stops, *geometry.along(dim))
+        return (np.maximum(first, 0),
+                np.minimum(end, as_view(layer.input_shapes[input_index])[dim]))
+    needed = {out: needed_range(layer, input_index, dim, out) for out in dict.fromkeys(outs)}
+    starts, stops = np.array([needed[out] for out in outs], dtype=np.int64).reshape(-1, 2).T
+    return starts, stops
 
 
 class TileWork(BaseModel):
