@@ -14,9 +14,13 @@ vectors, the bounds and exact t_x between the configs they keep (`cost s`; `kept
 all configs the elimination searched), eliminating and undoing (`elim s`); `terms priced`
 counts the per-device terms of config pairs the tables computed, the work on any machine.
 `configs` is the largest search space of a layer. One search of the tiny CNN runs first so
-that the first row does not carry the process's one-time warm-up. `peak MB` is the most memory
-the aligned search held (tracemalloc, in a second run, so that tracing does not slow the
-timed one); `optimum` says whether aligned found a cheaper step than origin (=: equal).
+that the first row does not carry the process's one-time warm-up. A search under
+REPEAT_BELOW_SECONDS is timed REPEATS times, the least kept (its split and work with it): one
+timing of a 0.3 s search on a shared machine varies by up to 1.7x between runs (Inception-v3 on
+16 devices of p100x16, the first row of three identical runs: 0.28, 0.47 and 0.47 s).
+`peak MB` is the most memory the aligned search held (tracemalloc, in a run of its own, so
+that tracing does not slow the timed one); `optimum` says whether aligned found a cheaper
+step than origin (=: equal).
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ def scaled(cluster: Cluster, devices: int) -> Cluster:
     return cluster.model_copy(update={"nodes": nodes, "name": f"{cluster.name}x{nodes}nodes"})
 
 
+REPEATS = 3
+REPEAT_BELOW_SECONDS = 2.0
+
+
 def search(graph: LayerGraph, devices: int, cluster: Cluster,
            placement: Placement) -> tuple[CostModel, KeptCosts, Solution, float, float]:
     """One fresh search: the cost model, the costs of the configs the bounds kept, the
@@ -63,6 +71,19 @@ def search(graph: LayerGraph, devices: int, cluster: Cluster,
     return cost, costs, solution, costed - started, time.perf_counter() - costed
 
 
+def least_of(graph: LayerGraph, devices: int, cluster: Cluster,
+             placement: Placement) -> tuple[CostModel, KeptCosts, Solution, float, float]:
+    """`search`, repeated to REPEATS runs where one takes under REPEAT_BELOW_SECONDS: the
+    fastest run (every run finds the same solution)."""
+    best = search(graph, devices, cluster, placement)
+    if best[3] + best[4] < REPEAT_BELOW_SECONDS:
+        for _ in range(REPEATS - 1):
+            again = search(graph, devices, cluster, placement)
+            if again[3] + again[4] < best[3] + best[4]:
+                best = again
+    return best
+
+
 def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int | str]:
     """One row: origin and aligned side by side (aligned only where `auto` takes it); the
     split of the time, the work, the share kept and the peak memory of the search `auto`
@@ -72,7 +93,7 @@ def measure(model: str, devices: int, cluster: Cluster) -> dict[str, float | int
     whole = devices <= AUTO_ALIGNED_DEVICES
     placements: tuple[Placement, ...] = ("origin", "aligned") if whole else ("origin",)
     for placement in placements:
-        cost, costs, solution, costing, solving = search(graph, devices, cluster, placement)
+        cost, costs, solution, costing, solving = least_of(graph, devices, cluster, placement)
         row[f"{placement} configs"] = max(len(c) for c in cost.configs.values())
         row[f"{placement} s"] = costing + solving
         row[f"{placement} optimum"] = solution.cost

@@ -629,19 +629,26 @@ class EdgeDims:
             p, q = ptab.groups[group], qtab.groups[group]
             parts = []
             for k, dim in enumerate(dims):
-                table = self.dims[dim]
-                # table row of each producer state (S,), column of each consumer state (T,)
-                p_at = p.state_exponents[k] * width + p.state_tiles[k]
-                q_at = q.state_exponents[k] * width + q.state_tiles[k]
-                parts.append((
-                    _spread(table.pairs[p.dim_tiles[k]][:, q.dim_tiles[k]], p.dim_tile_of[k],
-                            q.dim_tile_of[k]),  # (S, T), from the distinct tiles along dim
-                    np.take(table.producers_touching[p.pair_exponents[k]], q_at,
-                            axis=1),  # (A, T)
-                    np.take(table.row_sum[p_at], q.pair_exponents[k], axis=1),  # (S, B)
-                    np.take(table.consumers_touching[p_at], q.pair_exponents[k],
-                            axis=1),  # (S, B)
-                ))
+                dim_key = ("dim terms", self.ids[dim], group, k, id(ptab), id(qtab))
+                part = (shared.get(dim_key) if shared is not None and dim != _CHANNEL
+                        else None)
+                if part is None:
+                    table = self.dims[dim]
+                    # table row of each producer state (S,), column of each consumer state (T,)
+                    p_at = p.state_exponents[k] * width + p.state_tiles[k]
+                    q_at = q.state_exponents[k] * width + q.state_tiles[k]
+                    part = (
+                        _spread(table.pairs[p.dim_tiles[k]][:, q.dim_tiles[k]],
+                                p.dim_tile_of[k], q.dim_tile_of[k]),  # (S, T)
+                        np.take(table.producers_touching[p.pair_exponents[k]], q_at,
+                                axis=1),  # (A, T)
+                        np.take(table.row_sum[p_at], q.pair_exponents[k], axis=1),  # (S, B)
+                        np.take(table.consumers_touching[p_at], q.pair_exponents[k],
+                                axis=1),  # (S, B)
+                    )
+                    if shared is not None and dim != _CHANNEL:
+                        shared.put(dim_key, part, part, (ptab, qtab))
+                parts.append(part)
             (same, recv, row, sent), (same_1, recv_1, row_1, sent_1) = parts
             groups.append(GroupTerms(
                 p_state=p.state, q_state=q.state, p_pair=p.pair, q_pair=q.pair,
@@ -682,7 +689,7 @@ class EdgeDims:
                    id(p_view), id(q_view))
             known = shared.get(key) if shared is not None and _CHANNEL not in dims else None
             if known is None:
-                known = self._tier_group(ptab, qtab, p_view, q_view, group)
+                known = self._tier_group(ptab, qtab, p_view, q_view, group, shared)
                 if shared is not None and _CHANNEL not in dims:
                     shared.put(key, known, [array for pair in known if pair for array in pair],
                                (ptab, qtab, p_view, q_view))
@@ -696,57 +703,79 @@ class EdgeDims:
         return terms
 
     def _tier_group(self, ptab: ConfigTable, qtab: ConfigTable, p_view: TierViews | None,
-                    q_view: TierViews | None, group: int,
+                    q_view: TierViews | None, group: int, shared: SharedParts | None,
                     ) -> tuple[tuple[np.ndarray, np.ndarray] | None,
                                tuple[np.ndarray, np.ndarray] | None]:
         """One group's tables of one tier (`_tier_terms`): forward (elements, messages) where
-        `p_view` is given, backward (elements, messages) where `q_view` is."""
-        levels, width = self.dims[0].need_len.shape
-        p, q = ptab.groups[group], qtab.groups[group]
+        `p_view` is given, backward (elements, messages) where `q_view` is; each dim's other
+        than the channel read from and kept in `shared` where given."""
         forward, backward = [], []
         for k, dim in enumerate(_GROUPS[group]):
-            table = self.dims[dim]
-            if p_view is not None:
-                # forward: a producer unit's run against each consumer tile; a run
-                # covers the coarse tile's range, so its elements are one overlap
-                columns = q.dim_tiles[k]
-                _, coarse, tile, low, high = p_view.runs[group][k]
-                shared = table.pairs[coarse * width + tile][:, columns]
-                # the tiles producer runs count along, at the exponents they are of only
-                used, level = p_view.fine[group][k]
-                touching = np.take(table.touching[used], columns, axis=2)
-                below = np.zeros((len(used), width + 1, len(columns)), dtype=np.int32)
-                np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
-                touched = below[level, high] - below[level, low]
-                # spread over the states: rows first (few columns), then columns
-                at = (p_view.run_of[group][k], q.dim_tile_of[k])
-                forward.append(tuple(_spread(small, *at) for small in (shared, touched)))
-            if q_view is not None:
-                # backward: each producer tile against a consumer unit's run
-                low, high = q_view.runs[group][k][3:]
-                # the consumer tiles its runs count along, at their exponents only
-                used, level = q_view.fine[group][k]
-                overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)[:, used]
-                # a sum along a whole level is at most a row of `row_sum`
-                wide = np.int32 if int(table.row_sum.max()) < _INT32_LIMIT else np.int64
-                below = np.zeros((len(overlap), len(used), width + 1), dtype=wide)
-                np.cumsum(overlap, axis=2, dtype=wide, out=below[..., 1:])
-                # int32: at most a run of tiles times the dimension
-                rows = (below[:, level, high] - below[:, level, low]).astype(np.int32,
-                                                                              copy=False)
-                below = np.zeros((len(overlap), len(used), width + 1), dtype=np.int32)
-                np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
-                feeds = below[:, level, high] - below[:, level, low]
-                at = (p.dim_tile_of[k], q_view.run_of[group][k])
-                backward.append(tuple(_spread(small, *at) for small in (rows, feeds)))
+            key = ("dim tiers", self.ids[dim], group, k, id(ptab), id(qtab), id(p_view),
+                   id(q_view))
+            known = shared.get(key) if shared is not None and dim != _CHANNEL else None
+            if known is None:
+                known = self._tier_dim(ptab, qtab, p_view, q_view, group, k)
+                if shared is not None and dim != _CHANNEL:
+                    shared.put(key, known, [array for pair in known if pair for array in pair],
+                               (ptab, qtab, p_view, q_view))
+            forward_dim, backward_dim = known
+            if forward_dim is not None:
+                forward.append(forward_dim)
+            if backward_dim is not None:
+                backward.append(backward_dim)
         forward_terms = backward_terms = None
         if forward:
-            (shared, touched), (shared_1, touched_1) = forward
-            forward_terms = (_product(shared, shared_1), touched * touched_1)
+            (held, touched), (held_1, touched_1) = forward
+            forward_terms = (_product(held, held_1), touched * touched_1)
         if backward:
             (rows, feeds), (rows_1, feeds_1) = backward
             backward_terms = (_product(rows, rows_1), feeds * feeds_1)
         return forward_terms, backward_terms
+
+    def _tier_dim(self, ptab: ConfigTable, qtab: ConfigTable, p_view: TierViews | None,
+                  q_view: TierViews | None, group: int, k: int,
+                  ) -> tuple[tuple[np.ndarray, np.ndarray] | None,
+                             tuple[np.ndarray, np.ndarray] | None]:
+        """`_tier_group`'s tables along the group's dim `k`, spread over the states."""
+        levels, width = self.dims[0].need_len.shape
+        p, q = ptab.groups[group], qtab.groups[group]
+        table = self.dims[_GROUPS[group][k]]
+        forward = backward = None
+        if p_view is not None:
+            # forward: a producer unit's run against each consumer tile; a run
+            # covers the coarse tile's range, so its elements are one overlap
+            columns = q.dim_tiles[k]
+            _, coarse, tile, low, high = p_view.runs[group][k]
+            held = table.pairs[coarse * width + tile][:, columns]
+            # the tiles producer runs count along, at the exponents they are of only
+            used, level = p_view.fine[group][k]
+            touching = np.take(table.touching[used], columns, axis=2)
+            below = np.zeros((len(used), width + 1, len(columns)), dtype=np.int32)
+            np.cumsum(touching, axis=1, dtype=np.int32, out=below[:, 1:])
+            touched = below[level, high] - below[level, low]
+            # spread over the states: rows first (few columns), then columns
+            at = (p_view.run_of[group][k], q.dim_tile_of[k])
+            forward = (_spread(held, *at), _spread(touched, *at))
+        if q_view is not None:
+            # backward: each producer tile against a consumer unit's run
+            low, high = q_view.runs[group][k][3:]
+            # the consumer tiles its runs count along, at their exponents only
+            used, level = q_view.fine[group][k]
+            overlap = table.pairs[p.dim_tiles[k]].reshape(-1, levels, width)[:, used]
+            # a sum along a whole level is at most a row of `row_sum`
+            wide = np.int32 if int(table.row_sum.max()) < _INT32_LIMIT else np.int64
+            below = np.zeros((len(overlap), len(used), width + 1), dtype=wide)
+            np.cumsum(overlap, axis=2, dtype=wide, out=below[..., 1:])
+            # int32: at most a run of tiles times the dimension
+            rows = (below[:, level, high] - below[:, level, low]).astype(np.int32,
+                                                                          copy=False)
+            below = np.zeros((len(overlap), len(used), width + 1), dtype=np.int32)
+            np.cumsum(overlap > 0, axis=2, dtype=np.int32, out=below[..., 1:])
+            feeds = below[:, level, high] - below[:, level, low]
+            at = (p.dim_tile_of[k], q_view.run_of[group][k])
+            backward = (_spread(rows, *at), _spread(feeds, *at))
+        return forward, backward
 
 
 @dataclass(frozen=True)
