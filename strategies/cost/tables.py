@@ -48,9 +48,7 @@ from layerwise.strategies.model.space import DIMS, ParallelConfig, tile_range, v
 from layerwise.strategies.model.tiles import (
     TileWork,
     as_view,
-    needed_range,
     needed_ranges,
-    output_ranges,
     passes_through,
 )
 
@@ -105,6 +103,18 @@ class TileDim:
 
 
 @dataclass(frozen=True)
+class DimLevels:
+    """Along one dimension, for every degree 2^0 .. 2^(levels - 1) (an entry per exponent):
+    the largest tile's output range (the first such) and the length of the range it needs of
+    each input, (inputs, levels)."""
+
+    levels: int
+    starts: np.ndarray
+    stops: np.ndarray
+    needed: np.ndarray
+
+
+@dataclass(frozen=True)
 class TileVolumes:
     """Element counts of each config's largest tile (one entry per config): what its shapes
     in `LayerTiles.largest` multiply out to."""
@@ -119,24 +129,39 @@ class LayerTiles:
 
     def __init__(self, layer: Layer) -> None:
         self.layer = layer
-        self._dims: dict[tuple[int, int], TileDim] = {}
+        self._levels: dict[int, DimLevels] = {}
         self._largest: dict[tuple[int, ...], TileWork] = {}
         self._volumes_of: Sequence[ParallelConfig] | None = None
         self._volumes = TileVolumes(np.empty(0), np.empty(0), np.empty(0))
 
     def along(self, dim: int, degree: int) -> TileDim:
-        """The largest tile's part along `dim` when the layer is split `degree` ways."""
-        key = (dim, degree)
-        if key not in self._dims:
+        """The largest tile's part along `dim` when the layer is split `degree` ways (a power
+        of two)."""
+        level = degree.bit_length() - 1
+        levels = self.levels(dim, level + 1)
+        return TileDim(output=(int(levels.starts[level]), int(levels.stops[level])),
+                       needed=tuple(int(length) for length in levels.needed[:, level]))
+
+    def levels(self, dim: int, levels: int) -> DimLevels:
+        """`DimLevels` along `dim` of at least `levels` exponents, every degree's at once (its
+        ranges `tiles.needed_ranges` computes together)."""
+        known = self._levels.get(dim)
+        if known is None or known.levels < levels:
             layer = self.layer
-            ranges = output_ranges(layer, dim, degree)
-            largest = max(ranges, key=lambda r: r[1] - r[0])
-            lengths = []
+            ranges = np.array(_level_ranges(as_view(layer.output_shape)[dim], levels),
+                              dtype=np.int64).reshape(-1, 2)
+            lengths = ranges[:, 1] - ranges[:, 0]
+            largest = [(1 << level) - 1 + int(np.argmax(lengths[(1 << level) - 1:
+                                                                (2 << level) - 1]))
+                       for level in range(levels)]  # the first longest tile of each degree
+            outs = [(int(start), int(stop)) for start, stop in ranges[largest]]
+            needed = np.zeros((len(layer.input_shapes), levels), dtype=np.int64)
             for index in range(len(layer.input_shapes)):
-                start, stop = needed_range(layer, index, dim, largest)
-                lengths.append(max(stop - start, 0))
-            self._dims[key] = TileDim(output=largest, needed=tuple(lengths))
-        return self._dims[key]
+                starts, stops = needed_ranges(layer, index, dim, outs)
+                needed[index] = np.maximum(stops - starts, 0)
+            self._levels[dim] = known = DimLevels(levels=levels, starts=ranges[largest, 0],
+                                                  stops=ranges[largest, 1], needed=needed)
+        return known
 
     def largest(self, config: ParallelConfig) -> TileWork:
         """`tiles.largest_tile(layer, config)`."""
@@ -168,13 +193,10 @@ class LayerTiles:
         inputs = np.ones((len(layer.input_shapes), len(configs)), dtype=np.int64)
         out_lengths = []
         for dim in range(len(DIMS)):
-            parts = [self.along(dim, 1 << level)
-                     for level in range(int(exponents[:, dim].max(initial=0)) + 1)]
-            out_lengths.append(
-                np.array([part.output[1] - part.output[0] for part in parts])[exponents[:, dim]])
+            levels = self.levels(dim, int(exponents[:, dim].max(initial=0)) + 1)
+            out_lengths.append((levels.stops - levels.starts)[exponents[:, dim]])
             out *= out_lengths[-1]
-            inputs *= np.array([part.needed for part in parts], dtype=np.int64).reshape(
-                len(parts), -1).T[:, exponents[:, dim]]
+            inputs *= levels.needed[:, exponents[:, dim]]
         # a channel split shards the weights
         params = layer.param_count * out_lengths[1] // as_view(layer.output_shape)[1]
         self._volumes_of = configs

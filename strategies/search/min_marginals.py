@@ -201,9 +201,12 @@ def _through(outside: np.ndarray, first: np.ndarray, cost: np.ndarray,
     to_i = np.empty(first.shape)
     to_k = np.full(second.shape, np.inf)
     rows = max(1, _CHUNK_ELEMENTS // max(1, second.size))
+    buffer = np.empty((min(rows, len(outside)), *second.shape))  # one for every block
     for start in range(0, len(outside), rows):
-        block = (outside[start:start + rows, None, :] + with_cost[start:start + rows, :, None]
-                 + second[None, :, :])  # (a, c, b)
-        to_i[start:start + rows] = block.min(axis=2)
+        block = buffer[:min(rows, len(outside) - start)]  # (a, c, b)
+        np.add(outside[start:start + rows, None, :], with_cost[start:start + rows, :, None],
+               out=block)
+        block += second[None, :, :]
+        block.min(axis=2, out=to_i[start:start + rows])
         np.minimum(to_k, block.min(axis=0), out=to_k)
     return to_i, to_k, to_k.min(axis=1)
