@@ -74,9 +74,10 @@ _UNION_CONFIG_DEVICES = 4096
 _UNION_OWN_DEVICES = 64
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
 _ENDS_TABLES_FROM_DEVICES = 32
-# Bytes of the parts of groups without the channel dim kept for the edges that share them
-# (`SharedParts`: a degree bound's factor on 16 devices ~80 KB, on 64 up to ~3.4 MB)
-_SHARED_PARTS_BYTES = 32 << 20
+# Bytes of the parts kept for the edges that share them (`SharedParts`), each of the degree
+# bounds' and of the sides' (a degree bound's factor on 16 devices ~80 KB, on 64 up to ~3.4
+# MB; the gathers' indices between two spaces of a 3-d net on 64 devices ~23 MB a pass)
+_SHARED_PARTS_BYTES = 16 << 20
 
 # Dimensions whose per-dim tables are multiplied into one table: (n, c), (h, w) and (d, pad).
 # Every group is two dims, so depth is paired with a padding dim of size 1 that no config
@@ -645,7 +646,7 @@ class EdgeDims:
             dims = _GROUPS[group]
             key = ("terms", self.ids[dims[0]], self.ids[dims[1]], group, id(ptab), id(qtab))
             known = shared.get(key) if shared is not None and _CHANNEL not in dims else None
-            if known is not None:
+            if isinstance(known, GroupTerms):
                 groups.append(known)
                 continue
             p, q = ptab.groups[group], qtab.groups[group]
@@ -1181,9 +1182,9 @@ class TransferTables:
         # no id it is keyed by can be reused while it lives
         self._config_tables: dict[tuple[object, ...], tuple[Sequence[ParallelConfig],
                                                             np.ndarray, ConfigTable]] = {}
-        self._between: dict[tuple[int, int], EndsBetween] = {}
-        # the parts of groups without the channel dim that edges share (`_products`, `_sides`)
-        self._shared = SharedParts(_SHARED_PARTS_BYTES)
+        # what edges share: the degree bounds' (`_ends_between`, `_products`), the sides'
+        self._bound_parts = SharedParts(_SHARED_PARTS_BYTES)
+        self._side_parts = SharedParts(_SHARED_PARTS_BYTES)
         self._end_row_lists: dict[tuple[int, ...], tuple[Sequence[ParallelConfig],
                                                          EndRows]] = {}
         # `_shifted` per pair of those tables (kept alive there) and group of configs
@@ -1370,7 +1371,7 @@ class TransferTables:
                   other: GroupedAt, index: tuple[np.ndarray, ...]) -> np.ndarray:
         """`grouped_products` of the edge's per-dim tables `name` (each `transposed` or not),
         the factor of each group without the channel dim kept per pair of its tables while
-        they fit in _SHARED_PARTS_BYTES: the edges between two search spaces differ mostly in
+        they fit (_SHARED_PARTS_BYTES): the edges between two search spaces differ mostly in
         their channel tables (a concatenation's inputs, each block's widths) while the
         spatial ones recur (Inception-v3's 63 kinds on 16 devices: 22 pairs of height and
         width tables)."""
@@ -1382,25 +1383,28 @@ class TransferTables:
                 known.append(None)
                 continue
             key = (name, transposed, edge.ids[d0], edge.ids[d1], id(ends), id(other))
-            part = self._shared.get(key)
-            if part is None:
+            part = self._bound_parts.get(key)
+            if not isinstance(part, np.ndarray):
                 part = group_product(tables[d0], tables[d1], ends, other, index, group)
-                self._shared.put(key, part, [part], (ends, other))
+                self._bound_parts.put(key, part, [part], (ends, other))
             known.append(part)
         return grouped_products(tables, ends, other, index, known)
 
     def _ends_between(self, rows: EndRows, other: EndRows) -> EndsBetween:
         """What the degree bounds read at the ends of `rows` against the degrees of `other`,
         once per pair of lists (the edges between two search spaces share it: Inception-v3's
-        63 kinds on 16 devices span 4 pairs). Both live as long as the tables (`_end_rows`),
-        so their ids name them."""
-        key = (id(rows), id(other))
-        if key not in self._between:
-            self._between[key] = EndsBetween(
-                index=grouped_index(rows.ends, other.degrees),
-                window_index=tuple(grouped_index(rows.ends, codes) for codes in other.windows),
-                bare=bare_levels(rows, other, self._units))
-        return self._between[key]
+        63 kinds on 16 devices span 4 pairs), kept while it fits."""
+        key = ("between", id(rows), id(other))
+        known = self._bound_parts.get(key)
+        if isinstance(known, EndsBetween):
+            return known
+        between = EndsBetween(
+            index=grouped_index(rows.ends, other.degrees),
+            window_index=tuple(grouped_index(rows.ends, codes) for codes in other.windows),
+            bare=bare_levels(rows, other, self._units))
+        self._bound_parts.put(key, between, [*between.index, *itertools.chain.from_iterable(
+            between.window_index), between.bare], (rows, other))
+        return between
 
     def _end_rows(self, configs: Sequence[ParallelConfig]) -> EndRows:
         """`end_rows` of a list of configs, cached as `_config_table` is."""
@@ -1542,7 +1546,8 @@ class TransferTables:
     def forget_sides(self) -> None:
         """Drop the per-device terms kept for `kept` (the search's exact pass is done)."""
         self._bounded_sides.clear()
-        self._shared.clear()
+        self._bound_parts.clear()
+        self._side_parts.clear()
         self._kept.clear()
         self._priced_within.clear()
         self._kept_bytes = 0
@@ -1755,8 +1760,8 @@ class TransferTables:
         reads is then left out (empty lists, zero needs)."""
         (porder, ptab) = self._config_table(pconfs, ends_only=passes == "backward")
         (qorder, qtab) = self._config_table(qconfs, ends_only=passes == "forward")
-        groups = dims.terms(ptab, qtab, self._shared)
-        tiers = dims.tier_terms(ptab, qtab, passes, self._shared)
+        groups = dims.terms(ptab, qtab, self._side_parts)
+        tiers = dims.tier_terms(ptab, qtab, passes, self._side_parts)
         forward, backward_pass = passes != "backward", passes != "forward"
         # (Q, D) needed elements of each consumer tile (the forward pass's)
         need = dims.need(qtab) if forward else np.zeros((len(qconfs), self.devices), np.int64)
