@@ -33,6 +33,7 @@ from layerwise.strategies.model.input_size import spatial_size
 from layerwise.strategies.model.space import (
     DIMS,
     ParallelConfig,
+    as_view,
     check_config,
     config_text,
     dim_name,
@@ -45,6 +46,7 @@ from layerwise.strategies.model.tiles import (
     largest_tile,
     needed_box,
     needed_range,
+    needed_ranges,
     real_box,
 )
 from layerwise.strategies.model.zoo import build_model, input_shape
@@ -195,6 +197,23 @@ def window_cases(draw: st.DrawFn) -> tuple[nn.Module, torch.Tensor, tuple[int, .
     x = torch.randn(shape, generator=generator, dtype=torch.float64)
     degrees = tuple(draw(st.sampled_from([1, 2])) for _ in range(len(DIMS)))
     return module, x, degrees
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(window_cases())
+def test_every_tiles_needed_range_at_once_is_each_tiles_own(case) -> None:
+    """The cost tables ask for the needed ranges of every tile of every power-of-two degree
+    along a dim at once (a convolution's or pooling's windows as arrays): each is the range
+    `needed_range` gives that tile alone, empty tiles (more tiles than rows) included."""
+    module, x, _ = case
+    layer = trace(nn.Sequential(module), tuple(x.shape)).layers[-1]
+    for dim in range(len(DIMS)):
+        size = as_view(layer.output_shape)[dim]
+        outs = [(index * size // degree, (index + 1) * size // degree)
+                for degree in (1, 2, 4, 8, 16) for index in range(degree)]
+        starts, stops = needed_ranges(layer, 0, dim, outs)
+        assert [(int(start), int(stop)) for start, stop in zip(starts, stops, strict=True)] == [
+            needed_range(layer, 0, dim, out) for out in outs]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
