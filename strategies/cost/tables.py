@@ -1112,6 +1112,7 @@ class SharedParts:
         self._budget = budget
 
     def get(self, key: tuple[object, ...]) -> object | None:
+        """The value kept under `key`, or None."""
         value = self._values.get(key)
         return None if value is None else value[0]
 
