@@ -41,7 +41,7 @@ from layerwise.strategies.search.config_bounds import (
     restricted,
     within,
 )
-from layerwise.strategies.search.min_marginals import min_marginals, min_plus
+from layerwise.strategies.search.min_marginals import fold, min_marginals, min_plus
 
 _T = TypeVar("_T")
 _MAX_FACTOR_ELEMENTS = 50_000_000  # larger variable elimination tables go to the integer program
@@ -232,7 +232,7 @@ def _eliminate(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.nda
                 edge_key = graph.edge_keys[(other, j) if preds else (j, other)]
                 key = keys.derived("fold" if preds else "fold_back", edge_key,
                                    graph.node_keys[j])
-                folded, arg = keys.memo(key, lambda matrix=matrix, cost_j=cost_j: _fold(
+                folded, arg = keys.memo(key, lambda matrix=matrix, cost_j=cost_j: fold(
                     matrix, cost_j))
                 summed = keys.derived("plus", graph.node_keys[other], key)
                 graph.nodes[other] = keys.memo(
@@ -257,14 +257,6 @@ def _eliminate(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.nda
     return Solution(choice=choice, cost=cost, final_nodes=final_nodes,
                     nodes_eliminated=nodes_eliminated, edges_eliminated=edges_eliminated,
                     method=method, gap=gap)
-
-
-def _fold(matrix: np.ndarray, cost_j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A leaf j folded into its neighbour: per neighbour config, min over c_j of the edge
-    plus j's cost, and the argmin."""
-    total = matrix + cost_j[None, :]
-    arg = total.argmin(axis=1)
-    return total[np.arange(len(arg)), arg], arg
 
 
 def _elimination_order(graph: _Graph) -> tuple[list[str], int]:

@@ -97,7 +97,7 @@ def min_marginals(nodes: dict[str, np.ndarray], edges: dict[tuple[str, str], np.
                 (o,) = around
                 edge = matrices.pop((o, j)) if (o, j) in matrices else matrices.pop((j, o)).T
                 cost = vectors.pop(j)
-                folded = (edge + cost[None, :]).min(axis=1)
+                folded = fold(edge, cost)[0]
                 steps.append(_Leaf(j, o, edge, cost, folded))
                 vectors[o] = vectors[o] + folded
                 neighbours[o].discard(j)
@@ -190,6 +190,15 @@ def min_plus(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarra
         arg[start:start + rows] = found
         best[start:start + rows] = np.take_along_axis(block, found[..., None], axis=2)[..., 0]
     return best, arg
+
+
+def fold(matrix: np.ndarray, cost_j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A leaf j folded into its neighbour (`elimination.solve`'s leaf step and the pass
+    forward here): per neighbour config, min over c_j of the edge plus j's cost, and the
+    argmin."""
+    total = matrix + cost_j[None, :]
+    arg = total.argmin(axis=1)
+    return total[np.arange(len(arg)), arg], arg
 
 
 def _through(outside: np.ndarray, first: np.ndarray, cost: np.ndarray,
