@@ -336,6 +336,35 @@ def test_the_exact_pass_over_kept_configs_gives_the_whole_matrices_entries_bit_f
     assert cost.terms_priced == priced
 
 
+def test_kinds_priced_together_give_each_kinds_own_entries_bit_for_bit(monkeypatch):
+    """Kinds of edge between the same two lists of configs (Inception-v3's branches and
+    concatenations: up to 17 kinds at once here) are priced in one build of their sides and
+    one pass: every edge's entries are its whole matrix's, and those each kind priced alone
+    gives, bit for bit, in the order the configs are asked for."""
+    graph = build_graph("inception_v3", batch=16 * 8, image_size=75)
+    cluster = load_cluster("p100x16")
+    random = np.random.default_rng(1)
+
+    def kept_matrices(cost: CostModel) -> tuple[list[dict[tuple[str, str], bytes]],
+                                                list[dict[str, np.ndarray]]]:
+        asked = [{name: np.sort(random.choice(len(configs), count, replace=False))
+                  for name, configs in cost.configs.items()} for count in (3, 8)]
+        return [{edge: matrix.tobytes() for edge, matrix in cost.kept_edges(kept).items()}
+                for kept in asked], asked
+
+    cost = CostModel(graph, cluster, 16, AnalyticCompute(cluster), placement="aligned")
+    together, asked = kept_matrices(cost)
+    for (u, v) in graph.edges[::12]:
+        whole = cost.edge(graph.by_name[u], graph.by_name[v])[0]
+        for kept, matrices in zip(asked, together, strict=True):
+            assert matrices[u, v] == whole[np.ix_(kept[u], kept[v])].tobytes(), (u, v)
+    monkeypatch.setattr(tables, "_KIND_TERMS", -1)  # no batch pays: each kind alone
+    random = np.random.default_rng(1)
+    alone, _ = kept_matrices(CostModel(graph, cluster, 16, AnalyticCompute(cluster),
+                                       placement="aligned"))
+    assert alone == together
+
+
 def test_a_strategy_best_for_the_bounds_tightens_them_on_residual_networks(monkeypatch):
     """Where the forest's strategy (which ignores each residual block's shortcut) keeps many
     configs, the strategy best for the bounds themselves over the configs kept, priced
