@@ -216,6 +216,30 @@ def test_every_tiles_needed_range_at_once_is_each_tiles_own(case) -> None:
             needed_range(layer, 0, dim, out) for out in outs]
 
 
+@pytest.mark.parametrize(("model", "size", "channels"), [
+    ("inception_v3", 75, 3), ("resnet18", 32, 3), ("alexnet", 64, 3),
+    ("unet3d", (16, 16, 16), 1), ("m5", (1024,), 1), ("tests.idiom_models:Signal", (64,), 2)])
+def test_every_tiles_needed_range_at_once_over_every_layer_of_a_network(model, size,
+                                                                        channels) -> None:
+    """Every layer's needed ranges at once, on every dim of every input (concatenations'
+    shifts, the whole input of a linear layer or a convolution's channels, ranges that pass
+    through, windows, and the rest one by one): each is `needed_range`'s for that tile."""
+    graph = build_graph(model, batch=4, image_size=size, in_channels=channels)
+    kinds = set()
+    for layer in graph.layers:
+        kinds.add(layer.kind)
+        for index in range(len(layer.input_shapes)):
+            for dim in range(len(DIMS)):
+                extent = as_view(layer.output_shape)[dim]
+                outs = [(tile * extent // degree, (tile + 1) * extent // degree)
+                        for degree in (1, 2, 4, 8, 16, 32) for tile in range(degree)]
+                starts, stops = needed_ranges(layer, index, dim, outs)
+                assert [(int(start), int(stop)) for start, stop in zip(
+                    starts, stops, strict=True)] == [
+                    needed_range(layer, index, dim, out) for out in outs], (layer.name, dim)
+    assert {"conv", "linear"} & kinds
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(window_cases())
 def test_each_tile_of_a_1d_or_3d_window_op_is_its_part_of_the_full_op(case) -> None:

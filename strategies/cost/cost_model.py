@@ -55,12 +55,14 @@ from layerwise.strategies.hardware.cluster import GRADIENT_BUCKET_BYTES, Cluster
 from layerwise.strategies.hardware.ports import ServerPorts, ring_links, shares_ports
 from layerwise.strategies.model.graph import BYTES_PER_ELEMENT, Layer, LayerGraph
 from layerwise.strategies.model.space import (
+    DIMS,
     Degrees,
     ParallelConfig,
     check_config,
     degree_choices,
     dim_sizes,
     enumerate_configs,
+    max_degree,
     parallel_dims,
     placements,
 )
@@ -104,6 +106,7 @@ class CostModel:
         self.batch_norm_statistics = batch_norm_statistics
         self._transfers = TransferTables(cluster, devices)
         self._spaces: dict[tuple[object, ...], list[ParallelConfig]] = {}
+        self._space_lists: dict[tuple[int, ...], list[ParallelConfig]] = {}  # by degree limits
         self._space_keys: dict[str, tuple[object, ...]] = {}  # by layer name
         self._degree_classes: dict[tuple[object, ...], np.ndarray] = {}  # by space
         self._built: dict[tuple[tuple[int, ...], tuple[int, ...]], ParallelConfig] = {}
@@ -142,14 +145,19 @@ class CostModel:
         """`configs_for`, enumerated once per distinct set of dim sizes and split dims."""
         key = self._space_of(layer)
         if key not in self._spaces:
-            # as `configs_for`, built without re-validating configs legal by construction,
-            # each config once for every space that holds it
-            self._spaces[key] = [
-                self._config(degrees, block)
-                for degrees in degree_choices(layer, self.devices)
-                for block in placements(math.prod(degrees), self.devices)
-                if self.placement == "aligned" or block[0] == 0
-            ]
+            # the degrees `degree_choices` allows depend on each dim's largest degree alone:
+            # spaces of different sizes share one list (Inception-v3's 31 on 16 devices, 4)
+            limits = tuple(min(max_degree(layer, dim), self.devices) for dim in DIMS)
+            if limits not in self._space_lists:
+                # as `configs_for`, built without re-validating configs legal by
+                # construction, each config once for every space that holds it
+                self._space_lists[limits] = [
+                    self._config(degrees, block)
+                    for degrees in degree_choices(layer, self.devices)
+                    for block in placements(math.prod(degrees), self.devices)
+                    if self.placement == "aligned" or block[0] == 0
+                ]
+            self._spaces[key] = self._space_lists[limits]
         return list(self._spaces[key])
 
     def _space_of(self, layer: Layer) -> tuple[object, ...]:

@@ -154,19 +154,16 @@ class LayerTiles:
         known = self._levels.get(dim)
         if known is None or known.levels < levels:
             layer = self.layer
-            ranges = np.array(_level_ranges(as_view(layer.output_shape)[dim], levels),
-                              dtype=np.int64).reshape(-1, 2)
-            lengths = ranges[:, 1] - ranges[:, 0]
-            largest = [(1 << level) - 1 + int(np.argmax(lengths[(1 << level) - 1:
-                                                                (2 << level) - 1]))
-                       for level in range(levels)]  # the first longest tile of each degree
-            outs = [(int(start), int(stop)) for start, stop in ranges[largest]]
+            outs, starts, stops = _largest_tiles(as_view(layer.output_shape)[dim], levels)
             needed = np.zeros((len(layer.input_shapes), levels), dtype=np.int64)
             for index in range(len(layer.input_shapes)):
-                starts, stops = needed_ranges(layer, index, dim, outs)
-                needed[index] = np.maximum(stops - starts, 0)
-            self._levels[dim] = known = DimLevels(levels=levels, starts=ranges[largest, 0],
-                                                  stops=ranges[largest, 1], needed=needed)
+                if passes_through(layer, index, dim):  # the output's own ranges
+                    needed[index] = stops - starts
+                else:
+                    first, last = needed_ranges(layer, index, dim, outs)
+                    needed[index] = np.maximum(last - first, 0)
+            self._levels[dim] = known = DimLevels(levels=levels, starts=starts, stops=stops,
+                                                  needed=needed)
         return known
 
     def largest(self, config: ParallelConfig) -> TileWork:
@@ -256,6 +253,19 @@ def _level_ranges(size: int, levels: int) -> tuple[tuple[int, int], ...]:
     `size`, degree after degree (the order of `DimTable`)."""
     return tuple(tile_range(size, 1 << level, index)
                  for level in range(levels) for index in range(1 << level))
+
+
+@cache  # many layers share a size along a dim
+def _largest_tiles(size: int, levels: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """The output range of the first longest tile of each degree 2^0 .. 2^(levels-1) of a dim
+    of `size`, as ranges and as (starts, stops) arrays (read-only: shared)."""
+    ranges = np.array(_level_ranges(size, levels), dtype=np.int64).reshape(-1, 2)
+    lengths = ranges[:, 1] - ranges[:, 0]
+    largest = [(1 << level) - 1 + int(np.argmax(lengths[(1 << level) - 1:(2 << level) - 1]))
+               for level in range(levels)]
+    starts, stops = ranges[largest, 0], ranges[largest, 1]
+    starts.flags.writeable = stops.flags.writeable = False
+    return [(int(start), int(stop)) for start, stop in ranges[largest]], starts, stops
 
 
 def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:

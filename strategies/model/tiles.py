@@ -165,17 +165,33 @@ def needed_range(layer: Layer, input_index: int, dim: int, out: Range) -> Range:
 def needed_ranges(layer: Layer, input_index: int, dim: int,
                   outs: Sequence[Range]) -> tuple[np.ndarray, np.ndarray]:
     """`needed_range` of each output range of `outs`, as (starts, stops) arrays: a
-    convolution's or pooling's windows along a spatial dim all at once (the cost tables ask
-    for every tile of every power-of-two degree: 511 ranges per dim on 256 devices), each
+    convolution's or pooling's windows along a spatial dim, a concatenation's shift and the
+    cases that need the range itself or the whole input all at once (the cost tables ask for
+    every tile of every power-of-two degree: 511 ranges per dim on 256 devices), each
     distinct range of any other in turn."""
     geometry = layer.geometry
-    if (layer.kind in ("conv", "pool") and geometry is not None and dim >= 2
-            and not passes_through(layer, input_index, dim)):
-        starts, stops = np.array(outs, dtype=np.int64).reshape(-1, 2).T
+    kind = layer.kind
+    starts, stops = np.array(outs, dtype=np.int64).reshape(-1, 2).T
+    in_size = as_view(layer.input_shapes[input_index])[dim]
+    # `needed_range`'s cases that need no loop, in its order: a range itself, the whole
+    # input, a concatenation's shifted range, a window op's windows
+    if passes_through(layer, input_index, dim):
+        return starts, stops
+    if kind in ("linear", "flatten"):
+        return np.zeros_like(starts), np.full_like(stops, in_size)
+    if kind == "concat":
+        if dim != view_dims(len(layer.output_shape))[layer.concat_dim or 0]:
+            return starts, stops
+        offset = sum(as_view(shape)[dim] for shape in layer.input_shapes[:input_index])
+        return np.maximum(starts - offset, 0), np.minimum(stops - offset, in_size)
+    if dim == 1 and kind not in ("add", "channels", "conv"):
+        return starts, stops
+    if dim == 1 and kind == "conv" and geometry is not None and geometry.groups == 1:
+        return np.zeros_like(starts), np.full_like(stops, in_size)
+    if kind in ("conv", "pool") and geometry is not None and dim >= 2:
         reach = _transposed_reach if geometry.transposed else _window_reach
         first, end = reach(starts, stops, *geometry.along(dim))
-        return (np.maximum(first, 0),
-                np.minimum(end, as_view(layer.input_shapes[input_index])[dim]))
+        return np.maximum(first, 0), np.minimum(end, in_size)
     needed = {out: needed_range(layer, input_index, dim, out) for out in dict.fromkeys(outs)}
     starts, stops = np.array([needed[out] for out in outs], dtype=np.int64).reshape(-1, 2).T
     return starts, stops
