@@ -233,44 +233,24 @@ def end_rows(configs: Sequence[ParallelConfig], dims: int,
 
 def grouped_index(ends: GroupedAt, other: GroupedAt) -> tuple[np.ndarray, ...]:
     """Per group of two dims, where each (end degrees, end, other degrees) entry reads the
-    flat table of products over the distinct pairs of rows and of columns
-    (`grouped_products`), (G_e, 2, G_o): the same for every edge between two lists."""
+    flat table of products over the distinct pairs of rows and of columns (`group_product`),
+    (G_e, 2, G_o): the same for every edge between two lists."""
     return tuple(of[..., None] * len(columns) + other_of for of, columns, other_of in zip(
         ends.of, other.first, other.of, strict=True))
 
 
 def group_product(first: np.ndarray, second: np.ndarray, ends: GroupedAt, other: GroupedAt,
                   index: tuple[np.ndarray, ...], group: int) -> np.ndarray:
-    """(G_e, 2, G_o): `grouped_products`' factor of one group of two dims, whose tables are
-    `first` and `second`."""
+    """(G_e, 2, G_o): the product of the tables of one group of two dims, `first` and
+    `second`, at each degrees' ends (`ends`: `EndRows.ends`, the table rows) and each degrees
+    of the other side (`other`: its `EndRows.degrees`, the table columns), in float64
+    (`end_seconds` reads them so; counts of elements, exact below 2^53): taken over the
+    distinct pairs of rows and of columns (a few dozen), then gathered once through `index`
+    (`grouped_index`), a third of the gathers of one per dim."""
     rows = (ends.first[group][:, None], ends.second[group][:, None])
     columns = (other.first[group][None, :], other.second[group][None, :])
     small = (first[rows[0], columns[0]] * second[rows[1], columns[1]]).astype(np.float64)
     return small.ravel().take(index[group])
-
-
-def grouped_products(tables: Sequence[np.ndarray], ends: GroupedAt, other: GroupedAt,
-                     index: tuple[np.ndarray, ...],
-                     known: Sequence[np.ndarray | None] = ()) -> np.ndarray:
-    """(G_e, 2, G_o): the product over dims of `tables[dim][end tile, other exponent]`, for
-    each degrees of the side whose ends are read (`ends`: `EndRows.ends`, the table rows) and
-    each degrees of the other side (`other`: its `EndRows.degrees`, the table columns), in
-    float64 (`end_seconds` reads them so; counts of elements, exact below 2^53). Dims multiply
-    in groups of two: each group's product is first taken over the distinct pairs of rows and
-    of columns (a few dozen), then gathered once through `index` (`grouped_index`), a third
-    of the gathers of one per dim. `known[group]`, where given, is that group's factor
-    already computed (`group_product`), read and not written."""
-    product = None
-    for group, (d0, d1) in enumerate(ends.dims):
-        part = known[group] if group < len(known) else None
-        if part is None:  # a fresh array, this product's own
-            part = group_product(tables[d0], tables[d1], ends, other, index, group)
-            product = part if product is None else np.multiply(product, part, out=product)
-        else:
-            product = part.copy() if product is None else np.multiply(product, part,
-                                                                      out=product)
-    assert product is not None  # one group at least
-    return product
 
 
 def _envelope(values: np.ndarray) -> np.ndarray:

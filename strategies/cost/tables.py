@@ -38,7 +38,6 @@ from layerwise.strategies.cost.degree_bounds import (
     end_seconds,
     group_product,
     grouped_index,
-    grouped_products,
     window_table,
 )
 from layerwise.strategies.hardware.cluster import Cluster
@@ -1542,7 +1541,7 @@ class TransferTables:
         need = np.ones((len(q_rows.exponents), 2, 1), dtype=np.int64)
         for dim, table in enumerate(dims):
             need *= table.need_len.reshape(-1)[q_rows.end_tiles[..., dim]][..., None]
-        need = need.astype(np.float64)  # as `grouped_products` gives them
+        need = need.astype(np.float64)  # as `group_product` gives them
         between = self._ends_between(q_rows, p_rows)
         largest = self._products(edge, "largest_per_consumer_tile", True, q_rows.ends,
                                  p_rows.degrees, between.index)
@@ -1576,26 +1575,37 @@ class TransferTables:
 
     def _products(self, edge: EdgeDims, name: str, transposed: bool, ends: GroupedAt,
                   other: GroupedAt, index: tuple[np.ndarray, ...]) -> np.ndarray:
-        """`grouped_products` of the edge's per-dim tables `name` (each `transposed` or not),
-        the factor of each group without the channel dim kept per pair of its tables while
-        they fit (_SHARED_PARTS_BYTES): the edges between two search spaces differ mostly in
-        their channel tables (a concatenation's inputs, each block's widths) while the
-        spatial ones recur (Inception-v3's 63 kinds on 16 devices: 22 pairs of height and
-        width tables)."""
-        tables = [getattr(table, name).T if transposed else getattr(table, name)
-                  for table in edge.dims]
-        known: list[np.ndarray | None] = []
-        for group, (d0, d1) in enumerate(ends.dims):
-            if _CHANNEL in (d0, d1):
-                known.append(None)
-                continue
-            key = (name, transposed, edge.ids[d0], edge.ids[d1], id(ends), id(other))
-            part = self._bound_parts.get(key)
-            if not isinstance(part, np.ndarray):
-                part = group_product(tables[d0], tables[d1], ends, other, index, group)
-                self._bound_parts.put(key, part, [part], (ends, other))
-            known.append(part)
-        return grouped_products(tables, ends, other, index, known)
+        """(G_e, 2, G_o): the product over dims of the edge's per-dim tables `name` (each
+        `transposed` or not) at `ends` against `other`, group by group (`group_product`); the
+        factor of the groups without the channel dim kept per their tables while it fits
+        (_SHARED_PARTS_BYTES): the edges between two search spaces differ mostly in their
+        channel tables (a concatenation's inputs, each block's widths) while the spatial ones
+        recur (Inception-v3's 63 kinds on 16 devices: 22 pairs of height and width tables)."""
+        def factor(group: int) -> np.ndarray:
+            first, second = (getattr(edge.dims[dim], name) for dim in ends.dims[group])
+            return group_product(first.T if transposed else first,
+                                 second.T if transposed else second, ends, other, index, group)
+
+        channel = [group for group, dims in enumerate(ends.dims) if _CHANNEL in dims]
+        rest = [group for group in range(len(ends.dims)) if group not in channel]
+        # the other groups' factors multiplied once: element counts, exact in float64 in any
+        # order (each product is at most a tensor's elements)
+        key = (name, transposed, *(edge.ids[dim] for group in rest for dim in ends.dims[group]),
+               id(ends), id(other))
+        known = self._bound_parts.get(key)
+        if not isinstance(known, np.ndarray) and rest:
+            known = factor(rest[0])
+            for group in rest[1:]:
+                known = known * factor(group)
+            self._bound_parts.put(key, known, [known], (ends, other))
+        product = None
+        for group in channel:  # a fresh array, this product's own
+            product = factor(group) if product is None else np.multiply(
+                product, factor(group), out=product)
+        if not isinstance(known, np.ndarray):
+            assert product is not None  # one group at least
+            return product
+        return known.copy() if product is None else np.multiply(product, known, out=product)
 
     def _ends_between(self, rows: EndRows, other: EndRows) -> EndsBetween:
         """What the degree bounds read at the ends of `rows` against the degrees of `other`,
