@@ -358,7 +358,7 @@ def test_kinds_priced_together_give_each_kinds_own_entries_bit_for_bit(monkeypat
         whole = cost.edge(graph.by_name[u], graph.by_name[v])[0]
         for kept, matrices in zip(asked, together, strict=True):
             assert matrices[u, v] == whole[np.ix_(kept[u], kept[v])].tobytes(), (u, v)
-    monkeypatch.setattr(tables, "_KIND_TERMS", -1)  # no batch pays: each kind alone
+    monkeypatch.setattr(tables, "_KIND_TERMS", -(1 << 62))  # no batch pays: each kind alone
     random = np.random.default_rng(1)
     alone, _ = kept_matrices(CostModel(graph, cluster, 16, AnalyticCompute(cluster),
                                        placement="aligned"))

@@ -76,6 +76,10 @@ _UNION_OWN_DEVICES = 64
 # kinds built over the same configs are priced together where the terms that adds are fewer
 # than this per kind (`TransferTables._batch_pays`)
 _KIND_TERMS = 8_000
+# and only where each of the batch's stacked tables holds at most this many entries (8-16 MB):
+# Inception-v3's batch of 16 kinds on 64 devices of p100x16 needed 3.6 million a table, its
+# sides took 58 MB and it ran slower than its kinds alone (51 -> 77 ms)
+_BATCH_ENTRIES = 1 << 21
 # from this many devices a bound's tables hold each side's ends only (`ConfigTable`)
 _ENDS_TABLES_FROM_DEVICES = 32
 # Bytes of the parts kept for the edges that share them (`SharedParts`), each of the degree
@@ -1703,9 +1707,20 @@ class TransferTables:
 
     def _batch_pays(self, batch: Sequence[_KindAsked]) -> bool:
         """Whether pricing a batch of kinds together (`_batch`) costs less than each alone:
-        where the terms its union of columns adds are fewer than _KIND_TERMS per kind it
-        saves building and passing alone."""
+        where its stacked tables hold at most _BATCH_ENTRIES entries each, and the terms its
+        union of columns adds are fewer than _KIND_TERMS per kind it saves building and
+        passing alone."""
         first = next(iter(batch[0].distinct.values()))
+        edges = [self._edge_dims(request.producer, request.consumer)
+                 for request in (next(iter(kind.distinct.values())) for kind in batch)]
+        _, ptab = self._config_table([first.producer_configs[index] for index in batch[0].p_built])
+        _, qtab = self._config_table([first.consumer_configs[index] for index in batch[0].q_built])
+        for group in edges[0].active:
+            d0, d1 = _GROUPS[group]
+            entries = len({(edge.ids[d0], edge.ids[d1]) for edge in edges})
+            if entries * ptab.groups[group].state_exponents.shape[1] * qtab.groups[
+                    group].state_exponents.shape[1] > _BATCH_ENTRIES:
+                return False
         p_sizes = np.array([config.size for config in first.producer_configs])
         q_sizes = np.array([config.size for config in first.consumer_configs])
         backward = first.producer.kind != "input"
