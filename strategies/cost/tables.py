@@ -259,7 +259,8 @@ def _level_ranges(size: int, levels: int) -> tuple[tuple[int, int], ...]:
 
 
 @cache  # many layers share a size along a dim
-def _largest_tiles(size: int, levels: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+def _largest_tiles(size: int, levels: int,
+                   ) -> tuple[tuple[tuple[int, int], ...], np.ndarray, np.ndarray]:
     """The output range of the first longest tile of each degree 2^0 .. 2^(levels-1) of a dim
     of `size`, as ranges and as (starts, stops) arrays (read-only: shared)."""
     ranges = np.array(_level_ranges(size, levels), dtype=np.int64).reshape(-1, 2)
@@ -268,7 +269,7 @@ def _largest_tiles(size: int, levels: int) -> tuple[list[tuple[int, int]], np.nd
                for level in range(levels)]
     starts, stops = ranges[largest, 0], ranges[largest, 1]
     starts.flags.writeable = stops.flags.writeable = False
-    return [(int(start), int(stop)) for start, stop in ranges[largest]], starts, stops
+    return tuple((int(start), int(stop)) for start, stop in ranges[largest]), starts, stops
 
 
 def _aligned_runs(first: int, stop: int) -> list[tuple[int, int]]:
@@ -673,10 +674,10 @@ Parts = tuple[np.ndarray | None, ...]
 
 
 class EdgeStack:
-    """One edge, or several of one kind's search spaces whose terms are computed together
-    (`TransferTables.kept_many`: Inception-v3's upper bound on 16 devices asks 41 kinds of
-    edge between the same two lists of configs, their sides each of 5-56 configs, where one
-    kind's numpy calls cost more than their arithmetic). A group's tables have one entry per
+    """The per-dim terms of one edge, or of several between the same two lists of configs
+    computed together (`TransferTables.kept_many`: Inception-v3's upper bound on 16 devices
+    asks 41 kinds of edge between one pair of lists, their sides each of 5-56 configs, where
+    one kind's numpy calls cost more than their arithmetic). A group's tables have one entry per
     distinct pair of the edges' tables along its two dims (`entries`: each edge's entry),
     computed from the distinct tables along each dim stacked (`DimStack`); a dim whose table
     all the edges share is computed once, and read from and kept in `shared` (but the
@@ -710,15 +711,9 @@ class EdgeStack:
         tables = {edge.ids[dim]: edge.dims[dim] for edge in self.edges}
         if len(distinct) > 1:
             return compute(DimStack([tables[table_id] for table_id in distinct]))
-        cached = key is not None and self.shared is not None and dim != _CHANNEL
-        full = (*(key or ()), distinct[0])
-        known = self.shared.get(full) if cached else None  # type: ignore[union-attr]
-        if known is None:
-            known = compute(DimStack([tables[distinct[0]]]))
-            if cached:
-                self.shared.put(full, known,  # type: ignore[union-attr]
-                                [array for array in known if array is not None], holds)
-        return known  # type: ignore[return-value]
+        shared = self.shared if key is not None and dim != _CHANNEL else None
+        return _read_or_computed(shared, (*(key or ()), distinct[0]), holds,
+                     lambda: compute(DimStack([tables[distinct[0]]])))
 
     def product(self, group: int, first: Parts, second: Parts,
                 elements: tuple[int, ...]) -> Parts:
@@ -742,15 +737,8 @@ class EdgeStack:
         every edge shares both tables and neither is the channel's."""
         dims = _GROUPS[group]
         ids = {(edge.ids[dims[0]], edge.ids[dims[1]]) for edge in self.edges}
-        cached = self.shared is not None and _CHANNEL not in dims and len(ids) == 1
-        full = (*key, *next(iter(ids)))
-        known = self.shared.get(full) if cached else None  # type: ignore[union-attr]
-        if known is None:
-            known = compute()
-            if cached:
-                self.shared.put(full, known,  # type: ignore[union-attr]
-                                [array for array in known if array is not None], holds)
-        return known  # type: ignore[return-value]
+        shared = self.shared if _CHANNEL not in dims and len(ids) == 1 else None
+        return _read_or_computed(shared, (*key, *next(iter(ids))), holds, compute)
 
     def need(self, qtab: ConfigTable) -> np.ndarray:
         """(K, Q, D) elements each consumer tile needs (0 on a device holding none), K one
@@ -837,6 +825,18 @@ class EdgeStack:
                 terms.row.append(row)
                 terms.sent.append(sent)
         return terms
+
+
+def _read_or_computed(shared: SharedParts | None, key: tuple[object, ...],
+                      holds: Sequence[object], compute: Callable[[], Parts]) -> Parts:
+    """`compute`'s arrays, read from and kept in `shared` under `key` where given."""
+    known = shared.get(key) if shared is not None else None
+    if isinstance(known, tuple):
+        return known
+    parts = compute()
+    if shared is not None:
+        shared.put(key, parts, [array for array in parts if array is not None], holds)
+    return parts
 
 
 def _at(part: np.ndarray | None, entries: np.ndarray) -> np.ndarray | None:
