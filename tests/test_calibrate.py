@@ -52,14 +52,20 @@ def test_fit_keeps_latency_and_bandwidth_positive_on_noise():
     assert latency > 0 and bandwidth > 0
 
 
-def test_gloo_calibration_measures_both_kinds(calibration):
+def test_gloo_calibration_measures_every_kind(calibration):
+    """Exchanges, all-reduces, and the copy of a bucket's gradients into its flat buffer."""
     assert calibration.backend == "gloo" and calibration.nproc == 2
     assert calibration.p2p_latency > 0 and calibration.p2p_bandwidth > 0
     assert calibration.allreduce_latency > 0 and calibration.allreduce_bandwidth > 0
+    assert calibration.copy_bandwidth is not None and calibration.copy_bandwidth > 0
     for kind in ("p2p", "allreduce"):
         points = calibration.measured(kind)
         assert [point.bytes for point in points] == message_sizes(quick=True)
         assert all(point.seconds > 0 for point in points)
+    copies = calibration.measured("copy")  # 4 tensors of a quarter each, one element at least
+    assert [point.bytes for point in copies] == [max(size, 16) for size in message_sizes(
+        quick=True)]
+    assert all(point.seconds > 0 for point in copies)
     assert calibration.torch_version == torch.__version__
     assert Calibration.model_validate_json(calibration.to_json()) == calibration
 
@@ -80,12 +86,14 @@ def test_calibrated_cluster_is_the_local_preset_with_the_measured_link(calibrati
 
 
 def test_gradient_sync_is_priced_at_the_measured_all_reduce(calibration, tmp_path):
-    """The cost model's ring for two replicas is the all-reduce fit, not two p2p messages;
-    the figures survive the cluster file `layerwise calibrate` writes."""
+    """The cost model's ring for two replicas is the all-reduce fit, not two p2p messages,
+    plus each device's copy of its gradients into the buckets at the measured rate; the
+    figures survive the cluster file `layerwise calibrate` writes."""
     cluster = calibrated_cluster(calibration)
     link = cluster.links.intra_node
     assert link.ring_latency == pytest.approx(calibration.allreduce_latency, rel=1e-3)
     assert link.ring_bandwidth == pytest.approx(calibration.allreduce_bandwidth, rel=1e-3)
+    assert cluster.bucket_copy_bandwidth == pytest.approx(calibration.copy_bandwidth, rel=1e-3)
     path = tmp_path / "calibrated.yaml"
     path.write_text(cluster.to_yaml(), encoding="utf-8")
     assert load_cluster(path) == cluster
@@ -96,10 +104,12 @@ def test_gradient_sync_is_priced_at_the_measured_all_reduce(calibration, tmp_pat
     _, moved = cost.sync(fc, [data[fc.name]])
     weight_bytes = fc.param_count * 4
     assert moved[0] == 2 * weight_bytes  # 2(p-1) chunks of 1/p of the weights each way
-    # LeNet-5's 0.25 MB of gradients are one bucket: one measured all-reduce a step
+    # LeNet-5's 0.25 MB of gradients are one bucket: one measured all-reduce a step, after
+    # each device copied them all into it
     all_weights = sum(layer.param_count for layer in graph.layers) * 4
     assert cost.evaluate(data).sync_seconds == pytest.approx(
-        calibration.allreduce_seconds(all_weights), rel=1e-3)
+        calibration.allreduce_seconds(all_weights) + all_weights / calibration.copy_bandwidth,
+        rel=1e-3)
 
 
 def test_fewer_than_two_processes_is_an_error():

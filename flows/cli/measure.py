@@ -282,7 +282,7 @@ def calibrate(
     for column in ("bytes", "p2p exchange", "p2p fit", "all_reduce", "ring fit"):
         table.add_column(column, justify="right")
     measured = {(point.kind, point.bytes): point.seconds for point in calibration.points}
-    for nbytes in sorted({point.bytes for point in calibration.points}):
+    for nbytes in sorted({point.bytes for point in calibration.measured("p2p")}):
         table.add_row(
             _bytes_text(nbytes),
             _time_text(measured.get(("p2p", nbytes))),
@@ -295,7 +295,9 @@ def calibrate(
         f"point-to-point: latency {_time_text(calibration.p2p_latency)}, bandwidth "
         f"{human_count(calibration.p2p_bandwidth)}B/s; all_reduce ring fit "
         f"2(p-1)(alpha + m*beta/p): alpha {_time_text(calibration.allreduce_latency)}, 1/beta "
-        f"{human_count(calibration.allreduce_bandwidth)}B/s",
+        f"{human_count(calibration.allreduce_bandwidth)}B/s"
+        + ("" if calibration.copy_bandwidth is None else
+           f"; gradients copied into a bucket at {human_count(calibration.copy_bandwidth)}B/s"),
         highlight=False, soft_wrap=True,
     )
     console.print(f"wrote cluster {cluster.name} to {out} and the measurements to {raw_path}",

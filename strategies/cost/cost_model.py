@@ -24,7 +24,10 @@ over edges, a plain sum with no overlap. Times and exact integer bytes are kept 
   With `sync: bucketed` (the runtime's pattern: a group's gradients all-reduced in buckets of
   GRADIENT_BUCKET_BYTES) a layer's t_s carries the ring latencies in proportion to its share of
   a bucket, so that t_s stays a sum over layers for the search; `evaluate` adds what that leaves
-  out, the rest of each group's last bucket's latency (ceil(G/B) buckets for G bytes).
+  out, the rest of each group's last bucket's latency (ceil(G/B) buckets for G bytes). Where
+  the cluster says how fast a device copies gradients (`bucket_copy_bandwidth`, measured by
+  `layerwise calibrate`), t_s also carries each device's copy of its shard into the bucket's
+  flat buffer, which the runtime makes before every bucket's all-reduce.
   A channel split shards the weights, which then need no sync. A BatchNorm under an n/h/w
   split also reduces its batch statistics in the group (SyncBatchNorm semantics, so the result
   does not depend on the split): an all-reduce of twice the group's channels each way per
@@ -496,9 +499,11 @@ class CostModel:
                        for member in links.server)
         if gradients and self.cluster.sync == "bucketed":
             chunk = -(-shard_bytes // replicas)
+            # and each device's copy of its shard into the bucket's flat buffer, where measured
+            copy = self.cluster.bucket_copy_bandwidth
             return 2 * (replicas - 1) * (
                 link.allreduce_latency * shard_bytes / GRADIENT_BUCKET_BYTES
-                + chunk / link.allreduce_bandwidth)
+                + chunk / link.allreduce_bandwidth) + (shard_bytes / copy if copy else 0.0)
         return link.allreduce_seconds(shard_bytes, replicas)
 
     def bucket_latency_rest(self, assignment: dict[str, ParallelConfig]) -> float:

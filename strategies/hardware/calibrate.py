@@ -8,6 +8,8 @@ ring all-reduce 2(p-1)(alpha + m*beta/p) (docs/research.md: ParaDL, ParaDL). `ca
     full-duplex link that takes one one-way time; on CPUs with gloo both directions share the
     cores that copy them, and an exchange takes about twice an idle ping-pong's one-way time;
   - all_reduce over all ranks,
+  - the copy of a bucket's gradients into its flat buffer that the runtime makes before each
+    bucket's all-reduce (every rank at once, as in a step),
 for message sizes from 4 B to 16 MiB, and fits alpha and beta by least squares on relative
 error (so that 4 B and 16 MiB count alike). Each timed message follows a few milliseconds of
 a convolution's work on every rank, as a message in a training step follows a layer's compute,
@@ -18,7 +20,8 @@ With gloo on this project's 2-core machine that is what the runtime sees, and an
 is not: a small exchange right after a barrier takes 0.3 ms (median), and a small all-reduce's
 mean is 2-3x its median.
 `calibrated_cluster` puts the point-to-point fit into the `local` preset as its intra-node
-link, so a search can plan for this machine.
+link and the copy's bandwidth as its `bucket_copy_bandwidth`, so a search can plan for this
+machine.
 
 Workers come from a fork server that has imported this module (and torch) once: starting them
 takes a fraction of a second instead of an import of torch per process.
@@ -71,19 +74,23 @@ TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of 
 COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
 CHAIN = 3  # exchanges in a row per timed chain, the first untimed (`_exchanges`)
 # How messages are timed, part of a kept calibration's name so that one timed another way is
-# not reused: 2, exchanges in chains after a convolution's fixed work (1: one after a barrier
-# and a deadline loop, which priced this machine's exchanges at 2-3x their cost in steps)
-METHOD = 2
+# not reused: 3, exchanges in chains after a convolution's fixed work and the bucket copy
+# measured too (2: no bucket copy; 1: one exchange after a barrier and a deadline loop, which
+# priced this machine's exchanges at 2-3x their cost in steps)
+METHOD = 3
+# a bucket's gradients in as many tensors, as a few layers' weights and biases
+COPY_PIECES = 4
 
 Backend = Literal["gloo", "nccl"]
 
 
 class CalibrationPoint(BaseModel):
-    """One measured message: mean seconds of one exchange (p2p) or of one all_reduce."""
+    """One measured message: mean seconds of one exchange (p2p), of one all_reduce, or of one
+    copy of gradients into a bucket's flat buffer (copy)."""
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["p2p", "allreduce"]
+    kind: Literal["p2p", "allreduce", "copy"]
     bytes: int
     seconds: float
 
@@ -104,6 +111,9 @@ class Calibration(BaseModel):
     allreduce_latency: float  # alpha of 2(p-1)(alpha + m*beta/p) fitted to the all_reduce times
     allreduce_bandwidth: float  # 1/beta of the same fit
     created: str
+    # bytes/s of the runtime's copy of gradients into a bucket's flat buffer (None: a
+    # calibration made before it was measured)
+    copy_bandwidth: float | None = None
 
     @property
     def link(self) -> Link:
@@ -121,7 +131,7 @@ class Calibration(BaseModel):
         p = self.nproc
         return 2 * (p - 1) * (self.allreduce_latency + nbytes / (self.allreduce_bandwidth * p))
 
-    def measured(self, kind: Literal["p2p", "allreduce"]) -> list[CalibrationPoint]:
+    def measured(self, kind: Literal["p2p", "allreduce", "copy"]) -> list[CalibrationPoint]:
         return [point for point in self.points if point.kind == kind]
 
     def to_json(self) -> str:
@@ -215,6 +225,18 @@ def _all_reduce(layer: _Layer, buffer: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
+def _bucket_copy(layer: _Layer, pieces: list[torch.Tensor], flat: torch.Tensor) -> float:
+    """This rank's time of one copy of `pieces` into the reused flat buffer `flat`, as the
+    runtime fills a gradient bucket before its all-reduce (`runtime/buckets.flatten_into`),
+    every rank at once after a barrier and `layer`, as a step's ranks copy theirs."""
+    dist.barrier()
+    layer()
+    start = time.perf_counter()
+    torch.cat([piece.reshape(-1) for piece in pieces], out=flat)
+    _synchronize(flat.device)
+    return time.perf_counter() - start
+
+
 def _worker(rank: int, nproc: int, rendezvous: str, backend: Backend, sizes: Sequence[int],
             warmup: int, repeats: int, result_path: str) -> None:
     """One rank: measure every size; rank 0 writes [kind, bytes, mean seconds] rows as JSON."""
@@ -254,16 +276,23 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
     buffers = {size: torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
                for size in sizes}
     incoming = {size: torch.empty_like(buffer) for size, buffer in buffers.items()}
+    pieces = {size: [torch.ones(max(size // BYTES_PER_ELEMENT // COPY_PIECES, 1), device=device)
+                     for _ in range(COPY_PIECES)] for size in sizes}
+    flats = {size: torch.empty(sum(piece.numel() for piece in parts), device=device)
+             for size, parts in pieces.items()}
     p2p: dict[int, list[float]] = {size: [] for size in sizes}
     reduce: dict[int, list[float]] = {size: [] for size in sizes}
+    copy: dict[int, list[float]] = {size: [] for size in sizes}
     for index in range(warmup + repeats):
         for size in random.Random(index).sample(list(sizes), len(sizes)):
             exchanged = _exchanges(rank, layer, buffers[size], incoming[size])
             reduced = _all_reduce(layer, buffers[size])
+            copied = _bucket_copy(layer, pieces[size], flats[size])
             if index < warmup:
                 continue
             reduce[size].append(reduced)
             p2p[size].extend(exchanged)
+            copy[size].append(copied)
     dist.barrier()
     if rank != 0:
         return []
@@ -272,6 +301,8 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
         nbytes = buffers[size].numel() * BYTES_PER_ELEMENT
         rows.append(("p2p", nbytes, statistics.mean(p2p[size])))
         rows.append(("allreduce", nbytes, statistics.mean(reduce[size])))
+        rows.append(("copy", flats[size].numel() * BYTES_PER_ELEMENT,
+                     statistics.mean(copy[size])))
     return rows
 
 
@@ -398,6 +429,9 @@ def calibrate(nproc: int, backend: str | None = None, quick: bool = False) -> Ca
     ring_latency, ring_bandwidth = fit_alpha_beta(
         [point.bytes for point in reduce], [point.seconds for point in reduce],
         latency_factor=2 * (nproc - 1), bytes_factor=2 * (nproc - 1) / nproc)
+    copied = [point for point in points if point.kind == "copy"]
+    _, copy_bandwidth = fit_alpha_beta([point.bytes for point in copied],
+                                       [point.seconds for point in copied])
     return Calibration(
         backend=chosen,
         nproc=nproc,
@@ -409,6 +443,7 @@ def calibrate(nproc: int, backend: str | None = None, quick: bool = False) -> Ca
         allreduce_latency=ring_latency,
         allreduce_bandwidth=ring_bandwidth,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        copy_bandwidth=copy_bandwidth,
     )
 
 
@@ -434,6 +469,8 @@ def calibrated_cluster(calibration: Calibration, base: str | os.PathLike[str] | 
         "groups": None,
         "links": links,
         "sync": "bucketed",  # the runtime it measures sums gradients in buckets
+        "bucket_copy_bandwidth": (None if calibration.copy_bandwidth is None
+                                  else _round(calibration.copy_bandwidth)),
     })
 
 

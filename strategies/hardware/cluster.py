@@ -377,6 +377,9 @@ class Cluster(_Spec):
     latency per layer); `parameter_server`, the paper's round trip per layer; `bucketed`, the
     layerwise runtime's own pattern, a group's gradients in buckets of GRADIENT_BUCKET_BYTES
     (a latency per bucket; `layerwise calibrate` writes this, since it measures the runtime).
+    `bucket_copy_bandwidth`: how fast a device copies its gradients into a bucket's flat
+    buffer, which the runtime does once a step before each bucket's all-reduce (measured by
+    `layerwise calibrate`; None where not measured: not priced).
     """
 
     schema_version: int = SCHEMA_VERSION
@@ -390,6 +393,7 @@ class Cluster(_Spec):
     racks: Racks | None = None
     sync: Literal["ring", "parameter_server", "bucketed"] = "ring"
     compute_efficiency: float = Field(default=0.5, gt=0, le=1)
+    bucket_copy_bandwidth: Bandwidth | None = None
 
     @model_validator(mode="after")
     def _check_structure(self) -> Cluster:
