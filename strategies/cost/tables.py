@@ -1337,17 +1337,29 @@ class KindLayout:
 
 
 class _KindAsked(NamedTuple):
-    """One kind of edge in `TransferTables.kept_many`: its sides' key, its edges' distinct
-    requests (by the configs they ask), every config they ask of each space (`rows`,
-    `columns`) and those its sides are built over (`p_built`, `q_built`), as sorted indices
-    into the spaces."""
+    """One kind of edge in `TransferTables.kept_many`: its sides' key, its per-dim tables, its
+    edges' distinct requests (by the configs they ask), every config they ask of each space
+    (`rows`, `columns`) and those its sides are built over (`p_built`, `q_built`), as sorted
+    indices into the spaces."""
 
     sides_key: tuple[object, ...]
+    edge: EdgeDims
     distinct: dict[tuple[bytes, bytes], KeptRequest]
     rows: np.ndarray
     columns: np.ndarray
     p_built: np.ndarray
     q_built: np.ndarray
+
+    @property
+    def first(self) -> KeptRequest:
+        """One of its requests (they share layers' kinds and search spaces)."""
+        return next(iter(self.distinct.values()))
+
+    def built(self) -> tuple[list[ParallelConfig], list[ParallelConfig]]:
+        """The producer and consumer configs its sides are built over."""
+        first = self.first
+        return ([first.producer_configs[index] for index in self.p_built],
+                [first.consumer_configs[index] for index in self.q_built])
 
 
 def _alone_plan(kind: _KindAsked) -> str:
@@ -1691,12 +1703,11 @@ class TransferTables:
         batches: dict[tuple[object, ...], list[_KindAsked]] = {}
         for sides_key, asking in groups.items():
             distinct = {(p_asked, q_asked): request for p_asked, q_asked, request in asking}
-            kind = _KindAsked(sides_key, distinct, *self._kind_configs(list(distinct.values()),
-                                                                       unions))
             first = asking[0][2]
+            kind = _KindAsked(sides_key, self._edge_dims(first.producer, first.consumer),
+                              distinct, *self._kind_configs(list(distinct.values()), unions))
             batches.setdefault((*sides_key[1:], kind.p_built.tobytes(), kind.q_built.tobytes(),
-                                self._edge_dims(first.producer, first.consumer).active),
-                               []).append(kind)
+                                kind.edge.active), []).append(kind)
         for batch in batches.values():
             if len(batch) > 1 and self._batch_pays(batch):
                 self._batch(batch)
@@ -1710,14 +1721,13 @@ class TransferTables:
         where its stacked tables hold at most _BATCH_ENTRIES entries each, and the terms its
         union of columns adds are fewer than _KIND_TERMS per kind it saves building and
         passing alone."""
-        first = next(iter(batch[0].distinct.values()))
-        edges = [self._edge_dims(request.producer, request.consumer)
-                 for request in (next(iter(kind.distinct.values())) for kind in batch)]
-        _, ptab = self._config_table([first.producer_configs[index] for index in batch[0].p_built])
-        _, qtab = self._config_table([first.consumer_configs[index] for index in batch[0].q_built])
-        for group in edges[0].active:
+        first = batch[0].first
+        pconfs, qconfs = batch[0].built()
+        _, ptab = self._config_table(pconfs)  # as `_sides` builds them, kept for it
+        _, qtab = self._config_table(qconfs)
+        for group in batch[0].edge.active:
             d0, d1 = _GROUPS[group]
-            entries = len({(edge.ids[d0], edge.ids[d1]) for edge in edges})
+            entries = len({(kind.edge.ids[d0], kind.edge.ids[d1]) for kind in batch})
             if entries * ptab.groups[group].state_exponents.shape[1] * qtab.groups[
                     group].state_exponents.shape[1] > _BATCH_ENTRIES:
                 return False
@@ -1742,12 +1752,9 @@ class TransferTables:
 
     def _kind_alone(self, kind: _KindAsked) -> None:
         """`kept_many`'s pricing of one kind's edges built alone (`_alone_plan`)."""
-        first = next(iter(kind.distinct.values()))
         p_built, q_built = kind.p_built, kind.q_built
         rows, columns = kind.rows, kind.columns
-        sides = self._sides_of(first.producer, first.consumer,
-                               [first.producer_configs[index] for index in p_built],
-                               [first.consumer_configs[index] for index in q_built])
+        sides = self._sides([kind.edge], *kind.built(), kind.first.producer.kind != "input")
         plan = _alone_plan(kind)
         if plan == "built":
             rows, columns = p_built, q_built
@@ -1775,13 +1782,9 @@ class TransferTables:
         each kind's rows asked x the columns any of them asks, bit for bit each kind's own
         (Inception-v3's upper bound on 16 devices of h200x8: its batch of 41 kinds 40 -> 22
         ms, of 16 kinds 17 -> 8 ms)."""
-        first = next(iter(batch[0].distinct.values()))
         p_built, q_built = batch[0].p_built, batch[0].q_built
-        edges = [self._edge_dims(request.producer, request.consumer)
-                 for request in (next(iter(kind.distinct.values())) for kind in batch)]
-        sides = self._sides(edges, [first.producer_configs[index] for index in p_built],
-                            [first.consumer_configs[index] for index in q_built],
-                            first.producer.kind != "input")
+        sides = self._sides([kind.edge for kind in batch], *batch[0].built(),
+                            batch[0].first.producer.kind != "input")
         columns = np.unique(np.concatenate([kind.columns for kind in batch]))
         matrix = self._some_pairs(
             sides, np.concatenate([index * len(p_built) + np.searchsorted(p_built, kind.rows)
