@@ -43,6 +43,12 @@ exchanges and all-reduces), so each plan's measured step splits into transfer, s
 (compute and the runtime's own work) beside the predicted t_x, t_s and t_c; a second table gives
 per model the median measured/predicted of each term, which says which term a misprice comes
 from.
+
+The same measured steps are also priced by variants of the model, each one term taken out or
+measured the way an earlier calibration did (`VARIANTS`), so that what a term does is read off
+one sweep, not across sweeps the machine drifts between. The plans fall into two halves drawn
+at random (seeded): a change is chosen on one half and read on the other, never fitted to the
+plans it is judged by.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ import random
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -79,7 +85,13 @@ from layerwise.strategies.cost.profile import (  # noqa: E402
     profile_graph,
     profile_graph_concurrently,
 )
-from layerwise.strategies.hardware.calibrate import calibrate, calibrated_cluster  # noqa: E402
+from layerwise.strategies.hardware.calibrate import (  # noqa: E402
+    Calibration,
+    calibrate,
+    calibrated_cluster,
+    fit_alpha_beta,
+)
+from layerwise.strategies.hardware.cluster import Cluster  # noqa: E402
 from layerwise.strategies.model.graph import LayerGraph, build_graph  # noqa: E402
 from layerwise.strategies.model.space import ParallelConfig  # noqa: E402
 from layerwise.strategies.runtime.comm import Waits, least_waiting  # noqa: E402
@@ -142,6 +154,8 @@ class PlanResult:
     sync: float
     exchanges: float  # the busiest rank's point-to-point exchanges per step
     spatial: bool = False  # some layer split along d, h or w (a 1-d layer's length is w)
+    # the step as each of VARIANTS prices it, by the variant's name
+    variants: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -167,6 +181,35 @@ def measured_terms(seconds: Sequence[float],
                       calls.get("transfer", 0)))
     return (statistics.median(seconds), statistics.median(t[0] for t in terms),
             statistics.median(t[1] for t in terms), statistics.median(t[2] for t in terms))
+
+
+def _one_rank_exchanges(calibration: Calibration, cluster: Cluster) -> Cluster:
+    """`cluster` with its exchanges priced as rank 0 waited for them (the calibration's
+    `p2p_one_rank` points: the other rank's late layer included), as calibrations before
+    method 4 priced them."""
+    points = calibration.measured("p2p_one_rank")
+    latency, bandwidth = fit_alpha_beta([point.bytes for point in points],
+                                        [point.seconds for point in points])
+    link = cluster.links.intra_node.model_copy(update={"latency": latency,
+                                                      "bandwidth": bandwidth})
+    return cluster.model_copy(update={"links": cluster.links.model_copy(
+        update={"intra_node": link})})
+
+
+# The model priced another way, each beside the model as it is: what one term does to the
+# error and the order, on the same measured steps
+VARIANTS = {
+    "exchanges as one rank waits": _one_rank_exchanges,
+    "no bucket copy": lambda _, cluster: cluster.model_copy(
+        update={"bucket_copy_bandwidth": None}),
+}
+
+
+def halves(names: Sequence[str], seed: int) -> tuple[list[str], list[str]]:
+    """The plans in two halves drawn at random (seeded): a variant is chosen on the first
+    and read on the second."""
+    shuffled = random.Random(seed).sample(list(names), len(names))
+    return sorted(shuffled[:len(names) // 2]), sorted(shuffled[len(names) // 2:])
 
 
 def random_plans(graph: LayerGraph, space: Mapping[str, Sequence[ParallelConfig]], count: int,
@@ -217,7 +260,8 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     backend = "nccl" if cuda else "gloo"
     console.print(f"{model}: calibrating {world} {backend} processes and profiling every "
                   "config ...")
-    cluster = calibrated_cluster(calibrate(world, backend))
+    calibration = calibrate(world, backend)
+    cluster = calibrated_cluster(calibration)
     # CPU ranks share one machine's cores, so their tiles are profiled side by side; each GPU
     # rank has a device of its own, profiled alone with CUDA events
     profile = (profile_graph(graph, world, device="cuda", threads=threads) if cuda else
@@ -228,6 +272,12 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     plans["searched"] = dict(optimal_strategy(cost).assignment)
     plans |= random_plans(graph, cost.configs, args.plans - len(plans), rng)
     predicted = {name: cost.evaluate(plan) for name, plan in plans.items()}
+    priced = {variant: CostModel(graph, change(calibration, cluster), world,
+                                 ProfiledCompute(profile))
+              for variant, change in VARIANTS.items()}
+    alternatives = {name: {variant: model.evaluate(plan).step_seconds
+                           for variant, model in priced.items()}
+                    for name, plan in plans.items()}
     runs = tuple(Run(name, "layerwise", {layer: config.text for layer, config in plan.items()})
                  for name, plan in plans.items())
     console.print(f"{model}: {len(runs)} plans side by side, {args.warmup} + {args.steps} "
@@ -243,7 +293,8 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     results = [PlanResult(name, predicted[name],
                           *measured_terms(measured["seconds"][name], measured["waits"][name]),
                           spatial=any(config.d * config.h * config.w > 1
-                                      for config in plans[name].values()))
+                                      for config in plans[name].values()),
+                          variants=alternatives[name])
                for name in plans]
     same: dict[str, list[float]] = {}
     for result in results:
@@ -280,8 +331,32 @@ def summary(rows: list[PlanResult]) -> dict[str, float]:
                 or [float("nan")])}
 
 
+AS_PRICED = "as priced"
+
+
+def variant_summary(rows: list[PlanResult], seed: int) -> dict[str, dict[str, float]]:
+    """Per variant (and the model as priced), the mean |measured/predicted - 1| and Kendall's
+    tau over each half of the plans (`halves`): `mean_a`, `tau_a`, `mean_b`, `tau_b`."""
+    first, _ = halves([row.name for row in rows], seed)
+    numbers: dict[str, dict[str, float]] = {}
+    for variant in (AS_PRICED, *VARIANTS):
+        def price(row: PlanResult, variant: str = variant) -> float:
+            return (row.predicted.step_seconds if variant == AS_PRICED
+                    else row.variants[variant])
+        numbers[variant] = {}
+        for half, chosen in (("a", [row for row in rows if row.name in first]),
+                             ("b", [row for row in rows if row.name not in first])):
+            numbers[variant][f"mean_{half}"] = statistics.fmean(
+                abs(row.step / price(row) - 1) for row in chosen)
+            numbers[variant][f"tau_{half}"] = float(kendalltau(
+                [price(row) for row in chosen], [row.step for row in chosen]).statistic)
+    return numbers
+
+
 def log_to_mlflow(results: dict[str, list[PlanResult]],
-                  summaries: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+                  summaries: dict[str, dict[str, float]],
+                  variants: dict[str, dict[str, dict[str, float]]],
+                  args: argparse.Namespace) -> str:
     """One MLflow run for the sweep: the per-plan table, the scatter, the summary metrics."""
     import matplotlib
 
@@ -299,17 +374,22 @@ def log_to_mlflow(results: dict[str, list[PlanResult]],
                            "ranks": ranks_text(args.nproc)})
         for model, numbers in summaries.items():
             mlflow.log_metrics({f"{model}.{key}": value for key, value in numbers.items()})
+        for model, by_variant in variants.items():
+            mlflow.log_metrics({f"{model}.{variant}.{key}": value
+                                for variant, numbers in by_variant.items()
+                                for key, value in numbers.items()})
         table: dict[str, list[object]] = {key: [] for key in (
             "model", "plan", "predicted_s", "measured_s", "ratio", "compute_s", "transfer_s",
-            "sync_s", "measured_transfer_s", "measured_sync_s", "measured_rest_s")}
+            "sync_s", "measured_transfer_s", "measured_sync_s", "measured_rest_s",
+            *(f"{variant}_s" for variant in VARIANTS))}
         for model, rows in results.items():
             for row in rows:
                 prediction = row.predicted
                 for key, value in zip(table, (
                         model, row.name, prediction.step_seconds, row.step, row.ratio,
                         prediction.compute_seconds, prediction.transfer_seconds,
-                        prediction.sync_seconds, row.transfer, row.sync, row.rest),
-                        strict=True):
+                        prediction.sync_seconds, row.transfer, row.sync, row.rest,
+                        *(row.variants[variant] for variant in VARIANTS)), strict=True):
                     table[key].append(value)
         figure = scatter_figure(table, f"Eq. 1 against {ranks_text(args.nproc)}")
         mlflow.log_table(table, "cost_model_plans.json")
@@ -431,8 +511,20 @@ def main() -> None:
             "transfer_ratio", "sync_ratio", "rest_over_compute")),
             f"{numbers['seconds_per_exchange'] * 1e3:.2f}", f"{numbers['latency'] * 1e3:.2f}")
     console.print(terms)
+    variants = {model: variant_summary(rows, args.seed) for model, rows in results.items()}
+    compared = Table(title="the same steps priced by each variant, on two halves of the plans "
+                           "drawn at random: choose on A, read on B")
+    for column in ("model", "variant", "A: mean |m/p - 1|", "A: tau", "B: mean |m/p - 1|",
+                   "B: tau"):
+        compared.add_column(column, justify="left" if column in ("model", "variant")
+                            else "right")
+    for model, by_variant in variants.items():
+        for variant, numbers in by_variant.items():
+            compared.add_row(model, variant, *(f"{numbers[key]:.2f}" for key in (
+                "mean_a", "tau_a", "mean_b", "tau_b")))
+    console.print(compared)
     if args.mlflow:
-        console.print(f"logged MLflow run {log_to_mlflow(results, summaries, args)}")
+        console.print(f"logged MLflow run {log_to_mlflow(results, summaries, variants, args)}")
 
 
 if __name__ == "__main__":

@@ -58,10 +58,16 @@ def test_gloo_calibration_measures_every_kind(calibration):
     assert calibration.p2p_latency > 0 and calibration.p2p_bandwidth > 0
     assert calibration.allreduce_latency > 0 and calibration.allreduce_bandwidth > 0
     assert calibration.copy_bandwidth is not None and calibration.copy_bandwidth > 0
-    for kind in ("p2p", "allreduce"):
+    for kind in ("p2p", "p2p_one_rank", "allreduce"):
         points = calibration.measured(kind)
         assert [point.bytes for point in points] == message_sizes(quick=True)
         assert all(point.seconds > 0 for point in points)
+    # an exchange costs what the rank that reached it last waited: never more than rank 0's
+    # wait, and less wherever rank 0 reached one first
+    alone = [point.seconds for point in calibration.measured("p2p")]
+    one_rank = [point.seconds for point in calibration.measured("p2p_one_rank")]
+    assert all(a <= b for a, b in zip(alone, one_rank, strict=True))
+    assert any(a < b for a, b in zip(alone, one_rank, strict=True))
     copies = calibration.measured("copy")  # 4 tensors of a quarter each, one element at least
     assert [point.bytes for point in copies] == [max(size, 16) for size in message_sizes(
         quick=True)]

@@ -3,10 +3,15 @@
 The cost model charges a transfer of m bytes alpha + m*beta (latency plus size over bandwidth) and a
 ring all-reduce 2(p-1)(alpha + m*beta/p) (docs/research.md: ParaDL, ParaDL). `calibrate` starts
 `nproc` local processes with the backend the runtime will use (gloo on CPU, NCCL on GPUs), measures
-  - point-to-point: ranks 0 and 1 exchange a message at once (each sends one and receives
-    one, with batch_isend_irecv), the pattern of the runtime's transfers between layers. On a
-    full-duplex link that takes one one-way time; on CPUs with gloo both directions share the
-    cores that copy them, and an exchange takes about twice an idle ping-pong's one-way time;
+  - point-to-point: ranks 0 and 1 exchange a message at once through the runtime's own halo
+    exchange (`runtime/halo_exchange.HaloExchange`: each packs its piece, sends it and receives
+    the other's, and assembles its box from both; the backward's return of the gradient,
+    summed into the producer's tile, alternates with it), the pattern and the host work of the
+    runtime's transfers between layers. On a full-duplex link the wire part takes one one-way
+    time; on CPUs with gloo both directions share the cores that copy them. Both ranks time
+    it, and an exchange costs what the later of them waited: the rank that finished its layer
+    first also waits out the other's rest of the layer, which in a step is the slower rank's
+    compute, not the message's (`_exchanges`);
   - all_reduce over all ranks,
   - the copy of a bucket's gradients into its flat buffer that the runtime makes before each
     bucket's all-reduce (every rank at once, as in a step),
@@ -56,6 +61,9 @@ from layerwise.strategies.hardware.this_machine import device_name
 from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
 from layerwise.strategies.processes.terminate import start_then_join, terminate_as_exit
+from layerwise.strategies.runtime.comm import Communicator
+from layerwise.strategies.runtime.halo_exchange import HaloExchange
+from layerwise.strategies.runtime.plan import InputPlan, Piece
 
 __all__ = [
     "Calibration",
@@ -74,23 +82,28 @@ TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of 
 COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
 CHAIN = 3  # exchanges in a row per timed chain, the first untimed (`_exchanges`)
 # How messages are timed, part of a kept calibration's name so that one timed another way is
-# not reused: 3, exchanges in chains after a convolution's fixed work and the bucket copy
-# measured too (2: no bucket copy; 1: one exchange after a barrier and a deadline loop, which
-# priced this machine's exchanges at 2-3x their cost in steps)
-METHOD = 3
+# not reused: 4, the runtime's halo exchange, its time the later rank's (3: a bare
+# batch_isend_irecv, rank 0's time, its wait for rank 1's late layer included; 2: no bucket
+# copy; 1: one exchange after a barrier and a deadline loop, which priced this machine's
+# exchanges at 2-3x their cost in steps)
+METHOD = 4
 # a bucket's gradients in as many tensors, as a few layers' weights and biases
 COPY_PIECES = 4
 
 Backend = Literal["gloo", "nccl"]
 
 
+PointKind = Literal["p2p", "p2p_one_rank", "allreduce", "copy"]
+
+
 class CalibrationPoint(BaseModel):
-    """One measured message: mean seconds of one exchange (p2p), of one all_reduce, or of one
-    copy of gradients into a bucket's flat buffer (copy)."""
+    """One measured message: mean seconds of one exchange (p2p: as the rank that reached it
+    last waited; p2p_one_rank: as rank 0 waited, the other rank's late layer included), of one
+    all_reduce, or of one copy of gradients into a bucket's flat buffer (copy)."""
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["p2p", "allreduce", "copy"]
+    kind: PointKind
     bytes: int
     seconds: float
 
@@ -131,7 +144,7 @@ class Calibration(BaseModel):
         p = self.nproc
         return 2 * (p - 1) * (self.allreduce_latency + nbytes / (self.allreduce_bandwidth * p))
 
-    def measured(self, kind: Literal["p2p", "allreduce", "copy"]) -> list[CalibrationPoint]:
+    def measured(self, kind: PointKind) -> list[CalibrationPoint]:
         return [point for point in self.points if point.kind == kind]
 
     def to_json(self) -> str:
@@ -189,27 +202,48 @@ class _Layer:
         _synchronize(self.inputs.device)
 
 
-def _exchanges(rank: int, layer: _Layer, buffer: torch.Tensor,
-               incoming: torch.Tensor) -> list[float]:
-    """Rank 0's times of exchanges with rank 1 inside a chain, as a step's transfers meet
-    them: after one barrier, CHAIN exchanges, each after `layer` on both ranks, in which both
-    send `buffer` and receive as much into `incoming` at once through batch_isend_irecv (the
-    runtime's transfers between layers). The first is not timed: it carries the barrier's
-    exit skew, which a message inside a step does not. Ranks above 1 only join the barrier
-    (empty)."""
+class _HaloPhase:
+    """One exchange of the runtime's between ranks 0 and 1, `elements` each way: a layer
+    split in two along channels whose consumer needs both halves on both ranks (a
+    channel-split layer before another). `forward` is the runtime's gather (pack this rank's
+    half, exchange, assemble the whole box), `backward` its return of the gradient (pack the
+    other rank's part of the box's gradient, exchange, sum both parts into this rank's
+    tile's gradient)."""
+
+    def __init__(self, comm: Communicator, device: torch.device, elements: int) -> None:
+        halves = [((0, 1), (half, half + 1), (0, 1), (0, 1), (0, elements)) for half in (0, 1)]
+        whole = ((0, 1), (0, 2), (0, 1), (0, 1), (0, elements))
+        self.plan = InputPlan(index=0, producer="calibration", needed={0: whole, 1: whole},
+                              pieces=tuple(Piece(source, target, halves[source])
+                                           for source in (0, 1) for target in (0, 1)))
+        self.box = halves[comm.rank]
+        self.tile = torch.ones(1, 1, 1, 1, elements, device=device)
+        self.gradient = torch.ones(1, 2, 1, 1, elements, device=device)
+        self.halo = HaloExchange(comm, device, torch.float32)
+
+    def __call__(self, forward: bool) -> None:
+        if forward:
+            self.halo.gather(0, self.plan, self.tile, self.box, 5, "calibration")
+        else:
+            self.halo.return_gradient(0, self.plan, self.gradient, self.box, None,
+                                      "calibration")
+
+
+def _exchanges(rank: int, layer: _Layer, phase: _HaloPhase) -> list[float]:
+    """This rank's times of exchanges with the other of ranks 0 and 1 inside a chain, as a
+    step's transfers meet them: after one barrier, CHAIN exchanges, each after `layer` on both
+    ranks, forward and backward phases in turn. The first is not timed: it carries the
+    barrier's exit skew, which a message inside a step does not. Ranks above 1 only join the
+    barrier (empty)."""
     dist.barrier()
     if rank > 1:
         return []
-    peer = 1 - rank
     times = []
     for index in range(CHAIN):
         layer()
         start = time.perf_counter()
-        operations = [dist.P2POp(dist.isend, buffer, peer),
-                      dist.P2POp(dist.irecv, incoming, peer)]
-        for work in dist.batch_isend_irecv(operations):
-            work.wait()
-        _synchronize(buffer.device)
+        phase(forward=index % 2 == 0)
+        _synchronize(phase.tile.device)
         if index:
             times.append(time.perf_counter() - start)
     return times
@@ -275,31 +309,38 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
     layer = _Layer(device)
     buffers = {size: torch.ones(max(size // BYTES_PER_ELEMENT, 1), device=device)
                for size in sizes}
-    incoming = {size: torch.empty_like(buffer) for size, buffer in buffers.items()}
+    comm = Communicator(rank, dist.get_world_size(), [])
+    phases = {size: _HaloPhase(comm, device, buffer.numel()) for size, buffer in buffers.items()}
     pieces = {size: [torch.ones(max(size // BYTES_PER_ELEMENT // COPY_PIECES, 1), device=device)
                      for _ in range(COPY_PIECES)] for size in sizes}
     flats = {size: torch.empty(sum(piece.numel() for piece in parts), device=device)
              for size, parts in pieces.items()}
-    p2p: dict[int, list[float]] = {size: [] for size in sizes}
+    mine: dict[int, list[float]] = {size: [] for size in sizes}  # this rank's exchanges
     reduce: dict[int, list[float]] = {size: [] for size in sizes}
     copy: dict[int, list[float]] = {size: [] for size in sizes}
     for index in range(warmup + repeats):
         for size in random.Random(index).sample(list(sizes), len(sizes)):
-            exchanged = _exchanges(rank, layer, buffers[size], incoming[size])
+            exchanged = _exchanges(rank, layer, phases[size])
             reduced = _all_reduce(layer, buffers[size])
             copied = _bucket_copy(layer, pieces[size], flats[size])
             if index < warmup:
                 continue
             reduce[size].append(reduced)
-            p2p[size].extend(exchanged)
+            mine[size].extend(exchanged)
             copy[size].append(copied)
-    dist.barrier()
+    exchanges: list[dict[int, list[float]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(exchanges, mine)
     if rank != 0:
         return []
+    first, second = exchanges[0], exchanges[1]
+    assert first is not None and second is not None  # every rank sent its own
     rows: list[tuple[str, int, float]] = []
     for size in sizes:
         nbytes = buffers[size].numel() * BYTES_PER_ELEMENT
-        rows.append(("p2p", nbytes, statistics.mean(p2p[size])))
+        # per exchange, the rank that reached it last waited the message alone
+        rows.append(("p2p", nbytes, statistics.mean(
+            min(a, b) for a, b in zip(first[size], second[size], strict=True))))
+        rows.append(("p2p_one_rank", nbytes, statistics.mean(first[size])))
         rows.append(("allreduce", nbytes, statistics.mean(reduce[size])))
         rows.append(("copy", flats[size].numel() * BYTES_PER_ELEMENT,
                      statistics.mean(copy[size])))
