@@ -38,7 +38,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hardware", ("hardware",)),
     ("cost", ("cost",)),
     ("planning", ("search", "oracle", "schedules.*.planner")),
-    ("runtime", ("runtime", "schedules.*.engine", "exactness")),
+    # the calibration times links through the runtime's own halo exchange
+    ("runtime", ("runtime", "schedules.*.engine", "exactness", "hardware.calibrate")),
     ("top", ("jobs", "schedules.loader", "runtime.worker")),
 )
 
