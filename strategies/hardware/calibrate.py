@@ -205,10 +205,10 @@ class _Layer:
 class _HaloPhase:
     """One exchange of the runtime's between ranks 0 and 1, `elements` each way: a layer
     split in two along channels whose consumer needs both halves on both ranks (a
-    channel-split layer before another). `forward` is the runtime's gather (pack this rank's
-    half, exchange, assemble the whole box), `backward` its return of the gradient (pack the
-    other rank's part of the box's gradient, exchange, sum both parts into this rank's
-    tile's gradient)."""
+    channel-split layer before another). Called forward, it is the runtime's gather (pack this
+    rank's half, exchange, assemble the whole box); else its return of the gradient (pack the
+    other rank's part of the box's gradient, exchange, sum both parts into this rank's tile's
+    gradient)."""
 
     def __init__(self, comm: Communicator, device: torch.device, elements: int) -> None:
         halves = [((0, 1), (half, half + 1), (0, 1), (0, 1), (0, elements)) for half in (0, 1)]
