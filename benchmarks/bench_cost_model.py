@@ -44,9 +44,10 @@ exchanges and all-reduces), so each plan's measured step splits into transfer, s
 per model the median measured/predicted of each term, which says which term a misprice comes
 from.
 
-The same measured steps are also priced by variants of the model, each one term taken out or
-measured the way an earlier calibration did (`VARIANTS`), so that what a term does is read off
-one sweep, not across sweeps the machine drifts between. The plans fall into two halves drawn
+The same measured steps are also priced by variants of the model (`VARIANTS`: exchanges timed
+as rank 0 waits them, as calibrations before method 4 did; no bucket copy; one-device layers at
+their tiles' time profiled alone), so that what a term does is read off one sweep, not across
+sweeps the machine drifts between. The plans fall into two halves drawn
 at random (seeded): a change is chosen on one half and read on the other, never fitted to the
 plans it is judged by.
 """
@@ -58,10 +59,11 @@ import os
 import random
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
@@ -81,10 +83,12 @@ from layerwise.strategies.breakdown import Breakdown  # noqa: E402
 from layerwise.strategies.cost.compute_time import ProfiledCompute  # noqa: E402
 from layerwise.strategies.cost.cost_model import CostModel  # noqa: E402
 from layerwise.strategies.cost.profile import (  # noqa: E402
+    Profile,
     concurrent_threads,
     profile_graph,
     profile_graph_concurrently,
 )
+from layerwise.strategies.cost.tables import LayerTiles  # noqa: E402
 from layerwise.strategies.hardware.calibrate import (  # noqa: E402
     Calibration,
     calibrate,
@@ -92,7 +96,7 @@ from layerwise.strategies.hardware.calibrate import (  # noqa: E402
     fit_alpha_beta,
 )
 from layerwise.strategies.hardware.cluster import Cluster  # noqa: E402
-from layerwise.strategies.model.graph import LayerGraph, build_graph  # noqa: E402
+from layerwise.strategies.model.graph import Layer, LayerGraph, build_graph  # noqa: E402
 from layerwise.strategies.model.space import ParallelConfig  # noqa: E402
 from layerwise.strategies.runtime.comm import Waits, least_waiting  # noqa: E402
 from layerwise.strategies.search.baselines import baseline  # noqa: E402
@@ -183,25 +187,78 @@ def measured_terms(seconds: Sequence[float],
             statistics.median(t[1] for t in terms), statistics.median(t[2] for t in terms))
 
 
-def _one_rank_exchanges(calibration: Calibration, cluster: Cluster) -> Cluster:
-    """`cluster` with its exchanges priced as rank 0 waited for them (the calibration's
-    `p2p_one_rank` points: the other rank's late layer included), as calibrations before
-    method 4 priced them."""
-    points = calibration.measured("p2p_one_rank")
+@dataclass(frozen=True)
+class Pricing:
+    """What a sweep prices its plans with: the calibration and its cluster, the concurrent
+    profile, and `alone`, the one-device configs' tiles profiled in one process (each GPU
+    rank's profile is its own already: the concurrent one)."""
+
+    graph: LayerGraph
+    world: int
+    calibration: Calibration
+    cluster: Cluster
+    profile: Profile
+    alone: Profile
+
+
+class AloneOnOneDevice(ProfiledCompute):
+    """t_c from the concurrent profile, but a config on one device from its tile profiled
+    alone: while one rank computes such a layer the others wait for its output, so it has the
+    machine's cores' caches and memory bandwidth to itself."""
+
+    def __init__(self, concurrent: Profile, alone: Profile) -> None:
+        super().__init__(concurrent)
+        self.alone = ProfiledCompute(alone)
+
+    def configs_seconds(self, layer: Layer, tiles: LayerTiles,
+                        configs: Sequence[ParallelConfig]) -> np.ndarray:
+        return self._one_device_alone(super().configs_seconds(layer, tiles, configs),
+                                      self.alone.configs_seconds, layer, tiles, configs)
+
+    def configs_update_seconds(self, layer: Layer, tiles: LayerTiles,
+                               configs: Sequence[ParallelConfig]) -> np.ndarray:
+        return self._one_device_alone(super().configs_update_seconds(layer, tiles, configs),
+                                      self.alone.configs_update_seconds, layer, tiles, configs)
+
+    @staticmethod
+    def _one_device_alone(together: np.ndarray, alone: Callable[..., np.ndarray], layer: Layer,
+                          tiles: LayerTiles, configs: Sequence[ParallelConfig]) -> np.ndarray:
+        """`together`, with the one-device configs' entries read by `alone` instead."""
+        one_device = [index for index, config in enumerate(configs) if config.size == 1]
+        if one_device:
+            together[one_device] = alone(layer, tiles, [configs[i] for i in one_device])
+        return together
+
+
+def _one_rank_exchanges(pricing: Pricing) -> CostModel:
+    """Exchanges priced as rank 0 waited for them (the calibration's `p2p_one_rank` points:
+    the other rank's late layer included), as calibrations before method 4 priced them."""
+    points = pricing.calibration.measured("p2p_one_rank")
     latency, bandwidth = fit_alpha_beta([point.bytes for point in points],
                                         [point.seconds for point in points])
-    link = cluster.links.intra_node.model_copy(update={"latency": latency,
-                                                      "bandwidth": bandwidth})
-    return cluster.model_copy(update={"links": cluster.links.model_copy(
+    links = pricing.cluster.links
+    link = links.intra_node.model_copy(update={"latency": latency, "bandwidth": bandwidth})
+    cluster = pricing.cluster.model_copy(update={"links": links.model_copy(
         update={"intra_node": link})})
+    return CostModel(pricing.graph, cluster, pricing.world, ProfiledCompute(pricing.profile))
+
+
+def _no_bucket_copy(pricing: Pricing) -> CostModel:
+    cluster = pricing.cluster.model_copy(update={"bucket_copy_bandwidth": None})
+    return CostModel(pricing.graph, cluster, pricing.world, ProfiledCompute(pricing.profile))
+
+
+def _one_device_alone(pricing: Pricing) -> CostModel:
+    return CostModel(pricing.graph, pricing.cluster, pricing.world,
+                     AloneOnOneDevice(pricing.profile, pricing.alone))
 
 
 # The model priced another way, each beside the model as it is: what one term does to the
 # error and the order, on the same measured steps
-VARIANTS = {
+VARIANTS: dict[str, Callable[[Pricing], CostModel]] = {
     "exchanges as one rank waits": _one_rank_exchanges,
-    "no bucket copy": lambda _, cluster: cluster.model_copy(
-        update={"bucket_copy_bandwidth": None}),
+    "no bucket copy": _no_bucket_copy,
+    "one-device layers as profiled alone": _one_device_alone,
 }
 
 
@@ -210,6 +267,13 @@ def halves(names: Sequence[str], seed: int) -> tuple[list[str], list[str]]:
     and read on the second."""
     shuffled = random.Random(seed).sample(list(names), len(names))
     return sorted(shuffled[:len(names) // 2]), sorted(shuffled[len(names) // 2:])
+
+
+def _one_device_configs(cost: CostModel) -> dict[str, list[ParallelConfig]]:
+    """Per layer, one config of its space on a single device (none where it has none): the
+    tiles `AloneOnOneDevice` reads alone."""
+    return {name: [config for config in configs if config.size == 1][:1]
+            for name, configs in cost.configs.items()}
 
 
 def random_plans(graph: LayerGraph, space: Mapping[str, Sequence[ParallelConfig]], count: int,
@@ -267,14 +331,15 @@ def sweep(model: str, args: argparse.Namespace, console: Console, rng: random.Ra
     profile = (profile_graph(graph, world, device="cuda", threads=threads) if cuda else
                profile_graph_concurrently(graph, world, world, device="cpu", threads=threads))
     cost = CostModel(graph, cluster, world, ProfiledCompute(profile))
+    alone = profile if cuda else profile_graph(graph, world, device="cpu", threads=threads,
+                                               configs=_one_device_configs(cost))
     plans: dict[str, Assignment] = {name: dict(baseline(name, graph, world))
                                     for name in BASELINES}
     plans["searched"] = dict(optimal_strategy(cost).assignment)
     plans |= random_plans(graph, cost.configs, args.plans - len(plans), rng)
     predicted = {name: cost.evaluate(plan) for name, plan in plans.items()}
-    priced = {variant: CostModel(graph, change(calibration, cluster), world,
-                                 ProfiledCompute(profile))
-              for variant, change in VARIANTS.items()}
+    pricing = Pricing(graph, world, calibration, cluster, profile, alone)
+    priced = {variant: change(pricing) for variant, change in VARIANTS.items()}
     alternatives = {name: {variant: model.evaluate(plan).step_seconds
                            for variant, model in priced.items()}
                     for name, plan in plans.items()}
