@@ -45,7 +45,8 @@ per model the median measured/predicted of each term, which says which term a mi
 from.
 
 The same measured steps are also priced by variants of the model (`VARIANTS`: exchanges timed
-as rank 0 waits them, as calibrations before method 4 did; no bucket copy; one-device layers at
+as rank 0 waits them, as calibrations before method 4 did; exchanges without the slowing of the
+layer after each; no bucket copy; one-device layers at
 their tiles' time profiled alone), so that what a term does is read off one sweep, not across
 sweeps the machine drifts between. The plans fall into two halves drawn
 at random (seeded): a change is chosen on one half and read on the other, never fitted to the
@@ -230,17 +231,34 @@ class AloneOnOneDevice(ProfiledCompute):
         return together
 
 
-def _one_rank_exchanges(pricing: Pricing) -> CostModel:
-    """Exchanges priced as rank 0 waited for them (the calibration's `p2p_one_rank` points:
-    the other rank's late layer included), as calibrations before method 4 priced them."""
-    points = pricing.calibration.measured("p2p_one_rank")
-    latency, bandwidth = fit_alpha_beta([point.bytes for point in points],
-                                        [point.seconds for point in points])
+def _exchanges_fitted(pricing: Pricing, nbytes: Sequence[int],
+                      seconds: Sequence[float]) -> CostModel:
+    """The model with its exchanges fitted to these times instead of the calibration's."""
+    latency, bandwidth = fit_alpha_beta(nbytes, seconds)
     links = pricing.cluster.links
     link = links.intra_node.model_copy(update={"latency": latency, "bandwidth": bandwidth})
     cluster = pricing.cluster.model_copy(update={"links": links.model_copy(
         update={"intra_node": link})})
     return CostModel(pricing.graph, cluster, pricing.world, ProfiledCompute(pricing.profile))
+
+
+def _one_rank_exchanges(pricing: Pricing) -> CostModel:
+    """Exchanges priced as rank 0 waited for them (the calibration's `p2p_one_rank` points:
+    the other rank's late layer included, the next layer's slowing not), as calibrations
+    before method 4 priced them."""
+    points = pricing.calibration.measured("p2p_one_rank")
+    return _exchanges_fitted(pricing, [point.bytes for point in points],
+                             [point.seconds for point in points])
+
+
+def _nothing_after_exchanges(pricing: Pricing) -> CostModel:
+    """Exchanges priced at the later rank's wait alone, without what the layer after each
+    loses (`p2p` less `p2p_after`)."""
+    points = pricing.calibration.measured("p2p")
+    after = pricing.calibration.measured("p2p_after")
+    return _exchanges_fitted(pricing, [point.bytes for point in points],
+                             [point.seconds - slower.seconds
+                              for point, slower in zip(points, after, strict=True)])
 
 
 def _no_bucket_copy(pricing: Pricing) -> CostModel:
@@ -257,6 +275,7 @@ def _one_device_alone(pricing: Pricing) -> CostModel:
 # error and the order, on the same measured steps
 VARIANTS: dict[str, Callable[[Pricing], CostModel]] = {
     "exchanges as one rank waits": _one_rank_exchanges,
+    "nothing after an exchange": _nothing_after_exchanges,
     "no bucket copy": _no_bucket_copy,
     "one-device layers as profiled alone": _one_device_alone,
 }

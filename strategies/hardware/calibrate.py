@@ -9,9 +9,10 @@ ring all-reduce 2(p-1)(alpha + m*beta/p) (docs/research.md: ParaDL, ParaDL). `ca
     summed into the producer's tile, alternates with it), the pattern and the host work of the
     runtime's transfers between layers. On a full-duplex link the wire part takes one one-way
     time; on CPUs with gloo both directions share the cores that copy them. Both ranks time
-    it, and an exchange costs what the later of them waited: the rank that finished its layer
+    it, and an exchange costs what the later of them waited (the rank that finished its layer
     first also waits out the other's rest of the layer, which in a step is the slower rank's
-    compute, not the message's (`_exchanges`);
+    compute, not the message's), plus what the layer after it takes longer than after
+    another layer (`_exchanges`);
   - all_reduce over all ranks,
   - the copy of a bucket's gradients into its flat buffer that the runtime makes before each
     bucket's all-reduce (every rank at once, as in a step),
@@ -82,10 +83,10 @@ TIMEOUT = datetime.timedelta(seconds=60)  # a stuck collective fails instead of 
 COMPUTE_SECONDS = 0.003  # of compute before each timed message, a small layer's worth
 CHAIN = 3  # exchanges in a row per timed chain, the first untimed (`_exchanges`)
 # How messages are timed, part of a kept calibration's name so that one timed another way is
-# not reused: 4, the runtime's halo exchange, its time the later rank's (3: a bare
-# batch_isend_irecv, rank 0's time, its wait for rank 1's late layer included; 2: no bucket
-# copy; 1: one exchange after a barrier and a deadline loop, which priced this machine's
-# exchanges at 2-3x their cost in steps)
+# not reused: 4, the runtime's halo exchange, its time the later rank's and the next layer's
+# slowing (3: a bare batch_isend_irecv, rank 0's time, its wait for rank 1's late layer
+# included; 2: no bucket copy; 1: one exchange after a barrier and a deadline loop, which
+# priced this machine's exchanges at 2-3x their cost in steps)
 METHOD = 4
 # a bucket's gradients in as many tensors, as a few layers' weights and biases
 COPY_PIECES = 4
@@ -93,13 +94,14 @@ COPY_PIECES = 4
 Backend = Literal["gloo", "nccl"]
 
 
-PointKind = Literal["p2p", "p2p_one_rank", "allreduce", "copy"]
+PointKind = Literal["p2p", "p2p_after", "p2p_one_rank", "allreduce", "copy"]
 
 
 class CalibrationPoint(BaseModel):
     """One measured message: mean seconds of one exchange (p2p: as the rank that reached it
-    last waited; p2p_one_rank: as rank 0 waited, the other rank's late layer included), of one
-    all_reduce, or of one copy of gradients into a bucket's flat buffer (copy)."""
+    last waited, plus `p2p_after`, what the layer after it took longer than after a layer;
+    p2p_one_rank: as rank 0 waited, the other rank's late layer included, nothing after), of
+    one all_reduce, or of one copy of gradients into a bucket's flat buffer (copy)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -229,24 +231,36 @@ class _HaloPhase:
                                       "calibration")
 
 
-def _exchanges(rank: int, layer: _Layer, phase: _HaloPhase) -> list[float]:
-    """This rank's times of exchanges with the other of ranks 0 and 1 inside a chain, as a
-    step's transfers meet them: after one barrier, CHAIN exchanges, each after `layer` on both
-    ranks, forward and backward phases in turn. The first is not timed: it carries the
-    barrier's exit skew, which a message inside a step does not. Ranks above 1 only join the
-    barrier (empty)."""
+def _seconds(layer: _Layer) -> float:
+    start = time.perf_counter()
+    layer()
+    return time.perf_counter() - start
+
+
+def _exchanges(rank: int, layer: _Layer, phase: _HaloPhase) -> list[tuple[float, float]]:
+    """This rank's exchanges with the other of ranks 0 and 1 inside a chain, as a step's
+    transfers meet them: after one barrier and `layer` twice, CHAIN exchanges, forward and
+    backward phases in turn, each followed by `layer` on both ranks. Per exchange, the
+    seconds this rank spent in it, and how much longer the layer right after it took than the
+    same layer right after another (the chain's second): a layer after a wait pays to come back
+    to its caches and its core, which a profile's back-to-back tiles never do. The first
+    exchange is not timed: it carries the barrier's exit skew, which a message inside a step
+    does not. Ranks above 1 only join the barrier (empty)."""
     dist.barrier()
     if rank > 1:
         return []
-    times = []
+    layer()
+    reference = _seconds(layer)
+    timed = []
     for index in range(CHAIN):
-        layer()
         start = time.perf_counter()
         phase(forward=index % 2 == 0)
         _synchronize(phase.tile.device)
+        waited = time.perf_counter() - start
+        after = _seconds(layer)
         if index:
-            times.append(time.perf_counter() - start)
-    return times
+            timed.append((waited, after - reference))
+    return timed
 
 
 def _all_reduce(layer: _Layer, buffer: torch.Tensor) -> float:
@@ -315,7 +329,7 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
                      for _ in range(COPY_PIECES)] for size in sizes}
     flats = {size: torch.empty(sum(piece.numel() for piece in parts), device=device)
              for size, parts in pieces.items()}
-    mine: dict[int, list[float]] = {size: [] for size in sizes}  # this rank's exchanges
+    mine: dict[int, list[tuple[float, float]]] = {size: [] for size in sizes}  # (wait, after)
     reduce: dict[int, list[float]] = {size: [] for size in sizes}
     copy: dict[int, list[float]] = {size: [] for size in sizes}
     for index in range(warmup + repeats):
@@ -328,7 +342,8 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
             reduce[size].append(reduced)
             mine[size].extend(exchanged)
             copy[size].append(copied)
-    exchanges: list[dict[int, list[float]] | None] = [None] * dist.get_world_size()
+    exchanges: list[dict[int, list[tuple[float, float]]] | None] = (
+        [None] * dist.get_world_size())
     dist.all_gather_object(exchanges, mine)
     if rank != 0:
         return []
@@ -337,10 +352,14 @@ def _measure(rank: int, device: torch.device, sizes: Sequence[int], warmup: int,
     rows: list[tuple[str, int, float]] = []
     for size in sizes:
         nbytes = buffers[size].numel() * BYTES_PER_ELEMENT
-        # per exchange, the rank that reached it last waited the message alone
+        pairs = list(zip(first[size], second[size], strict=True))
+        # per exchange, the rank that reached it last waited the message alone; each rank's
+        # next layer pays to come back from the wait
+        after = [(a[1] + b[1]) / 2 for a, b in pairs]
         rows.append(("p2p", nbytes, statistics.mean(
-            min(a, b) for a, b in zip(first[size], second[size], strict=True))))
-        rows.append(("p2p_one_rank", nbytes, statistics.mean(first[size])))
+            min(a[0], b[0]) + slower for (a, b), slower in zip(pairs, after, strict=True))))
+        rows.append(("p2p_after", nbytes, statistics.mean(after)))
+        rows.append(("p2p_one_rank", nbytes, statistics.mean(wait for wait, _ in first[size])))
         rows.append(("allreduce", nbytes, statistics.mean(reduce[size])))
         rows.append(("copy", flats[size].numel() * BYTES_PER_ELEMENT,
                      statistics.mean(copy[size])))
