@@ -44,13 +44,12 @@ exchanges and all-reduces), so each plan's measured step splits into transfer, s
 per model the median measured/predicted of each term, which says which term a misprice comes
 from.
 
-The same measured steps are also priced by variants of the model (`VARIANTS`: exchanges timed
-as rank 0 waits them, as calibrations before method 4 did; exchanges without the slowing of the
-layer after each; no bucket copy; one-device layers at
-their tiles' time profiled alone), so that what a term does is read off one sweep, not across
-sweeps the machine drifts between. The plans fall into two halves drawn
-at random (seeded): a change is chosen on one half and read on the other, never fitted to the
-plans it is judged by.
+The same measured steps are also priced by variants of the model (`VARIANTS`: exchanges at
+rank 0's wait, as calibrations before method 4 took them, there on a bare exchange; exchanges
+without the slowing of the layer after each; no bucket copy; one-device layers at their tiles'
+time profiled alone), so that what a term does is read off one sweep, not across sweeps the
+machine drifts between. The plans fall into two halves drawn at random (seeded): a change is
+chosen on one half and read on the other, never fitted to the plans it is judged by.
 """
 
 from __future__ import annotations
@@ -213,17 +212,17 @@ class AloneOnOneDevice(ProfiledCompute):
 
     def configs_seconds(self, layer: Layer, tiles: LayerTiles,
                         configs: Sequence[ParallelConfig]) -> np.ndarray:
-        return self._one_device_alone(super().configs_seconds(layer, tiles, configs),
-                                      self.alone.configs_seconds, layer, tiles, configs)
+        return self._read_alone(super().configs_seconds(layer, tiles, configs),
+                                self.alone.configs_seconds, layer, tiles, configs)
 
     def configs_update_seconds(self, layer: Layer, tiles: LayerTiles,
                                configs: Sequence[ParallelConfig]) -> np.ndarray:
-        return self._one_device_alone(super().configs_update_seconds(layer, tiles, configs),
-                                      self.alone.configs_update_seconds, layer, tiles, configs)
+        return self._read_alone(super().configs_update_seconds(layer, tiles, configs),
+                                self.alone.configs_update_seconds, layer, tiles, configs)
 
     @staticmethod
-    def _one_device_alone(together: np.ndarray, alone: Callable[..., np.ndarray], layer: Layer,
-                          tiles: LayerTiles, configs: Sequence[ParallelConfig]) -> np.ndarray:
+    def _read_alone(together: np.ndarray, alone: Callable[..., np.ndarray], layer: Layer,
+                    tiles: LayerTiles, configs: Sequence[ParallelConfig]) -> np.ndarray:
         """`together`, with the one-device configs' entries read by `alone` instead."""
         one_device = [index for index, config in enumerate(configs) if config.size == 1]
         if one_device:
@@ -245,7 +244,7 @@ def _exchanges_fitted(pricing: Pricing, nbytes: Sequence[int],
 def _one_rank_exchanges(pricing: Pricing) -> CostModel:
     """Exchanges priced as rank 0 waited for them (the calibration's `p2p_one_rank` points:
     the other rank's late layer included, the next layer's slowing not), as calibrations
-    before method 4 priced them."""
+    before method 4 took them (on a bare exchange, without the runtime's packing)."""
     points = pricing.calibration.measured("p2p_one_rank")
     return _exchanges_fitted(pricing, [point.bytes for point in points],
                              [point.seconds for point in points])
@@ -262,11 +261,13 @@ def _nothing_after_exchanges(pricing: Pricing) -> CostModel:
 
 
 def _no_bucket_copy(pricing: Pricing) -> CostModel:
+    """Gradient sync without the runtime's copy of each bucket into its flat buffer."""
     cluster = pricing.cluster.model_copy(update={"bucket_copy_bandwidth": None})
     return CostModel(pricing.graph, cluster, pricing.world, ProfiledCompute(pricing.profile))
 
 
 def _one_device_alone(pricing: Pricing) -> CostModel:
+    """One-device layers at their tiles' time profiled alone (`AloneOnOneDevice`)."""
     return CostModel(pricing.graph, pricing.cluster, pricing.world,
                      AloneOnOneDevice(pricing.profile, pricing.alone))
 
