@@ -62,6 +62,7 @@ from layerwise.strategies.hardware.this_machine import device_name
 from layerwise.strategies.processes.owned_folder import owned_folder
 from layerwise.strategies.processes.parent_death import die_with_multiprocessing_parent
 from layerwise.strategies.processes.terminate import start_then_join, terminate_as_exit
+from layerwise.strategies.runtime.buckets import flatten_into
 from layerwise.strategies.runtime.comm import Communicator
 from layerwise.strategies.runtime.halo_exchange import HaloExchange
 from layerwise.strategies.runtime.plan import InputPlan, Piece
@@ -274,13 +275,13 @@ def _all_reduce(layer: _Layer, buffer: torch.Tensor) -> float:
 
 
 def _bucket_copy(layer: _Layer, pieces: list[torch.Tensor], flat: torch.Tensor) -> float:
-    """This rank's time of one copy of `pieces` into the reused flat buffer `flat`, as the
-    runtime fills a gradient bucket before its all-reduce (`runtime/buckets.flatten_into`),
-    every rank at once after a barrier and `layer`, as a step's ranks copy theirs."""
+    """This rank's time of the runtime's copy of `pieces` into the reused flat buffer `flat`
+    (`flatten_into`, as it fills a gradient bucket before its all-reduce), every rank at once
+    after a barrier and `layer`, as a step's ranks copy theirs."""
     dist.barrier()
     layer()
     start = time.perf_counter()
-    torch.cat([piece.reshape(-1) for piece in pieces], out=flat)
+    flatten_into(flat, pieces)  # sized for the pieces, which never view it: reused
     _synchronize(flat.device)
     return time.perf_counter() - start
 
